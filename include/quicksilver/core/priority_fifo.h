@@ -1,0 +1,87 @@
+// PriorityFifo: one FIFO per priority plus a hierarchical bitmap of the non-empty ones,
+// so that push, pop and "most urgent" are O(levels) = O(1) for a fixed priority range
+// (DESIGN.md "Transport and runtime"; Mercury IV-C's sending buffer). Priority 0 is the
+// most urgent; among equal priorities, first in, first out.
+//
+// The ordering it implements is the strict order (priority, insertion sequence): no two
+// elements compare equal, so the pop order is fully determined.
+// Not thread-safe.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "quicksilver/core/check.h"
+
+namespace qs {
+
+template <typename T>
+class PriorityFifo {
+ public:
+  // Priorities 0..num_priorities-1. Precondition: num_priorities >= 1.
+  explicit PriorityFifo(int num_priorities) : queues_(static_cast<std::size_t>(num_priorities)) {
+    QS_CHECK(num_priorities >= 1);
+    std::size_t n = static_cast<std::size_t>(num_priorities);
+    do {
+      n = (n + 63) / 64;
+      levels_.emplace_back(n, 0);
+    } while (n > 1);
+  }
+
+  int num_priorities() const { return static_cast<int>(queues_.size()); }
+  bool empty() const { return size_ == 0; }
+  std::size_t size() const { return size_; }
+
+  void push(int priority, T value) {
+    QS_CHECK(priority >= 0 && priority < num_priorities());
+    auto& q = queues_[static_cast<std::size_t>(priority)];
+    if (q.empty()) mark(static_cast<std::size_t>(priority));
+    q.push_back(std::move(value));
+    ++size_;
+  }
+  // Most urgent priority present. Precondition: !empty().
+  int top_priority() const {
+    QS_CHECK(!empty());
+    std::size_t idx = 0;
+    for (std::size_t lv = levels_.size(); lv-- > 0;) {
+      idx = idx * 64 + static_cast<std::size_t>(std::countr_zero(levels_[lv][idx]));
+    }
+    return static_cast<int>(idx);
+  }
+  const T& top() const { return queues_[static_cast<std::size_t>(top_priority())].front(); }
+  T pop() {
+    const auto p = static_cast<std::size_t>(top_priority());
+    auto& q = queues_[p];
+    T v = std::move(q.front());
+    q.pop_front();
+    --size_;
+    if (q.empty()) unmark(p);
+    return v;
+  }
+
+ private:
+  void mark(std::size_t i) {
+    for (auto& level : levels_) {
+      const std::uint64_t bit = std::uint64_t{1} << (i % 64);
+      const bool was_empty = level[i / 64] == 0;
+      level[i / 64] |= bit;
+      if (!was_empty) return;
+      i /= 64;
+    }
+  }
+  void unmark(std::size_t i) {
+    for (auto& level : levels_) {
+      level[i / 64] &= ~(std::uint64_t{1} << (i % 64));
+      if (level[i / 64] != 0) return;
+      i /= 64;
+    }
+  }
+
+  std::vector<std::deque<T>> queues_;
+  std::vector<std::vector<std::uint64_t>> levels_;  // levels_[0]: one bit per priority
+  std::size_t size_ = 0;
+};
+
+}  // namespace qs

@@ -1,0 +1,39 @@
+// The `quicksilver` command: the only place that reads flags (and, later, environment).
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "quicksilver/core/check.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Quicksilver: gradient communication scheduling for data-parallel DNN training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "quicksilver 0.1.0");
+
+  std::string models_device = "rtx3090";
+  bool models_json = false;
+  CLI::App* models = app.add_subcommand("models", "List the built-in model profiles");
+  models->add_option("--device", models_device, "Device model for compute times (k80, gtx1080ti, v100, rtx3090, a100)");
+  models->add_flag("--json", models_json, "Print JSON");
+
+  qs::cli::SimFlags sim_flags;
+  CLI::App* simulate = app.add_subcommand("simulate", "Simulate schedulers on a model and network");
+  qs::cli::add_sim_flags(simulate, &sim_flags);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (*models) return qs::cli::run_models(models_device, models_json);
+    if (*simulate) return qs::cli::run_simulate(sim_flags);
+  } catch (const qs::CheckFailure& e) {
+    std::cerr << "quicksilver: internal error: " << e.what() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "quicksilver: error: " << e.what() << "\n";
+    return 3;
+  }
+  return 0;
+}

@@ -1,0 +1,101 @@
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+
+namespace qs::cli {
+namespace {
+
+std::string config_line(const Job& job) {
+  const ClusterConfig& c = job.cluster;
+  std::string s = job.profile.name + ", batch " + std::to_string(job.profile.batch_size) + ", " +
+                  std::to_string(c.workers) + " workers";
+  if (c.architecture == Architecture::kPs) {
+    s += ", " + std::to_string(c.servers) + " servers (ps)";
+  } else {
+    s += std::string(", all-reduce ") + allreduce_algorithm_name(c.allreduce);
+  }
+  s += ", " + (c.schedule && !c.schedule->is_constant() ? std::string("time-varying bandwidth")
+                                                         : format_rate(c.bandwidth));
+  s += ", latency " + format_time(c.latency);
+  return s;
+}
+
+double rel_error(const SimResult& measured, const SimResult& predicted) {
+  return measured.iteration_time > 0
+             ? (static_cast<double>(predicted.iteration_time) - static_cast<double>(measured.iteration_time)) /
+                   static_cast<double>(measured.iteration_time)
+             : 0.0;
+}
+
+}  // namespace
+
+void print_table(const Job& job, const std::vector<Row>& rows, const std::string& title) {
+  std::printf("%s: %s; seed %llu; median of %d iterations after %d warm-up\n", title.c_str(),
+              config_line(job).c_str(), static_cast<unsigned long long>(job.sim.seed),
+              job.sim.iterations - job.sim.warmup, job.sim.warmup);
+  const bool with_pred = !rows.empty() && rows.front().predicted.has_value();
+  std::printf("%-18s %12s %12s %10s %10s %12s", "policy", "iteration", "samples/s", "scaling",
+              "link util", "GPU idle");
+  if (with_pred) std::printf(" %12s %8s", "predicted", "error");
+  std::printf("\n");
+  for (const Row& row : rows) {
+    const SimResult& r = row.result;
+    std::printf("%-18s %10.3fms %12.1f %10.3f %9.1f%% %10.3fms", r.policy.c_str(),
+                to_ms(r.iteration_time), r.samples_per_second, r.scaling_efficiency,
+                100.0 * r.link_utilisation, to_ms(r.gpu_idle));
+    if (row.predicted) {
+      std::printf(" %10.3fms %+7.1f%%", to_ms(row.predicted->iteration_time),
+                  100.0 * rel_error(r, *row.predicted));
+    }
+    std::printf("\n");
+  }
+  for (const Row& row : rows) {
+    for (const std::string& n : row.result.notes) std::printf("  %s: %s\n", row.result.policy.c_str(), n.c_str());
+  }
+}
+
+void print_json(const Job& job, const std::vector<Row>& rows) {
+  using nlohmann::json;
+  json results = json::array();
+  auto one = [](const SimResult& r) {
+    json it = json::array();
+    for (TimeNs t : r.iteration_times) it.push_back(to_ms(t));
+    return json{{"policy", r.policy},
+                {"iteration_ms", to_ms(r.iteration_time)},
+                {"samples_per_second", r.samples_per_second},
+                {"scaling_efficiency", r.scaling_efficiency},
+                {"link_utilisation", r.link_utilisation},
+                {"gpu_idle_ms", to_ms(r.gpu_idle)},
+                {"compute_ms", to_ms(r.compute_time)},
+                {"iterations_ms", it},
+                {"bytes_per_iteration", r.bytes_pushed_per_iteration},
+                {"messages_per_iteration", r.messages_per_iteration},
+                {"events", r.events},
+                {"notes", r.notes}};
+  };
+  for (const Row& row : rows) {
+    json j = one(row.result);
+    if (row.predicted) {
+      j["predicted_iteration_ms"] = to_ms(row.predicted->iteration_time);
+      j["relative_error"] = rel_error(row.result, *row.predicted);
+    }
+    results.push_back(j);
+  }
+  const ClusterConfig& c = job.cluster;
+  json config = {{"model", job.profile.name},
+                 {"batch_size", job.profile.batch_size},
+                 {"architecture", architecture_name(c.architecture)},
+                 {"workers", c.workers},
+                 {"servers", c.servers},
+                 {"bandwidth_bps", c.bandwidth.bits_per_second},
+                 {"latency_ns", c.latency},
+                 {"allreduce", allreduce_algorithm_name(c.allreduce)},
+                 {"iterations", job.sim.iterations},
+                 {"warmup", job.sim.warmup}};
+  std::cout << json{{"results", results}, {"config", config}, {"seed", job.sim.seed}}.dump(1) << "\n";
+}
+
+}  // namespace qs::cli

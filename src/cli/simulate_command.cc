@@ -1,0 +1,256 @@
+#include <iostream>
+#include <sstream>
+
+#include "commands.h"
+#include "quicksilver/model/zoo.h"
+#include "quicksilver/policy/ps_policy.h"
+
+namespace qs::cli {
+
+void add_sim_flags(CLI::App* app, SimFlags* f) {
+  app->add_option("--model", f->model, "Built-in model name (see `quicksilver models`) or a profile JSON file")
+      ->capture_default_str();
+  app->add_option("--device", f->device, "Device model for built-in profiles: k80, gtx1080ti, v100, rtx3090, a100")
+      ->capture_default_str();
+  app->add_option("--batch-size", f->batch_size, "Per-worker batch size (0 = the model's default)");
+  app->add_option("--policy", f->policy, "Policies, comma-separated, or 'all' (every policy of the architecture)")
+      ->capture_default_str();
+  app->add_option("--workers", f->workers, "Number of workers")->capture_default_str();
+  app->add_option("--servers", f->servers, "Number of parameter servers (ps)")->capture_default_str();
+  app->add_option("--architecture", f->architecture, "ps or allreduce")->capture_default_str();
+  app->add_option("--bandwidth", f->bandwidth, "Each host's NIC rate per direction, e.g. 10Gbps")
+      ->capture_default_str();
+  app->add_option("--latency", f->latency, "One-way per-message latency (all-reduce: alpha), e.g. 50us")
+      ->capture_default_str();
+  app->add_option("--allreduce", f->allreduce, "All-reduce algorithm: ring, tree, rd, rhd")->capture_default_str();
+  app->add_option("--packet-size", f->packet_size, "mercury: packet payload (default 32KiB)");
+  app->add_option("--partition-size", f->partition_size, "bytescheduler/usbyte: partition size (default 4MB)");
+  app->add_option("--credit-size", f->credit_size, "bytescheduler: credit window (default 20MB)");
+  app->add_option("--slice-size", f->slice_size, "p3: slice size (default 200000B = 50,000 fp32 parameters)");
+  app->add_option("--startup-time", f->startup_time, "User-level per-partition startup time (default 200us)");
+  app->add_option("--split-threshold", f->split_threshold, "ps: tensors of at least this size are split over all servers (default 1MiB)");
+  app->add_option("--bandwidth-trace", f->bandwidth_trace,
+                  "Time-varying bandwidth: a trace file of 'TIME RATE' lines, or random:MIN:MAX:PERIOD[:SEED]");
+  app->add_option("--compute-factor", f->compute_factor,
+                  "Per-worker compute slowdown: a comma list of N factors, or W=F pairs (e.g. 3=2.0)");
+  app->add_option("--reduction-rate", f->reduction_rate, "All-reduce: reduction rate (gamma = 1/rate), e.g. 80GB/s");
+  app->add_option("--allreduce-a", f->allreduce_a, "All-reduce: a of T=a+bM directly (a time)");
+  app->add_option("--allreduce-b", f->allreduce_b, "All-reduce: b of T=a+bM directly, as a rate (M/b per byte)");
+  app->add_option("--allreduce-fit", f->allreduce_fit, "All-reduce: fit a and b to a file of 'SIZE TIME' lines");
+  app->add_option("--deft-mu", f->deft_mu, "deft: speed ratio of the two links (default 1.65)");
+  app->add_option("--deft-epsilon", f->deft_epsilon, "deft: Preserver epsilon (default 0.01)");
+  app->add_option("--iterations", f->iterations, "Iterations to simulate (warm-up included)")->capture_default_str();
+  app->add_option("--warmup", f->warmup, "Leading iterations left out of the median")->capture_default_str();
+  app->add_option("--seed", f->seed, "Random seed")->capture_default_str();
+  app->add_flag("--json", f->json, "Print one JSON object instead of the table");
+  app->add_option("--trace", f->trace, "Write a Chrome trace (open in Perfetto) to this file");
+}
+
+namespace {
+
+Status size_flag(const std::string& text, const char* flag, Bytes* out) {
+  if (text.empty()) return Status::ok();
+  auto v = parse_size(text);
+  if (!v) return v.status().with_context(flag);
+  if (*v <= 0) return invalid_argument(std::string(flag) + " must be positive");
+  *out = *v;
+  return Status::ok();
+}
+
+Status parse_compute_factor(const std::string& text, int workers, std::vector<double>* out) {
+  if (text.empty()) return Status::ok();
+  std::vector<std::string> items;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) items.push_back(item);
+  const bool pairs = text.find('=') != std::string::npos;
+  if (pairs) out->assign(static_cast<std::size_t>(workers), 1.0);
+  for (const std::string& item : items) {
+    try {
+      std::size_t used = 0;
+      if (pairs) {
+        auto eq = item.find('=');
+        if (eq == std::string::npos) throw std::invalid_argument(item);
+        int w = std::stoi(item.substr(0, eq), &used);
+        if (used != eq) throw std::invalid_argument(item);
+        double f = std::stod(item.substr(eq + 1), &used);
+        if (used != item.size() - eq - 1) throw std::invalid_argument(item);
+        if (w < 0 || w >= workers) {
+          return invalid_argument("--compute-factor: worker " + std::to_string(w) + " does not exist");
+        }
+        (*out)[static_cast<std::size_t>(w)] = f;
+      } else {
+        double f = std::stod(item, &used);
+        if (used != item.size()) throw std::invalid_argument(item);
+        out->push_back(f);
+      }
+    } catch (const std::exception&) {
+      return invalid_argument("--compute-factor: cannot read '" + item + "'");
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<Job> make_job(const SimFlags& f) {
+  Job job;
+  auto profile = load_model(f.model, f.device, f.batch_size);
+  if (!profile) return profile.status().with_context("--model");
+  job.profile = std::move(*profile);
+  if (f.batch_size < 0) return invalid_argument("--batch-size must be >= 0");
+
+  QS_ASSIGN_OR_RETURN(job.cluster.architecture, parse_architecture(f.architecture));
+  job.cluster.workers = f.workers;
+  job.cluster.servers = f.servers;
+  auto bw = parse_rate(f.bandwidth);
+  if (!bw) return bw.status().with_context("--bandwidth");
+  job.cluster.bandwidth = *bw;
+  auto lat = parse_time(f.latency);
+  if (!lat) return lat.status().with_context("--latency");
+  job.cluster.latency = *lat;
+  auto algo = parse_allreduce_algorithm(f.allreduce);
+  if (!algo) return algo.status().with_context("--allreduce");
+  job.cluster.allreduce = *algo;
+  if (!f.bandwidth_trace.empty()) {
+    auto sched = BandwidthSchedule::from_spec(f.bandwidth_trace, f.seed);
+    if (!sched) return sched.status().with_context("--bandwidth-trace");
+    job.cluster.schedule = std::move(*sched);
+  }
+  QS_RETURN_IF_ERROR(parse_compute_factor(f.compute_factor, f.workers, &job.cluster.compute_factor));
+  if (!f.reduction_rate.empty()) {
+    auto r = parse_rate(f.reduction_rate);
+    if (!r) return r.status().with_context("--reduction-rate");
+    job.cluster.reduction_rate = *r;
+  }
+  if (!f.allreduce_fit.empty()) {
+    auto fit = fit_allreduce_cost(f.allreduce_fit);
+    if (!fit) return fit.status().with_context("--allreduce-fit");
+    job.cluster.allreduce_a = fit->a;
+    job.cluster.allreduce_b_ns_per_byte = fit->b_ns_per_byte;
+  }
+  if (!f.allreduce_a.empty()) {
+    auto a = parse_time(f.allreduce_a);
+    if (!a) return a.status().with_context("--allreduce-a");
+    job.cluster.allreduce_a = *a;
+  }
+  if (!f.allreduce_b.empty()) {
+    auto b = parse_rate(f.allreduce_b);
+    if (!b) return b.status().with_context("--allreduce-b");
+    job.cluster.allreduce_b_ns_per_byte = 1e9 / b->bytes_per_second();
+  }
+  QS_RETURN_IF_ERROR(job.cluster.validate());
+
+  PolicyOptions& po = job.policy_options;
+  QS_RETURN_IF_ERROR(size_flag(f.packet_size, "--packet-size", &po.packet_size));
+  QS_RETURN_IF_ERROR(size_flag(f.partition_size, "--partition-size", &po.partition_size));
+  QS_RETURN_IF_ERROR(size_flag(f.credit_size, "--credit-size", &po.credit_size));
+  QS_RETURN_IF_ERROR(size_flag(f.slice_size, "--slice-size", &po.slice_size));
+  QS_RETURN_IF_ERROR(size_flag(f.split_threshold, "--split-threshold", &po.split_threshold));
+  if (!f.startup_time.empty()) {
+    auto t = parse_time(f.startup_time);
+    if (!t) return t.status().with_context("--startup-time");
+    po.startup_time = *t;
+  }
+  if (f.deft_mu) {
+    if (!(*f.deft_mu > 0)) return invalid_argument("--deft-mu must be positive");
+    po.deft_mu = *f.deft_mu;
+  }
+  if (f.deft_epsilon) {
+    if (!(*f.deft_epsilon > 0 && *f.deft_epsilon < 1)) return invalid_argument("--deft-epsilon must be in (0, 1)");
+    po.deft_epsilon = *f.deft_epsilon;
+  }
+  po.seed = f.seed;
+
+  if (f.policy == "all") {
+    job.policies = job.cluster.architecture == Architecture::kPs ? ps_policy_names()
+                                                                 : allreduce_policy_names();
+  } else {
+    std::stringstream ss(f.policy);
+    for (std::string p; std::getline(ss, p, ',');) {
+      if (p.empty()) continue;
+      if (!is_known_policy(p)) {
+        std::string known;
+        for (const auto& n : all_policy_names()) known += (known.empty() ? "" : ", ") + n;
+        return invalid_argument("--policy: unknown policy '" + p + "' (known: " + known + ", or all)");
+      }
+      job.policies.push_back(p);
+    }
+    if (job.policies.empty()) return invalid_argument("--policy: no policy given");
+  }
+  if (f.iterations < 1) return invalid_argument("--iterations must be >= 1");
+  if (f.warmup < 0) return invalid_argument("--warmup must be >= 0");
+  job.sim.iterations = f.iterations;
+  job.sim.warmup = std::min(f.warmup, f.iterations - 1);
+  job.sim.seed = f.seed;
+  job.sim.record_trace = !f.trace.empty();
+  return job;
+}
+
+int run_models(const std::string& device_name, bool json) {
+  auto device = find_device(device_name);
+  if (!device) {
+    std::cerr << "quicksilver: --device: " << device.status().message() << "\n";
+    return 2;
+  }
+  std::vector<Row> unused;
+  if (json) {
+    std::cout << "{\"device\": \"" << (*device)->name << "\", \"models\": [";
+    bool first = true;
+    for (const ZooModel& m : zoo_models()) {
+      Profile p = make_zoo_profile(m, **device);
+      std::cout << (first ? "" : ", ") << "{\"name\": \"" << m.name << "\", \"layers\": " << p.num_layers()
+                << ", \"tensors\": " << p.num_tensors() << ", \"parameters\": " << p.total_parameters()
+                << ", \"bytes\": " << p.total_bytes() << ", \"batch_size\": " << p.batch_size
+                << ", \"compute_ms\": " << to_ms(p.compute_time()) << "}";
+      first = false;
+    }
+    std::cout << "]}\n";
+    return 0;
+  }
+  std::printf("Built-in models (compute times: %s, %s)\n\n", (*device)->display_name.c_str(),
+              "forward = batch x FLOPs / sustained rate; backward = 2 x forward");
+  std::printf("%-14s %-12s %6s %7s %13s %10s %6s %12s\n", "name", "input", "layers", "tensors",
+              "parameters", "bytes", "batch", "compute/iter");
+  for (const ZooModel& m : zoo_models()) {
+    Profile p = make_zoo_profile(m, **device);
+    std::printf("%-14s %-12s %6d %7d %13lld %10s %6d %10.2fms\n", m.name.c_str(), m.input.c_str(),
+                p.num_layers(), p.num_tensors(), static_cast<long long>(p.total_parameters()),
+                format_size(p.total_bytes()).c_str(), p.batch_size, to_ms(p.compute_time()));
+  }
+  return 0;
+}
+
+int run_simulate(const SimFlags& f) {
+  auto job = make_job(f);
+  if (!job) {
+    std::cerr << "quicksilver: " << job.status().message() << "\n";
+    return 2;
+  }
+  std::vector<Row> rows;
+  std::vector<SimResult> traced;
+  for (const std::string& p : job->policies) {
+    auto r = simulate(job->profile, p, job->policy_options, job->cluster, job->sim);
+    if (!r) {
+      std::cerr << "quicksilver: " << p << ": " << r.status().message() << "\n";
+      return 2;
+    }
+    rows.push_back(Row{std::move(*r), std::nullopt});
+  }
+  if (!f.trace.empty()) {
+    std::vector<SimResult> results;
+    for (const Row& row : rows) results.push_back(row.result);
+    Status s = write_chrome_trace(results, f.trace);
+    if (!s.is_ok()) {
+      std::cerr << "quicksilver: --trace: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (f.json) {
+    print_json(*job, rows);
+  } else {
+    print_table(*job, rows, "simulated");
+  }
+  return 0;
+}
+
+}  // namespace qs::cli

@@ -1,0 +1,69 @@
+#include "quicksilver/policy/layout.h"
+
+#include <algorithm>
+
+#include "quicksilver/core/check.h"
+
+namespace qs {
+
+TensorLayout::TensorLayout(const Profile& profile) {
+  for (int l = 0; l < profile.num_layers(); ++l) {
+    const auto first = static_cast<TensorId>(tensors_.size());
+    Bytes lb = 0;
+    for (const TensorSpec& t : profile.layers[static_cast<std::size_t>(l)].tensors) {
+      tensors_.push_back(TensorInfo{static_cast<TensorId>(tensors_.size()), l, t.bytes(),
+                                    t.bytes_per_element});
+      lb += t.bytes();
+    }
+    layer_tensors_.emplace_back(first, static_cast<TensorId>(tensors_.size()));
+    layer_bytes_.push_back(lb);
+    total_bytes_ += lb;
+  }
+}
+
+Placement::Placement(const TensorLayout& layout, int servers, Bytes split_threshold)
+    : servers_(servers), slices_(static_cast<std::size_t>(layout.num_tensors())),
+      load_(static_cast<std::size_t>(servers), 0) {
+  QS_CHECK(servers >= 1 && split_threshold >= 1);
+  for (const TensorInfo& t : layout.tensors()) {
+    auto& out = slices_[static_cast<std::size_t>(t.id)];
+    const Bytes elems = t.bytes / t.element_size;
+    if (servers > 1 && t.bytes >= split_threshold && elems >= servers) {
+      // Equal element counts; the first (elems % M) servers take one extra element.
+      Bytes offset = 0;
+      for (int s = 0; s < servers; ++s) {
+        Bytes n = (elems / servers + (s < elems % servers ? 1 : 0)) * t.element_size;
+        out.push_back(Slice{s, Chunk{t.id, offset, n}});
+        load_[static_cast<std::size_t>(s)] += n;
+        offset += n;
+      }
+      QS_CHECK(offset == t.bytes);
+    } else {
+      auto it = std::min_element(load_.begin(), load_.end());
+      int s = static_cast<int>(it - load_.begin());
+      out.push_back(Slice{s, Chunk{t.id, 0, t.bytes}});
+      *it += t.bytes;
+    }
+  }
+}
+
+int Placement::server_of(TensorId id, Bytes offset) const {
+  for (const Slice& s : slices(id)) {
+    if (offset >= s.chunk.offset && offset < s.chunk.end()) return s.server;
+  }
+  QS_CHECK_MSG(false, "offset outside tensor");
+  return -1;
+}
+
+std::vector<Chunk> split_chunk(const Chunk& c, Bytes max_bytes, Bytes align) {
+  QS_CHECK(max_bytes >= 1 && align >= 1);
+  Bytes step = std::max(align, max_bytes / align * align);
+  std::vector<Chunk> out;
+  out.reserve(static_cast<std::size_t>((c.length + step - 1) / step));
+  for (Bytes off = 0; off < c.length; off += step) {
+    out.push_back(Chunk{c.tensor, c.offset + off, std::min(step, c.length - off)});
+  }
+  return out;
+}
+
+}  // namespace qs

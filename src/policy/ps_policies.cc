@@ -1,0 +1,219 @@
+// The parameter-server policies of the Mercury paper's comparison (sections III and V-B),
+// plus the registry. Prophet lives in prophet.cc.
+#include <algorithm>
+#include <queue>
+
+#include "ps_policies.h"
+#include "quicksilver/core/check.h"
+
+namespace qs {
+namespace {
+
+// Emits one unit per placement slice of every tensor of `layer`, in declaration order.
+void push_slices(const PsContext& ctx, int layer, PushSink& out) {
+  for (TensorId t = ctx.layout->first_tensor(layer); t < ctx.layout->end_tensor(layer); ++t) {
+    for (const Slice& s : ctx.placement->slices(t)) out.push(PushUnit{s.chunk, s.server, t}, 0);
+  }
+}
+
+// oracle: compute only (Mercury eq. 9). The engine never waits for communication.
+class Oracle final : public PsPolicy {
+ public:
+  std::string_view name() const override { return "oracle"; }
+  bool communicates() const override { return false; }
+  QueueDiscipline discipline() const override { return QueueDiscipline::kFifo; }
+  void on_gradient_ready(int, TimeNs, PushSink&) override {}
+};
+
+// wfbp: native PS, layer-wise FIFO (Mercury eq. 6-7). Each tensor is one message per
+// server slice; the transport sends in the order gradients became ready and the server
+// answers the pull once the whole slice is aggregated.
+// tictac: the same messages, but the transport picks the most urgent tensor whenever the
+// link frees (priority order at tensor granularity, no partitioning, no preemption of a
+// message already started).
+class TensorLevel final : public PsPolicy {
+ public:
+  TensorLevel(const PsContext& ctx, bool priority) : ctx_(ctx), priority_(priority) {}
+  std::string_view name() const override { return priority_ ? "tictac" : "wfbp"; }
+  QueueDiscipline discipline() const override {
+    return priority_ ? QueueDiscipline::kPriority : QueueDiscipline::kFifo;
+  }
+  void on_gradient_ready(int layer, TimeNs, PushSink& out) override {
+    push_slices(ctx_, layer, out);
+  }
+
+ private:
+  PsContext ctx_;
+  bool priority_;
+};
+
+// mercury (Mercury IV-A key ideas 1-3, IV-C): every tensor goes to the transport as soon
+// as its backward ends, cut into packets; the sending buffer holds one FIFO per priority
+// (priority = tensor index, "the packets of the i-th tensor are stored at the i-th FIFO
+// queue") and the sender always takes the most urgent packet, so preemption happens at
+// packet granularity. The servers aggregate and return each packet on its own.
+// mercury-nopreempt: the same packets sent FIFO (the paper's "W/O Preemption" breakdown).
+//
+// Deliberate detail: packets of a tensor split over several servers are interleaved
+// round-robin across its slices, so that one worker's packets spread over all server
+// links at once instead of visiting them one after another; the paper does not say.
+class Mercury final : public PsPolicy {
+ public:
+  Mercury(const PsContext& ctx, Bytes packet_size, bool preempt)
+      : ctx_(ctx), packet_size_(packet_size), preempt_(preempt) {}
+  std::string_view name() const override { return preempt_ ? "mercury" : "mercury-nopreempt"; }
+  QueueDiscipline discipline() const override {
+    return preempt_ ? QueueDiscipline::kPriority : QueueDiscipline::kFifo;
+  }
+  void on_gradient_ready(int layer, TimeNs, PushSink& out) override {
+    for (TensorId t = ctx_.layout->first_tensor(layer); t < ctx_.layout->end_tensor(layer); ++t) {
+      const auto& slices = ctx_.placement->slices(t);
+      const Bytes align = ctx_.layout->tensor(t).element_size;
+      if (slices.size() == 1) {
+        for (const Chunk& c : split_chunk(slices[0].chunk, packet_size_, align)) {
+          out.push(PushUnit{c, slices[0].server, t}, 0);
+        }
+        continue;
+      }
+      std::vector<std::vector<Chunk>> per_slice;
+      per_slice.reserve(slices.size());
+      std::size_t most = 0;
+      for (const Slice& s : slices) {
+        per_slice.push_back(split_chunk(s.chunk, packet_size_, align));
+        most = std::max(most, per_slice.back().size());
+      }
+      for (std::size_t k = 0; k < most; ++k) {
+        for (std::size_t s = 0; s < slices.size(); ++s) {
+          if (k < per_slice[s].size()) out.push(PushUnit{per_slice[s][k], slices[s].server, t}, 0);
+        }
+      }
+    }
+  }
+
+ private:
+  PsContext ctx_;
+  Bytes packet_size_;
+  bool preempt_;
+};
+
+// User-level partitioning with a credit window (Mercury III-A; ByteScheduler, SOSP'19):
+// partitions wait in the scheduler's own priority queue; the scheduler hands the most
+// urgent one to the FIFO communication library while the unacknowledged bytes fit in the
+// credit (always at least one partition), and each handed-over partition pays the
+// startup time first. An acknowledgement frees its credit.
+// p3 is the stop-and-wait special case: a window of one slice (Mercury III-A: "If the
+// credit size is set equal to the partition size, the credit-based preemption
+// degenerates to the stop-and-wait preemption").
+class CreditScheduler final : public PsPolicy {
+ public:
+  CreditScheduler(std::string_view name, const PsContext& ctx, Bytes partition, Bytes credit,
+                  TimeNs startup)
+      : name_(name), ctx_(ctx), partition_(partition), credit_(credit), startup_(startup) {}
+  std::string_view name() const override { return name_; }
+  QueueDiscipline discipline() const override { return QueueDiscipline::kFifo; }
+
+  void on_gradient_ready(int layer, TimeNs, PushSink& out) override {
+    for (TensorId t = ctx_.layout->first_tensor(layer); t < ctx_.layout->end_tensor(layer); ++t) {
+      const Bytes align = ctx_.layout->tensor(t).element_size;
+      for (const Slice& s : ctx_.placement->slices(t)) {
+        for (const Chunk& c : split_chunk(s.chunk, partition_, align)) {
+          pending_.push(Pending{PushUnit{c, s.server, t}, seq_++});
+        }
+      }
+    }
+    dispatch(out);
+  }
+  void on_push_acked(const PushUnit& unit, TimeNs, PushSink& out) override {
+    in_flight_ -= unit.chunk.length;
+    QS_CHECK(in_flight_ >= 0);
+    dispatch(out);
+  }
+
+ private:
+  struct Pending {
+    PushUnit unit;
+    std::uint64_t seq;
+    // Strict weak ordering for a max-heap: the most urgent (lowest priority, then oldest)
+    // compares greatest. seq is unique, so no two entries are equivalent.
+    bool operator<(const Pending& o) const {
+      if (unit.priority != o.unit.priority) return unit.priority > o.unit.priority;
+      return seq > o.seq;
+    }
+  };
+  void dispatch(PushSink& out) {
+    while (!pending_.empty() &&
+           (in_flight_ == 0 || in_flight_ + pending_.top().unit.chunk.length <= credit_)) {
+      const PushUnit u = pending_.top().unit;
+      pending_.pop();
+      in_flight_ += u.chunk.length;
+      out.push(u, startup_);
+    }
+  }
+
+  std::string name_;
+  PsContext ctx_;
+  Bytes partition_;
+  Bytes credit_;  // 0 = stop-and-wait
+  TimeNs startup_;
+  std::priority_queue<Pending> pending_;
+  std::uint64_t seq_ = 0;
+  Bytes in_flight_ = 0;
+};
+
+const std::vector<std::string> kAllPolicies = {
+    "oracle", "wfbp", "synceasgd", "mgwfbp", "mgwfbp-opt", "p3", "tictac", "bytescheduler",
+    "usbyte", "ddp", "prophet", "deft", "mercury", "mercury-nopreempt"};
+const std::vector<std::string> kPsPolicies = {"oracle", "wfbp", "p3", "tictac", "bytescheduler",
+                                              "prophet", "mercury-nopreempt", "mercury"};
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+}  // namespace
+
+const std::vector<std::string>& all_policy_names() { return kAllPolicies; }
+const std::vector<std::string>& ps_policy_names() { return kPsPolicies; }
+bool is_known_policy(std::string_view name) {
+  return std::find(kAllPolicies.begin(), kAllPolicies.end(), name) != kAllPolicies.end();
+}
+
+Result<std::unique_ptr<PsPolicy>> make_ps_policy(std::string_view name,
+                                                 const PolicyOptions& o,
+                                                 const PsContext& ctx) {
+  QS_CHECK(ctx.profile && ctx.layout && ctx.placement);
+  if (!is_known_policy(name)) {
+    return invalid_argument("unknown policy '" + std::string(name) + "' (known: " +
+                            join(kAllPolicies) + ")");
+  }
+  auto need_positive = [&](Bytes v, const char* flag) -> Status {
+    return v > 0 ? Status::ok()
+                 : invalid_argument(std::string(flag) + " must be positive for policy " +
+                                    std::string(name));
+  };
+  if (name == "oracle") return std::unique_ptr<PsPolicy>(new Oracle());
+  if (name == "wfbp") return std::unique_ptr<PsPolicy>(new TensorLevel(ctx, false));
+  if (name == "tictac") return std::unique_ptr<PsPolicy>(new TensorLevel(ctx, true));
+  if (name == "mercury" || name == "mercury-nopreempt") {
+    QS_RETURN_IF_ERROR(need_positive(o.packet_size, "--packet-size"));
+    return std::unique_ptr<PsPolicy>(new Mercury(ctx, o.packet_size, name == "mercury"));
+  }
+  if (name == "p3") {
+    QS_RETURN_IF_ERROR(need_positive(o.slice_size, "--slice-size"));
+    return std::unique_ptr<PsPolicy>(new CreditScheduler("p3", ctx, o.slice_size, 0, o.startup_time));
+  }
+  if (name == "bytescheduler") {
+    QS_RETURN_IF_ERROR(need_positive(o.partition_size, "--partition-size"));
+    QS_RETURN_IF_ERROR(need_positive(o.credit_size, "--credit-size"));
+    return std::unique_ptr<PsPolicy>(new CreditScheduler("bytescheduler", ctx, o.partition_size,
+                                                         o.credit_size, o.startup_time));
+  }
+  if (name == "prophet") return make_prophet_policy(o, ctx);
+  return invalid_argument("policy '" + std::string(name) +
+                          "' runs on the all-reduce architecture only (use --architecture "
+                          "allreduce); parameter-server policies: " + join(kPsPolicies));
+}
+
+}  // namespace qs

@@ -1,0 +1,26 @@
+// Private: the two simulation engines behind qs::simulate().
+#pragma once
+
+#include "quicksilver/sim/simulator.h"
+
+namespace qs {
+
+// Parameter-server engine (ps_engine.cc). Preconditions: cluster validated, PS architecture.
+Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy,
+                              const PolicyOptions& policy_options, const ClusterConfig& cluster,
+                              const SimOptions& options);
+
+// All-reduce engine (allreduce_engine.cc). Preconditions: cluster validated, all-reduce.
+Result<SimResult> simulate_allreduce(const Profile& profile, const std::string& policy,
+                                     const PolicyOptions& policy_options,
+                                     const ClusterConfig& cluster, const SimOptions& options);
+
+// Median of v[skip..]; of all of v when that is empty. Precondition: !v.empty().
+TimeNs steady_median(const std::vector<TimeNs>& v, int skip);
+double steady_median(const std::vector<double>& v, int skip);
+
+// Fills samples_per_second, scaling_efficiency and gpu_idle from iteration_times.
+void finish_result(const Profile& profile, const ClusterConfig& cluster, const SimOptions& options,
+                   SimResult* r);
+
+}  // namespace qs

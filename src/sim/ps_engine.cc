@@ -1,0 +1,507 @@
+// The parameter-server simulation engine (DESIGN.md "Network model", Mercury section V).
+//
+// Hosts: N workers and M servers, each NIC an uplink and a downlink. A message is
+// modelled cut-through across its two links: it occupies the sender's uplink for
+// size/rate and finishes on the receiver's downlink no earlier than that, queuing behind
+// what the receiver's downlink already carries (incast serialises there). It then takes
+// the one-way latency. Acknowledgements carry no payload and take the latency only.
+//
+// Compute: per worker a chain (Mercury V-A assumption 1): backward L..1, then for each
+// layer l in 1..L: wait for its parameters, update, forward (eq. 4). The iteration runs
+// from the start of bp^L to the end of the next fp^L (eq. 5).
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <variant>
+
+#include "engines.h"
+#include "quicksilver/core/check.h"
+#include "quicksilver/core/priority_fifo.h"
+#include "quicksilver/policy/ps_policy.h"
+#include "quicksilver/sim/event_queue.h"
+
+namespace qs {
+namespace {
+
+// A transport queue under a discipline: PriorityFifo or plain FIFO.
+template <typename T>
+class TxQueue {
+ public:
+  TxQueue(QueueDiscipline d, int priorities) {
+    if (d == QueueDiscipline::kPriority) {
+      q_.template emplace<PriorityFifo<T>>(priorities);
+    }
+  }
+  bool empty() const {
+    return std::visit([](const auto& q) { return q.empty(); }, q_);
+  }
+  void push(int priority, T v) {
+    if (auto* f = std::get_if<std::deque<T>>(&q_)) {
+      f->push_back(std::move(v));
+    } else {
+      std::get<PriorityFifo<T>>(q_).push(priority, std::move(v));
+    }
+  }
+  T pop() {
+    if (auto* f = std::get_if<std::deque<T>>(&q_)) {
+      T v = std::move(f->front());
+      f->pop_front();
+      return v;
+    }
+    return std::get<PriorityFifo<T>>(q_).pop();
+  }
+
+ private:
+  std::variant<std::deque<T>, PriorityFifo<T>> q_;
+};
+
+enum class Ev : std::uint8_t {
+  kComputeDone,    // worker's current compute op ended
+  kEnqueue,        // unit enters worker's transport queue (after startup)
+  kUplinkFree,     // worker uplink finished serialising a unit
+  kServerArrive,   // unit fully arrived at its server
+  kAck,            // server's acknowledgement reached the worker
+  kServerOutFree,  // server uplink finished serialising a pull
+  kPullArrive,     // pulled (aggregated) unit fully arrived at the worker
+};
+
+struct Payload {
+  Ev type;
+  int worker = 0;
+  PushUnit unit{};
+};
+
+struct Link {
+  const BandwidthSchedule* schedule = nullptr;
+  TimeNs busy_until = 0;
+  TimeNs finish(TimeNs start, Bytes bytes) const { return schedule->finish_time(start, bytes); }
+};
+
+// Appends busy spans to a trace, merging back-to-back spans of the same tensor so that a
+// packet-level policy does not produce one span per packet.
+class SpanRecorder {
+ public:
+  SpanRecorder(std::vector<TraceSpan>* out, int host, int track)
+      : out_(out), host_(host), track_(track) {}
+  void add(TimeNs start, TimeNs end, const std::string& name) {
+    if (!out_) return;
+    if (!out_->empty() && open_ && out_->back().end == start && out_->back().name == name) {
+      out_->back().end = end;
+      return;
+    }
+    out_->push_back(TraceSpan{host_, track_, start, end, name});
+    open_ = true;
+  }
+
+ private:
+  std::vector<TraceSpan>* out_;
+  int host_, track_;
+  bool open_ = false;
+};
+
+// Checks that `chunks` cover every byte of every tensor exactly once.
+Status verify_cover(std::vector<Chunk> chunks, const TensorLayout& layout, const char* what,
+                    int worker, std::int64_t iteration) {
+  std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
+    return a.tensor != b.tensor ? a.tensor < b.tensor : a.offset < b.offset;
+  });
+  std::size_t i = 0;
+  for (const TensorInfo& t : layout.tensors()) {
+    Bytes next = 0;
+    for (; i < chunks.size() && chunks[i].tensor == t.id; ++i) {
+      if (chunks[i].offset != next) {
+        return internal_error(std::string(what) + ": worker " + std::to_string(worker) +
+                              " iteration " + std::to_string(iteration) + " tensor " +
+                              std::to_string(t.id) + " byte " + std::to_string(next) +
+                              (chunks[i].offset > next ? " missing" : " sent twice"));
+      }
+      next = chunks[i].end();
+    }
+    if (next != t.bytes) {
+      return internal_error(std::string(what) + ": worker " + std::to_string(worker) +
+                            " iteration " + std::to_string(iteration) + " tensor " +
+                            std::to_string(t.id) + " covered " + std::to_string(next) + " of " +
+                            std::to_string(t.bytes) + " bytes");
+    }
+  }
+  return Status::ok();
+}
+
+class PsEngine {
+ public:
+  PsEngine(const Profile& profile, const PolicyOptions& popts, const ClusterConfig& cluster,
+           const SimOptions& opts)
+      : profile_(profile), cluster_(cluster), opts_(opts), layout_(profile),
+        placement_(layout_, cluster.servers, popts.split_threshold),
+        schedule_(cluster.link_schedule()) {}
+
+  Result<SimResult> run(const std::string& policy_name, const PolicyOptions& popts) {
+    PsContext ctx{&profile_, &layout_, &placement_, cluster_.workers, cluster_.servers,
+                  schedule_.rate_at(0), cluster_.latency};
+    const int priorities = layout_.num_tensors() + 1;
+    for (int w = 0; w < cluster_.workers; ++w) {
+      auto p = make_ps_policy(policy_name, popts, ctx);
+      if (!p) return p.status();
+      auto wk = std::make_unique<Worker>(std::move(*p), priorities, &schedule_);
+      wk->id = w;
+      wk->engine = this;
+      wk->factor = cluster_.compute_factor.empty() ? 1.0
+                                                   : cluster_.compute_factor[static_cast<std::size_t>(w)];
+      wk->layer_pulled.assign(static_cast<std::size_t>(layout_.num_layers()), 0);
+      wk->layer_ready.assign(static_cast<std::size_t>(layout_.num_layers()), false);
+      workers_.push_back(std::move(wk));
+    }
+    const QueueDiscipline sd = workers_[0]->policy->server_discipline();
+    for (int s = 0; s < cluster_.servers; ++s) {
+      servers_.push_back(std::make_unique<Server>(sd, priorities, &schedule_));
+    }
+    result_.policy = policy_name;
+    if (opts_.record_trace) {
+      for (auto& w : workers_) {
+        w->rec_compute = SpanRecorder(&result_.trace, w->id, 0);
+        w->rec_up = SpanRecorder(&result_.trace, w->id, 1);
+        w->rec_down = SpanRecorder(&result_.trace, w->id, 2);
+      }
+    }
+    for (auto& w : workers_) start_backward(*w, 0);
+    while (!q_.empty()) {
+      auto e = q_.pop();
+      dispatch(e.payload);
+      if (!error_.is_ok()) return error_;
+    }
+    for (auto& w : workers_) {
+      if (w->iteration < opts_.iterations) {
+        return internal_error("simulation stalled: worker " + std::to_string(w->id) +
+                              " finished " + std::to_string(w->iteration) + " of " +
+                              std::to_string(opts_.iterations) +
+                              " iterations (a policy never pushed some gradient?)");
+      }
+    }
+    Worker& w0 = *workers_[0];
+    result_.iteration_times = w0.iteration_times;
+    result_.link_utilisation = steady_median(w0.utilisation, opts_.warmup);
+    result_.bytes_pushed_per_iteration = w0.bytes_pushed_last;
+    result_.messages_per_iteration = w0.units_pushed_last;
+    result_.events = q_.fired();
+    finish_result(profile_, cluster_, opts_, &result_);
+    return std::move(result_);
+  }
+
+ private:
+  struct Worker;
+
+  struct Sink final : PushSink {
+    Worker* w = nullptr;
+    void push(const PushUnit& unit, TimeNs delay) override;
+  };
+
+  struct Worker {
+    Worker(std::unique_ptr<PsPolicy> p, int priorities, const BandwidthSchedule* sched)
+        : policy(std::move(p)), tx(policy->discipline(), priorities) {
+      up.schedule = sched;
+      down.schedule = sched;
+      sink.w = this;
+    }
+    int id = 0;
+    PsEngine* engine = nullptr;
+    std::unique_ptr<PsPolicy> policy;
+    Sink sink;
+    TxQueue<PushUnit> tx;
+    Link up, down;
+    double factor = 1.0;
+    // Compute chain.
+    std::int64_t iteration = 0;  // current iteration (its backward, then the next forward)
+    bool backward = true;
+    int layer = 0;            // layer of the running or blocked op
+    bool blocked = false;     // forward of `layer` waits for its parameters
+    TimeNs iteration_start = 0;
+    std::vector<Bytes> layer_pulled;
+    std::vector<bool> layer_ready;
+    // Metrics and verification.
+    std::vector<TimeNs> iteration_times;
+    std::vector<double> utilisation;
+    TimeNs push_first = -1, push_last = 0, push_busy = 0;
+    Bytes bytes_pushed = 0, bytes_pushed_last = 0;
+    std::int64_t units_pushed = 0, units_pushed_last = 0;
+    std::vector<Chunk> pushed, pulled;
+    SpanRecorder rec_compute{nullptr, 0, 0}, rec_up{nullptr, 0, 1}, rec_down{nullptr, 0, 2};
+  };
+
+  struct Agg {
+    int count = 0;
+    Bytes length = 0;
+  };
+  struct Server {
+    Server(QueueDiscipline d, int priorities, const BandwidthSchedule* sched)
+        : out_q(d, priorities) {
+      in.schedule = sched;
+      out.schedule = sched;
+    }
+    Link in, out;
+    std::unordered_map<std::uint64_t, Agg> agg;
+    TxQueue<std::pair<int, PushUnit>> out_q;
+  };
+
+  static std::uint64_t key(const Chunk& c) {
+    return (static_cast<std::uint64_t>(c.tensor) << 40) ^ static_cast<std::uint64_t>(c.offset);
+  }
+
+  TimeNs scaled(TimeNs t, double f) const {
+    return f == 1.0 ? t : static_cast<TimeNs>(static_cast<double>(t) * f + 0.5);
+  }
+
+  void fail(Status s) {
+    if (error_.is_ok()) error_ = std::move(s);
+  }
+
+  // ---- compute chain ----
+  void start_backward(Worker& w, std::int64_t iteration) {
+    const TimeNs now = q_.now();
+    w.iteration = iteration;
+    w.iteration_start = now;
+    w.backward = true;
+    w.blocked = false;
+    std::fill(w.layer_pulled.begin(), w.layer_pulled.end(), 0);
+    std::fill(w.layer_ready.begin(), w.layer_ready.end(), false);
+    w.policy->on_iteration_start(iteration, now, w.sink);
+    try_send(w);
+    run_backward(w, layout_.num_layers() - 1);
+  }
+
+  void run_backward(Worker& w, int layer) {
+    w.layer = layer;
+    const TimeNs d = scaled(profile_.layers[static_cast<std::size_t>(layer)].backward, w.factor);
+    w.rec_compute.add(q_.now(), q_.now() + d, "bp " + profile_.layers[static_cast<std::size_t>(layer)].name);
+    q_.schedule(q_.now() + d, Payload{Ev::kComputeDone, w.id, {}});
+  }
+
+  void try_forward(Worker& w, int layer) {
+    w.layer = layer;
+    w.backward = false;
+    if (!w.layer_ready[static_cast<std::size_t>(layer)]) {
+      w.blocked = true;
+      return;
+    }
+    w.blocked = false;
+    const TimeNs now = q_.now();
+    w.policy->on_forward_start(layer, now, w.sink);
+    try_send(w);
+    const LayerSpec& spec = profile_.layers[static_cast<std::size_t>(layer)];
+    const TimeNs d = scaled(spec.update + spec.forward, w.factor);
+    w.rec_compute.add(now, now + d, "fp " + spec.name);
+    q_.schedule(now + d, Payload{Ev::kComputeDone, w.id, {}});
+  }
+
+  void on_compute_done(Worker& w) {
+    const TimeNs now = q_.now();
+    if (w.backward) {
+      const int l = w.layer;
+      if (!w.policy->communicates()) {
+        w.layer_ready[static_cast<std::size_t>(l)] = true;
+      } else {
+        w.policy->on_gradient_ready(l, now, w.sink);
+        try_send(w);
+      }
+      if (l > 0) {
+        run_backward(w, l - 1);
+      } else {
+        try_forward(w, 0);
+      }
+      return;
+    }
+    if (w.layer + 1 < layout_.num_layers()) {
+      try_forward(w, w.layer + 1);
+      return;
+    }
+    end_iteration(w);
+  }
+
+  void end_iteration(Worker& w) {
+    const TimeNs now = q_.now();
+    w.iteration_times.push_back(now - w.iteration_start);
+    if (w.policy->communicates()) {
+      const TimeNs span = w.push_last - w.push_first;
+      w.utilisation.push_back(span > 0 ? static_cast<double>(w.push_busy) / static_cast<double>(span) : 1.0);
+    } else {
+      w.utilisation.push_back(0.0);
+    }
+    w.push_first = -1;
+    w.push_last = w.push_busy = 0;
+    w.bytes_pushed_last = w.bytes_pushed;
+    w.units_pushed_last = w.units_pushed;
+    w.bytes_pushed = 0;
+    w.units_pushed = 0;
+    if (opts_.verify_bytes && w.policy->communicates()) {
+      Status s = verify_cover(std::move(w.pushed), layout_, "push", w.id, w.iteration);
+      if (s.is_ok()) s = verify_cover(std::move(w.pulled), layout_, "pull", w.id, w.iteration);
+      if (!s.is_ok()) fail(s);
+      w.pushed.clear();
+      w.pulled.clear();
+    }
+    if (w.iteration + 1 < opts_.iterations) {
+      start_backward(w, w.iteration + 1);
+    } else {
+      w.iteration = opts_.iterations;
+    }
+  }
+
+  // ---- worker transport ----
+  // Queues without sending: the engine calls try_send() once the policy callback that
+  // pushed returns, so that all units pushed in one callback compete by priority.
+  void enqueue(Worker& w, const PushUnit& u) { w.tx.push(u.priority, u); }
+
+  void try_send(Worker& w) {
+    const TimeNs now = q_.now();
+    if (w.up.busy_until > now || w.tx.empty()) return;
+    PushUnit u = w.tx.pop();
+    Server& s = *servers_[static_cast<std::size_t>(u.server)];
+    const Bytes len = u.chunk.length;
+    const TimeNs fin1 = w.up.finish(now, len);
+    const TimeNs start2 = std::max(now, s.in.busy_until);
+    const TimeNs fin2 = std::max(fin1, s.in.finish(start2, len));
+    s.in.busy_until = fin2;
+    w.up.busy_until = fin1;
+    if (w.push_first < 0) w.push_first = now;
+    w.push_last = fin1;
+    w.push_busy += fin1 - now;
+    w.bytes_pushed += len;
+    ++w.units_pushed;
+    if (opts_.verify_bytes) w.pushed.push_back(u.chunk);
+    w.rec_up.add(now, fin1, "push " + std::to_string(u.chunk.tensor));
+    q_.schedule(fin1, Payload{Ev::kUplinkFree, w.id, {}});
+    q_.schedule(fin2 + cluster_.latency, Payload{Ev::kServerArrive, w.id, u});
+  }
+
+  // ---- server ----
+  void on_server_arrive(int worker, const PushUnit& u) {
+    q_.schedule(q_.now() + cluster_.latency, Payload{Ev::kAck, worker, u});
+    Server& s = *servers_[static_cast<std::size_t>(u.server)];
+    Agg& a = s.agg[key(u.chunk)];
+    if (a.count == 0) {
+      a.length = u.chunk.length;
+    } else if (a.length != u.chunk.length) {
+      fail(internal_error("workers cut different units: tensor " + std::to_string(u.chunk.tensor) +
+                          " offset " + std::to_string(u.chunk.offset)));
+      return;
+    }
+    if (++a.count < cluster_.workers) return;
+    s.agg.erase(key(u.chunk));
+    // Sum complete: one pull per worker (Mercury IV-C "PS Sender").
+    for (int w = 0; w < cluster_.workers; ++w) s.out_q.push(u.priority, {w, u});
+    try_send_server(u.server);
+  }
+
+  void try_send_server(int server) {
+    Server& s = *servers_[static_cast<std::size_t>(server)];
+    const TimeNs now = q_.now();
+    if (s.out.busy_until > now || s.out_q.empty()) return;
+    auto [wid, u] = s.out_q.pop();
+    Worker& w = *workers_[static_cast<std::size_t>(wid)];
+    const Bytes len = u.chunk.length;
+    const TimeNs fin1 = s.out.finish(now, len);
+    const TimeNs start2 = std::max(now, w.down.busy_until);
+    const TimeNs fin2 = std::max(fin1, w.down.finish(start2, len));
+    w.down.busy_until = fin2;
+    s.out.busy_until = fin1;
+    w.rec_down.add(start2, fin2, "pull " + std::to_string(u.chunk.tensor));
+    q_.schedule(fin1, Payload{Ev::kServerOutFree, u.server, {}});
+    q_.schedule(fin2 + cluster_.latency, Payload{Ev::kPullArrive, wid, u});
+  }
+
+  void on_pull_arrive(Worker& w, const PushUnit& u) {
+    if (opts_.verify_bytes) w.pulled.push_back(u.chunk);
+    const int l = layout_.tensor(u.chunk.tensor).layer;
+    Bytes& got = w.layer_pulled[static_cast<std::size_t>(l)];
+    got += u.chunk.length;
+    if (got > layout_.layer_bytes(l)) {
+      fail(internal_error("layer " + std::to_string(l) + " pulled more bytes than it has"));
+      return;
+    }
+    if (got == layout_.layer_bytes(l)) {
+      w.layer_ready[static_cast<std::size_t>(l)] = true;
+      if (w.blocked && w.layer == l) try_forward(w, l);
+    }
+  }
+
+  void dispatch(const Payload& p) {
+    switch (p.type) {
+      case Ev::kComputeDone: on_compute_done(*workers_[static_cast<std::size_t>(p.worker)]); break;
+      case Ev::kEnqueue: {
+        Worker& w = *workers_[static_cast<std::size_t>(p.worker)];
+        enqueue(w, p.unit);
+        try_send(w);
+        break;
+      }
+      case Ev::kUplinkFree: try_send(*workers_[static_cast<std::size_t>(p.worker)]); break;
+      case Ev::kServerArrive: on_server_arrive(p.worker, p.unit); break;
+      case Ev::kAck: {
+        Worker& w = *workers_[static_cast<std::size_t>(p.worker)];
+        w.policy->on_push_acked(p.unit, q_.now(), w.sink);
+        try_send(w);
+        break;
+      }
+      case Ev::kServerOutFree: try_send_server(p.worker); break;
+      case Ev::kPullArrive: on_pull_arrive(*workers_[static_cast<std::size_t>(p.worker)], p.unit); break;
+    }
+  }
+
+  // Validates a policy's unit before it enters the engine.
+  Status check_unit(const PushUnit& u) const {
+    if (u.chunk.tensor < 0 || u.chunk.tensor >= layout_.num_tensors()) {
+      return internal_error("policy pushed unknown tensor " + std::to_string(u.chunk.tensor));
+    }
+    if (u.chunk.length <= 0 || u.chunk.offset < 0) return internal_error("policy pushed an empty unit");
+    if (u.server < 0 || u.server >= cluster_.servers) return internal_error("policy pushed to unknown server");
+    bool owned = false;
+    for (const Slice& s : placement_.slices(u.chunk.tensor)) {
+      if (s.server == u.server && u.chunk.offset >= s.chunk.offset && u.chunk.end() <= s.chunk.end()) {
+        owned = true;
+      }
+    }
+    if (!owned) return internal_error("policy pushed a unit that straddles servers or leaves its tensor");
+    if (u.priority < 0 || u.priority > layout_.num_tensors()) {
+      return internal_error("policy priority " + std::to_string(u.priority) + " out of range");
+    }
+    return Status::ok();
+  }
+
+  const Profile& profile_;
+  const ClusterConfig& cluster_;
+  const SimOptions& opts_;
+  TensorLayout layout_;
+  Placement placement_;
+  BandwidthSchedule schedule_;
+  EventQueue<Payload> q_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::unique_ptr<Server>> servers_;
+  SimResult result_;
+  Status error_;
+
+  friend struct Sink;
+};
+
+void PsEngine::Sink::push(const PushUnit& unit, TimeNs delay) {
+  PsEngine& e = *w->engine;
+  Status s = e.check_unit(unit);
+  if (!s.is_ok()) {
+    e.fail(s.with_context(std::string(w->policy->name())));
+    return;
+  }
+  if (delay <= 0) {
+    e.enqueue(*w, unit);
+  } else {
+    e.q_.schedule(e.q_.now() + delay, Payload{Ev::kEnqueue, w->id, unit});
+  }
+}
+
+}  // namespace
+
+Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy,
+                              const PolicyOptions& policy_options, const ClusterConfig& cluster,
+                              const SimOptions& options) {
+  PsEngine engine(profile, policy_options, cluster, options);
+  return engine.run(policy, policy_options);
+}
+
+}  // namespace qs
