@@ -413,7 +413,8 @@ def op_flops(name: str, args: Sequence, out) -> Optional[int]:
 
 class OutsideLayerFlops(TorchDispatchMode):
     """Counts the FLOPs of ATen ops that run while no layer's forward is active and
-    hands them to ``sink`` (the tracer decides which layer gets them)."""
+    hands them to the tracer, which decides which layer gets them. Ops inside a layer
+    are skipped: layer_flops() counts those analytically."""
 
     def __init__(self, tracer: "LayerTracer") -> None:
         super().__init__()
@@ -469,6 +470,9 @@ class LayerTracer:
             self.pending_flops += flops
 
     def _pre_hook(self, module: nn.Module, inputs) -> None:
+        if self.active:
+            raise RuntimeError(f"layer {self.owned[module].name} runs inside layer "
+                               f"{self.active[-1].name}: nested layers are not supported")
         layer = self.by_module.get(module)
         if layer is None:
             layer = self.by_module[module] = self.owned[module]
@@ -490,13 +494,12 @@ class LayerTracer:
         names = {id(p): n for n, p in self.model.named_parameters()}
         handles = []
         for path, module in self.model.named_modules():
-            own = list(module.named_parameters(recurse=False))
-            if not own:
+            tensors = [(names[id(p)], p.numel())
+                       for n, p in module.named_parameters(recurse=False)
+                       if names[id(p)] == f"{path}.{n}"]
+            if not tensors:
                 continue
-            layer = Layer(path, type(module).__name__,
-                          tensors=[(names[id(p)], p.numel()) for n, p in own
-                                   if names[id(p)] == f"{path}.{n}"])
-            self.owned[module] = layer
+            self.owned[module] = Layer(path, type(module).__name__, tensors=tensors)
             handles.append(module.register_forward_pre_hook(self._pre_hook))
             handles.append(module.register_forward_hook(self._post_hook))
         mode = OutsideLayerFlops(self)
@@ -509,7 +512,8 @@ class LayerTracer:
         if mode.unknown:
             raise RuntimeError(f"ATen ops without a FLOP rule: {sorted(mode.unknown)}; "
                                "add them to op_flops()")
-        missed = [layer.name for layer in self.owned.values() if layer not in self.layers]
+        missed = [layer.name for module, layer in self.owned.items()
+                  if module not in self.by_module]
         if missed:
             raise RuntimeError(f"layers that never ran in the forward pass: {missed}")
         return self.layers

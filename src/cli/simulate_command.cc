@@ -192,7 +192,6 @@ int run_models(const std::string& device_name, bool json) {
     std::cerr << "quicksilver: --device: " << device.status().message() << "\n";
     return 2;
   }
-  std::vector<Row> unused;
   if (json) {
     std::cout << "{\"device\": \"" << (*device)->name << "\", \"models\": [";
     bool first = true;
@@ -207,15 +206,16 @@ int run_models(const std::string& device_name, bool json) {
     std::cout << "]}\n";
     return 0;
   }
-  std::printf("Built-in models (compute times: %s, %s)\n\n", (*device)->display_name.c_str(),
-              "forward = batch x FLOPs / sustained rate; backward = 2 x forward");
+  std::printf("Built-in models; compute per iteration on %s (%.1f TFLOPS sustained; forward = batch x\n"
+              "FLOPs / rate or memory bound, backward = 2 x forward; see docs/zoo.md). --device picks another.\n\n",
+              (*device)->display_name.c_str(), (*device)->sustained_tflops);
   std::printf("%-14s %-12s %6s %7s %13s %10s %6s %12s\n", "name", "input", "layers", "tensors",
-              "parameters", "bytes", "batch", "compute/iter");
+              "parameters", "MB", "batch", "compute/iter");
   for (const ZooModel& m : zoo_models()) {
     Profile p = make_zoo_profile(m, **device);
-    std::printf("%-14s %-12s %6d %7d %13lld %10s %6d %10.2fms\n", m.name.c_str(), m.input.c_str(),
+    std::printf("%-14s %-12s %6d %7d %13lld %10.1f %6d %10.2fms\n", m.name.c_str(), m.input.c_str(),
                 p.num_layers(), p.num_tensors(), static_cast<long long>(p.total_parameters()),
-                format_size(p.total_bytes()).c_str(), p.batch_size, to_ms(p.compute_time()));
+                static_cast<double>(p.total_bytes()) / 1e6, p.batch_size, to_ms(p.compute_time()));
   }
   return 0;
 }

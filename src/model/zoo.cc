@@ -1,5 +1,6 @@
 #include "quicksilver/model/zoo.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -37,6 +38,7 @@ ZooModel parse_zoo_model(const char* text) {
     ZooLayer l;
     l.name = jl.at("name").get<std::string>();
     l.forward_flops = jl.value("forward_flops", 0.0);
+    l.activation_bytes = jl.value("activation_bytes", 0.0);
     for (const json& jt : jl.at("tensors")) {
       TensorSpec t;
       t.name = jt.at("name").get<std::string>();
@@ -105,7 +107,11 @@ Profile make_zoo_profile(const ZooModel& model, const Device& device, int batch_
     LayerSpec l;
     l.name = zl.name;
     l.tensors = zl.tensors;
-    const double fwd_ns = p.batch_size * zl.forward_flops / (device.sustained_tflops * 1e3);
+    // Roofline: compute bound (FLOPs) or memory bound (read the input, write the output:
+    // about twice the output activation), whichever is slower.
+    const double compute_ns = p.batch_size * zl.forward_flops / (device.sustained_tflops * 1e3);
+    const double memory_ns = p.batch_size * 2.0 * zl.activation_bytes / device.memory_gbps;
+    const double fwd_ns = std::max(compute_ns, memory_ns);
     l.forward = static_cast<TimeNs>(std::llround(fwd_ns)) + device.layer_overhead;
     l.backward = static_cast<TimeNs>(std::llround(kBackwardRatio * fwd_ns)) + device.layer_overhead;
     const double update_ns = 5.0 * static_cast<double>(l.bytes()) / device.memory_gbps;

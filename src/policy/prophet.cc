@@ -1,10 +1,193 @@
-// Prophet (Prophet paper Algorithm 1): placeholder until the Prophet policy lands.
+// Prophet (Z. Zhang et al., "Prophet: Speeding up Distributed DNN Training with
+// Predictable Communication Scheduling", ICPP'21), Algorithm 1 of section 4.1 on the
+// model of section 3, as an event-driven PsPolicy.
+//
+// The paper's indices: gradient i has priority i (0 = the first layer's, needed first by
+// the next forward pass); c^(i) is when backward generates it, s^(i) its size,
+// E^(i) = s^(i) / B its transfer time (eq. 5), A^(i) = min |c^(i) - c^(j)|, j < i, the
+// "expected transfer time interval" before a higher-priority gradient is generated.
+// Here gradient i is TensorLayout's tensor i (smaller id = more urgent, as in the
+// paper), cut into BytePS partitions (PolicyOptions::prophet_partition_size).
+//
+// Algorithm 1, as implemented (line numbers cite it):
+//   line 1   at every iteration start, E for each partition from the latest bandwidth
+//            estimate B (PsContext::bandwidth, then on_bandwidth_estimate(): Prophet's
+//            Network Bandwidth Monitor, section 4.2); c^(i) and A^(i) from the profile's
+//            backward times (the Training Job Profiler).
+//   line 5-11 backward phase: when a step of the stepwise pattern is generated, assemble
+//            ready partitions in priority order (line 10) into one block while the next
+//            one still fits: T_used + E^(q) <= A (line 7, Constraint 11), starting at
+//            c^(p) (line 8). The block leaves as one hand-over to the communication
+//            library. What does not fit waits for a later step or the forward phase.
+//   line 17-18 gradient 0 (the last step of backward) is sent as soon as it is generated;
+//            t_next <- t^(0) + E^(0).
+//   line 12-14 forward phase: every remaining partition, one by one in priority order
+//            (Constraint 9), at t^(p) = t_next, t_next += E^(p).
+//
+// Deliberate differences, each forced by the event-driven PushSink or by the model:
+//  * A^(i) ignores gradients generated at the same instant: the literal min over j < i
+//    is 0 for every gradient but the first of a step (a layer's weight and bias, or
+//    layers fused by the framework, are generated together), which would forbid blocks
+//    altogether, against the paper's "{gradient 144 - gradient 156} are generated within
+//    a short time" being one block. So A is the time from a step to the next step: for
+//    the step closed by layer l, the backward time of layer l-1 (the next layer computed).
+//  * Line 7 measures the window from the block's start c^(p) for every q (also for a
+//    partition left over from an earlier step, whose own A^(q) has already elapsed).
+//  * Steps: layers whose gradients appear at the same time (zero backward time between
+//    them) form one step; the block is assembled when the step's last layer is ready,
+//    so the most urgent of them goes first.
+//  * Planned start times become PushSink delays: a block handed over at c^(p) enters the
+//    transport queue after the user-level startup time (PolicyOptions::startup_time:
+//    Prophet runs on BytePS's user-level scheduler, Mercury III-A), so T_used starts at
+//    the startup time, not 0, and a block must fit A including it. In the forward phase
+//    each partition is pushed with delay = t^(p) - now, where t^(p) >= now + startup: the
+//    startup of a partition overlaps the previous transfer, as BytePS pipelines tasks.
+//    The transport queue is FIFO (the library's), so a late estimate delays but never
+//    reorders.
+//  * If a block is still (by plan) on the link when the next step or gradient 0 comes,
+//    the new block starts when it ends (T_used and t_next start there); the paper's
+//    planner assumes the link is free at c^(p), which Constraint 11 makes true when the
+//    estimate is right.
+//  * Tensors split over several servers by the Placement: partitions are cut inside each
+//    server's slice (a unit never straddles servers) and a tensor's partitions are
+//    ordered round-robin over its slices (k-th partition of every slice, then the
+//    (k+1)-th), so a block spreads over the server links. The cut depends only on the
+//    layout and the partition size, so every worker cuts the same units whatever its
+//    timing or bandwidth estimate; blocks only decide when units leave.
+#include <algorithm>
+#include <set>
+
 #include "ps_policies.h"
+#include "quicksilver/core/check.h"
 
 namespace qs {
+namespace {
 
-Result<std::unique_ptr<PsPolicy>> make_prophet_policy(const PolicyOptions&, const PsContext&) {
-  return invalid_argument("prophet is not available yet");
+class Prophet final : public PsPolicy {
+ public:
+  Prophet(const PolicyOptions& o, const PsContext& ctx)
+      : ctx_(ctx), startup_(o.startup_time), bandwidth_(ctx.bandwidth), rate_(ctx.bandwidth) {
+    const TensorLayout& layout = *ctx.layout;
+    partitions_.resize(static_cast<std::size_t>(layout.num_tensors()));
+    for (const TensorInfo& t : layout.tensors()) {
+      const auto& slices = ctx.placement->slices(t.id);
+      std::vector<std::vector<Chunk>> per_slice;
+      std::size_t most = 0;
+      for (const Slice& s : slices) {
+        per_slice.push_back(split_chunk(s.chunk, o.prophet_partition_size, t.element_size));
+        most = std::max(most, per_slice.back().size());
+      }
+      auto& out = partitions_[static_cast<std::size_t>(t.id)];
+      for (std::size_t k = 0; k < most; ++k) {
+        for (std::size_t s = 0; s < slices.size(); ++s) {
+          if (k < per_slice[s].size()) out.push_back(PushUnit{per_slice[s][k], slices[s].server, t.id});
+        }
+      }
+    }
+  }
+
+  std::string_view name() const override { return "prophet"; }
+  // The communication library under BytePS (ps-lite / ZeroMQ) sends what it is handed in
+  // order; Prophet's own Scheduled Queue decides the order and the time of hand-over.
+  QueueDiscipline discipline() const override { return QueueDiscipline::kFifo; }
+
+  void on_iteration_start(std::int64_t, TimeNs now, PushSink&) override {
+    // Line 1: re-plan from the latest estimate (the monitor's value when the iteration starts).
+    rate_ = bandwidth_;
+    QS_CHECK(ready_.empty());
+    link_free_ = now;
+  }
+
+  void on_bandwidth_estimate(Rate rate, TimeNs) override {
+    if (rate.bits_per_second > 0) bandwidth_ = rate;
+  }
+
+  void on_gradient_ready(int layer, TimeNs now, PushSink& out) override {
+    const TensorLayout& layout = *ctx_.layout;
+    for (TensorId t = layout.first_tensor(layer); t < layout.end_tensor(layer); ++t) {
+      const auto n = static_cast<int>(partitions_[static_cast<std::size_t>(t)].size());
+      for (int k = 0; k < n; ++k) ready_.insert(Key{t, k});
+    }
+    if (layer == 0) {
+      send_forward_phase(now, out);
+      return;
+    }
+    // A step closes when the next layer to compute takes time; a zero-time layer below
+    // generates its gradient at this same instant, so wait for it.
+    const TimeNs window = ctx_.profile->layers[static_cast<std::size_t>(layer - 1)].backward;
+    if (window == 0) return;
+    assemble_block(window, now, out);
+  }
+
+ private:
+  // A ready partition: (tensor, index in partitions_[tensor]). Ordered by tensor id
+  // (priority), then index: a strict total order, every key unique.
+  struct Key {
+    TensorId tensor;
+    int index;
+    friend auto operator<=>(const Key&, const Key&) = default;
+  };
+
+  const PushUnit& unit(const Key& k) const {
+    return partitions_[static_cast<std::size_t>(k.tensor)][static_cast<std::size_t>(k.index)];
+  }
+  // Eq. 5: E = s / B, at the bandwidth of this iteration's plan.
+  TimeNs estimate(const Key& k) const { return transfer_time(unit(k).chunk.length, rate_); }
+
+  // Lines 5-11: one block for the step generated at `now`, within the window `a` to the
+  // next step.
+  void assemble_block(TimeNs a, TimeNs now, PushSink& out) {
+    // Line 6 (T_used <- 0), plus the block's startup and any planned transfer still on
+    // the link (see the header).
+    TimeNs used = std::max(startup_, link_free_ - now);
+    // Line 7: q = the most urgent ready partition; it joins the block iff it is
+    // transferred completely within the window (Constraint 11).
+    while (!ready_.empty()) {
+      const Key q = *ready_.begin();
+      const TimeNs e = estimate(q);
+      if (used + e > a) break;
+      // Line 8: t^(q) = c^(p) + T_used; the whole block is handed over now and its
+      // partitions go back-to-back from now + startup.
+      out.push(unit(q), startup_);
+      used += e;  // line 9
+      ready_.erase(ready_.begin());  // line 10: next most urgent ready partition
+    }
+    link_free_ = std::max(link_free_, now + used);
+  }
+
+  // Lines 17-18 then 12-14: gradient 0 was just generated (the end of backward).
+  void send_forward_phase(TimeNs now, PushSink& out) {
+    // Line 17: t^(0) = c^(0) (plus the startup, or after a planned transfer).
+    TimeNs t_next = std::max(now + startup_, link_free_);
+    // The most urgent ready partitions are gradient 0's (line 17-18); the rest follow one
+    // by one in priority order (lines 13-14). Same arithmetic for both.
+    for (const Key& k : ready_) {
+      out.push(unit(k), t_next - now);  // line 13: t^(p) = t_next
+      t_next += estimate(k);             // line 14 (line 18 for gradient 0)
+    }
+    ready_.clear();
+    link_free_ = t_next;
+  }
+
+  PsContext ctx_;
+  TimeNs startup_;
+  Rate bandwidth_;  // latest monitor estimate
+  Rate rate_;       // the estimate this iteration's plan uses
+  std::vector<std::vector<PushUnit>> partitions_;  // per tensor, in sending order
+  std::set<Key> ready_;                            // generated, not yet handed over
+  TimeNs link_free_ = 0;                           // when the planned transfers end
+};
+
+}  // namespace
+
+Result<std::unique_ptr<PsPolicy>> make_prophet_policy(const PolicyOptions& options,
+                                                      const PsContext& context) {
+  if (options.prophet_partition_size <= 0) {
+    return invalid_argument("prophet partition size must be positive");
+  }
+  if (options.startup_time < 0) return invalid_argument("--startup-time must be >= 0");
+  if (context.bandwidth.bits_per_second <= 0) return invalid_argument("prophet needs a positive bandwidth");
+  return std::unique_ptr<PsPolicy>(new Prophet(options, context));
 }
 
 }  // namespace qs

@@ -223,6 +223,7 @@ class PsEngine {
     std::vector<double> utilisation;
     TimeNs push_first = -1, push_last = 0, push_busy = 0;
     Bytes bytes_pushed = 0, bytes_pushed_last = 0;
+    Rate rate_seen{0};  // bytes pushed / uplink busy time, previous iteration (0: none yet)
     std::int64_t units_pushed = 0, units_pushed_last = 0;
     std::vector<Chunk> pushed, pulled;
     SpanRecorder rec_compute{nullptr, 0, 0}, rec_up{nullptr, 0, 1}, rec_down{nullptr, 0, 2};
@@ -264,6 +265,8 @@ class PsEngine {
     w.blocked = false;
     std::fill(w.layer_pulled.begin(), w.layer_pulled.end(), 0);
     std::fill(w.layer_ready.begin(), w.layer_ready.end(), false);
+    // Prophet's bandwidth monitor (Prophet 4.2): the rate the uplink achieved last iteration.
+    if (w.rate_seen.bits_per_second > 0) w.policy->on_bandwidth_estimate(w.rate_seen, now);
     w.policy->on_iteration_start(iteration, now, w.sink);
     try_send(w);
     run_backward(w, layout_.num_layers() - 1);
@@ -325,6 +328,10 @@ class PsEngine {
       w.utilisation.push_back(span > 0 ? static_cast<double>(w.push_busy) / static_cast<double>(span) : 1.0);
     } else {
       w.utilisation.push_back(0.0);
+    }
+    if (w.push_busy > 0) {
+      w.rate_seen = Rate{static_cast<std::int64_t>(static_cast<double>(w.bytes_pushed) * 8e9 /
+                                                   static_cast<double>(w.push_busy))};
     }
     w.push_first = -1;
     w.push_last = w.push_busy = 0;

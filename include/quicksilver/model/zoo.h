@@ -5,8 +5,8 @@
 // torchvision and the transformers' published configurations, shipped in data/zoo/ and
 // compiled into the binary, so nothing at run time needs Python.
 //
-// Device model (docs/zoo.md): forward time of a layer = batch * flops / sustained rate +
-// a fixed per-layer overhead; backward = kBackwardRatio * forward; update (SGD with
+// Device model (docs/zoo.md): forward time of a layer = max(batch * flops / sustained
+// rate, batch * 2 * activation bytes / memory bandwidth) + a fixed per-layer overhead; backward = kBackwardRatio * forward; update (SGD with
 // momentum, memory bound) = 5 * parameter bytes / memory bandwidth. It is an estimate:
 // right in proportion between layers and models, not a measurement.
 #pragma once
@@ -24,7 +24,8 @@ namespace qs {
 
 struct ZooLayer {
   std::string name;
-  double forward_flops = 0;  // per sample
+  double forward_flops = 0;     // per sample
+  double activation_bytes = 0;  // output activation per sample (fp32)
   std::vector<TensorSpec> tensors;
 };
 

@@ -32,12 +32,43 @@ struct PolicyOptions {
   // bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB).
   Bytes ddp_bucket_size = 25 * kMiB;
   Bytes ddp_first_bucket_size = 1 * kMiB;
-  // deft: link speed ratio mu (DeFT III-C) and the Preserver's epsilon (IV-C).
+  // deft: link speed ratio mu (DeFT III-C) and the Preserver's epsilon (IV-C). deft_mu = 0
+  // means "measured": the ratio of the two links' modelled collective times.
   double deft_mu = 1.65;
   double deft_epsilon = 0.01;
   int deft_max_retries = 10;
   // Random seed for policies that draw (DeFT's Preserver loss model).
   std::uint64_t seed = 1;
+
+  // ---- prophet (Prophet, ICPP'21, Algorithm 1; docs/policies-ps.md) ----
+  // The unit Prophet's block assembler works on. Prophet runs inside BytePS, which cuts
+  // every tensor into partitions of BYTEPS_PARTITION_BYTES (default 4,096,000 B); a block
+  // is a run of whole partitions (paper 2.3: "only two partitions of gradient 1 can be
+  // transmitted before gradient 0 is generated"). Every worker cuts the same partitions,
+  // whatever its timing; blocks only decide when partitions leave.
+  Bytes prophet_partition_size = 4'096'000;
+
+  // ---- all-reduce policies (continued; appended) ----
+  // deft: initial partition size (III-D, "default to 6,500,000" parameters = 26 MB fp32),
+  // before US-Byte's re-partition and the knapsack-capacity constraint.
+  Bytes deft_partition_size = 26'000'000;
+  // deft: knapsacks with at most this many items are also solved exactly (and the exact
+  // answer is used); the greedy's losses are reported. 0 = greedy only (the paper).
+  int deft_exact_max_items = 12;
+  // deft Preserver (IV-C3): each retry multiplies every knapsack capacity by (1 + step).
+  double deft_capacity_step = 0.1;
+  // deft Preserver: iterations of the dry run that yields the batch-size sequence.
+  int deft_horizon = 16;
+  // deft Preserver loss model (IV-C2, Yin et al.'s random walk with rebound): the start
+  // state s_A, the objective S*, the learning rate eta, and the per-sample gradient mean
+  // mu and deviation sigma. Defaults reproduce Table V's setting (s_A ~ 0.21, S* = 0,
+  // eta = 0.01) with mu and sigma chosen so that Table V's sequence (B, 2B, B over N = 4)
+  // gives its ratio, ~0.993 (docs/policies-allreduce.md).
+  double deft_loss_s0 = 0.2103;
+  double deft_loss_target = 0.0;
+  double deft_lr = 0.01;
+  double deft_loss_mu = 0.144;
+  double deft_loss_sigma = 40.0;
 };
 
 }  // namespace qs

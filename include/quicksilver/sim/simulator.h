@@ -42,6 +42,10 @@ struct ClusterConfig {
   std::optional<Rate> reduction_rate;  // gamma = 1 / reduction_rate per byte; none = 0
   std::optional<TimeNs> allreduce_a;   // a and b given directly override the table
   std::optional<double> allreduce_b_ns_per_byte;
+  // All-reduce: a second, slower link beside the first (DeFT III-C: gloo over a second NIC
+  // beside NCCL). 0 = none. Otherwise every collective on it takes this factor times its
+  // time on the first link (DeFT measured 1.59..1.69, Fig. 6). Must be 0 or >= 1.
+  double second_link_slowdown = 0;
 
   Status validate() const;
   BandwidthSchedule link_schedule() const {

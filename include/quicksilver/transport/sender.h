@@ -1,0 +1,101 @@
+// Sender: a node's sending buffer and its one sender across all its connections (Mercury
+// IV-C "Sending Buffer" + "Worker Sender" / "PS Sender"; DESIGN.md "Transport and runtime").
+//
+// The sending buffer holds headers only (each entry points at payload memory owned by the
+// caller). Under SendOrder::kPriority it is a qs::PriorityFifo keyed by the header's
+// priority: the most urgent unit is found in O(1) and units of equal priority leave in
+// the order they came. Under kFifo every unit goes to one FIFO (the baselines' ZeroMQ /
+// ps-lite behaviour). Either way the order is strict: (priority, arrival) resp. arrival.
+//
+// A node's uplink is one resource, so one Sender chooses for all connections: it hands the
+// head unit to its connection whenever that connection has no data frame in progress,
+// then the next, and so on; it stops at the first head whose connection is still busy, so
+// a unit is never overtaken by a less urgent one. Each connection holds at most one data
+// frame beside the kernel's small unsent queue (TCP_NOTSENT_LOWAT), which bounds how far
+// an urgent unit can be delayed by bytes already committed.
+//
+// Measured: per unit, the queueing delay from enqueue() until it is handed to its
+// connection (the delay an urgent packet sees behind queued ones), and the time the
+// sender had backlog (units queued or a data frame unfinished), for "utilisation while
+// pushing". Not thread-safe: loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "quicksilver/core/priority_fifo.h"
+#include "quicksilver/core/status.h"
+#include "quicksilver/transport/clock.h"
+#include "quicksilver/transport/connection.h"
+
+namespace qs::transport {
+
+enum class SendOrder { kFifo, kPriority };
+
+struct QueueSample {
+  int priority = 0;
+  TimeNs delay = 0;  // enqueue -> handed to the connection
+};
+
+class Sender {
+ public:
+  // Called for every data frame fully handed to the kernel: (connection index, tag).
+  using SentCallback = std::function<void(int conn, std::uint64_t tag)>;
+
+  // Priorities 0..num_priorities-1. Precondition: num_priorities >= 1.
+  Sender(SendOrder order, int num_priorities, const Clock& clock);
+
+  // The connections, by index (entries may be null until connected).
+  void set_connections(std::vector<Connection*> conns) { conns_ = std::move(conns); }
+  void set_sent_callback(SentCallback cb) { sent_ = std::move(cb); }
+  SendOrder order() const { return order_; }
+
+  // Queues a data frame for connection `conn`; payload valid until its SentCallback.
+  // Precondition: h.priority < num_priorities.
+  void enqueue(int conn, const Header& h, const std::byte* payload, std::uint64_t tag);
+  // Hands units to free connections in order and writes what the sockets take. Errors: a
+  // connection failed or is closed while units wait for it.
+  Status pump();
+  // A connection reported writable: collect its finished frames and pump.
+  Status on_writable(int conn);
+
+  // Nothing queued and no data frame unfinished.
+  bool idle() const;
+  std::size_t queued() const { return queue_.size(); }
+
+  // Samples since the last take (one per unit handed over).
+  std::vector<QueueSample> take_samples();
+  // Nanoseconds with backlog so far (closed intervals plus the open one).
+  TimeNs busy_ns() const;
+  std::uint64_t units_sent() const { return units_sent_; }
+
+ private:
+  struct Item {
+    int conn;
+    Header header;
+    const std::byte* payload;
+    std::uint64_t tag;
+    TimeNs enqueued;
+  };
+  void collect(Connection& c);
+  void update_busy();
+
+  SendOrder order_;
+  const Clock& clock_;
+  PriorityFifo<Item> queue_;
+  std::vector<Connection*> conns_;
+  SentCallback sent_;
+  int in_progress_ = 0;  // connections with a data frame handed over and unfinished
+  std::vector<bool> conn_busy_;
+  bool pumping_ = false, repump_ = false;
+  std::vector<QueueSample> samples_;
+  bool busy_ = false;
+  TimeNs busy_since_ = 0, busy_total_ = 0;
+  std::uint64_t units_sent_ = 0;
+};
+
+// Percentile (0..100) of `v` by nearest rank; 0 for an empty vector. Sorts a copy.
+TimeNs percentile(std::vector<TimeNs> v, double p);
+
+}  // namespace qs::transport

@@ -1,0 +1,80 @@
+// TCP sockets for the runtime: an owning file descriptor, the socket options Quicksilver
+// relies on, listening, and connecting with retries until a deadline. Every system-call
+// failure becomes a Status naming the call, the peer and errno's text.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "quicksilver/core/status.h"
+#include "quicksilver/core/units.h"
+
+namespace qs::transport {
+
+// An owning file descriptor (move-only; closes on destruction).
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) reset(o.release());
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// Options applied to every data connection (DESIGN.md "Transport and runtime": preemption is
+// only as fine as the bytes already committed to the kernel).
+struct SocketOptions {
+  // TCP congestion control set with TCP_CONGESTION. MACHINE-NOTES: the machine default
+  // (bbr) is 2-4x slower than cubic on loopback and veth. Empty = leave the system default.
+  std::string congestion = "cubic";
+  // TCP_NOTSENT_LOWAT: the socket reports writable only while fewer unsent bytes than this
+  // sit in the kernel, so an urgent packet waits behind at most about this much. 0 = unset.
+  Bytes notsent_lowat = 128 * kKiB;
+  // SO_SNDBUF (the kernel doubles it). Bounded so the kernel queue stays short; 0 = autotune.
+  Bytes send_buffer = 4 * kMiB;
+  // SO_RCVBUF; 0 = autotune.
+  Bytes receive_buffer = 0;
+  // SO_MAX_PACING_RATE in bytes/s (TCP paces itself without fq); 0 = unpaced.
+  std::int64_t max_pacing_rate = 0;
+};
+
+// Sets TCP_NODELAY, non-blocking mode and `opts` on a connected socket. Errors name the
+// option; a refused congestion control says where the allowed list is.
+Status configure_socket(int fd, const SocketOptions& opts);
+// The congestion control algorithm in effect on `fd` (getsockopt TCP_CONGESTION).
+Result<std::string> congestion_of(int fd);
+
+// A listening TCP socket on host:port (port 0 = ephemeral), SO_REUSEADDR, non-blocking.
+Result<Fd> listen_tcp(const std::string& host, int port, int backlog = 128);
+// The local port a socket is bound to.
+Result<int> local_port(int fd);
+// Connects to host:port, retrying refused or unreachable attempts every `retry_every`
+// until `deadline` (a Clock time in ns on the steady clock). The socket is returned
+// blocking; call configure_socket() next.
+Result<Fd> connect_tcp(const std::string& host, int port, TimeNs deadline,
+                       TimeNs retry_every = 20 * kNsPerMs);
+// Accepts one pending connection on a non-blocking listener; an empty Fd if none.
+Result<Fd> accept_tcp(int listen_fd);
+
+// "call: strerror(errno)" as an io_error (kIoError) or, for connection loss
+// (EPIPE/ECONNRESET/ETIMEDOUT), unavailable (kUnavailable).
+Status errno_status(const std::string& what, int err);
+
+}  // namespace qs::transport

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Configures and builds everything (library layers, the quicksilver CLI, tests, benchmarks)
+# into ./build. Extra arguments go to the CMake configure step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+launcher=()
+command -v ccache > /dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" "$@" > build.log 2>&1 \
+  || { cat build.log; exit 1; }
+cmake --build build -j "$(nproc)"

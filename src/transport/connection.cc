@@ -1,0 +1,273 @@
+#include "quicksilver/transport/connection.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "quicksilver/core/check.h"
+
+namespace qs::transport {
+namespace {
+
+constexpr std::size_t kReadBuffer = 256 * 1024;
+// A payload at least this large is received straight into its destination when the read
+// buffer is empty (no copy); smaller pieces go through the read buffer.
+constexpr std::uint64_t kDirectMin = 16 * 1024;
+// Bytes read per readiness event before returning to the loop (fairness between peers
+// and the sender).
+constexpr std::uint64_t kReadBudget = 4 * 1024 * 1024;
+constexpr int kMaxIov = 64;
+
+}  // namespace
+
+Connection::Connection(EventLoop& loop, Fd fd, FrameHandler& handler, std::string peer, int index)
+    : loop_(loop), fd_(std::move(fd)), handler_(handler), peer_(std::move(peer)), index_(index),
+      rbuf_(kReadBuffer) {}
+
+Connection::~Connection() {
+  if (started_ && !closed_) loop_.unwatch(fd_.get());
+}
+
+Status Connection::start() {
+  QS_CHECK(!started_);
+  started_ = true;
+  return loop_.watch(fd_.get(), EPOLLIN, [this](std::uint32_t ev) { on_events(ev); });
+}
+
+void Connection::on_events(std::uint32_t events) {
+  if (closed_) return;
+  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+    Status s = read_some();
+    if (!s.is_ok()) {
+      // Protocol errors are reported to the peer; connection loss is not (nobody listens).
+      close(s, /*tell_peer=*/s.code() == StatusCode::kProtocolError);
+      return;
+    }
+    if (closed_) return;
+  }
+  if (events & EPOLLOUT) {
+    Status s = flush();
+    if (!s.is_ok() || closed_) return;
+    handler_.on_writable(*this);
+  }
+}
+
+Status Connection::read_some() {
+  std::uint64_t budget = kReadBudget;
+  while (budget > 0 && !closed_) {
+    // Pull bytes from the socket when the read buffer is drained.
+    if (rpos_ == rend_) {
+      ssize_t r;
+      const bool direct = in_payload_ && target_.mode == PayloadTarget::Mode::kDirect &&
+                          want_ - got_ >= kDirectMin;
+      if (direct) {
+        r = ::recv(fd_.get(), target_.direct + got_, want_ - got_, MSG_DONTWAIT);
+      } else {
+        r = ::recv(fd_.get(), rbuf_.data(), rbuf_.size(), MSG_DONTWAIT);
+      }
+      if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::ok();
+        if (errno == EINTR) continue;
+        return errno_status("recv from " + peer_, errno);
+      }
+      if (r == 0) {
+        if (in_payload_) {
+          return unavailable(peer_ + " closed the connection mid-frame: got " + std::to_string(got_) +
+                             " of " + std::to_string(want_) + " payload bytes of a " +
+                             frame_kind_name(cur_.kind) + " frame");
+        }
+        if (hhave_ > 0) {
+          return unavailable(peer_ + " closed the connection mid-frame: got " + std::to_string(hhave_) +
+                             " of " + std::to_string(kHeaderSize) + " header bytes");
+        }
+        return unavailable(peer_ + " closed the connection");
+      }
+      bytes_read_ += static_cast<std::uint64_t>(r);
+      budget -= std::min<std::uint64_t>(budget, static_cast<std::uint64_t>(r));
+      if (direct) {
+        got_ += static_cast<std::uint64_t>(r);
+        if (got_ == want_) QS_RETURN_IF_ERROR(end_of_frame());
+        continue;
+      }
+      rpos_ = 0;
+      rend_ = static_cast<std::size_t>(r);
+    }
+    // Parse what the read buffer holds.
+    while (rpos_ < rend_ && !closed_) {
+      if (!in_payload_) {
+        const std::size_t take = std::min(kHeaderSize - hhave_, rend_ - rpos_);
+        std::memcpy(hbuf_.data() + hhave_, rbuf_.data() + rpos_, take);
+        hhave_ += take;
+        rpos_ += take;
+        if (hhave_ < kHeaderSize) break;
+        hhave_ = 0;
+        QS_ASSIGN_OR_RETURN(cur_, decode_header(hbuf_.data()));
+        QS_ASSIGN_OR_RETURN(target_, handler_.on_header(*this, cur_));
+        if (closed_) return Status::ok();
+        got_ = 0;
+        want_ = wire_payload_length(cur_);
+        small_.clear();
+        if (target_.mode == PayloadTarget::Mode::kDirect) QS_CHECK(target_.direct != nullptr || want_ == 0);
+        in_payload_ = true;
+        if (want_ == 0) QS_RETURN_IF_ERROR(end_of_frame());
+      } else {
+        const std::size_t take =
+            static_cast<std::size_t>(std::min<std::uint64_t>(want_ - got_, rend_ - rpos_));
+        QS_RETURN_IF_ERROR(deliver(rbuf_.data() + rpos_, take));
+        rpos_ += take;
+        got_ += take;
+        if (got_ == want_) QS_RETURN_IF_ERROR(end_of_frame());
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Status Connection::deliver(const std::byte* p, std::size_t n) {
+  switch (target_.mode) {
+    case PayloadTarget::Mode::kDirect: std::memcpy(target_.direct + got_, p, n); return Status::ok();
+    case PayloadTarget::Mode::kStream: return handler_.on_payload(*this, cur_, got_, p, n);
+    case PayloadTarget::Mode::kBuffer:
+      QS_CHECK(small_.size() + n <= kMaxErrorText + kHelloBodySize);
+      small_.insert(small_.end(), p, p + n);
+      return Status::ok();
+  }
+  return Status::ok();
+}
+
+Status Connection::end_of_frame() {
+  in_payload_ = false;
+  const Header h = cur_;
+  return handler_.on_frame(*this, h);
+}
+
+void Connection::send_control(const Header& h, std::span<const std::byte> body) {
+  QS_CHECK(body.size() == wire_payload_length(h));
+  if (closed_) return;
+  OutFrame f;
+  f.header = encode_header(h);
+  f.body.assign(body.begin(), body.end());
+  // Before a data frame that has not started; otherwise at the end.
+  auto pos = out_.end();
+  if (!out_.empty() && out_.back().data && out_.back().written == 0) pos = std::prev(out_.end());
+  out_.insert(pos, std::move(f));
+}
+
+void Connection::send_data(const Header& h, const std::byte* payload, std::uint64_t tag) {
+  QS_CHECK(!data_queued_);
+  QS_CHECK(h.kind == FrameKind::kPush || h.kind == FrameKind::kPull);
+  if (closed_) return;
+  OutFrame f;
+  f.header = encode_header(h);
+  f.data = true;
+  f.payload = payload;
+  f.payload_len = h.length;
+  f.tag = tag;
+  out_.push_back(std::move(f));
+  data_queued_ = true;
+}
+
+Status Connection::flush() {
+  if (closed_) return unavailable(peer_ + ": connection closed");
+  while (!out_.empty()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (auto it = out_.begin(); it != out_.end() && n + 2 <= kMaxIov; ++it) {
+      const OutFrame& f = *it;
+      if (f.written < kHeaderSize) {
+        iov[n++] = {const_cast<std::byte*>(f.header.data()) + f.written, kHeaderSize - f.written};
+      }
+      const std::size_t pdone = f.written > kHeaderSize ? f.written - kHeaderSize : 0;
+      const std::byte* base = f.data ? f.payload : f.body.data();
+      const std::size_t plen = f.data ? f.payload_len : f.body.size();
+      if (plen > pdone) iov[n++] = {const_cast<std::byte*>(base) + pdone, plen - pdone};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<std::size_t>(n);
+    const ssize_t w = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        set_want_write(true);
+        return Status::ok();
+      }
+      if (errno == EINTR) continue;
+      Status s = errno_status("send to " + peer_, errno);
+      close(s);
+      return s;
+    }
+    bytes_written_ += static_cast<std::uint64_t>(w);
+    std::size_t left = static_cast<std::size_t>(w);
+    while (left > 0) {
+      OutFrame& f = out_.front();
+      const std::size_t take = std::min(left, f.total() - f.written);
+      f.written += take;
+      left -= take;
+      if (f.written == f.total()) {
+        if (f.data) {
+          data_queued_ = false;
+          completed_.push_back(f.tag);
+        }
+        out_.pop_front();
+      }
+    }
+  }
+  set_want_write(false);
+  maybe_shutdown();
+  return Status::ok();
+}
+
+std::vector<std::uint64_t> Connection::take_completed() {
+  std::vector<std::uint64_t> v;
+  v.swap(completed_);
+  return v;
+}
+
+void Connection::set_want_write(bool on) {
+  if (on == want_write_ || closed_) return;
+  want_write_ = on;
+  Status s = loop_.modify(fd_.get(), EPOLLIN | (on ? EPOLLOUT : 0u));
+  if (!s.is_ok()) loop_.fail(s);
+}
+
+void Connection::maybe_shutdown() {
+  if (shutdown_pending_ && !shut_down_ && out_.empty() && !closed_) {
+    ::shutdown(fd_.get(), SHUT_WR);
+    shut_down_ = true;
+  }
+}
+
+void Connection::close(const Status& why, bool tell_peer, bool abort) {
+  if (closed_) return;
+  closed_ = true;
+  if (tell_peer) {
+    std::string text = why.to_string().substr(0, kMaxErrorText);
+    Header h;
+    h.kind = FrameKind::kError;
+    h.length = static_cast<std::uint32_t>(text.size());
+    const HeaderBytes hb = encode_header(h);
+    iovec iov[2] = {{const_cast<std::byte*>(hb.data()), kHeaderSize}, {text.data(), text.size()}};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 2;
+    // Best effort: only when no frame is half-written (else the peer could not parse it).
+    const bool at_boundary = out_.empty() || out_.front().written == 0;
+    if (at_boundary) [[maybe_unused]] auto r = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  if (abort) {
+    linger lg{1, 0};
+    ::setsockopt(fd_.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+  }
+  if (started_) loop_.unwatch(fd_.get());
+  fd_.reset();
+  out_.clear();
+  data_queued_ = false;
+  handler_.on_closed(*this, why);
+}
+
+}  // namespace qs::transport

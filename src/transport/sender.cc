@@ -1,0 +1,117 @@
+#include "quicksilver/transport/sender.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "quicksilver/core/check.h"
+
+namespace qs::transport {
+
+Sender::Sender(SendOrder order, int num_priorities, const Clock& clock)
+    : order_(order), clock_(clock), queue_(order == SendOrder::kPriority ? num_priorities : 1) {
+  QS_CHECK(num_priorities >= 1);
+}
+
+void Sender::enqueue(int conn, const Header& h, const std::byte* payload, std::uint64_t tag) {
+  const int p = order_ == SendOrder::kPriority ? h.priority : 0;
+  QS_CHECK(p < queue_.num_priorities());
+  queue_.push(p, Item{conn, h, payload, tag, clock_.now()});
+  update_busy();
+}
+
+void Sender::collect(Connection& c) {
+  const auto idx = static_cast<std::size_t>(c.index());
+  for (std::uint64_t tag : c.take_completed()) {
+    if (idx < conn_busy_.size() && conn_busy_[idx]) {
+      conn_busy_[idx] = false;
+      --in_progress_;
+    }
+    if (sent_) sent_(c.index(), tag);
+  }
+  if (c.closed() && idx < conn_busy_.size() && conn_busy_[idx]) {
+    conn_busy_[idx] = false;
+    --in_progress_;
+  }
+}
+
+Status Sender::pump() {
+  if (pumping_) {
+    repump_ = true;
+    return Status::ok();
+  }
+  pumping_ = true;
+  Status result;
+  do {
+    repump_ = false;
+    if (conn_busy_.size() < conns_.size()) conn_busy_.resize(conns_.size(), false);
+    while (!queue_.empty()) {
+      const Item& top = queue_.top();
+      QS_CHECK(top.conn >= 0 && static_cast<std::size_t>(top.conn) < conns_.size());
+      Connection* c = conns_[static_cast<std::size_t>(top.conn)];
+      if (c == nullptr || c->closed()) {
+        result = unavailable("cannot send a " + std::string(frame_kind_name(top.header.kind)) +
+                             " of tensor " + std::to_string(top.header.tensor) + ": connection " +
+                             (c ? c->peer() : std::to_string(top.conn)) + " is closed");
+        break;
+      }
+      if (c->data_busy()) break;  // strict order: the head waits for its connection
+      Item it = queue_.pop();
+      const TimeNs now = clock_.now();
+      samples_.push_back(QueueSample{it.header.priority, now - it.enqueued});
+      ++units_sent_;
+      c->send_data(it.header, it.payload, it.tag);
+      conn_busy_[static_cast<std::size_t>(it.conn)] = true;
+      ++in_progress_;
+      Status s = c->flush();
+      collect(*c);
+      if (!s.is_ok()) {
+        result = s;
+        break;
+      }
+    }
+  } while (repump_ && result.is_ok());
+  pumping_ = false;
+  update_busy();
+  return result;
+}
+
+Status Sender::on_writable(int conn) {
+  if (conn >= 0 && static_cast<std::size_t>(conn) < conns_.size() && conns_[static_cast<std::size_t>(conn)]) {
+    collect(*conns_[static_cast<std::size_t>(conn)]);
+  }
+  return pump();
+}
+
+bool Sender::idle() const { return queue_.empty() && in_progress_ == 0; }
+
+void Sender::update_busy() {
+  const bool b = !idle();
+  if (b == busy_) return;
+  const TimeNs now = clock_.now();
+  if (b) {
+    busy_since_ = now;
+  } else {
+    busy_total_ += now - busy_since_;
+  }
+  busy_ = b;
+}
+
+TimeNs Sender::busy_ns() const {
+  return busy_total_ + (busy_ ? clock_.now() - busy_since_ : 0);
+}
+
+std::vector<QueueSample> Sender::take_samples() {
+  std::vector<QueueSample> v;
+  v.swap(samples_);
+  return v;
+}
+
+TimeNs percentile(std::vector<TimeNs> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double rank = std::ceil(p / 100.0 * static_cast<double>(v.size()));
+  const auto idx = static_cast<std::size_t>(std::clamp(rank, 1.0, static_cast<double>(v.size()))) - 1;
+  return v[idx];
+}
+
+}  // namespace qs::transport

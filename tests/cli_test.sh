@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The command line from outside: exit codes and messages (bad input never crashes).
+set -u
+qs=${QS_BIN:?set QS_BIN to the quicksilver binary}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+pass=0; fail=0
+ok() { pass=$((pass+1)); }
+bad() { echo "FAIL: $*"; fail=$((fail+1)); }
+
+# expect_error "needle" args...: exits non-zero (not a crash: rc < 128) and stderr has needle.
+expect_error() {
+  local needle=$1; shift
+  "$qs" "$@" > "$tmp/out" 2> "$tmp/err"; local rc=$?
+  if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then bad "quicksilver $* exited $rc"; return; fi
+  if [ "$(wc -l < "$tmp/err")" -gt 3 ]; then bad "quicksilver $*: error is not one clear message: $(cat "$tmp/err")"; return; fi
+  grep -qF -- "$needle" "$tmp/err" && ok || bad "quicksilver $*: stderr lacks '$needle': $(cat "$tmp/err")"
+}
+expect_ok() {
+  "$qs" "$@" > "$tmp/out" 2> "$tmp/err" && ok || bad "quicksilver $* failed: $(cat "$tmp/err")"
+}
+
+expect_ok models
+grep -q "vgg16_cifar10" "$tmp/out" && ok || bad "models lacks vgg16_cifar10"
+grep -q "138357544" "$tmp/out" && ok || bad "models lacks VGG-16's parameter count"
+expect_ok models --device a100 --json
+expect_ok simulate --model vgg16 --policy oracle,wfbp,mercury --iterations 3
+grep -q "mercury" "$tmp/out" && ok || bad "table lacks mercury"
+expect_ok simulate --model resnet50 --policy mercury,tictac --workers 2 --servers 1 --json
+python3 -c "import json,sys; d=json.load(open('$tmp/out')); assert len(d['results'])==2" && ok || bad "json"
+
+expect_error "unknown policy 'nope'" simulate --policy nope
+expect_error "--bandwidth" simulate --policy wfbp --bandwidth 10
+expect_error "--latency" simulate --policy wfbp --latency fast
+expect_error "--packet-size" simulate --policy mercury --packet-size 0KiB
+expect_error "--workers" simulate --policy wfbp --workers 0
+expect_error "unknown architecture" simulate --policy wfbp --architecture mesh
+expect_error "neither a built-in model" simulate --model /no/such/file.json
+expect_error "--compute-factor" simulate --policy wfbp --workers 2 --compute-factor 1,2,3
+expect_error "--bandwidth-trace" simulate --policy wfbp --bandwidth-trace random:1Gbps
+
+echo '{"layers": []}' > "$tmp/empty.json"
+expect_error "at least one layer" simulate --model "$tmp/empty.json" --policy wfbp
+echo '{"layers": [' > "$tmp/broken.json"
+expect_error "not valid JSON" simulate --model "$tmp/broken.json" --policy wfbp
+echo '{"layers": [{"name": "fc", "forward_ms": 1, "backward_ms": -2, "tensors": [{"name": "w", "elements": 3}]}]}' > "$tmp/neg.json"
+expect_error "layer 1 'fc': backward_ms must be >= 0" simulate --model "$tmp/neg.json" --policy wfbp
+printf '0s 10Gbps\n1s 2Gbps\n' > "$tmp/trace.txt"
+expect_ok simulate --model vgg16_cifar10 --policy mercury --bandwidth-trace "$tmp/trace.txt" --iterations 3
+expect_ok simulate --model vgg16_cifar10 --policy mercury --trace "$tmp/t.json" --iterations 2
+python3 -c "import json; d=json.load(open('$tmp/t.json')); assert d['traceEvents']" && ok || bad "trace"
+"$qs" bogus-command > /dev/null 2>&1; [ $? -ne 0 ] && ok || bad "unknown subcommand accepted"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

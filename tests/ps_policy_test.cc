@@ -1,0 +1,138 @@
+// Golden scenarios for the parameter-server policies, each timeline worked out by hand.
+#include <gtest/gtest.h>
+
+#include "quicksilver/sim/simulator.h"
+#include "test_profiles.h"
+
+namespace qs {
+namespace {
+
+using testing::layer;
+using testing::mercury_fig2;
+
+// One worker, one server, 8 Gbps = 1 byte/ns, no latency: Mercury V-A's setting.
+ClusterConfig one_to_one(TimeNs latency = 0) {
+  ClusterConfig c;
+  c.workers = 1;
+  c.servers = 1;
+  c.bandwidth = Rate::gbps(8);
+  c.latency = latency;
+  return c;
+}
+
+TimeNs iteration(const Profile& p, const std::string& policy, const PolicyOptions& o,
+                 const ClusterConfig& c) {
+  SimOptions s;
+  s.iterations = 3;
+  s.verify_bytes = true;
+  auto r = simulate(p, policy, o, c, s);
+  EXPECT_TRUE(r.is_ok()) << policy << ": " << r.status().to_string();
+  if (!r.is_ok()) return -1;
+  // Every iteration is identical in these scenarios.
+  for (TimeNs t : r->iteration_times) EXPECT_EQ(t, r->iteration_time) << policy;
+  return r->iteration_time;
+}
+
+// Fig. 2(a), WFBP (times in us): bp3 [0,3] bp2 [3,6] bp1 [6,9];
+// push3 [3,7] pull3 [7,11]; push2 [7,15] pull2 [15,23]; push1 [15,17], its pull waits for
+// the server's link: [23,25]; fp1 [25,27] fp2 [27,29] fp3 [29,31].
+TEST(MercuryFig2, WfbpTimeline) {
+  EXPECT_EQ(iteration(mercury_fig2(), "wfbp", {}, one_to_one()), 31'000);
+}
+
+// TicTac orders whole tensors by priority but cannot preempt: here the order is the same
+// as WFBP's (TS2 is queued before TS1 is ready), so the timeline is too.
+TEST(MercuryFig2, TictacTimeline) {
+  EXPECT_EQ(iteration(mercury_fig2(), "tictac", {}, one_to_one()), 31'000);
+}
+
+// Fig. 2(c), Mercury with 500-byte packets (0.5 us each):
+// push3 [3,6] (3000 B), preempted by push2 [6,9] (3000 B), preempted by push1 [9,11],
+// push2 resumes [11,16], push3 finishes [16,17]. Every packet is pulled as soon as it
+// arrives, one packet behind: pull1 ends 11.5, pull2 16.5, pull3 17.5.
+// fp1 [11.5,13.5] fp2 [16.5,18.5] fp3 [18.5,20.5].
+TEST(MercuryFig2, MercuryTimeline) {
+  PolicyOptions o;
+  o.packet_size = 500;
+  EXPECT_EQ(iteration(mercury_fig2(), "mercury", o, one_to_one()), 20'500);
+}
+
+// The paper's model (Algorithm 1 with infinitely small packets) gives 20 us; the
+// simulator approaches it as packets shrink (one packet of pull pipeline delay).
+TEST(MercuryFig2, MercuryConvergesToThePaperModel) {
+  PolicyOptions o;
+  o.packet_size = 40;
+  EXPECT_EQ(iteration(mercury_fig2(), "mercury", o, one_to_one()), 20'040);
+}
+
+// Without preemption the packets go FIFO: push3 [3,7] push2 [7,15] push1 [15,17];
+// pulls pipelined: pull1 ends 17.5; fp1 [17.5,19.5] fp2 [19.5,21.5] fp3 [21.5,23.5].
+TEST(MercuryFig2, MercuryWithoutPreemption) {
+  PolicyOptions o;
+  o.packet_size = 500;
+  EXPECT_EQ(iteration(mercury_fig2(), "mercury-nopreempt", o, one_to_one()), 23'500);
+}
+
+// Oracle (eq. 9): 3 x (3 + 2) us.
+TEST(MercuryFig2, Oracle) { EXPECT_EQ(iteration(mercury_fig2(), "oracle", {}, one_to_one()), 15'000); }
+
+Profile one_layer_3000_bytes() {
+  Profile p;
+  p.name = "one";
+  p.layers = {layer("only", 1000, 1000, 3000)};
+  return p;
+}
+
+// P3 stop-and-wait, 1000-byte slices, 1 us startup, no latency (us): ready at 1;
+// slice1 enters the library at 2, sent [2,3], acked at 3; slice2 enters 4, [4,5];
+// slice3 enters 6, [6,7]; its pull [7,8]; forward [8,9].
+TEST(CreditSchedulers, P3StopAndWait) {
+  PolicyOptions o;
+  o.slice_size = 1000;
+  o.startup_time = 1000;
+  EXPECT_EQ(iteration(one_layer_3000_bytes(), "p3", o, one_to_one()), 9'000);
+}
+
+// The same with 100 ns latency: each slice's arrival and its acknowledgement add 100 ns
+// each; the last pull adds another 100: slice3 sent [6.4,7.4], arrives 7.5, pulled
+// [7.5,8.5], arrives 8.6, forward [8.6,9.6].
+TEST(CreditSchedulers, P3PaysTheAcknowledgementDelay) {
+  PolicyOptions o;
+  o.slice_size = 1000;
+  o.startup_time = 1000;
+  EXPECT_EQ(iteration(one_layer_3000_bytes(), "p3", o, one_to_one(100)), 9'600);
+}
+
+// ByteScheduler, 1000-byte partitions, credit 2000: partitions 1 and 2 start up together
+// ([1,2]) and go back to back [2,3] [3,4]; partition 3 is issued at the first ack (3),
+// enters at 4, sent [4,5], pulled [5,6]; forward [6,7].
+TEST(CreditSchedulers, ByteSchedulerCreditOverlapsStartup) {
+  PolicyOptions o;
+  o.partition_size = 1000;
+  o.credit_size = 2000;
+  o.startup_time = 1000;
+  EXPECT_EQ(iteration(one_layer_3000_bytes(), "bytescheduler", o, one_to_one()), 7'000);
+}
+
+TEST(PsPolicies, AllReduceOnlyPolicyIsAClearError) {
+  auto r = simulate(mercury_fig2(), "mgwfbp", {}, one_to_one(), {});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("all-reduce"), std::string::npos);
+}
+
+TEST(PsPolicies, UnknownPolicyListsTheKnownOnes) {
+  auto r = simulate(mercury_fig2(), "fastest", {}, one_to_one(), {});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("mercury"), std::string::npos);
+}
+
+TEST(PsPolicies, ZeroPacketSizeIsRejected) {
+  PolicyOptions o;
+  o.packet_size = 0;
+  auto r = simulate(mercury_fig2(), "mercury", o, one_to_one(), {});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("--packet-size"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qs

@@ -1,0 +1,172 @@
+#include <gtest/gtest.h>
+
+#include "quicksilver/sim/event_queue.h"
+#include "quicksilver/sim/simulator.h"
+#include "quicksilver/policy/layout.h"
+#include "test_profiles.h"
+
+namespace qs {
+namespace {
+
+using testing::layer;
+
+TEST(EventQueue, FiresInTimeThenSchedulingOrder) {
+  EventQueue<int> q;
+  q.schedule(5, 1);
+  q.schedule(3, 2);
+  q.schedule(5, 3);
+  q.schedule(3, 4);
+  std::vector<int> order;
+  while (!q.empty()) order.push_back(q.pop().payload);
+  EXPECT_EQ(order, (std::vector<int>{2, 4, 1, 3}));
+  EXPECT_EQ(q.now(), 5);
+  EXPECT_EQ(q.fired(), 4u);
+}
+
+TEST(EventQueue, RejectsThePast) {
+  EventQueue<int> q;
+  q.schedule(10, 0);
+  q.pop();
+  EXPECT_THROW(q.schedule(9, 0), CheckFailure);
+}
+
+TEST(Placement, SplitsLargeTensorsOverAllServersAndBalancesSmallOnes) {
+  Profile p;
+  p.layers = {layer("big", 1, 1, 4 * kMiB), layer("a", 1, 1, 400), layer("b", 1, 1, 400),
+              layer("c", 1, 1, 400)};
+  TensorLayout lay(p);
+  Placement pl(lay, 4);
+  ASSERT_EQ(pl.slices(0).size(), 4u);
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(pl.slices(0)[static_cast<std::size_t>(s)].chunk.length, kMiB);
+  // The three small tensors land on three different servers.
+  EXPECT_NE(pl.slices(1)[0].server, pl.slices(2)[0].server);
+  EXPECT_NE(pl.slices(2)[0].server, pl.slices(3)[0].server);
+  EXPECT_NE(pl.slices(1)[0].server, pl.slices(3)[0].server);
+  EXPECT_EQ(pl.server_of(0, 3 * kMiB + 5), 3);
+}
+
+TEST(SplitChunk, AlignsAndCovers) {
+  auto v = split_chunk(Chunk{0, 100, 1003}, 500, 4);
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[0].offset, 100);
+  EXPECT_EQ(v[0].length, 500);
+  EXPECT_EQ(v[2].length, 3);
+  EXPECT_EQ(v[2].end(), 1103);
+}
+
+ClusterConfig cluster(int n, int m, Rate bw) {
+  ClusterConfig c;
+  c.workers = n;
+  c.servers = m;
+  c.bandwidth = bw;
+  return c;
+}
+
+TEST(Simulator, SameSeedGivesIdenticalResults) {
+  Rng rng(11);
+  Profile p = testing::random_profile(rng);
+  SimOptions o;
+  o.record_trace = true;
+  auto c = cluster(3, 2, Rate::gbps(5));
+  c.schedule = *BandwidthSchedule::parse_random("random:1Gbps:10Gbps:1ms", 5, kNsPerSec);
+  for (const auto& policy : {"mercury", "bytescheduler", "wfbp"}) {
+    auto a = simulate(p, policy, {}, c, o);
+    auto b = simulate(p, policy, {}, c, o);
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    EXPECT_EQ(a->iteration_times, b->iteration_times);
+    EXPECT_EQ(a->events, b->events);
+    ASSERT_EQ(a->trace.size(), b->trace.size());
+    for (std::size_t i = 0; i < a->trace.size(); ++i) {
+      EXPECT_EQ(a->trace[i].start, b->trace[i].start);
+      EXPECT_EQ(a->trace[i].name, b->trace[i].name);
+    }
+  }
+}
+
+// The push of S bytes over N = M servers with balanced load takes S / B (Mercury eq. 1):
+// a single layer with compute times of 0 takes exactly push + pull pipeline time.
+TEST(Simulator, BalancedPushTakesSizeOverBandwidth) {
+  Profile p;
+  p.layers = {layer("fc", 0, 0, 4 * kMiB)};
+  PolicyOptions o;
+  o.packet_size = 1024;
+  auto r = simulate(p, "mercury", o, cluster(4, 4, Rate::gbps(8)), {});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  // 4 MiB at 1 B/ns plus the last packet's pull (1024 ns) plus incast queueing of the
+  // last round (each server receives 4 workers' packets of one round back to back).
+  EXPECT_GE(r->iteration_time, 4 * kMiB + 1024);
+  EXPECT_LE(r->iteration_time, 4 * kMiB + 5 * 1024);
+  EXPECT_GT(r->link_utilisation, 0.99);
+}
+
+TEST(Simulator, FewerServersThanWorkersMakesServerLinksTheBottleneck) {
+  Profile p;
+  p.layers = {layer("fc", 0, 0, 4 * kMiB)};
+  PolicyOptions o;
+  o.packet_size = 4096;
+  auto r = simulate(p, "mercury", o, cluster(4, 1, Rate::gbps(8)), {});
+  ASSERT_TRUE(r.is_ok());
+  // One server receives 4 x 4 MiB through one 1 B/ns link.
+  EXPECT_GE(r->iteration_time, 16 * kMiB);
+  EXPECT_LE(r->iteration_time, 16 * kMiB + 16 * 4096);
+}
+
+TEST(Simulator, SlowWorkerGatesEveryone) {
+  Profile p;
+  p.layers = {layer("a", 1000, 2000, 4000), layer("b", 1000, 2000, 4000)};
+  auto c = cluster(3, 3, Rate::gbps(100));
+  c.compute_factor = {1.0, 3.0, 1.0};
+  SimOptions s;
+  s.verify_bytes = true;
+  auto r = simulate(p, "mercury", {}, c, s);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  // The slow worker needs 3 x 6 us of compute per iteration; worker 0 cannot be faster.
+  EXPECT_GE(r->iteration_time, 18'000);
+  EXPECT_LE(r->iteration_time, 20'000);
+  EXPECT_NEAR(r->scaling_efficiency, 18.0 / to_us(r->iteration_time), 1e-9);
+}
+
+TEST(Simulator, TimeVaryingBandwidthSlowsThePush) {
+  Profile p;
+  p.layers = {layer("fc", 0, 0, 1'000'000)};
+  auto c = cluster(1, 1, Rate::gbps(8));
+  c.schedule = BandwidthSchedule({{0, Rate::gbps(8)}, {500'000, Rate::gbps(4)}});
+  SimOptions s;
+  s.iterations = 1;
+  s.warmup = 0;
+  auto r = simulate(p, "wfbp", {}, c, s);
+  ASSERT_TRUE(r.is_ok());
+  // 500 KB at 1 B/ns, 500 KB at 0.5 B/ns = 1.5 ms push; the pull runs at 0.5 B/ns: 2 ms.
+  EXPECT_EQ(r->iteration_time, 3'500'000);
+}
+
+TEST(Simulator, RejectsBadConfigurations) {
+  Profile p = testing::mercury_fig2();
+  auto c = cluster(0, 1, Rate::gbps(1));
+  EXPECT_FALSE(simulate(p, "wfbp", {}, c, {}).is_ok());
+  c = cluster(2, 1, Rate::gbps(1));
+  c.compute_factor = {1.0};
+  auto r = simulate(p, "wfbp", {}, c, {});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("--compute-factor"), std::string::npos);
+  SimOptions s;
+  s.iterations = 0;
+  EXPECT_FALSE(simulate(p, "wfbp", {}, cluster(1, 1, Rate::gbps(1)), s).is_ok());
+}
+
+TEST(Simulator, TraceHasComputeAndLinkTracks) {
+  SimOptions s;
+  s.record_trace = true;
+  s.iterations = 1;
+  s.warmup = 0;
+  auto r = simulate(testing::mercury_fig2(), "mercury", {}, cluster(1, 1, Rate::gbps(8)), s);
+  ASSERT_TRUE(r.is_ok());
+  int tracks[3] = {0, 0, 0};
+  for (const auto& span : r->trace) ++tracks[span.track];
+  EXPECT_EQ(tracks[0], 6);  // 3 bp + 3 fp
+  EXPECT_GT(tracks[1], 0);
+  EXPECT_GT(tracks[2], 0);
+}
+
+}  // namespace
+}  // namespace qs

@@ -1,0 +1,55 @@
+// Profiles shared by the simulator tests.
+#pragma once
+
+#include "quicksilver/core/rng.h"
+#include "quicksilver/model/profile.h"
+
+namespace qs::testing {
+
+// A layer with one fp32 tensor of `bytes` bytes and times in nanoseconds.
+inline LayerSpec layer(const std::string& name, TimeNs fwd, TimeNs bwd, Bytes bytes, TimeNs upd = 0) {
+  LayerSpec l;
+  l.name = name;
+  l.forward = fwd;
+  l.backward = bwd;
+  l.update = upd;
+  l.tensors.push_back(TensorSpec{name + ".w", bytes / 4, 4});
+  return l;
+}
+
+// Mercury paper Fig. 2: three layers, one tensor each, |TS2| > |TS3| > |TS1|. With an
+// 8 Gbps link (1 byte per ns) the sizes below take 2, 8 and 4 us; every backward takes
+// 3 us and every forward 2 us.
+inline Profile mercury_fig2() {
+  Profile p;
+  p.name = "mercury-fig2";
+  p.batch_size = 1;
+  p.layers = {layer("l1", 2000, 3000, 2000), layer("l2", 2000, 3000, 8000),
+              layer("l3", 2000, 3000, 4000)};
+  return p;
+}
+
+// A random profile: 1..max_layers layers, 1..3 tensors each, up to max_elements elements
+// per tensor, compute times up to max_time.
+inline Profile random_profile(Rng& rng, int max_layers = 12, std::int64_t max_elements = 200'000,
+                              TimeNs max_time = 2 * kNsPerMs) {
+  Profile p;
+  p.name = "random";
+  p.batch_size = 8;
+  const int layers = static_cast<int>(rng.uniform_int(1, max_layers));
+  for (int l = 0; l < layers; ++l) {
+    LayerSpec s;
+    s.name = "l" + std::to_string(l);
+    s.forward = rng.uniform_int(0, max_time);
+    s.backward = rng.uniform_int(0, max_time);
+    s.update = rng.uniform() < 0.3 ? rng.uniform_int(0, max_time / 10) : 0;
+    const int tensors = static_cast<int>(rng.uniform_int(1, 3));
+    for (int t = 0; t < tensors; ++t) {
+      s.tensors.push_back(TensorSpec{s.name + "." + std::to_string(t), rng.uniform_int(1, max_elements), 4});
+    }
+    p.layers.push_back(std::move(s));
+  }
+  return p;
+}
+
+}  // namespace qs::testing
