@@ -21,6 +21,7 @@ class Oracle final : public PsPolicy {
  public:
   std::string_view name() const override { return "oracle"; }
   bool communicates() const override { return false; }
+  bool wants_acks() const override { return false; }
   QueueDiscipline discipline() const override { return QueueDiscipline::kFifo; }
   void on_gradient_ready(int, TimeNs, PushSink&) override {}
 };
@@ -38,6 +39,7 @@ class TensorLevel final : public PsPolicy {
   QueueDiscipline discipline() const override {
     return priority_ ? QueueDiscipline::kPriority : QueueDiscipline::kFifo;
   }
+  bool wants_acks() const override { return false; }
   void on_gradient_ready(int layer, TimeNs, PushSink& out) override {
     push_slices(ctx_, layer, out);
   }
@@ -65,6 +67,7 @@ class Mercury final : public PsPolicy {
   QueueDiscipline discipline() const override {
     return preempt_ ? QueueDiscipline::kPriority : QueueDiscipline::kFifo;
   }
+  bool wants_acks() const override { return false; }
   void on_gradient_ready(int layer, TimeNs, PushSink& out) override {
     for (TensorId t = ctx_.layout->first_tensor(layer); t < ctx_.layout->end_tensor(layer); ++t) {
       const auto& slices = ctx_.placement->slices(t);

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <deque>
 #include <memory>
-#include <unordered_map>
 #include <variant>
 
 #include "engines.h"
@@ -84,6 +83,7 @@ class SpanRecorder {
  public:
   SpanRecorder(std::vector<TraceSpan>* out, int host, int track)
       : out_(out), host_(host), track_(track) {}
+  bool enabled() const { return out_ != nullptr; }
   void add(TimeNs start, TimeNs end, const std::string& name) {
     if (!out_) return;
     if (!out_->empty() && open_ && out_->back().end == start && out_->back().name == name) {
@@ -153,6 +153,7 @@ class PsEngine {
       workers_.push_back(std::move(wk));
     }
     const QueueDiscipline sd = workers_[0]->policy->server_discipline();
+    acks_ = workers_[0]->policy->wants_acks();
     for (int s = 0; s < cluster_.servers; ++s) {
       servers_.push_back(std::make_unique<Server>(sd, priorities, &schedule_));
     }
@@ -229,9 +230,57 @@ class PsEngine {
     SpanRecorder rec_compute{nullptr, 0, 0}, rec_up{nullptr, 0, 1}, rec_down{nullptr, 0, 2};
   };
 
-  struct Agg {
-    int count = 0;
-    Bytes length = 0;
+  // Open-addressing (linear probing, backward-shift deletion) map from a unit's key to
+  // its aggregation state: the hot path of every push, without a node allocation each.
+  class AggMap {
+   public:
+    struct Slot {
+      std::uint64_t key = kEmpty;
+      int count = 0;
+      Bytes length = 0;
+    };
+    static constexpr std::uint64_t kEmpty = ~std::uint64_t{0};
+    AggMap() : slots_(64) {}
+    Slot& find_or_insert(std::uint64_t key) {
+      if ((size_ + 1) * 2 > slots_.size()) grow();
+      std::size_t i = index(key);
+      while (slots_[i].key != kEmpty && slots_[i].key != key) i = (i + 1) & (slots_.size() - 1);
+      if (slots_[i].key == kEmpty) {
+        slots_[i] = Slot{key, 0, 0};
+        ++size_;
+      }
+      return slots_[i];
+    }
+    void erase(Slot& slot) {
+      const std::size_t mask = slots_.size() - 1;
+      std::size_t i = static_cast<std::size_t>(&slot - slots_.data());
+      slots_[i].key = kEmpty;
+      --size_;
+      for (std::size_t j = (i + 1) & mask; slots_[j].key != kEmpty; j = (j + 1) & mask) {
+        const std::size_t home = index(slots_[j].key);
+        // Move j back to the hole at i unless its home lies cyclically in (i, j].
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+          slots_[i] = slots_[j];
+          slots_[j].key = kEmpty;
+          i = j;
+        }
+      }
+    }
+
+   private:
+    std::size_t index(std::uint64_t key) const {
+      return static_cast<std::size_t>((key * 0x9e3779b97f4a7c15ULL) >> 20) & (slots_.size() - 1);
+    }
+    void grow() {
+      std::vector<Slot> old(slots_.size() * 2);
+      old.swap(slots_);
+      size_ = 0;
+      for (const Slot& s : old) {
+        if (s.key != kEmpty) find_or_insert(s.key) = s;
+      }
+    }
+    std::vector<Slot> slots_;
+    std::size_t size_ = 0;
   };
   struct Server {
     Server(QueueDiscipline d, int priorities, const BandwidthSchedule* sched)
@@ -240,7 +289,7 @@ class PsEngine {
       out.schedule = sched;
     }
     Link in, out;
-    std::unordered_map<std::uint64_t, Agg> agg;
+    AggMap agg;
     TxQueue<std::pair<int, PushUnit>> out_q;
   };
 
@@ -275,7 +324,9 @@ class PsEngine {
   void run_backward(Worker& w, int layer) {
     w.layer = layer;
     const TimeNs d = scaled(profile_.layers[static_cast<std::size_t>(layer)].backward, w.factor);
-    w.rec_compute.add(q_.now(), q_.now() + d, "bp " + profile_.layers[static_cast<std::size_t>(layer)].name);
+    if (w.rec_compute.enabled()) {
+      w.rec_compute.add(q_.now(), q_.now() + d, "bp " + profile_.layers[static_cast<std::size_t>(layer)].name);
+    }
     q_.schedule(q_.now() + d, Payload{Ev::kComputeDone, w.id, {}});
   }
 
@@ -292,7 +343,7 @@ class PsEngine {
     try_send(w);
     const LayerSpec& spec = profile_.layers[static_cast<std::size_t>(layer)];
     const TimeNs d = scaled(spec.update + spec.forward, w.factor);
-    w.rec_compute.add(now, now + d, "fp " + spec.name);
+    if (w.rec_compute.enabled()) w.rec_compute.add(now, now + d, "fp " + spec.name);
     q_.schedule(now + d, Payload{Ev::kComputeDone, w.id, {}});
   }
 
@@ -375,16 +426,16 @@ class PsEngine {
     w.bytes_pushed += len;
     ++w.units_pushed;
     if (opts_.verify_bytes) w.pushed.push_back(u.chunk);
-    w.rec_up.add(now, fin1, "push " + std::to_string(u.chunk.tensor));
+    if (w.rec_up.enabled()) w.rec_up.add(now, fin1, "push " + std::to_string(u.chunk.tensor));
     q_.schedule(fin1, Payload{Ev::kUplinkFree, w.id, {}});
     q_.schedule(fin2 + cluster_.latency, Payload{Ev::kServerArrive, w.id, u});
   }
 
   // ---- server ----
   void on_server_arrive(int worker, const PushUnit& u) {
-    q_.schedule(q_.now() + cluster_.latency, Payload{Ev::kAck, worker, u});
+    if (acks_) q_.schedule(q_.now() + cluster_.latency, Payload{Ev::kAck, worker, u});
     Server& s = *servers_[static_cast<std::size_t>(u.server)];
-    Agg& a = s.agg[key(u.chunk)];
+    auto& a = s.agg.find_or_insert(key(u.chunk));
     if (a.count == 0) {
       a.length = u.chunk.length;
     } else if (a.length != u.chunk.length) {
@@ -393,7 +444,7 @@ class PsEngine {
       return;
     }
     if (++a.count < cluster_.workers) return;
-    s.agg.erase(key(u.chunk));
+    s.agg.erase(a);
     // Sum complete: one pull per worker (Mercury IV-C "PS Sender").
     for (int w = 0; w < cluster_.workers; ++w) s.out_q.push(u.priority, {w, u});
     try_send_server(u.server);
@@ -411,7 +462,7 @@ class PsEngine {
     const TimeNs fin2 = std::max(fin1, w.down.finish(start2, len));
     w.down.busy_until = fin2;
     s.out.busy_until = fin1;
-    w.rec_down.add(start2, fin2, "pull " + std::to_string(u.chunk.tensor));
+    if (w.rec_down.enabled()) w.rec_down.add(start2, fin2, "pull " + std::to_string(u.chunk.tensor));
     q_.schedule(fin1, Payload{Ev::kServerOutFree, u.server, {}});
     q_.schedule(fin2 + cluster_.latency, Payload{Ev::kPullArrive, wid, u});
   }
@@ -484,6 +535,7 @@ class PsEngine {
   std::vector<std::unique_ptr<Server>> servers_;
   SimResult result_;
   Status error_;
+  bool acks_ = true;
 
   friend struct Sink;
 };

@@ -73,6 +73,9 @@ class PsPolicy {
   virtual bool communicates() const { return true; }
   virtual QueueDiscipline discipline() const = 0;
   virtual QueueDiscipline server_discipline() const { return discipline(); }
+  // Whether on_push_acked() matters to this policy. When false the engines may skip
+  // delivering acknowledgements (the simulator saves an event per unit).
+  virtual bool wants_acks() const { return true; }
 
   // The backward pass of iteration `iteration` starts (its gradients follow).
   virtual void on_iteration_start(std::int64_t iteration, TimeNs now, PushSink& out) {
