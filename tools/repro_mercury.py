@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Reproduces the Mercury paper's trace-driven analysis (section V-C) with the simulator.
+
+Fig. 11: normalised speed (oracle / iteration) vs bandwidth, 1..40 Gbps, VGG-16 and
+BERT-Base on an RTX 3090, one worker and one PS (the model of eq. 1-2).
+Fig. 12: the minimum bandwidth at which a scheduler reaches 0.99 of the oracle (0.90 for
+BERT-Base), per model and GPU, found by bisection.
+
+Usage: /usr/bin/python3 tools/repro_mercury.py [--bin build/quicksilver] [--out docs/img]
+Prints markdown tables; writes mercury_fig11.png and mercury_fig12.png.
+"""
+import argparse
+import json
+import subprocess
+import sys
+
+POLICIES = ["wfbp", "p3", "tictac", "bytescheduler", "prophet", "mercury-nopreempt", "mercury"]
+
+
+def simulate(qs, model, device, gbps, policies, extra=()):
+    cmd = [qs, "simulate", "--model", model, "--device", device, "--policy", ",".join(policies),
+           "--workers", "1", "--servers", "1", "--bandwidth", f"{gbps}Gbps",
+           "--iterations", "2", "--json", *extra]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return {r["policy"]: r["scaling_efficiency"] for r in json.loads(out)["results"]}
+
+
+def available(qs):
+    """Policies this build supports (a missing one is reported, not fatal)."""
+    ok = []
+    for p in POLICIES:
+        r = subprocess.run([qs, "simulate", "--model", "vgg16_cifar10", "--policy", p, "--iterations", "1"],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            ok.append(p)
+        else:
+            print(f"note: skipping {p}: {r.stderr.strip()}", file=sys.stderr)
+    return ok
+
+
+def fig11(qs, policies, out_dir):
+    bws = list(range(1, 41))
+    data = {}
+    for model in ["vgg16", "bert_base"]:
+        data[model] = {p: [] for p in policies}
+        for bw in bws:
+            r = simulate(qs, model, "rtx3090", bw, policies)
+            for p in policies:
+                data[model][p].append(r[p])
+    print("### Fig. 11: normalised speed (oracle / iteration), RTX 3090, 1 worker + 1 PS\n")
+    for model in data:
+        print(f"{model}:\n")
+        print("| Gbps | " + " | ".join(policies) + " |")
+        print("|---" * (len(policies) + 1) + "|")
+        for i, bw in enumerate(bws):
+            if bw in (1, 2, 5, 10, 15, 20, 25, 30, 40):
+                print(f"| {bw} | " + " | ".join(f"{data[model][p][i]:.3f}" for p in policies) + " |")
+        print()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, model in zip(axes, data):
+        for p in policies:
+            ax.plot(bws, data[model][p], label=p, lw=2 if p == "mercury" else 1.2)
+        ax.set_title({"vgg16": "VGG-16", "bert_base": "BERT-Base"}[model] + " (RTX 3090)")
+        ax.set_xlabel("bandwidth (Gbps)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("normalised speed (oracle / iteration)")
+    axes[1].legend(fontsize=8, loc="lower right")
+    fig.suptitle("Mercury Fig. 11, simulated by Quicksilver")
+    fig.tight_layout()
+    fig.savefig(f"{out_dir}/mercury_fig11.png", dpi=110)
+
+
+def min_bandwidth(qs, model, device, policy, target):
+    lo, hi = 0.05, 400.0
+    if simulate(qs, model, device, hi, [policy])[policy] < target:
+        return float("inf")
+    while hi - lo > 0.02 * hi:
+        mid = (lo + hi) / 2
+        if simulate(qs, model, device, round(mid, 3), [policy])[policy] >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def fig12(qs, policies, out_dir):
+    models = ["vgg16_cifar10", "vgg16", "vgg19", "alexnet", "resnet50", "bert_base"]
+    devices = ["gtx1080ti", "rtx3090", "a100"]
+    shown = [p for p in ["wfbp", "bytescheduler", "mercury"] if p in policies]
+    res = {}
+    print("### Fig. 12: minimum bandwidth (Gbps) to reach 0.99 of the oracle (BERT-Base: 0.90)\n")
+    print("| model | GPU | " + " | ".join(shown) + " | mercury / wfbp |")
+    print("|---|---|" + "---|" * (len(shown) + 1))
+    for m in models:
+        target = 0.90 if m == "bert_base" else 0.99
+        for d in devices:
+            vals = [min_bandwidth(qs, m, d, p, target) for p in shown]
+            res[(m, d)] = dict(zip(shown, vals))
+            ratio = res[(m, d)]["mercury"] / res[(m, d)]["wfbp"] if "wfbp" in shown else float("nan")
+            print(f"| {m} | {d} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {ratio:.2f} |")
+    print()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, len(devices), figsize=(13, 4), sharey=True)
+    width = 0.8 / len(shown)
+    for ax, d in zip(axes, devices):
+        for k, p in enumerate(shown):
+            ax.bar([i + k * width for i in range(len(models))], [res[(m, d)][p] for m in models],
+                   width, label=p)
+        ax.set_xticks([i + width * (len(shown) - 1) / 2 for i in range(len(models))])
+        ax.set_xticklabels(models, rotation=30, fontsize=8)
+        ax.set_title(d)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("minimum bandwidth (Gbps, log)")
+    axes[-1].legend(fontsize=8)
+    fig.suptitle("Mercury Fig. 12, simulated: bandwidth needed for 0.99 of the oracle (BERT-Base 0.90)")
+    fig.tight_layout()
+    fig.savefig(f"{out_dir}/mercury_fig12.png", dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", default="build/quicksilver")
+    ap.add_argument("--out", default="docs/img")
+    ap.add_argument("--only", choices=["fig11", "fig12"])
+    a = ap.parse_args()
+    policies = available(a.bin)
+    if a.only != "fig12":
+        fig11(a.bin, policies, a.out)
+    if a.only != "fig11":
+        fig12(a.bin, policies, a.out)
+
+
+if __name__ == "__main__":
+    main()
