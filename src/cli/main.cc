@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "runtime_commands.h"
 #include "quicksilver/core/check.h"
 
 int main(int argc, char** argv) {
@@ -20,6 +21,15 @@ int main(int argc, char** argv) {
   CLI::App* simulate = app.add_subcommand("simulate", "Simulate schedulers on a model and network");
   qs::cli::add_sim_flags(simulate, &sim_flags);
 
+  qs::cli::RoleFlags server_flags, worker_flags;
+  CLI::App* server = app.add_subcommand("server", "Run one parameter server of a job (real TCP)");
+  qs::cli::add_server_flags(server, &server_flags);
+  CLI::App* worker = app.add_subcommand("worker", "Run one worker of a job (real TCP)");
+  qs::cli::add_worker_flags(worker, &worker_flags);
+  qs::cli::RunFlags run_flags;
+  CLI::App* run = app.add_subcommand("run", "Run a whole local cluster (processes), compare with the simulator");
+  qs::cli::add_run_flags(run, &run_flags);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -28,6 +38,9 @@ int main(int argc, char** argv) {
   try {
     if (*models) return qs::cli::run_models(models_device, models_json);
     if (*simulate) return qs::cli::run_simulate(sim_flags);
+    if (*server) return qs::cli::run_server_role(server_flags);
+    if (*worker) return qs::cli::run_worker_role(worker_flags);
+    if (*run) return qs::cli::run_cluster(run_flags, "/proc/self/exe");
   } catch (const qs::CheckFailure& e) {
     std::cerr << "quicksilver: internal error: " << e.what() << "\n";
     return 3;

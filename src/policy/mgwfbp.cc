@@ -87,7 +87,7 @@ MergeSet mgwfbp_algorithm1(const MergeProblem& p) {
 //   F[j] = min_{i >= j} max(F[i+1], mu_b^(j)) + T_ar(p^(j) + ... + p^(i)),  F[L+1] = -inf.
 // The end of a group is non-decreasing in the end of the previous one, so an optimal plan
 // for layers j..L extends an optimal plan for i+1..L: F[1] is the optimum of eq. 23.
-// Ties go to the largest group start i (the fewest merges).
+// Ties go to the smallest group (the fewest merges).
 MergeSet optimal_merge(const MergeProblem& p) {
   const int L = p.layers();
   MergeSet merged(static_cast<std::size_t>(L), false);
@@ -109,7 +109,7 @@ MergeSet optimal_merge(const MergeProblem& p) {
       const TimeNs prev = f[static_cast<std::size_t>(i + 1)];
       const Bytes bytes = prefix[static_cast<std::size_t>(j)] - prefix[static_cast<std::size_t>(i + 1)];
       const TimeNs end = std::max(prev, ready[static_cast<std::size_t>(j)]) + p.cost.time(bytes);
-      if (end <= best) {
+      if (end < best) {
         best = end;
         best_i = i;
       }

@@ -66,7 +66,8 @@ namespace {
 class Prophet final : public PsPolicy {
  public:
   Prophet(const PolicyOptions& o, const PsContext& ctx)
-      : ctx_(ctx), startup_(o.startup_time), bandwidth_(ctx.bandwidth), rate_(ctx.bandwidth) {
+      : ctx_(ctx), startup_(o.startup_time), overrun_(o.prophet_allow_overrun),
+        bandwidth_(ctx.bandwidth), rate_(ctx.bandwidth) {
     const TensorLayout& layout = *ctx.layout;
     partitions_.resize(static_cast<std::size_t>(layout.num_tensors()));
     for (const TensorInfo& t : layout.tensors()) {
@@ -141,11 +142,12 @@ class Prophet final : public PsPolicy {
     // the link (see the header).
     TimeNs used = std::max(startup_, link_free_ - now);
     // Line 7: q = the most urgent ready partition; it joins the block iff it is
-    // transferred completely within the window (Constraint 11).
+    // transferred completely within the window (Constraint 11), or, with
+    // prophet_allow_overrun, iff some of the window is left.
     while (!ready_.empty()) {
       const Key q = *ready_.begin();
       const TimeNs e = estimate(q);
-      if (used + e > a) break;
+      if (overrun_ ? used >= a : used + e > a) break;
       // Line 8: t^(q) = c^(p) + T_used; the whole block is handed over now and its
       // partitions go back-to-back from now + startup.
       out.push(unit(q), startup_);
@@ -171,6 +173,7 @@ class Prophet final : public PsPolicy {
 
   PsContext ctx_;
   TimeNs startup_;
+  bool overrun_;    // line 7 read as "residual positive" (PolicyOptions)
   Rate bandwidth_;  // latest monitor estimate
   Rate rate_;       // the estimate this iteration's plan uses
   std::vector<std::vector<PushUnit>> partitions_;  // per tensor, in sending order

@@ -19,8 +19,4 @@ Result<SimResult> simulate_allreduce(const Profile& profile, const std::string& 
 TimeNs steady_median(const std::vector<TimeNs>& v, int skip);
 double steady_median(const std::vector<double>& v, int skip);
 
-// Fills samples_per_second, scaling_efficiency and gpu_idle from iteration_times.
-void finish_result(const Profile& profile, const ClusterConfig& cluster, const SimOptions& options,
-                   SimResult* r);
-
 }  // namespace qs

@@ -44,8 +44,8 @@ void Connection::on_events(std::uint32_t events) {
   if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
     Status s = read_some();
     if (!s.is_ok()) {
-      // Protocol errors are reported to the peer; connection loss is not (nobody listens).
-      close(s, /*tell_peer=*/s.code() == StatusCode::kProtocolError);
+      // The peer is told why, unless it is gone (connection loss: nobody listens).
+      close(s, /*tell_peer=*/s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kIoError);
       return;
     }
     if (closed_) return;

@@ -120,7 +120,8 @@ Status EventLoop::run(const std::function<bool()>& done) {
   while (error_.is_ok()) {
     if (stop_requested_.load(std::memory_order_acquire)) return unavailable("stopped: " + stop_reason_);
     if (done()) return Status::ok();
-    const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), -1);
+    const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()),
+                               deferred_.empty() ? -1 : 0);
     if (n < 0) {
       if (errno == EINTR) continue;
       return errno_status("epoll_wait", errno);
@@ -132,6 +133,14 @@ Status EventLoop::run(const std::function<bool()>& done) {
       cb(events[static_cast<std::size_t>(i)].events);
     }
     if (error_.is_ok() && !timers_.empty() && timers_.begin()->first.first <= clock_.now()) fire_timers();
+    if (error_.is_ok() && !deferred_.empty()) {
+      std::vector<std::function<void()>> now;
+      now.swap(deferred_);
+      for (auto& fn : now) {
+        if (!error_.is_ok()) break;
+        fn();
+      }
+    }
   }
   return error_;
 }

@@ -7,8 +7,8 @@
 
 namespace qs::transport {
 
-Sender::Sender(SendOrder order, int num_priorities, const Clock& clock)
-    : order_(order), clock_(clock), queue_(order == SendOrder::kPriority ? num_priorities : 1) {
+Sender::Sender(SendOrder order, int num_priorities, EventLoop& loop)
+    : order_(order), loop_(loop), clock_(loop.clock()), queue_(order == SendOrder::kPriority ? num_priorities : 1) {
   QS_CHECK(num_priorities >= 1);
 }
 
@@ -20,17 +20,8 @@ void Sender::enqueue(int conn, const Header& h, const std::byte* payload, std::u
 }
 
 void Sender::collect(Connection& c) {
-  const auto idx = static_cast<std::size_t>(c.index());
   for (std::uint64_t tag : c.take_completed()) {
-    if (idx < conn_busy_.size() && conn_busy_[idx]) {
-      conn_busy_[idx] = false;
-      --in_progress_;
-    }
     if (sent_) sent_(c.index(), tag);
-  }
-  if (c.closed() && idx < conn_busy_.size() && conn_busy_[idx]) {
-    conn_busy_[idx] = false;
-    --in_progress_;
   }
 }
 
@@ -41,9 +32,9 @@ Status Sender::pump() {
   }
   pumping_ = true;
   Status result;
+  std::uint64_t budget = kPumpBudget;
   do {
     repump_ = false;
-    if (conn_busy_.size() < conns_.size()) conn_busy_.resize(conns_.size(), false);
     while (!queue_.empty()) {
       const Item& top = queue_.top();
       QS_CHECK(top.conn >= 0 && static_cast<std::size_t>(top.conn) < conns_.size());
@@ -55,13 +46,22 @@ Status Sender::pump() {
         break;
       }
       if (c->data_busy()) break;  // strict order: the head waits for its connection
-      Item it = queue_.pop();
+      if (budget == 0) {
+        if (!continuation_) {
+          continuation_ = true;
+          loop_.defer([this] {
+            continuation_ = false;
+            Status s = pump();
+            if (!s.is_ok()) loop_.fail(s);
+          });
+        }
+        break;
+      }      Item it = queue_.pop();
       const TimeNs now = clock_.now();
       samples_.push_back(QueueSample{it.header.priority, now - it.enqueued});
       ++units_sent_;
       c->send_data(it.header, it.payload, it.tag);
-      conn_busy_[static_cast<std::size_t>(it.conn)] = true;
-      ++in_progress_;
+      budget -= std::min<std::uint64_t>(budget, kHeaderSize + it.header.length);
       Status s = c->flush();
       collect(*c);
       if (!s.is_ok()) {
@@ -82,7 +82,13 @@ Status Sender::on_writable(int conn) {
   return pump();
 }
 
-bool Sender::idle() const { return queue_.empty() && in_progress_ == 0; }
+bool Sender::idle() const {
+  if (!queue_.empty()) return false;
+  for (const Connection* c : conns_) {
+    if (c != nullptr && !c->closed() && c->data_busy()) return false;
+  }
+  return true;
+}
 
 void Sender::update_busy() {
   const bool b = !idle();

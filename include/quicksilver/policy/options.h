@@ -47,6 +47,13 @@ struct PolicyOptions {
   // transmitted before gradient 0 is generated"). Every worker cuts the same partitions,
   // whatever its timing; blocks only decide when partitions leave.
   Bytes prophet_partition_size = 4'096'000;
+  // How Algorithm 1 line 7 admits a partition into a block. false (default): only if it
+  // ends within the window, T_used + E <= A (Constraint 11, and Fig. 5's "only two
+  // partitions"). true: while the residual window is positive, T_used < A (section
+  // 4.1's prose "only when the residual time A - T_used is positive"): the link never
+  // idles for want of a window that fits a whole partition, at the price of the last
+  // partition of a block running into the next step by less than its own E.
+  bool prophet_allow_overrun = false;
 
   // ---- all-reduce policies (continued; appended) ----
   // deft: initial partition size (III-D, "default to 6,500,000" parameters = 26 MB fp32),

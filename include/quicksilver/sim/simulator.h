@@ -103,6 +103,12 @@ AllReduceCost allreduce_cost(const ClusterConfig& cluster);
 // Least-squares fit of a and b to measured "SIZE TIME" lines (units allowed: "4MiB 3.2ms").
 Result<AllReduceCost> fit_allreduce_cost(const std::string& path);
 
+// Fills iteration_time (median after the warm-up), compute_time, gpu_idle,
+// samples_per_second and scaling_efficiency from r->iteration_times. Shared by the
+// simulator and the runtime launcher so that both report the same way.
+void finish_result(const Profile& profile, const ClusterConfig& cluster, const SimOptions& options,
+                   SimResult* r);
+
 // Writes a Chrome trace (chrome://tracing, Perfetto) with one process per host and
 // tracks compute/uplink/downlink.
 Status write_chrome_trace(const std::vector<SimResult>& results, const std::string& path);

@@ -82,6 +82,9 @@ class Connection {
   // Starts reading. Precondition: not started.
   Status start();
   int index() const { return index_; }
+  // Renumbers the connection (a server learns a worker's id from its hello).
+  void set_index(int index) { index_ = index; }
+  void set_peer(std::string peer) { peer_ = std::move(peer); }
   int fd() const { return fd_.get(); }
   const std::string& peer() const { return peer_; }
   bool closed() const { return closed_; }

@@ -12,8 +12,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "quicksilver/core/status.h"
 #include "quicksilver/core/units.h"
@@ -48,6 +51,9 @@ class EventLoop {
     return schedule_at(now() + delay, std::move(fn));
   }
   void cancel(TimerId id);
+  // Runs `fn` once the current batch of events is handled, before the loop sleeps again
+  // (cheaper than a zero-delay timer: no timerfd call).
+  void defer(std::function<void()> fn) { deferred_.push_back(std::move(fn)); }
 
   // Runs until `done()` is true (checked after every batch of events and timers), stop is
   // requested, or an error is posted with fail(). Returns the first error posted, or
@@ -70,6 +76,7 @@ class EventLoop {
   std::unordered_map<int, IoCallback> io_;                         // loop thread only
   std::map<std::pair<TimeNs, TimerId>, std::function<void()>> timers_;  // loop thread only
   std::unordered_map<TimerId, TimeNs> timer_when_;                 // loop thread only
+  std::vector<std::function<void()>> deferred_;                    // loop thread only
   TimerId next_timer_ = 1;
   TimeNs armed_ = kTimeNever;
   Status error_;

@@ -43,8 +43,9 @@ class Sender {
   // Called for every data frame fully handed to the kernel: (connection index, tag).
   using SentCallback = std::function<void(int conn, std::uint64_t tag)>;
 
-  // Priorities 0..num_priorities-1. Precondition: num_priorities >= 1.
-  Sender(SendOrder order, int num_priorities, const Clock& clock);
+  // Priorities 0..num_priorities-1. Precondition: num_priorities >= 1. The loop supplies
+  // the clock and runs the continuation when one pump() call used its byte budget.
+  Sender(SendOrder order, int num_priorities, EventLoop& loop);
 
   // The connections, by index (entries may be null until connected).
   void set_connections(std::vector<Connection*> conns) { conns_ = std::move(conns); }
@@ -54,10 +55,14 @@ class Sender {
   // Queues a data frame for connection `conn`; payload valid until its SentCallback.
   // Precondition: h.priority < num_priorities.
   void enqueue(int conn, const Header& h, const std::byte* payload, std::uint64_t tag);
-  // Hands units to free connections in order and writes what the sockets take. Errors: a
-  // connection failed or is closed while units wait for it.
+  // Hands units to free connections in order and writes what the sockets take. One call
+  // hands over at most kPumpBudget bytes and then continues from a zero-delay timer, so a
+  // fast peer cannot starve the loop's timers and reads. Errors: a connection failed or is
+  // closed while units wait for it (also posted to the loop when it happens in a
+  // continuation).
   Status pump();
-  // A connection reported writable: collect its finished frames and pump.
+  // A connection wrote (EPOLLOUT, or its owner flushed control frames): collect its
+  // finished data frames (SentCallback) and pump.
   Status on_writable(int conn);
 
   // Nothing queued and no data frame unfinished.
@@ -81,13 +86,15 @@ class Sender {
   void collect(Connection& c);
   void update_busy();
 
+  static constexpr std::uint64_t kPumpBudget = 1 << 20;
+
   SendOrder order_;
+  EventLoop& loop_;
   const Clock& clock_;
+  bool continuation_ = false;
   PriorityFifo<Item> queue_;
   std::vector<Connection*> conns_;
   SentCallback sent_;
-  int in_progress_ = 0;  // connections with a data frame handed over and unfinished
-  std::vector<bool> conn_busy_;
   bool pumping_ = false, repump_ = false;
   std::vector<QueueSample> samples_;
   bool busy_ = false;

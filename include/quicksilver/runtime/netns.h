@@ -1,0 +1,73 @@
+// NetnsCluster: an emulated multi-host cluster on one machine (DESIGN.md "Emulated
+// cluster"). One network namespace per host, each joined by a veth pair to one bridge,
+// with a tbf rate limit on both directions of every host's link (the namespace side
+// shapes its uplink, the bridge side its downlink). Requires root and iproute2.
+//
+// Everything is torn down by the destructor, on every path; a process killed outright
+// leaves names tagged with its pid, which cleanup_stale() removes on the next run.
+// Addresses are 10.213.0.0/16, private to the namespaces this object creates.
+//
+// Thread safety: not thread-safe; one owner (the launcher).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "quicksilver/core/status.h"
+#include "quicksilver/core/units.h"
+
+namespace qs::runtime {
+
+struct NetnsOptions {
+  int hosts = 2;
+  Rate rate = Rate::gbps(1);  // each host's NIC, each direction
+  // Congestion control the processes will set with TCP_CONGESTION. Outside the root
+  // namespace only algorithms on net.ipv4.tcp_allowed_congestion_control may be chosen
+  // (MACHINE-NOTES.md): it is added to that list for the cluster's lifetime.
+  std::string congestion = "cubic";
+  // Name tag; default "qs<pid>". Must be at most 8 characters (interface names are
+  // limited to 15).
+  std::string tag;
+};
+
+class NetnsCluster {
+ public:
+  static Result<std::unique_ptr<NetnsCluster>> create(const NetnsOptions& options);
+  ~NetnsCluster();
+  NetnsCluster(const NetnsCluster&) = delete;
+  NetnsCluster& operator=(const NetnsCluster&) = delete;
+
+  int hosts() const { return options_.hosts; }
+  std::string namespace_name(int host) const;
+  std::string address(int host) const;
+  // Changes host's rate limit in both directions (the dynamic scenarios).
+  Status set_rate(int host, Rate rate);
+  // Removes everything this cluster made. Idempotent; the destructor calls it.
+  Status teardown();
+
+  // Moves the calling process into namespace `name` (setns). For a child between fork
+  // and exec.
+  static Status enter(const std::string& name);
+  // Removes namespaces and bridges left by Quicksilver processes that no longer run.
+  // Returns how many namespaces it removed.
+  static int cleanup_stale();
+  // Whether this process can build clusters (root, iproute2 present).
+  static Status available();
+
+ private:
+  explicit NetnsCluster(NetnsOptions options) : options_(std::move(options)) {}
+  Status build();
+  Status shape(const std::string& ns, const std::string& dev, Rate rate, bool change);
+
+  NetnsOptions options_;
+  std::vector<std::string> namespaces_;  // created so far, for teardown
+  bool bridge_made_ = false;
+  std::string saved_allowed_cc_;         // to restore, when we changed it
+  bool torn_down_ = false;
+};
+
+// Runs argv (no shell) and waits; a non-zero exit becomes an error carrying its stderr.
+Status run_command(const std::vector<std::string>& argv);
+
+}  // namespace qs::runtime

@@ -1,0 +1,137 @@
+// The real parameter-server runtime (DESIGN.md "Transport and runtime"; Mercury IV-C):
+// N workers and M servers over TCP, driving the same qs::PsPolicy objects as the simulator.
+//
+// Worker: emulates compute from the profile (backward L..1, then per layer: wait for its
+// parameters, update + forward), fills real float32 gradients with known content, drives
+// its policy exactly like sim/ps_engine.cc (callbacks in; PushSink::push(unit, delay) out,
+// the delay honoured by a timer; on_push_acked on each ack), sends through one Sender
+// across all server connections, and checks every pulled sum exactly.
+// Server: sums each arriving push in place into its accumulation buffer, acknowledges it,
+// and once all N workers contributed a unit, sends the sum to every worker in the
+// policy's server discipline.
+//
+// Each node runs on one thread (its EventLoop); run_worker/run_server block. Several nodes
+// may run in one process (tests) or one per process (the CLI's launcher).
+//
+// Rendezvous: servers listen; workers connect to every server (retrying until
+// connect_timeout) and send hello{worker id, N, M, profile hash, config hash}; the server
+// answers hello or an error naming the mismatch and closes. A peer that dies or stalls is
+// detected within `peer_timeout` (no frame while waiting) or at once on a closed socket;
+// a server that loses a worker closes all its connections, so the others fail fast too.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "quicksilver/core/status.h"
+#include "quicksilver/core/units.h"
+#include "quicksilver/model/profile.h"
+#include "quicksilver/policy/options.h"
+#include "quicksilver/transport/socket.h"
+
+namespace qs::runtime {
+
+struct Endpoint {
+  std::string host = "127.0.0.1";
+  int port = 0;
+};
+
+// What every node of a job must agree on (hashed into the hello).
+struct JobOptions {
+  Profile profile;
+  std::string policy = "mercury";
+  PolicyOptions policy_options;
+  int workers = 2;    // N
+  int servers = 1;    // M
+  int iterations = 5;
+  transport::SocketOptions socket;          // congestion control, NOTSENT_LOWAT, buffers
+  TimeNs connect_timeout = 10 * kNsPerSec;  // rendezvous deadline
+  TimeNs peer_timeout = 10 * kNsPerSec;     // longest silence while waiting on peers
+};
+
+struct WorkerOptions {
+  JobOptions job;
+  int worker_id = 0;
+  std::vector<Endpoint> servers;  // server s at servers[s]; size must equal job.servers
+  // Compute slowdown: every profiled time is multiplied by this (1 = as profiled, 0 = no
+  // compute wait at all).
+  double compute_factor = 1.0;
+  // Fill gradients with known content and check every pulled sum exactly.
+  bool verify = true;
+  // The NIC rate to compare measured uplink throughput with (0 = unknown).
+  Rate nic_rate{0};
+  int warmup = 1;  // leading iterations left out of medians
+  // Fault injection for tests: at the start of this iteration's backward, abort every
+  // connection (RST) and fail as a crashed worker would (-1 = never).
+  int die_at_iteration = -1;
+};
+
+struct ServerOptions {
+  JobOptions job;
+  int server_id = 0;
+  Endpoint listen;  // port 0 = ephemeral (Server::port() tells which)
+};
+
+struct WorkerReport {
+  int worker_id = 0;
+  std::string policy;
+  std::string congestion_control;  // what the kernel reports on the data sockets
+  std::vector<TimeNs> iteration_times;
+  TimeNs median_iteration = 0;     // over iterations after the warm-up
+  Bytes bytes_pushed_per_iteration = 0;
+  std::int64_t units_per_iteration = 0;
+  // Uplink while pushing: bytes handed to the kernel (headers included) over the time the
+  // sender had backlog, per iteration; median after warm-up.
+  double uplink_gbps = 0;
+  double uplink_utilisation = 0;   // uplink_gbps / nic_rate (0 when nic_rate is unknown)
+  // Sending-buffer queueing delay (enqueue -> handed to the socket), all units and the
+  // most urgent layer's units (layer 1), over iterations after the warm-up.
+  TimeNs queue_delay_p50 = 0, queue_delay_p99 = 0, queue_delay_max = 0;
+  TimeNs urgent_delay_p50 = 0, urgent_delay_p99 = 0, urgent_delay_max = 0;
+  int iterations_verified = 0;     // iterations whose every pulled element was checked
+  std::string to_string() const;
+};
+
+class Worker {
+ public:
+  // Validates options and builds the policy (no network yet).
+  static Result<std::unique_ptr<Worker>> create(WorkerOptions options);
+  ~Worker();
+  // Connects, trains job.iterations iterations, says bye. Blocks.
+  Result<WorkerReport> run();
+  // Thread-safe: makes run() fail soon with "stopped: why".
+  void request_stop(const std::string& why);
+
+ private:
+  struct Impl;
+  explicit Worker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class Server {
+ public:
+  // Validates options and starts listening (so port() is known before run()).
+  static Result<std::unique_ptr<Server>> create(ServerOptions options);
+  ~Server();
+  int port() const;
+  // Serves until all N workers said bye (OK) or a failure. Blocks.
+  Status run();
+  void request_stop(const std::string& why);
+
+ private:
+  struct Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+Result<WorkerReport> run_worker(const WorkerOptions& options);
+Status run_server(const ServerOptions& options);
+
+// The hashes carried by hello: both must match across all nodes of a job.
+std::uint64_t profile_hash(const Profile& p);
+std::uint64_t config_hash(const JobOptions& job);
+
+}  // namespace qs::runtime

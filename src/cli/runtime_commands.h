@@ -1,0 +1,41 @@
+// Private to the CLI: the runtime roles (`server`, `worker`) and the local launcher (`run`).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "commands.h"
+
+namespace qs::cli {
+
+struct RoleFlags {
+  SimFlags sim;                 // model, policy (exactly one), workers, servers, knobs
+  int id = 0;                   // --server-id / --worker-id
+  std::string listen = "127.0.0.1:0";  // server: HOST:PORT (port 0 = ephemeral)
+  std::string servers;          // worker: HOST:PORT,HOST:PORT,... (server s at position s)
+  double compute_factor = 1.0;  // worker: compute slowdown
+  std::string congestion = "cubic";
+  std::string connect_timeout = "20s";
+  std::string peer_timeout = "20s";
+  std::string nic_rate;         // worker: for the utilisation figure
+  std::string pacing_rate;      // SO_MAX_PACING_RATE per connection
+  int die_at_iteration = -1;    // worker: testing aid, exit abruptly at this iteration
+};
+
+struct RunFlags {
+  SimFlags sim;
+  bool netns = false;
+  double scale = 0;             // 0 = automatic (hosts at most 1 Gbps)
+  std::string congestion = "cubic";
+  std::string timeout = "300s";
+  bool keep_going = false;
+};
+
+void add_server_flags(CLI::App* app, RoleFlags* f);
+void add_worker_flags(CLI::App* app, RoleFlags* f);
+void add_run_flags(CLI::App* app, RunFlags* f);
+int run_server_role(const RoleFlags& f);
+int run_worker_role(const RoleFlags& f);
+int run_cluster(const RunFlags& f, const std::string& self_exe);
+
+}  // namespace qs::cli

@@ -1,0 +1,137 @@
+#include <cstring>
+#include <sstream>
+
+#include "quicksilver/transport/sender.h"
+#include "runtime_internal.h"
+
+namespace qs::runtime {
+
+Status validate_job(const JobOptions& job) {
+  if (job.workers < 1 || job.workers > 64) return invalid_argument("workers must be in [1, 64]");
+  if (job.servers < 1 || job.servers > 1024) return invalid_argument("servers must be in [1, 1024]");
+  if (job.iterations < 1) return invalid_argument("iterations must be >= 1");
+  QS_RETURN_IF_ERROR(validate_profile(job.profile));
+  if (job.profile.num_tensors() >= 65535) {
+    return invalid_argument("the runtime supports at most 65534 tensors (16-bit priority)");
+  }
+  for (const LayerSpec& l : job.profile.layers) {
+    for (const TensorSpec& t : l.tensors) {
+      if (t.bytes_per_element != 4) {
+        return invalid_argument("layer '" + l.name + "' tensor '" + t.name +
+                                "': the runtime sums float32, bytes_per_element must be 4");
+      }
+    }
+  }
+  if (!is_known_policy(job.policy)) return invalid_argument("unknown policy '" + job.policy + "'");
+  if (job.policy == "oracle") return invalid_argument("oracle does not communicate: simulate it");
+  return Status::ok();
+}
+
+transport::SendOrder send_order(QueueDiscipline d) {
+  return d == QueueDiscipline::kPriority ? transport::SendOrder::kPriority : transport::SendOrder::kFifo;
+}
+
+std::uint64_t profile_hash(const Profile& p) {
+  std::uint64_t h = transport::fnv1a64(p.name);
+  for (const LayerSpec& l : p.layers) {
+    h = transport::fnv1a64(l.name, h);
+    for (const TensorSpec& t : l.tensors) {
+      h = transport::fnv1a64(t.name + ":" + std::to_string(t.elements) + "x" +
+                                 std::to_string(t.bytes_per_element), h);
+    }
+  }
+  return h;
+}
+
+std::uint64_t config_hash(const JobOptions& job) {
+  const PolicyOptions& o = job.policy_options;
+  std::ostringstream s;
+  s << job.policy << '|' << o.packet_size << '|' << o.partition_size << '|' << o.credit_size << '|'
+    << o.slice_size << '|' << o.split_threshold << '|' << job.iterations;
+  return transport::fnv1a64(s.str());
+}
+
+transport::HelloBody hello_body(const JobOptions& job) {
+  return transport::HelloBody{static_cast<std::uint32_t>(job.workers),
+                              static_cast<std::uint32_t>(job.servers), profile_hash(job.profile),
+                              config_hash(job)};
+}
+
+std::string hello_mismatch(const transport::HelloBody& a, const transport::HelloBody& b) {
+  if (a.workers != b.workers) {
+    return "workers differ: " + std::to_string(a.workers) + " here, " + std::to_string(b.workers) + " there";
+  }
+  if (a.servers != b.servers) {
+    return "servers differ: " + std::to_string(a.servers) + " here, " + std::to_string(b.servers) + " there";
+  }
+  if (a.profile_hash != b.profile_hash) return "profile differs (hash mismatch)";
+  if (a.config_hash != b.config_hash) {
+    return "policy configuration differs (policy, packet/partition/credit/slice size, split "
+           "threshold or iterations; hash mismatch)";
+  }
+  return {};
+}
+
+namespace {
+inline float value_base(int worker, std::int64_t iteration, TensorId t) {
+  return static_cast<float>((7 * worker + 3 * iteration + 5 * static_cast<std::int64_t>(t)) & 255);
+}
+}  // namespace
+
+void fill_gradient(float* dst, std::int64_t count, std::int64_t first, int worker,
+                   std::int64_t iteration, TensorId tensor) {
+  const float base = value_base(worker, iteration, tensor);
+  for (std::int64_t k = 0; k < count; ++k) dst[k] = base + static_cast<float>((first + k) & 255);
+}
+
+Status check_sum(const float* sum, std::int64_t count, std::int64_t first, int workers,
+                 std::int64_t iteration, TensorId tensor) {
+  float base = 0;
+  for (int w = 0; w < workers; ++w) base += value_base(w, iteration, tensor);
+  const auto n = static_cast<float>(workers);
+  for (std::int64_t k = 0; k < count; ++k) {
+    const float want = base + n * static_cast<float>((first + k) & 255);
+    if (sum[k] != want) {
+      return internal_error("wrong sum: iteration " + std::to_string(iteration) + " tensor " +
+                            std::to_string(tensor) + " element " + std::to_string(first + k) +
+                            " is " + std::to_string(sum[k]) + ", expected " + std::to_string(want));
+    }
+  }
+  return Status::ok();
+}
+
+void add_floats(float* dst, const std::byte* src, std::size_t n) {
+  // GCC vector extension: 8 floats at a time (AVX where available, two SSE ops otherwise),
+  // independent of -march; memcpy loads keep unaligned sources legal.
+  typedef float V8 __attribute__((vector_size(32)));
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    V8 a, b;
+    std::memcpy(&a, dst + i, sizeof a);
+    std::memcpy(&b, src + i * sizeof(float), sizeof b);
+    a += b;
+    std::memcpy(dst + i, &a, sizeof a);
+  }
+  for (; i < n; ++i) {
+    float b;
+    std::memcpy(&b, src + i * sizeof(float), sizeof b);
+    dst[i] += b;
+  }
+}
+
+std::string WorkerReport::to_string() const {
+  std::ostringstream s;
+  s << "worker " << worker_id << " policy " << policy << " cc " << congestion_control
+    << ": median iteration " << to_ms(median_iteration) << " ms over "
+    << iteration_times.size() << " iterations; pushed " << bytes_pushed_per_iteration
+    << " B in " << units_per_iteration << " units/iteration; uplink while pushing "
+    << uplink_gbps << " Gbit/s";
+  if (uplink_utilisation > 0) s << " (" << 100 * uplink_utilisation << "% of NIC)";
+  s << "; queueing delay p50/p99/max " << to_us(queue_delay_p50) << "/" << to_us(queue_delay_p99)
+    << "/" << to_us(queue_delay_max) << " us, layer-1 units " << to_us(urgent_delay_p50) << "/"
+    << to_us(urgent_delay_p99) << "/" << to_us(urgent_delay_max) << " us; verified "
+    << iterations_verified << " iterations";
+  return s.str();
+}
+
+}  // namespace qs::runtime

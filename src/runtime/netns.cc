@@ -1,0 +1,226 @@
+#include "quicksilver/runtime/netns.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+namespace qs::runtime {
+namespace {
+
+constexpr const char* kAllowedCc = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+bool write_file(const std::string& path, const std::string& value) {
+  std::ofstream out(path);
+  out << value << "\n";
+  return static_cast<bool>(out);
+}
+
+std::string bridge_name(const std::string& tag) { return tag + "br"; }
+std::string veth_host(const std::string& tag, int h) { return tag + "v" + std::to_string(h); }
+std::string veth_bridge(const std::string& tag, int h) { return tag + "p" + std::to_string(h); }
+
+// tbf parameters: a burst of about 1 ms of the rate (MACHINE-NOTES: less loses rate) and
+// a queue of 2 ms, short enough that the shaper does not hide a sender's priorities
+// behind a long FIFO.
+std::vector<std::string> tbf_args(Rate rate) {
+  const std::int64_t bytes_per_ms = rate.bits_per_second / 8 / 1000;
+  const std::int64_t burst = std::max<std::int64_t>(32 * 1024, bytes_per_ms);
+  return {"tbf", "rate", std::to_string(rate.bits_per_second) + "bit", "burst",
+          std::to_string(burst), "latency", "2ms"};
+}
+
+}  // namespace
+
+Status run_command(const std::vector<std::string>& argv) {
+  int err_pipe[2];
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) return io_error(std::string("pipe: ") + std::strerror(errno));
+  pid_t pid = fork();
+  if (pid < 0) return io_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    dup2(err_pipe[1], 2);
+    int devnull = open("/dev/null", O_WRONLY);
+    if (devnull >= 0) dup2(devnull, 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    dprintf(2, "cannot run %s: %s", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(err_pipe[1]);
+  std::string err;
+  char buf[512];
+  for (ssize_t n; (n = read(err_pipe[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<std::size_t>(n));
+  close(err_pipe[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::ok();
+  std::string cmd;
+  for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+  while (!err.empty() && (err.back() == '\n' || err.back() == ' ')) err.pop_back();
+  return io_error("'" + cmd + "' failed: " + (err.empty() ? "exit status " + std::to_string(WEXITSTATUS(status)) : err));
+}
+
+Status NetnsCluster::available() {
+  if (geteuid() != 0) return unavailable("network namespaces need root");
+  Status s = run_command({"ip", "-V"});
+  if (!s.is_ok()) return unavailable("iproute2 ('ip') is not installed: " + s.message());
+  s = run_command({"tc", "-V"});
+  if (!s.is_ok()) return unavailable("iproute2's 'tc' is not installed: " + s.message());
+  return Status::ok();
+}
+
+Result<std::unique_ptr<NetnsCluster>> NetnsCluster::create(const NetnsOptions& options) {
+  QS_RETURN_IF_ERROR(available());
+  if (options.hosts < 1 || options.hosts > 250) return invalid_argument("netns cluster: hosts must be in 1..250");
+  if (options.rate.bits_per_second < 1000) return invalid_argument("netns cluster: rate too small");
+  NetnsOptions o = options;
+  if (o.tag.empty()) o.tag = "qs" + std::to_string(getpid());
+  if (o.tag.size() > 9) return invalid_argument("netns cluster: tag '" + o.tag + "' longer than 9 characters");
+  cleanup_stale();
+  std::unique_ptr<NetnsCluster> c(new NetnsCluster(std::move(o)));
+  Status s = c->build();
+  if (!s.is_ok()) {
+    c->teardown();
+    return s.with_context("building the emulated cluster");
+  }
+  return c;
+}
+
+std::string NetnsCluster::namespace_name(int host) const {
+  return options_.tag + "h" + std::to_string(host);
+}
+
+std::string NetnsCluster::address(int host) const {
+  return "10.213." + std::to_string(host / 250) + "." + std::to_string(host % 250 + 1);
+}
+
+Status NetnsCluster::shape(const std::string& ns, const std::string& dev, Rate rate, bool change) {
+  std::vector<std::string> argv;
+  if (!ns.empty()) argv = {"ip", "netns", "exec", ns};
+  for (const char* a : {"tc", "qdisc", change ? "change" : "add", "dev"}) argv.push_back(a);
+  argv.push_back(dev);
+  argv.push_back("root");
+  for (auto& a : tbf_args(rate)) argv.push_back(a);
+  return run_command(argv);
+}
+
+Status NetnsCluster::build() {
+  const std::string& tag = options_.tag;
+  if (!options_.congestion.empty()) {
+    const std::string allowed = read_file(kAllowedCc);
+    std::istringstream words(allowed);
+    bool present = false;
+    for (std::string w; words >> w;) present |= w == options_.congestion;
+    if (!present) {
+      if (!write_file(kAllowedCc, allowed + " " + options_.congestion)) {
+        return io_error(std::string("cannot add ") + options_.congestion + " to " + kAllowedCc);
+      }
+      saved_allowed_cc_ = allowed;
+    }
+  }
+  QS_RETURN_IF_ERROR(run_command({"ip", "link", "add", bridge_name(tag), "type", "bridge"}));
+  bridge_made_ = true;
+  QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", bridge_name(tag), "up"}));
+  for (int h = 0; h < options_.hosts; ++h) {
+    const std::string ns = namespace_name(h);
+    QS_RETURN_IF_ERROR(run_command({"ip", "netns", "add", ns}));
+    namespaces_.push_back(ns);
+    const std::string vh = veth_host(tag, h), vb = veth_bridge(tag, h);
+    QS_RETURN_IF_ERROR(run_command({"ip", "link", "add", vh, "type", "veth", "peer", "name", vb}));
+    QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", vh, "netns", ns}));
+    QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", vb, "master", bridge_name(tag)}));
+    QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", vb, "up"}));
+    QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "addr", "add", address(h) + "/16", "dev", vh}));
+    QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "link", "set", vh, "up"}));
+    QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "link", "set", "lo", "up"}));
+    QS_RETURN_IF_ERROR(shape(ns, vh, options_.rate, false));   // uplink
+    QS_RETURN_IF_ERROR(shape("", vb, options_.rate, false));   // downlink
+  }
+  return Status::ok();
+}
+
+Status NetnsCluster::set_rate(int host, Rate rate) {
+  if (host < 0 || host >= options_.hosts) return invalid_argument("no host " + std::to_string(host));
+  QS_RETURN_IF_ERROR(shape(namespace_name(host), veth_host(options_.tag, host), rate, true));
+  return shape("", veth_bridge(options_.tag, host), rate, true);
+}
+
+Status NetnsCluster::teardown() {
+  if (torn_down_) return Status::ok();
+  torn_down_ = true;
+  Status first;
+  for (const std::string& ns : namespaces_) {
+    Status s = run_command({"ip", "netns", "del", ns});
+    if (!s.is_ok() && first.is_ok()) first = s;
+  }
+  namespaces_.clear();
+  if (bridge_made_) {
+    Status s = run_command({"ip", "link", "del", bridge_name(options_.tag)});
+    if (!s.is_ok() && first.is_ok()) first = s;
+    bridge_made_ = false;
+  }
+  if (!saved_allowed_cc_.empty()) {
+    // Put the list back unless another live cluster still relies on it.
+    bool others = false;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/var/run/netns", ec)) {
+      others |= e.path().filename().string().rfind("qs", 0) == 0;
+    }
+    if (!others) write_file(kAllowedCc, saved_allowed_cc_);
+  }
+  return first;
+}
+
+NetnsCluster::~NetnsCluster() { teardown(); }
+
+Status NetnsCluster::enter(const std::string& name) {
+  const std::string path = "/var/run/netns/" + name;
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return io_error("cannot open " + path + ": " + std::strerror(errno));
+  int rc = setns(fd, CLONE_NEWNET);
+  int e = errno;
+  close(fd);
+  if (rc != 0) return io_error("setns(" + name + "): " + std::strerror(e));
+  return Status::ok();
+}
+
+int NetnsCluster::cleanup_stale() {
+  static const std::regex kName("^qs([0-9]+)h[0-9]+$");
+  int removed = 0;
+  std::error_code ec;
+  std::vector<std::string> dead_tags;
+  for (const auto& e : std::filesystem::directory_iterator("/var/run/netns", ec)) {
+    const std::string name = e.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(name, m, kName)) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(m[1].str()));
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // still running (or not ours to judge)
+    if (run_command({"ip", "netns", "del", name}).is_ok()) ++removed;
+    dead_tags.push_back("qs" + m[1].str());
+  }
+  std::sort(dead_tags.begin(), dead_tags.end());
+  dead_tags.erase(std::unique(dead_tags.begin(), dead_tags.end()), dead_tags.end());
+  for (const auto& tag : dead_tags) (void)run_command({"ip", "link", "del", bridge_name(tag)});
+  return removed;
+}
+
+}  // namespace qs::runtime

@@ -1,0 +1,49 @@
+// Private helpers shared by the worker and the server.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "quicksilver/policy/layout.h"
+#include "quicksilver/policy/ps_policy.h"
+#include "quicksilver/runtime/runtime.h"
+#include "quicksilver/transport/sender.h"
+#include "quicksilver/transport/wire.h"
+
+namespace qs::runtime {
+
+// Checks options every node shares: N, M, iterations, the profile (4-byte elements only:
+// the server sums float32), policy name and options, unit sizes that fit the 32-bit
+// length field.
+Status validate_job(const JobOptions& job);
+
+// The static facts derived from a job (identical on every node).
+struct JobLayout {
+  explicit JobLayout(const JobOptions& job)
+      : layout(job.profile), placement(layout, job.servers, job.policy_options.split_threshold) {}
+  TensorLayout layout;
+  Placement placement;
+  PsContext context(const JobOptions& job) const {
+    return PsContext{&job.profile, &layout, &placement, job.workers, job.servers, Rate::gbps(10), 0};
+  }
+};
+
+transport::SendOrder send_order(QueueDiscipline d);
+transport::HelloBody hello_body(const JobOptions& job);
+// Explains how two hellos differ ("profile hash differs: ..."), empty when equal.
+std::string hello_mismatch(const transport::HelloBody& mine, const transport::HelloBody& theirs);
+
+// Known gradient content, chosen so that float32 sums of up to 2^15 workers are exact:
+// small integers. value(w, it, t, i) = ((7w + 3it + 5t) & 255) + (i & 255).
+void fill_gradient(float* dst, std::int64_t count, std::int64_t first_index, int worker,
+                   std::int64_t iteration, TensorId tensor);
+// Checks `sum[k]` == sum over all N workers of value(w, it, t, first_index + k); names the
+// first wrong element.
+Status check_sum(const float* sum, std::int64_t count, std::int64_t first_index, int workers,
+                 std::int64_t iteration, TensorId tensor);
+
+// dst[i] += src[i] for i < n (vectorised). src may be unaligned.
+void add_floats(float* dst, const std::byte* src, std::size_t n);
+
+}  // namespace qs::runtime

@@ -1,0 +1,438 @@
+// The Mercury parameter server (Mercury IV-C "Mercury PS"): transport, aggregator, ready
+// queue and PS sender, all on one event-loop thread.
+#include <sys/epoll.h>
+
+#include <cstring>
+
+#include <map>
+#include <unordered_set>
+
+#include "quicksilver/core/check.h"
+#include "quicksilver/transport/connection.h"
+#include "quicksilver/transport/event_loop.h"
+#include "runtime_internal.h"
+
+namespace qs::runtime {
+
+using transport::Connection;
+using transport::FrameKind;
+using transport::Header;
+using transport::HeaderField;
+using transport::PayloadTarget;
+
+struct Server::Impl final : transport::FrameHandler {
+  // One unit being aggregated: all N workers push the same (tensor, offset, length).
+  struct Unit {
+    int slot = 0;
+    TensorId tensor = 0;
+    std::uint64_t offset = 0;
+    std::uint32_t length = 0;
+    std::uint16_t priority = 0;
+    std::uint32_t iteration = 0;
+    std::uint64_t mask = 0;  // workers whose push fully arrived
+    std::uint64_t open = 0;  // workers whose push is arriving now
+    int count = 0;
+    int pulls_left = 0;
+    float* sum = nullptr;    // into accum_[slot]
+  };
+  struct Owned {
+    std::uint64_t offset, length;
+    std::size_t base;  // float index into the accumulation buffer
+  };
+  struct Peer {  // per worker connection state
+    std::unique_ptr<Connection> conn;
+    std::int64_t last_iteration = -1;  // highest iteration pushed so far
+    bool bye = false;
+    Unit* current = nullptr;  // the unit the frame being read adds to
+    unsigned char carry[4] = {};
+    int carry_n = 0;
+  };
+
+  explicit Impl(ServerOptions o) : opts(std::move(o)), jl(opts.job) {}
+
+  Status init() {
+    QS_RETURN_IF_ERROR(validate_job(opts.job));
+    if (opts.server_id < 0 || opts.server_id >= opts.job.servers) {
+      return invalid_argument("server id " + std::to_string(opts.server_id) + " not in [0, " +
+                              std::to_string(opts.job.servers) + ")");
+    }
+    QS_ASSIGN_OR_RETURN(auto policy, make_ps_policy(opts.job.policy, opts.job.policy_options,
+                                                    jl.context(opts.job)));
+    discipline = policy->server_discipline();
+    QS_ASSIGN_OR_RETURN(loop, transport::EventLoop::create());
+    QS_ASSIGN_OR_RETURN(listener, transport::listen_tcp(opts.listen.host, opts.listen.port));
+    QS_ASSIGN_OR_RETURN(port, transport::local_port(listener.get()));
+    // Owned byte ranges (Placement), packed into one float buffer per iteration parity.
+    owned.resize(static_cast<std::size_t>(jl.layout.num_tensors()));
+    std::size_t floats = 0;
+    for (const TensorInfo& t : jl.layout.tensors()) {
+      for (const Slice& s : jl.placement.slices(t.id)) {
+        if (s.server != opts.server_id) continue;
+        owned[static_cast<std::size_t>(t.id)].push_back(
+            Owned{static_cast<std::uint64_t>(s.chunk.offset), static_cast<std::uint64_t>(s.chunk.length), floats});
+        floats += static_cast<std::size_t>(s.chunk.length / 4);
+      }
+    }
+    for (auto& a : accum) a.assign(floats, 0.0f);
+    peers.resize(static_cast<std::size_t>(opts.job.workers));
+    sender = std::make_unique<transport::Sender>(send_order(discipline), jl.layout.num_tensors() + 1, *loop);
+    sender->set_connections(std::vector<Connection*>(peers.size(), nullptr));
+    sender->set_sent_callback([this](int, std::uint64_t tag) { on_pull_sent(tag); });
+    rules.tensor_bytes.clear();
+    for (const TensorInfo& t : jl.layout.tensors()) {
+      rules.tensor_bytes.push_back(t.bytes);
+      rules.element_size.push_back(t.element_size);
+    }
+    rules.kind = FrameKind::kPush;
+    rules.num_priorities = static_cast<std::uint16_t>(jl.layout.num_tensors() + 1);
+    return Status::ok();
+  }
+
+  std::string name() const { return "server " + std::to_string(opts.server_id); }
+
+  Status run() {
+    QS_RETURN_IF_ERROR(loop->watch(listener.get(), EPOLLIN, [this](std::uint32_t) { accept_all(); }));
+    const TimeNs start = loop->now();
+    last_rx = start;
+    loop->schedule_at(start + opts.job.connect_timeout, [this] {
+      std::string missing;
+      for (std::size_t w = 0; w < peers.size(); ++w) {
+        if (!peers[w].conn) missing += (missing.empty() ? "" : ", ") + std::to_string(w);
+      }
+      if (!missing.empty()) {
+        loop->fail(unavailable(name() + ": workers {" + missing + "} did not connect within " +
+                               format_time(opts.job.connect_timeout)));
+      }
+    });
+    schedule_watchdog();
+    Status s = loop->run([this] { return finished(); });
+    // Closing every connection makes the remaining peers fail fast instead of waiting.
+    for (Peer& p : peers) {
+      if (p.conn && !p.conn->closed()) p.conn->close(s.is_ok() ? Status::ok() : s, !s.is_ok());
+    }
+    pending.clear();
+    return s;
+  }
+
+  bool finished() const {
+    for (const Peer& p : peers) {
+      if (!p.bye || !p.conn) return false;
+    }
+    return sender->idle() && live[0] == 0 && live[1] == 0;
+  }
+
+  void schedule_watchdog() {
+    loop->schedule_after(std::max<TimeNs>(opts.job.peer_timeout / 4, kNsPerMs), [this] {
+      bool all_connected = true;
+      for (const Peer& p : peers) all_connected = all_connected && p.conn;
+      if (all_connected && loop->now() - last_rx > opts.job.peer_timeout) {
+        std::string byes;
+        for (std::size_t w = 0; w < peers.size(); ++w) {
+          if (!peers[w].bye) byes += (byes.empty() ? "" : ", ") + std::to_string(w);
+        }
+        loop->fail(unavailable(name() + ": no frame from any worker for " +
+                               format_time(opts.job.peer_timeout) + " (" +
+                               std::to_string(live[0] + live[1]) + " units incomplete, " +
+                               std::to_string(sender->queued()) + " pulls queued" +
+                               (sender->idle() ? "" : ", sender busy") + "; workers {" + byes +
+                               "} still active)"));
+        return;
+      }
+      schedule_watchdog();
+    });
+  }
+
+  void accept_all() {
+    for (;;) {
+      auto fd = transport::accept_tcp(listener.get());
+      if (!fd.is_ok()) {
+        loop->fail(fd.status().with_context(name()));
+        return;
+      }
+      if (!fd->valid()) return;
+      Status s = transport::configure_socket(fd->get(), opts.job.socket);
+      if (!s.is_ok()) {
+        loop->fail(s.with_context(name()));
+        return;
+      }
+      const int idx = kPendingBase + next_pending++;
+      auto c = std::make_unique<Connection>(*loop, std::move(*fd), *this,
+                                            "unidentified peer of " + name(), idx);
+      Connection* raw = c.get();
+      pending.emplace(idx, std::move(c));
+      s = raw->start();
+      if (!s.is_ok()) loop->fail(s);
+    }
+  }
+
+  // ---- FrameHandler ----
+  Result<PayloadTarget> on_header(Connection& c, const Header& h) override {
+    last_rx = loop->now();
+    if (c.index() >= kPendingBase) {
+      if (h.kind != FrameKind::kHello) {
+        return transport::header_error(HeaderField::kKind, std::string("expected hello first, got ") +
+                                                               transport::frame_kind_name(h.kind));
+      }
+      return PayloadTarget::buffer();
+    }
+    Peer& p = peers[static_cast<std::size_t>(c.index())];
+    switch (h.kind) {
+      case FrameKind::kPush: return on_push_header(c, p, h);
+      case FrameKind::kBye:
+      case FrameKind::kError: return PayloadTarget::buffer();
+      default:
+        return transport::header_error(HeaderField::kKind, std::string("a worker may not send ") +
+                                                               transport::frame_kind_name(h.kind));
+    }
+  }
+
+  Result<PayloadTarget> on_push_header(Connection& c, Peer& p, const Header& h) {
+    const int w = c.index();
+    rules.expected_sender = static_cast<std::uint16_t>(w);
+    rules.min_iteration = static_cast<std::uint32_t>(std::max<std::int64_t>(p.last_iteration, 0));
+    rules.max_iteration = static_cast<std::uint32_t>(p.last_iteration + 1);
+    QS_RETURN_IF_ERROR(transport::validate_data_header(h, rules));
+    // The bytes must be this server's (Placement).
+    const Owned* own = nullptr;
+    for (const Owned& o : owned[h.tensor]) {
+      if (h.offset >= o.offset && h.offset + h.length <= o.offset + o.length) own = &o;
+    }
+    if (own == nullptr) {
+      return transport::header_error(HeaderField::kOffset,
+                                     "bytes [" + std::to_string(h.offset) + ", " +
+                                         std::to_string(h.offset + h.length) + ") of tensor " +
+                                         std::to_string(h.tensor) + " are not owned by " + name());
+    }
+    const int slot = static_cast<int>(h.iteration & 1);
+    if (slot_iteration[slot] != static_cast<std::int64_t>(h.iteration)) {
+      if (live[slot] != 0) {
+        return transport::header_error(
+            HeaderField::kIteration, "iteration " + std::to_string(h.iteration) + " from worker " +
+                                         std::to_string(w) + " while iteration " +
+                                         std::to_string(slot_iteration[slot]) + " is unfinished");
+      }
+      slot_iteration[slot] = h.iteration;
+    }
+    auto& map = units[slot];
+    const auto key = std::make_pair(static_cast<TensorId>(h.tensor), h.offset);
+    auto it = map.find(key);
+    if (it == map.end()) {
+      // A new unit must not overlap its neighbours (else bytes would be summed twice).
+      auto next = map.lower_bound(key);
+      if (next != map.end() && next->first.first == key.first && next->first.second < h.offset + h.length) {
+        return transport::header_error(HeaderField::kLength, "unit overlaps the unit at offset " +
+                                                                 std::to_string(next->first.second));
+      }
+      if (next != map.begin()) {
+        auto prev = std::prev(next);
+        if (prev->first.first == key.first && prev->first.second + prev->second.length > h.offset) {
+          return transport::header_error(HeaderField::kOffset, "unit overlaps the unit at offset " +
+                                                                   std::to_string(prev->first.second));
+        }
+      }
+      Unit u;
+      u.slot = slot;
+      u.tensor = key.first;
+      u.offset = h.offset;
+      u.length = h.length;
+      u.priority = h.priority;
+      u.iteration = h.iteration;
+      u.sum = accum[slot].data() + own->base + (h.offset - own->offset) / 4;
+      std::fill(u.sum, u.sum + h.length / 4, 0.0f);
+      it = map.emplace(key, u).first;
+      ++live[slot];
+    }
+    Unit& u = it->second;
+    const std::uint64_t bit = std::uint64_t{1} << w;
+    if (u.length != h.length) {
+      return transport::header_error(HeaderField::kLength,
+                                     "worker " + std::to_string(w) + " cut tensor " +
+                                         std::to_string(h.tensor) + " offset " + std::to_string(h.offset) +
+                                         " as " + std::to_string(h.length) + " bytes, others as " +
+                                         std::to_string(u.length) + " (workers must cut the same units)");
+    }
+    if ((u.mask | u.open) & bit) {
+      return transport::header_error(HeaderField::kOffset, "worker " + std::to_string(w) +
+                                                               " pushed tensor " + std::to_string(h.tensor) +
+                                                               " offset " + std::to_string(h.offset) +
+                                                               " twice in iteration " +
+                                                               std::to_string(h.iteration));
+    }
+    u.open |= bit;
+    p.current = &u;
+    p.carry_n = 0;
+    p.last_iteration = std::max<std::int64_t>(p.last_iteration, h.iteration);
+    return PayloadTarget::stream();
+  }
+
+  Status on_payload(Connection& c, const Header&, std::uint64_t at, const std::byte* data,
+                    std::size_t n) override {
+    Peer& p = peers[static_cast<std::size_t>(c.index())];
+    Unit& u = *p.current;
+    std::uint64_t pos = at;
+    if (p.carry_n > 0) {
+      const std::size_t take = std::min<std::size_t>(4 - static_cast<std::size_t>(p.carry_n), n);
+      std::memcpy(p.carry + p.carry_n, data, take);
+      p.carry_n += static_cast<int>(take);
+      data += take;
+      n -= take;
+      pos += take;
+      if (p.carry_n < 4) return Status::ok();
+      add_floats(u.sum + (pos - 4) / 4, reinterpret_cast<const std::byte*>(p.carry), 1);
+      p.carry_n = 0;
+    }
+    const std::size_t whole = n / 4;
+    add_floats(u.sum + pos / 4, data, whole);
+    if (n % 4 != 0) {
+      p.carry_n = static_cast<int>(n % 4);
+      std::memcpy(p.carry, data + whole * 4, n % 4);
+    }
+    return Status::ok();
+  }
+
+  Status on_frame(Connection& c, const Header& h) override {
+    if (c.index() >= kPendingBase) return on_hello(c, h);
+    const int w = c.index();
+    Peer& p = peers[static_cast<std::size_t>(w)];
+    switch (h.kind) {
+      case FrameKind::kPush: {
+        Unit& u = *p.current;
+        p.current = nullptr;
+        const std::uint64_t bit = std::uint64_t{1} << w;
+        u.open &= ~bit;
+        u.mask |= bit;
+        ++u.count;
+        Header ack = h;
+        ack.kind = FrameKind::kAck;
+        ack.sender = static_cast<std::uint16_t>(opts.server_id);
+        c.send_control(ack);
+        QS_RETURN_IF_ERROR(c.flush());
+        QS_RETURN_IF_ERROR(sender->on_writable(c.index()));  // the flush may finish a pull
+        if (u.count == opts.job.workers) {
+          // Ready (Mercury IV-C "Ready Queue"): one pull per worker, in the server discipline.
+          u.pulls_left = opts.job.workers;
+          Header pull = h;
+          pull.kind = FrameKind::kPull;
+          pull.sender = static_cast<std::uint16_t>(opts.server_id);
+          for (int v = 0; v < opts.job.workers; ++v) {
+            sender->enqueue(v, pull, reinterpret_cast<const std::byte*>(u.sum),
+                            reinterpret_cast<std::uint64_t>(&u));
+          }
+          return sender->pump();
+        }
+        return Status::ok();
+      }
+      case FrameKind::kBye:
+        p.bye = true;
+        return Status::ok();
+      case FrameKind::kError: {
+        auto text = c.small_payload();
+        return unavailable(name() + ": worker " + std::to_string(w) + " reported: " +
+                           std::string(reinterpret_cast<const char*>(text.data()), text.size()));
+      }
+      default: return internal_error("unreachable frame kind");
+    }
+  }
+
+  Status on_hello(Connection& c, const Header& h) {
+    auto body = c.small_payload();
+    const transport::HelloBody theirs = transport::decode_hello(body.data());
+    const transport::HelloBody mine = hello_body(opts.job);
+    const std::string diff = hello_mismatch(mine, theirs);
+    if (!diff.empty()) {
+      return invalid_argument(name() + " refuses worker " + std::to_string(h.sender) + ": " + diff);
+    }
+    if (h.sender >= peers.size()) {
+      return transport::header_error(HeaderField::kSender, "worker id " + std::to_string(h.sender) +
+                                                               " not in [0, " + std::to_string(peers.size()) + ")");
+    }
+    Peer& p = peers[h.sender];
+    if (p.conn) {
+      return invalid_argument(name() + " refuses a second connection from worker " + std::to_string(h.sender));
+    }
+    auto node = pending.extract(c.index());
+    QS_CHECK(!node.empty());
+    p.conn = std::move(node.mapped());
+    c.set_index(h.sender);
+    c.set_peer("worker " + std::to_string(h.sender));
+    std::vector<Connection*> conns;
+    for (Peer& q : peers) conns.push_back(q.conn.get());
+    sender->set_connections(std::move(conns));
+    Header reply;
+    reply.kind = FrameKind::kHello;
+    reply.sender = static_cast<std::uint16_t>(opts.server_id);
+    reply.length = transport::kHelloBodySize;
+    const auto hb = transport::encode_hello(mine);
+    c.send_control(reply, hb);
+    return c.flush();
+  }
+
+  void on_writable(Connection& c) override {
+    if (c.index() >= kPendingBase) return;
+    Status s = sender->on_writable(c.index());
+    if (!s.is_ok()) loop->fail(s);
+  }
+
+  void on_closed(Connection& c, const Status& why) override {
+    if (c.index() >= kPendingBase) {
+      // A refused or broken peer before its hello: it is told why; the server goes on.
+      graveyard.push_back(std::move(pending[c.index()]));
+      pending.erase(c.index());
+      return;
+    }
+    Peer& p = peers[static_cast<std::size_t>(c.index())];
+    if (p.bye && why.code() == StatusCode::kUnavailable) return;  // orderly end after bye
+    if (why.is_ok()) return;
+    loop->fail(unavailable(name() + ": lost worker " + std::to_string(c.index()) +
+                           " (last iteration " + std::to_string(p.last_iteration) + "): " + why.to_string()));
+  }
+
+  void on_pull_sent(std::uint64_t tag) {
+    Unit& u = *reinterpret_cast<Unit*>(tag);
+    if (--u.pulls_left > 0) return;
+    --live[u.slot];
+    units[u.slot].erase(std::make_pair(u.tensor, u.offset));
+  }
+
+  static constexpr int kPendingBase = 1 << 20;
+
+  ServerOptions opts;
+  JobLayout jl;
+  QueueDiscipline discipline = QueueDiscipline::kPriority;
+  std::unique_ptr<transport::EventLoop> loop;
+  transport::Fd listener;
+  int port = 0;
+  std::unique_ptr<transport::Sender> sender;
+  transport::DataRules rules;
+  std::vector<std::vector<Owned>> owned;       // by tensor
+  std::vector<float> accum[2];                 // by iteration parity
+  std::map<std::pair<TensorId, std::uint64_t>, Unit> units[2];  // live units by parity
+  std::int64_t slot_iteration[2] = {-1, -1};
+  std::int64_t live[2] = {0, 0};
+  std::vector<Peer> peers;                     // by worker id
+  std::map<int, std::unique_ptr<Connection>> pending;  // before hello, by temporary index
+  std::vector<std::unique_ptr<Connection>> graveyard;  // closed inside their own callback
+  int next_pending = 0;
+  TimeNs last_rx = 0;
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() = default;
+
+Result<std::unique_ptr<Server>> Server::create(ServerOptions options) {
+  QS_RETURN_IF_ERROR(validate_job(options.job));
+  auto impl = std::make_unique<Impl>(std::move(options));
+  QS_RETURN_IF_ERROR(impl->init());
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+int Server::port() const { return impl_->port; }
+Status Server::run() { return impl_->run(); }
+void Server::request_stop(const std::string& why) { impl_->loop->request_stop(why); }
+
+Status run_server(const ServerOptions& options) {
+  QS_ASSIGN_OR_RETURN(auto server, Server::create(options));
+  return server->run();
+}
+
+}  // namespace qs::runtime

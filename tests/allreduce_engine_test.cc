@@ -1,0 +1,131 @@
+// The all-reduce engine and the simpler all-reduce policies: byte accounting, gates, DDP's
+// buckets, compute factors, time-varying bandwidth, traces, errors; properties over
+// seeded random profiles.
+#include <gtest/gtest.h>
+
+#include "policy/allreduce_plans.h"
+#include "quicksilver/core/rng.h"
+#include "quicksilver/sim/simulator.h"
+#include "test_profiles.h"
+
+namespace qs {
+namespace {
+
+using testing::layer;
+
+ClusterConfig ar(int n, Rate bw = Rate::gbps(1), TimeNs latency = 50 * kNsPerUs) {
+  ClusterConfig c;
+  c.architecture = Architecture::kAllReduce;
+  c.workers = n;
+  c.bandwidth = bw;
+  c.latency = latency;
+  return c;
+}
+
+SimOptions opts(int iterations = 3) {
+  SimOptions o;
+  o.iterations = iterations;
+  o.verify_bytes = true;
+  return o;
+}
+
+TEST(AllReduceEngine, RejectsParameterServerOnlyPolicies) {
+  Profile p = testing::mercury_fig2();
+  auto r = simulate(p, "mercury", PolicyOptions{}, ar(4), opts());
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("parameter-server"), std::string::npos);
+  EXPECT_EQ(allreduce_policy_names().size(), 9u);
+}
+
+TEST(AllReduceEngine, DdpBucketsFollowPyTorch) {
+  // Five 10 MiB tensors, one per layer, and a 100 KiB one on top (ready first).
+  Profile p;
+  p.name = "ddp";
+  for (int l = 0; l < 5; ++l) p.layers.push_back(layer("l" + std::to_string(l), 1000, 2000, 10 * kMiB));
+  p.layers.push_back(layer("top", 1000, 2000, 100 * kKiB));
+  // Reverse order: [top, l4] closes the 1 MiB first bucket (reaches it with l4);
+  // [l3, l2, l1] reaches 25 MiB with l1 (30 MiB: a parameter is never split); [l0].
+  auto r = simulate(p, "ddp", PolicyOptions{}, ar(4), opts());
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->messages_per_iteration, 3);
+  EXPECT_EQ(r->bytes_pushed_per_iteration, p.total_bytes());
+}
+
+TEST(AllReduceEngine, SlowestWorkerGatesEveryCollective) {
+  Profile p = testing::mercury_fig2();
+  ClusterConfig c = ar(4);
+  auto base = simulate(p, "oracle", PolicyOptions{}, c, opts());
+  c.compute_factor = {1.0, 2.0, 1.0, 1.0};
+  auto slow = simulate(p, "oracle", PolicyOptions{}, c, opts());
+  ASSERT_TRUE(base.is_ok() && slow.is_ok());
+  EXPECT_EQ(slow->iteration_time, 2 * base->iteration_time);
+}
+
+TEST(AllReduceEngine, TimeVaryingBandwidth) {
+  Profile p = testing::mercury_fig2();
+  ClusterConfig c = ar(4, Rate::gbps(1), 0);
+  auto plain = simulate(p, "wfbp", PolicyOptions{}, c, opts());
+  // A schedule with the same constant rate changes nothing.
+  c.schedule = BandwidthSchedule({{0, Rate::gbps(1)}, {kNsPerSec, Rate::gbps(1)}});
+  auto same = simulate(p, "wfbp", PolicyOptions{}, c, opts());
+  // Half the rate from t = 0 on: the transfer part doubles.
+  c.schedule = BandwidthSchedule({{0, Rate::gbps(1)}, {1, Rate::mbps(500)}});
+  auto half = simulate(p, "synceasgd", PolicyOptions{}, c, opts());
+  c.schedule.reset();
+  c.bandwidth = Rate::mbps(500);
+  auto half_const = simulate(p, "synceasgd", PolicyOptions{}, c, opts());
+  ASSERT_TRUE(plain.is_ok() && same.is_ok() && half.is_ok() && half_const.is_ok());
+  EXPECT_EQ(plain->iteration_times, same->iteration_times);
+  EXPECT_NEAR(static_cast<double>(half->iteration_time), static_cast<double>(half_const->iteration_time), 4.0);
+}
+
+TEST(AllReduceEngine, TraceHasComputeAndLinkTracks) {
+  Profile p = testing::mercury_fig2();
+  SimOptions o = opts(2);
+  o.record_trace = true;
+  auto r = simulate(p, "wfbp", PolicyOptions{}, ar(4), o);
+  ASSERT_TRUE(r.is_ok());
+  bool compute = false, link = false;
+  for (const TraceSpan& s : r->trace) compute |= s.track == 0, link |= s.track == 1;
+  EXPECT_TRUE(compute && link);
+}
+
+TEST(AllReduceEngine, SecondLinkMustBeSlower) {
+  Profile p = testing::mercury_fig2();
+  ClusterConfig c = ar(4);
+  c.second_link_slowdown = 0.5;
+  EXPECT_FALSE(simulate(p, "wfbp", PolicyOptions{}, c, opts()).is_ok());
+}
+
+// Properties over seeded random profiles: every policy reduces every byte of every
+// iteration exactly once (verify_bytes), and in the engine mgwfbp-opt is never slower
+// than wfbp, synceasgd or mgwfbp; the static policies' iteration equals the model's
+// prediction max(backward end, last all-reduce end) + forward.
+TEST(AllReduceProperty, EveryByteOnceAndOptimumNeverLoses) {
+  Rng rng(4);
+  PolicyOptions po;
+  po.partition_size = 300'000;
+  po.credit_size = 900'000;
+  po.ddp_bucket_size = 500'000;
+  po.ddp_first_bucket_size = 100'000;
+  po.deft_partition_size = 400'000;
+  for (int trial = 0; trial < 150; ++trial) {
+    Profile p = testing::random_profile(rng, 10, 200'000, 2 * kNsPerMs);
+    ClusterConfig c = ar(static_cast<int>(rng.uniform_int(2, 16)), Rate::gbps(rng.uniform(0.5, 10)),
+                         rng.uniform_int(0, 100'000));
+    if (trial % 3 == 0) c.second_link_slowdown = 1.65;
+    std::map<std::string, TimeNs> t;
+    for (const std::string& name : allreduce_policy_names()) {
+      auto r = simulate(p, name, po, c, opts(4));
+      ASSERT_TRUE(r.is_ok()) << name << " trial " << trial << ": " << r.status().to_string();
+      t[name] = r->iteration_time;
+    }
+    EXPECT_LE(t["mgwfbp-opt"], t["wfbp"]) << trial;
+    EXPECT_LE(t["mgwfbp-opt"], t["synceasgd"]) << trial;
+    EXPECT_LE(t["mgwfbp-opt"], t["mgwfbp"]) << trial;
+    EXPECT_GE(t["wfbp"], t["oracle"]);
+  }
+}
+
+}  // namespace
+}  // namespace qs

@@ -1,0 +1,224 @@
+// DeFT: knapsacks, the loss model, the queue transitions of Fig. 4 worked by hand, the
+// Preserver, and the exactly-once property of merged, delayed buckets.
+#include <gtest/gtest.h>
+
+#include "policy/deft.h"
+#include "quicksilver/core/rng.h"
+#include "quicksilver/sim/simulator.h"
+#include "test_profiles.h"
+
+namespace qs {
+namespace {
+
+using testing::layer;
+
+TEST(DeftKnapsack, GreedyFollowsThePaperAndCanLose) {
+  // One knapsack of 10: the greedy takes the longest first (6) and then nothing fits.
+  std::vector<KnapsackItem> items = {{0, 6}, {1, 5}, {2, 5}};
+  EXPECT_EQ(greedy_knapsack(items, 10, -1).total, 6);
+  EXPECT_EQ(exact_knapsack(items, 10, -1).total, 10);
+  // Two knapsacks (10 and 6): the smaller first takes 6, the larger 5 + 5: optimal.
+  KnapsackSolution g = greedy_knapsack(items, 10, 6);
+  EXPECT_EQ(g.total, 16);
+  EXPECT_EQ(g.links, (std::vector<int>{1, 0, 0}));
+}
+
+TEST(DeftKnapsack, ExactMatchesBruteForceOnRandomInstances) {
+  Rng rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<KnapsackItem> items;
+    const int n = static_cast<int>(rng.uniform_int(0, 9));
+    for (int i = 0; i < n; ++i) items.push_back({i, rng.uniform_int(1, 100)});
+    const TimeNs c0 = rng.uniform_int(0, 300), c1 = rng.uniform() < 0.5 ? -1 : rng.uniform_int(0, 200);
+    TimeNs best = 0;
+    int combos = 1;
+    for (int i = 0; i < n; ++i) combos *= 3;
+    for (int m = 0; m < combos; ++m) {
+      TimeNs s0 = 0, s1 = 0;
+      int x = m;
+      bool ok = true;
+      for (int i = 0; i < n; ++i, x /= 3) {
+        if (x % 3 == 1) s0 += items[static_cast<std::size_t>(i)].time;
+        if (x % 3 == 2) {
+          if (c1 < 0) ok = false;
+          s1 += items[static_cast<std::size_t>(i)].time;
+        }
+      }
+      if (ok && s0 <= c0 && s1 <= std::max<TimeNs>(c1, 0)) best = std::max(best, s0 + s1);
+    }
+    const KnapsackSolution e = exact_knapsack(items, c0, c1);
+    ASSERT_EQ(e.total, best) << trial;
+    EXPECT_LE(greedy_knapsack(items, c0, c1).total, best);
+  }
+}
+
+TEST(DeftLossModel, ReproducesTableVRatio) {
+  LossModel m;  // Table V's setting: s_A = 0.2103, S* = 0, eta = 0.01, B = 256
+  m.batch = 256;
+  // O_D = (B, 2B, B) over N = 4 iterations against O_B = four steps of B: ~0.993.
+  EXPECT_NEAR(m.ratio({1, 2, 1}), 0.993, 0.001);
+  EXPECT_DOUBLE_EQ(m.ratio({1, 1, 1}), 1.0);
+  EXPECT_LT(m.ratio({4}), m.ratio({2, 2}));  // fewer updates, further from the baseline
+}
+
+TEST(DeftLossModel, BatchCycle) {
+  EXPECT_EQ(batch_cycle({1, 1, 2, 1, 2, 1, 2}), (std::vector<int>{1, 2}));
+  EXPECT_EQ(batch_cycle({3, 1, 1, 1, 1}), (std::vector<int>{1}));
+  EXPECT_EQ(batch_cycle({}), (std::vector<int>{}));
+}
+
+// Fig. 4's transitions, worked by hand. Eight layers = eight buckets of 10 us each
+// (T_ar = 1 ns/B, 10,000 B); backward 5 us per layer (40 us; the first bucket is ready at
+// 5 us), forward 3.75 us per layer (30 us); one link; every collective ends by the end of
+// its stage. Iterations 0..5 here are the paper's 1st..6th.
+//  it 0 bwd  Case 4 (nothing pending): Algorithm 1, capacity 40 - 5 = 35: 3 buckets; 5 to CQ.
+//  it 0 fwd  Case 1: knapsack of 30 over CQ: 3; CQ keeps 2 ("two yellow buckets").
+//  it 1 bwd  Case 3: the 2 old ones (20 us) fit in 40: sent first; Algorithm 1 on the 8 new
+//            with 40 - 20 - 5 = 15: 1 bucket; 7 to CQ. Update of iteration 0 (1B).
+//  it 1 fwd  Case 1: 3; CQ keeps 4.
+//  it 2 bwd  Case 3: 4 old = 40 us fit exactly; nothing left for the new: 8 to CQ.
+//            Update of iteration 1.
+//  it 2 fwd  Case 1: 3; CQ keeps 5.
+//  it 3 bwd  Case 2: 5 old = 50 us > 40: the knapsack takes 4; 1 stays; iteration 3's
+//            buckets go to the future task queue.
+//  it 3 fwd  Case 1: the last old one. Update of iteration 2.
+//  it 4 bwd  Case 4 with a future task queue: iterations 3 and 4 merged; Algorithm 1 takes 3.
+//  it 4 fwd  Case 1: 3; CQ keeps 2.
+//  it 5 bwd  Case 3: the 2 merged ones first: iterations 3 and 4 are updated together (2B).
+TEST(DeftQueues, Fig4TransitionsByHand) {
+  Profile p;
+  p.name = "fig4";
+  p.batch_size = 1;
+  for (int l = 0; l < 8; ++l) p.layers.push_back(layer("l" + std::to_string(l), 3750, 5000, 10'000));
+  TensorLayout lay(p);
+  AllReduceContext ctx;
+  ctx.profile = &p;
+  ctx.layout = &lay;
+  ctx.workers = 2;
+  ctx.links = {AllReduceCost{0, 1.0}};
+  PolicyOptions o;
+  std::vector<Block> buckets = cut_blocks(lay, 10'000);
+  ASSERT_EQ(buckets.size(), 8u);
+  DeftPolicy pol(ctx, o, buckets, 1.0);
+
+  struct Sink final : CollectiveSink {
+    void all_reduce(const CollectiveBucket& b, TimeNs) override { issued.push_back(b); }
+    std::vector<CollectiveBucket> issued;
+  } sink;
+  TimeNs now = 0;
+  auto complete = [&]() {
+    std::vector<CollectiveBucket> done;
+    done.swap(sink.issued);
+    for (const CollectiveBucket& b : done) pol.on_collective_done(b, now, sink);
+  };
+  for (int it = 0; it < 6; ++it) {
+    complete();
+    ASSERT_TRUE(pol.backward_ready());
+    pol.on_iteration_start(it, now, sink);
+    for (int l = 7; l >= 0; --l) pol.on_gradient_ready(l, now + (8 - l) * 5000, sink);
+    now += 40'000;
+    complete();
+    ASSERT_TRUE(pol.forward_ready(0));
+    pol.on_forward_start(0, now, sink);
+    now += 30'000;
+  }
+  complete();
+  struct Want {
+    int c, old_, new_, cq;
+    bool fq;
+  };
+  const std::vector<Want> want = {
+      {4, 0, 3, 5, false}, {1, 3, 0, 2, false},  // it 0
+      {3, 2, 1, 7, false}, {1, 3, 0, 4, false},  // it 1
+      {3, 4, 0, 8, false}, {1, 3, 0, 5, false},  // it 2
+      {2, 4, 0, 1, true},  {1, 1, 0, 0, true},   // it 3
+      {4, 0, 3, 5, false}, {1, 3, 0, 2, false},  // it 4
+      {3, 2, 1, 7, false}, {1, 3, 0, 4, false},  // it 5
+  };
+  ASSERT_EQ(pol.stages().size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const DeftStage& s = pol.stages()[i];
+    EXPECT_EQ(s.forward, i % 2 == 1) << i;
+    EXPECT_EQ(s.which_case, want[i].c) << "stage " << i;
+    EXPECT_EQ(s.issued_old, want[i].old_) << "stage " << i;
+    EXPECT_EQ(s.issued_new, want[i].new_) << "stage " << i;
+    EXPECT_EQ(s.current_after, want[i].cq) << "stage " << i;
+    EXPECT_EQ(s.future_after, want[i].fq) << "stage " << i;
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  for (const DeftUpdate& u : pol.updates()) ranges.emplace_back(u.first, u.last);
+  EXPECT_EQ(ranges, (std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 0}, {1, 1}, {2, 2}, {3, 4}}));
+  EXPECT_EQ(pol.updates()[3].time, 5 * 70'000 + 40'000);  // end of the 6th backward stage
+}
+
+ClusterConfig ar(int n, Rate bw, TimeNs latency) {
+  ClusterConfig c;
+  c.architecture = Architecture::kAllReduce;
+  c.workers = n;
+  c.bandwidth = bw;
+  c.latency = latency;
+  return c;
+}
+
+// The exactly-once property across iterations: with communication far beyond the
+// computation (so that buckets are delayed and iterations merged), one or two links, every
+// byte of every iteration is reduced exactly once (the engine's verify_bytes), and DeFT's
+// iteration is never below the compute-only bound.
+TEST(DeftProperty, EveryBucketOfEveryIterationReducedExactlyOnce) {
+  Rng rng(2024);
+  int merged_runs = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    Profile p = testing::random_profile(rng, 10, 300'000, 2 * kNsPerMs);
+    ClusterConfig c = ar(static_cast<int>(rng.uniform_int(2, 16)), Rate::mbps(rng.uniform(50, 5000)),
+                         rng.uniform_int(0, 50'000));
+    if (trial % 2) c.second_link_slowdown = rng.uniform(1.0, 2.5);
+    PolicyOptions o;
+    o.deft_partition_size = rng.uniform_int(50'000, 1'000'000);
+    o.deft_max_retries = static_cast<int>(rng.uniform_int(0, 3));
+    o.deft_exact_max_items = static_cast<int>(rng.uniform_int(0, 10));
+    SimOptions so;
+    so.iterations = 8;
+    so.verify_bytes = true;
+    auto r = simulate(p, "deft", o, c, so);
+    ASSERT_TRUE(r.is_ok()) << trial << ": " << r.status().to_string();
+    auto oracle = simulate(p, "oracle", o, c, so);
+    EXPECT_GE(r->iteration_time, oracle->iteration_time);
+    for (const std::string& n : r->notes) {
+      if (n.find("2B") != std::string::npos && n.find("effective batch") != std::string::npos) ++merged_runs;
+    }
+  }
+  EXPECT_GT(merged_runs, 0);  // the merging path was exercised
+}
+
+TEST(DeftPreserver, RaisesCapacityUntilTheRatioPasses) {
+  Profile p;
+  p.name = "slow";
+  p.batch_size = 32;
+  for (int l = 0; l < 6; ++l) p.layers.push_back(layer("l" + std::to_string(l), 1'000'000, 2'000'000, 4'000'000));
+  TensorLayout lay(p);
+  AllReduceContext ctx;
+  ctx.profile = &p;
+  ctx.layout = &lay;
+  ctx.workers = 8;
+  ctx.links = {AllReduceCost{100'000, 4.0}};  // 24 MB at 4 ns/B ~ 96 ms vs 18 ms compute
+  PolicyOptions o;
+  o.deft_partition_size = 4'000'000;
+  auto strict = make_allreduce_policy("deft", o, ctx);
+  ASSERT_TRUE(strict.is_ok());
+  const auto* d = dynamic_cast<const DeftPolicy*>(strict->get());
+  ASSERT_NE(d, nullptr);
+  const std::string report = (*strict)->report().back();
+  EXPECT_NE(report.find("retries"), std::string::npos) << report;
+  EXPECT_EQ(report.find("after 0 retries"), std::string::npos) << report;
+  o.deft_epsilon = 0.9;  // anything passes
+  auto lax = make_allreduce_policy("deft", o, ctx);
+  ASSERT_TRUE(lax.is_ok());
+  EXPECT_NE((*lax)->report().back().find("after 0 retries"), std::string::npos);
+  o.deft_epsilon = 0.01;
+  o.deft_max_retries = 0;
+  auto none = make_allreduce_policy("deft", o, ctx);
+  EXPECT_NE((*none)->report().back().find("capacity x1.000"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qs

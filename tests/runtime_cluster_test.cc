@@ -1,0 +1,217 @@
+// The runtime end to end, in one process over loopback: N workers and M servers as
+// threads, several iterations of each PS policy, every pulled sum checked exactly; hello
+// mismatches refused; a worker that dies makes every other node fail fast.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <thread>
+
+#include "quicksilver/core/check.h"
+#include "quicksilver/runtime/runtime.h"
+
+namespace qs::runtime {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+LayerSpec layer(const std::string& name, TimeNs fwd, TimeNs bwd, std::vector<std::int64_t> elems) {
+  LayerSpec l;
+  l.name = name;
+  l.forward = fwd;
+  l.backward = bwd;
+  for (std::size_t i = 0; i < elems.size(); ++i) {
+    l.tensors.push_back(TensorSpec{name + "." + std::to_string(i), elems[i], 4});
+  }
+  return l;
+}
+
+// Five layers; the large ones exceed split_threshold (split over all servers), the small
+// ones go whole to one server; odd element counts exercise uneven splits and short packets.
+Profile small_profile() {
+  Profile p;
+  p.name = "runtime-small";
+  p.batch_size = 4;
+  p.layers = {layer("conv1", 200'000, 300'000, {1729, 64}),
+              layer("conv2", 300'000, 500'000, {36'865}),
+              layer("conv3", 300'000, 500'000, {73'731, 128}),
+              layer("fc1", 200'000, 400'000, {262'147}),
+              layer("fc2", 100'000, 200'000, {10'001, 10})};
+  return p;
+}
+
+JobOptions small_job(const std::string& policy, int workers, int servers) {
+  JobOptions job;
+  job.profile = small_profile();
+  job.policy = policy;
+  job.workers = workers;
+  job.servers = servers;
+  job.iterations = 4;
+  job.policy_options.packet_size = 16 * kKiB;     // mercury: multi-packet tensors
+  job.policy_options.partition_size = 64 * kKiB;  // bytescheduler: multi-partition
+  job.policy_options.credit_size = 192 * kKiB;
+  job.policy_options.slice_size = 32 * kKiB;      // p3
+  job.policy_options.startup_time = 50 * kNsPerUs;
+  job.policy_options.split_threshold = 64 * kKiB;
+  job.connect_timeout = 10 * kNsPerSec;
+  job.peer_timeout = 5 * kNsPerSec;
+  return job;
+}
+
+struct ClusterRun {
+  std::vector<Result<WorkerReport>> workers;
+  std::vector<Status> servers;
+  double seconds = 0;
+};
+
+// Runs M servers and N workers as threads. `tweak` may change one worker's options. Every
+// node is stopped if the whole run exceeds `limit`, so a bug shows as a failure, not a hang.
+ClusterRun run_cluster(const JobOptions& job,
+                       const std::function<void(WorkerOptions&)>& tweak = nullptr,
+                       std::chrono::seconds limit = std::chrono::seconds(30)) {
+  ClusterRun out;
+  std::vector<std::unique_ptr<Server>> servers;
+  std::vector<Endpoint> endpoints;
+  for (int s = 0; s < job.servers; ++s) {
+    ServerOptions so;
+    so.job = job;
+    so.server_id = s;
+    auto srv = Server::create(so);
+    QS_CHECK_MSG(srv.is_ok(), srv.status().to_string());
+    endpoints.push_back(Endpoint{"127.0.0.1", (*srv)->port()});
+    servers.push_back(std::move(*srv));
+  }
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (int w = 0; w < job.workers; ++w) {
+    WorkerOptions wo;
+    wo.job = job;
+    wo.worker_id = w;
+    wo.servers = endpoints;
+    if (tweak) tweak(wo);
+    auto wk = Worker::create(wo);
+    QS_CHECK_MSG(wk.is_ok(), wk.status().to_string());
+    workers.push_back(std::move(*wk));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::future<Status>> sf;
+  for (auto& s : servers) sf.push_back(std::async(std::launch::async, [&s] { return s->run(); }));
+  std::vector<std::future<Result<WorkerReport>>> wf;
+  for (auto& w : workers) wf.push_back(std::async(std::launch::async, [&w] { return w->run(); }));
+  const auto deadline = t0 + limit;
+  auto wait = [&](auto& f) {
+    if (f.wait_until(deadline) != std::future_status::ready) {
+      for (auto& s : servers) s->request_stop("test time limit");
+      for (auto& w : workers) w->request_stop("test time limit");
+    }
+  };
+  for (auto& f : wf) wait(f);
+  for (auto& f : sf) wait(f);
+  for (auto& f : wf) out.workers.push_back(f.get());
+  for (auto& f : sf) out.servers.push_back(f.get());
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+class EveryPolicy : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(EveryPolicy, RunsSeveralIterationsWithExactSums) {
+  const auto& [policy, workers] = GetParam();
+  const JobOptions job = small_job(policy, workers, 2);
+  ClusterRun r = run_cluster(job);
+  for (const Status& s : r.servers) EXPECT_TRUE(s.is_ok()) << s.to_string();
+  for (const auto& w : r.workers) {
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    EXPECT_EQ(w->iterations_verified, job.iterations);
+    EXPECT_EQ(static_cast<int>(w->iteration_times.size()), job.iterations);
+    EXPECT_EQ(w->bytes_pushed_per_iteration, job.profile.total_bytes());
+    EXPECT_EQ(w->congestion_control, "cubic");
+    // Never faster than the compute it emulates.
+    EXPECT_GE(w->median_iteration, job.profile.compute_time());
+  }
+  std::printf("[ metric ] %s N=%d M=2: %s (%.2f s wall)\n", policy.c_str(), workers,
+              r.workers[0]->to_string().c_str(), r.seconds);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Runtime, EveryPolicy,
+    ::testing::Values(std::make_tuple("mercury", 2), std::make_tuple("mercury", 4),
+                      std::make_tuple("mercury-nopreempt", 3), std::make_tuple("wfbp", 3),
+                      std::make_tuple("tictac", 3), std::make_tuple("p3", 3),
+                      std::make_tuple("bytescheduler", 4)),
+    [](const auto& info) {
+      std::string n = std::get<0>(info.param) + "_N" + std::to_string(std::get<1>(info.param));
+      for (char& c : n) {
+        if (c == '-') c = '_';
+      }
+      return n;
+    });
+
+TEST(Runtime, MismatchedConfigurationIsRefusedClearly) {
+  JobOptions job = small_job("mercury", 2, 1);
+  job.connect_timeout = 2 * kNsPerSec;
+  ClusterRun r = run_cluster(job, [](WorkerOptions& w) {
+    if (w.worker_id == 1) w.job.policy_options.packet_size = 8 * kKiB;
+  });
+  ASSERT_FALSE(r.workers[1].is_ok());
+  EXPECT_THAT(r.workers[1].status().message(), HasSubstr("policy configuration differs"));
+  EXPECT_FALSE(r.servers[0].is_ok());  // worker 1 never joined
+  EXPECT_THAT(r.servers[0].message(), HasSubstr("did not connect"));
+  EXPECT_LT(r.seconds, 10.0);
+}
+
+TEST(Runtime, WorkerThatDiesMakesEveryoneFailFast) {
+  JobOptions job = small_job("mercury", 3, 2);
+  job.iterations = 6;
+  ClusterRun r = run_cluster(job, [](WorkerOptions& w) {
+    if (w.worker_id == 1) w.die_at_iteration = 2;
+  });
+  ASSERT_FALSE(r.workers[1].is_ok());
+  EXPECT_THAT(r.workers[1].status().message(), HasSubstr("died at iteration 2"));
+  for (int w : {0, 2}) {
+    ASSERT_FALSE(r.workers[static_cast<std::size_t>(w)].is_ok());
+    EXPECT_EQ(r.workers[static_cast<std::size_t>(w)].status().code(), StatusCode::kUnavailable);
+    std::printf("[ detail ] worker %d: %s\n", w, r.workers[static_cast<std::size_t>(w)].status().to_string().c_str());
+  }
+  for (const Status& s : r.servers) {
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_THAT(s.message(), HasSubstr("lost worker 1"));
+  }
+  // Detected from the closed sockets, well before the 5 s peer timeout.
+  EXPECT_LT(r.seconds, 4.0);
+}
+
+TEST(Runtime, SilentServerIsDetectedByTimeout) {
+  // A listener that accepts but never answers hello: the worker gives up at its deadline.
+  auto l = transport::listen_tcp("127.0.0.1", 0);
+  ASSERT_TRUE(l.is_ok());
+  auto port = transport::local_port(l->get());
+  ASSERT_TRUE(port.is_ok());
+  WorkerOptions wo;
+  wo.job = small_job("mercury", 1, 1);
+  wo.job.connect_timeout = 500 * kNsPerMs;
+  wo.servers = {Endpoint{"127.0.0.1", *port}};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run_worker(wo);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("answered hello"));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
+}
+
+// Mercury's preemption in the runtime: a big last layer (its backward ends first) floods
+// the sending buffer; layer 1's packets, queued later, must not wait behind all of it.
+TEST(Runtime, UrgentLayerQueueingDelayStaysSmall) {
+  JobOptions job = small_job("mercury", 2, 2);
+  job.profile.layers.back().tensors[0].elements = 4 * 1024 * 1024;  // 16 MiB last layer
+  job.iterations = 3;
+  ClusterRun r = run_cluster(job, [](WorkerOptions& w) { w.compute_factor = 0.2; });
+  for (const auto& w : r.workers) ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  const WorkerReport& rep = *r.workers[0];
+  std::printf("[ metric ] mercury, 16 MiB last layer: %s\n", rep.to_string().c_str());
+  EXPECT_LE(rep.urgent_delay_p50, rep.queue_delay_max);
+}
+
+}  // namespace
+}  // namespace qs::runtime

@@ -1,0 +1,420 @@
+// Connections over loopback: garbage, bad and truncated streams close with a clear error
+// and write nothing; frames round-trip; the one Sender keeps priority order on the wire.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "quicksilver/core/rng.h"
+#include "quicksilver/transport/connection.h"
+#include "quicksilver/transport/sender.h"
+#include "quicksilver/transport/socket.h"
+
+namespace qs::transport {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr TimeNs kTestDeadline = 10 * kNsPerSec;
+
+// A connected loopback pair: `a` configured non-blocking, `b` blocking (a raw peer).
+struct Pair {
+  Fd a, b;
+};
+Pair make_pair(const SocketOptions& opts = {}) {
+  auto l = listen_tcp("127.0.0.1", 0);
+  QS_CHECK(l.is_ok());
+  auto port = local_port(l->get());
+  QS_CHECK(port.is_ok());
+  auto c = connect_tcp("127.0.0.1", *port, SteadyClock::instance().now() + kTestDeadline);
+  QS_CHECK(c.is_ok());
+  Fd acc;
+  for (int i = 0; i < 1000 && !acc.valid(); ++i) {
+    auto a = accept_tcp(l->get());
+    QS_CHECK(a.is_ok());
+    acc = std::move(*a);
+    if (!acc.valid()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  QS_CHECK(acc.valid());
+  Status s = configure_socket(acc.get(), opts);
+  QS_CHECK_MSG(s.is_ok(), s.to_string());
+  return Pair{std::move(acc), std::move(*c)};
+}
+
+// Receives push frames for one 4 KiB tensor straight into `memory` (after validation).
+class Receiver : public FrameHandler {
+ public:
+  Receiver() : memory(8192, std::byte{0x5a}) {
+    rules.kind = FrameKind::kPush;
+    rules.tensor_bytes = {4096};
+    rules.element_size = {4};
+    rules.max_length = 4096;
+    rules.min_iteration = 0;
+    rules.max_iteration = 0;
+    rules.expected_sender = 0;
+    rules.num_priorities = 1;
+  }
+  Result<PayloadTarget> on_header(Connection&, const Header& h) override {
+    QS_RETURN_IF_ERROR(validate_data_header(h, rules));
+    return PayloadTarget::to(memory.data() + h.offset);
+  }
+  Status on_frame(Connection&, const Header& h) override {
+    frames.push_back(h);
+    return Status::ok();
+  }
+  void on_closed(Connection&, const Status& why) override { closed = why; done = true; }
+
+  DataRules rules;
+  std::vector<std::byte> memory;  // 4 KiB tensor + 4 KiB guard, all 0x5a
+  std::vector<Header> frames;
+  Status closed;
+  bool done = false;
+};
+
+bool untouched(const std::vector<std::byte>& m) {
+  for (std::byte b : m) {
+    if (b != std::byte{0x5a}) return false;
+  }
+  return true;
+}
+
+// Runs the loop until the receiver's connection closed, failing on a deadline.
+Status run_until_closed(EventLoop& loop, Receiver& r) {
+  loop.schedule_after(kTestDeadline, [&] { loop.fail(unavailable("test deadline")); });
+  return loop.run([&] { return r.done; });
+}
+
+void write_all(int fd, const void* p, std::size_t n) {
+  ASSERT_EQ(::send(fd, p, n, MSG_NOSIGNAL), static_cast<ssize_t>(n));
+}
+
+std::vector<std::byte> read_error_frame(int fd) {
+  std::vector<std::byte> buf(kHeaderSize + kMaxErrorText);
+  std::size_t have = 0;
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  for (;;) {
+    ssize_t r = ::recv(fd, buf.data() + have, buf.size() - have, 0);
+    if (r <= 0) break;
+    have += static_cast<std::size_t>(r);
+  }
+  buf.resize(have);
+  return buf;
+}
+
+TEST(Connection, GarbageStreamClosesWithMagicErrorAndWritesNothing) {
+  auto loop = EventLoop::create();
+  ASSERT_TRUE(loop.is_ok());
+  Pair p = make_pair();
+  Receiver r;
+  Connection c(**loop, std::move(p.a), r, "peer 0", 0);
+  ASSERT_TRUE(c.start().is_ok());
+  Rng rng(7);
+  std::vector<unsigned char> junk(100000);
+  for (auto& x : junk) x = static_cast<unsigned char>(rng.uniform_int(0, 255));
+  junk[0] = 0x51;  // not 0xC?
+  write_all(p.b.get(), junk.data(), junk.size());
+  ASSERT_TRUE(run_until_closed(**loop, r).is_ok());
+  EXPECT_EQ(r.closed.code(), StatusCode::kProtocolError);
+  EXPECT_THAT(r.closed.message(), HasSubstr("field 'magic'"));
+  EXPECT_TRUE(r.frames.empty());
+  EXPECT_TRUE(untouched(r.memory));
+  // The peer is told why before the connection closes.
+  std::vector<std::byte> back = read_error_frame(p.b.get());
+  ASSERT_GE(back.size(), kHeaderSize);
+  auto h = decode_header(back.data());
+  ASSERT_TRUE(h.is_ok());
+  EXPECT_EQ(h->kind, FrameKind::kError);
+  std::string text(reinterpret_cast<const char*>(back.data() + kHeaderSize), back.size() - kHeaderSize);
+  EXPECT_THAT(text, HasSubstr("field 'magic'"));
+}
+
+TEST(Connection, EveryBadFieldClosesBeforeAnyPayloadByteIsWritten) {
+  struct Case {
+    const char* field;
+    Header h;
+  };
+  auto base = [] {
+    Header h;
+    h.kind = FrameKind::kPush;
+    h.length = 1024;
+    return h;
+  };
+  std::vector<Case> cases;
+  {
+    Header h = base(); h.tensor = 1; cases.push_back({"tensor", h});
+    h = base(); h.offset = 3584; cases.push_back({"length", h});  // 3584 + 1024 > 4096
+    h = base(); h.offset = 8192; cases.push_back({"offset", h});
+    h = base(); h.offset = 2; cases.push_back({"offset", h});
+    h = base(); h.iteration = 1; cases.push_back({"iteration", h});
+    h = base(); h.sender = 3; cases.push_back({"sender", h});
+    h = base(); h.kind = FrameKind::kPull; cases.push_back({"kind", h});
+    h = base(); h.priority = 1; cases.push_back({"priority", h});
+    h = base(); h.length = 8192; cases.push_back({"length", h});
+  }
+  for (const Case& k : cases) {
+    auto loop = EventLoop::create();
+    ASSERT_TRUE(loop.is_ok());
+    Pair p = make_pair();
+    Receiver r;
+    Connection c(**loop, std::move(p.a), r, "peer 0", 0);
+    ASSERT_TRUE(c.start().is_ok());
+    const HeaderBytes hb = encode_header(k.h);
+    std::vector<unsigned char> payload(k.h.length, 0xEE);
+    write_all(p.b.get(), hb.data(), hb.size());
+    write_all(p.b.get(), payload.data(), payload.size());
+    ASSERT_TRUE(run_until_closed(**loop, r).is_ok());
+    EXPECT_EQ(r.closed.code(), StatusCode::kProtocolError) << k.field;
+    EXPECT_THAT(r.closed.message(), HasSubstr(std::string("field '") + k.field + "'"));
+    EXPECT_TRUE(untouched(r.memory)) << k.field;
+    EXPECT_TRUE(r.frames.empty());
+  }
+}
+
+TEST(Connection, TruncatedHeaderOrPayloadClosesWithClearError) {
+  for (int cut : {10, 24 + 100}) {
+    auto loop = EventLoop::create();
+    ASSERT_TRUE(loop.is_ok());
+    Pair p = make_pair();
+    Receiver r;
+    Connection c(**loop, std::move(p.a), r, "peer 0", 0);
+    ASSERT_TRUE(c.start().is_ok());
+    Header h;
+    h.kind = FrameKind::kPush;
+    h.offset = 2048;
+    h.length = 1024;
+    const HeaderBytes hb = encode_header(h);
+    std::vector<unsigned char> frame(hb.size() + h.length, 0xEE);
+    std::memcpy(frame.data(), hb.data(), hb.size());
+    write_all(p.b.get(), frame.data(), static_cast<std::size_t>(cut));
+    p.b.reset();  // the peer dies mid-frame
+    ASSERT_TRUE(run_until_closed(**loop, r).is_ok());
+    EXPECT_EQ(r.closed.code(), StatusCode::kUnavailable);
+    EXPECT_THAT(r.closed.message(), HasSubstr("mid-frame"));
+    EXPECT_TRUE(r.frames.empty());
+    // Nothing outside the validated range [2048, 3072) changed.
+    for (std::size_t i = 0; i < r.memory.size(); ++i) {
+      if (i < 2048 || i >= 3072) {
+        ASSERT_EQ(r.memory[i], std::byte{0x5a}) << i;
+      }
+    }
+  }
+}
+
+TEST(Connection, PeerThatSaysNothingDoesNotHang) {
+  auto loop = EventLoop::create();
+  ASSERT_TRUE(loop.is_ok());
+  Pair p = make_pair();
+  Receiver r;
+  Connection c(**loop, std::move(p.a), r, "peer 0", 0);
+  ASSERT_TRUE(c.start().is_ok());
+  (*loop)->schedule_after(200 * kNsPerMs, [&] { (*loop)->fail(unavailable("no frame from peer 0 within 200ms")); });
+  const TimeNs t0 = SteadyClock::instance().now();
+  Status s = (*loop)->run([&] { return r.done; });
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_LT(SteadyClock::instance().now() - t0, 2 * kNsPerSec);
+}
+
+TEST(Connection, FramesRoundTripWithPartialWrites) {
+  // Sender and receiver on one loop; 1000 frames of up to 4 KiB through a small buffer.
+  auto loop = EventLoop::create();
+  ASSERT_TRUE(loop.is_ok());
+  SocketOptions small;
+  small.send_buffer = 4096;
+  small.notsent_lowat = 4096;
+  Pair p = make_pair(small);
+  ASSERT_TRUE(configure_socket(p.b.get(), small).is_ok());
+  Receiver r;
+  Connection rx(**loop, std::move(p.a), r, "rx", 0);
+  struct Quiet : FrameHandler {
+    Sender* s = nullptr;
+    Result<PayloadTarget> on_header(Connection&, const Header&) override { return PayloadTarget::buffer(); }
+    Status on_frame(Connection&, const Header&) override { return Status::ok(); }
+    void on_writable(Connection& c) override { (void)s->on_writable(c.index()); }
+    void on_closed(Connection&, const Status&) override {}
+  } q;
+  Connection tx(**loop, std::move(p.b), q, "tx", 0);
+  ASSERT_TRUE(rx.start().is_ok());
+  ASSERT_TRUE(tx.start().is_ok());
+  Sender sender(SendOrder::kFifo, 1, **loop);
+  q.s = &sender;
+  sender.set_connections({&tx});
+  std::vector<std::byte> src(4096);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7);
+  const int kFrames = 1000;
+  for (int i = 0; i < kFrames; ++i) {
+    Header h;
+    h.kind = FrameKind::kPush;
+    h.offset = static_cast<std::uint64_t>((i % 8) * 512);
+    h.length = 512;
+    sender.enqueue(0, h, src.data() + h.offset, static_cast<std::uint64_t>(i));
+  }
+  ASSERT_TRUE(sender.pump().is_ok());
+  (*loop)->schedule_after(kTestDeadline, [&] { (*loop)->fail(unavailable("test deadline")); });
+  ASSERT_TRUE((*loop)->run([&] { return r.frames.size() == kFrames; }).is_ok());
+  EXPECT_TRUE(sender.idle());
+  EXPECT_EQ(std::memcmp(r.memory.data(), src.data(), 4096), 0);
+  EXPECT_EQ(sender.units_sent(), static_cast<std::uint64_t>(kFrames));
+}
+
+// Mercury IV-C on the wire: 64 MiB of low-priority packets are queued; once the receiver is
+// busy draining them, one high-priority packet is queued. It must overtake almost all of
+// the bulk (it waits only for bytes already committed to the kernel).
+TEST(Sender, UrgentPacketOvertakesQueuedBulkOnTheWire) {
+  constexpr std::size_t kPacket = 32 * 1024;
+  constexpr int kBulk = 2048;  // 64 MiB
+  SocketOptions opts;          // the defaults: cubic, NOTSENT_LOWAT 128 KiB, SNDBUF 4 MiB
+  Pair p = make_pair(opts);
+  std::atomic<int> received{0};
+  std::atomic<int> urgent_at{-1};
+  std::atomic<bool> rx_failed{false};
+  std::thread rx_thread([&, fd = std::move(p.b)]() mutable {
+    // The raw receiver: reads frames, records where the urgent one arrived.
+    std::vector<std::byte> buf(kHeaderSize + kPacket);
+    auto read_n = [&](std::size_t n) {
+      std::size_t have = 0;
+      while (have < n) {
+        ssize_t r = ::recv(fd.get(), buf.data() + have, n - have, 0);
+        if (r <= 0) return false;
+        have += static_cast<std::size_t>(r);
+      }
+      return true;
+    };
+    timeval tv{10, 0};
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    for (int i = 0; i < kBulk + 1; ++i) {
+      if (!read_n(kHeaderSize)) { rx_failed = true; return; }
+      auto h = decode_header(buf.data());
+      if (!h.is_ok() || !read_n(h->length)) { rx_failed = true; return; }
+      if (h->priority == 0) urgent_at = i;
+      received.fetch_add(1, std::memory_order_release);
+    }
+  });
+  auto loop = EventLoop::create();
+  ASSERT_TRUE(loop.is_ok());
+  struct Quiet : FrameHandler {
+    Sender* s = nullptr;
+    Result<PayloadTarget> on_header(Connection&, const Header&) override { return PayloadTarget::buffer(); }
+    Status on_frame(Connection&, const Header&) override { return Status::ok(); }
+    void on_writable(Connection& c) override { (void)s->on_writable(c.index()); }
+    void on_closed(Connection&, const Status&) override {}
+  } q;
+  Connection tx(**loop, std::move(p.a), q, "tx", 0);
+  ASSERT_TRUE(tx.start().is_ok());
+  Sender sender(SendOrder::kPriority, 8, **loop);
+  q.s = &sender;
+  sender.set_connections({&tx});
+  std::vector<std::byte> bulk(kPacket * kBulk, std::byte{1});
+  const TimeNs t0 = (*loop)->now();
+  for (int i = 0; i < kBulk; ++i) {
+    Header h;
+    h.kind = FrameKind::kPush;
+    h.tensor = 1;
+    h.offset = static_cast<std::uint64_t>(i) * kPacket;
+    h.length = kPacket;
+    h.priority = 5;
+    sender.enqueue(0, h, bulk.data() + h.offset, static_cast<std::uint64_t>(i));
+  }
+  ASSERT_TRUE(sender.pump().is_ok());
+  int received_at_enqueue = -1;
+  std::function<void()> poll = [&] {
+    if (received.load(std::memory_order_acquire) >= 64) {
+      received_at_enqueue = received.load();
+      Header h;
+      h.kind = FrameKind::kPush;
+      h.tensor = 0;
+      h.length = kPacket;
+      h.priority = 0;
+      sender.enqueue(0, h, bulk.data(), 999999);
+      (void)sender.pump();
+      return;
+    }
+    (*loop)->schedule_after(20 * kNsPerUs, poll);
+  };
+  (*loop)->schedule_after(0, poll);
+  (*loop)->schedule_after(kTestDeadline, [&] { (*loop)->fail(unavailable("test deadline")); });
+  Status s = (*loop)->run([&] { return received_at_enqueue >= 0 && sender.idle(); });
+  const TimeNs t_sent = (*loop)->now() - t0;
+  rx_thread.join();
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  ASSERT_FALSE(rx_failed.load());
+  TimeNs urgent_delay = -1;
+  std::vector<TimeNs> bulk_delays;
+  for (const QueueSample& q2 : sender.take_samples()) {
+    if (q2.priority == 0) urgent_delay = q2.delay;
+    else bulk_delays.push_back(q2.delay);
+  }
+  const int at = urgent_at.load();
+  const double gbps = 8.0 * static_cast<double>(kPacket) * kBulk / static_cast<double>(t_sent);
+  std::printf("[ metric ] urgent packet queued after %d of %d bulk packets had arrived; arrived as "
+              "packet %d (%d bulk packets = %.1f MiB ahead of it); its queueing delay %.1f us; "
+              "bulk median queueing delay %.1f ms; loopback %.1f Gbit/s (cubic, NOTSENT_LOWAT "
+              "128KiB, SNDBUF 4MiB)\n",
+              received_at_enqueue, kBulk, at, at, at * 32.0 / 1024.0, to_us(urgent_delay),
+              to_ms(percentile(bulk_delays, 50)), gbps);
+  ASSERT_GE(at, 0);
+  EXPECT_LT(at, kBulk / 4) << "the urgent packet did not overtake the bulk";
+  // It waits only for what the kernel already held: at most ~16 MiB of socket buffers.
+  EXPECT_LT(at - received_at_enqueue, 512);
+  EXPECT_GE(urgent_delay, 0);
+}
+
+TEST(Sender, FifoOrderIgnoresPriority) {
+  auto loop = EventLoop::create();
+  ASSERT_TRUE(loop.is_ok());
+  Pair p = make_pair();
+  ASSERT_TRUE(configure_socket(p.b.get(), SocketOptions{}).is_ok());
+  struct Rec : FrameHandler {
+    std::vector<std::uint32_t> order;
+    Result<PayloadTarget> on_header(Connection&, const Header&) override { return PayloadTarget::stream(); }
+    Status on_payload(Connection&, const Header&, std::uint64_t, const std::byte*, std::size_t) override {
+      return Status::ok();
+    }
+    Status on_frame(Connection&, const Header& h) override {
+      order.push_back(h.tensor);
+      return Status::ok();
+    }
+    void on_closed(Connection&, const Status&) override {}
+  } rec;
+  struct Quiet : FrameHandler {
+    Sender* s = nullptr;
+    Result<PayloadTarget> on_header(Connection&, const Header&) override { return PayloadTarget::buffer(); }
+    Status on_frame(Connection&, const Header&) override { return Status::ok(); }
+    void on_writable(Connection& c) override { (void)s->on_writable(c.index()); }
+    void on_closed(Connection&, const Status&) override {}
+  } q;
+  Connection rx(**loop, std::move(p.a), rec, "rx", 0);
+  Connection tx(**loop, std::move(p.b), q, "tx", 0);
+  ASSERT_TRUE(rx.start().is_ok());
+  ASSERT_TRUE(tx.start().is_ok());
+  for (SendOrder order : {SendOrder::kFifo, SendOrder::kPriority}) {
+    rec.order.clear();
+    Sender sender(order, 4, **loop);
+    q.s = &sender;
+    sender.set_connections({&tx});
+    std::vector<std::byte> data(64);
+    // Not pumped until all are queued, so the order is decided by the discipline alone.
+    for (std::uint32_t t : {3u, 1u, 2u, 0u}) {
+      Header h;
+      h.kind = FrameKind::kPush;
+      h.tensor = t;
+      h.length = 64;
+      h.priority = static_cast<std::uint16_t>(t);
+      sender.enqueue(0, h, data.data(), t);
+    }
+    ASSERT_TRUE(sender.pump().is_ok());
+    (*loop)->schedule_after(kTestDeadline, [&] { (*loop)->fail(unavailable("test deadline")); });
+    ASSERT_TRUE((*loop)->run([&] { return rec.order.size() == 4; }).is_ok());
+    if (order == SendOrder::kFifo) {
+      EXPECT_EQ(rec.order, (std::vector<std::uint32_t>{3, 1, 2, 0}));
+    } else {
+      EXPECT_EQ(rec.order, (std::vector<std::uint32_t>{0, 1, 2, 3}));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qs::transport
