@@ -322,23 +322,25 @@ TEST(ProphetOptions, RejectsZeroPartitionSize) {
 // ---- End to end ----
 
 TEST(ProphetSim, ResNet50EveryByteOnceOnManyServers) {
-  auto p = load_model("resnet50");
+  // The paper's regime (section 5: ResNet-50, batch 64, a slow GPU, 1 Gbps): backward
+  // steps long enough for blocks. Prophet beats ByteScheduler with its default knobs, as
+  // in the paper's Table 2 at low bandwidth.
+  auto p = load_model("resnet50", "k80", 64);
   ASSERT_TRUE(p.is_ok());
   ClusterConfig c;
   c.workers = 3;
   c.servers = 3;
-  c.bandwidth = Rate::gbps(2);
+  c.bandwidth = Rate::gbps(1);
   SimOptions s;
   s.iterations = 3;
   s.verify_bytes = true;
   auto r = simulate(*p, "prophet", {}, c, s);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r->bytes_pushed_per_iteration, p->total_bytes());
-  // Prophet never loses to the FIFO baseline here, and cannot beat the compute.
-  auto wfbp = simulate(*p, "wfbp", {}, c, s);
-  ASSERT_TRUE(wfbp.is_ok());
-  EXPECT_LE(r->iteration_time, wfbp->iteration_time);
   EXPECT_GE(r->iteration_time, r->compute_time);
+  auto bs = simulate(*p, "bytescheduler", {}, c, s);
+  ASSERT_TRUE(bs.is_ok());
+  EXPECT_LT(r->iteration_time, bs->iteration_time);
 }
 
 TEST(ProphetSim, RandomProfilesHeterogeneousWorkersAndVaryingBandwidth) {

@@ -29,6 +29,9 @@ struct SimFlags {
   std::string compute_factor;
   std::string reduction_rate, allreduce_a, allreduce_b, allreduce_fit;
   std::optional<double> deft_mu, deft_epsilon;
+  std::string ddp_bucket_size, ddp_first_bucket_size, deft_partition_size;
+  std::optional<int> deft_exact_items;
+  double second_link = 0;
   int iterations = 5;
   int warmup = 1;
   std::uint64_t seed = 1;

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <atomic>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -66,6 +67,7 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
   o.workers = job.cluster.workers;
   o.servers = job.cluster.servers;
   o.iterations = job.sim.iterations;
+  o.bandwidth = job.cluster.bandwidth;
   o.socket.congestion = f.congestion;
   auto ct = parse_time(f.connect_timeout);
   if (!ct) return ct.status().with_context("--connect-timeout");
@@ -384,6 +386,10 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
     std::vector<std::string> a = {"worker", "--worker-id", std::to_string(w), "--connect", connect, "--json"};
     a.insert(a.end(), base.begin(), base.end());
     const double factor = job.cluster.compute_factor.empty() ? 1.0 : job.cluster.compute_factor[static_cast<std::size_t>(w)];
+    if (f.kill_worker >= 0 && f.kill_worker == w) {
+      a.push_back("--die-at-iteration");
+      a.push_back(std::to_string(f.kill_at_iteration));
+    }
     a.push_back("--slowdown");
     a.push_back(std::to_string(factor));
     if (!cluster) {
@@ -399,6 +405,33 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
     }
     children.push_back(std::move(*c));
   }
+  // Dynamic scenarios: apply the bandwidth schedule to every host's shaper over time.
+  std::atomic<bool> stop_shaper{false};
+  std::thread shaper;
+  if (cluster && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
+    shaper = std::thread([&, t0 = std::chrono::steady_clock::now()] {
+      const auto& segs = job.cluster.schedule->segments();
+      for (std::size_t i = 1; i < segs.size() && !stop_shaper; ++i) {
+        const auto at = t0 + std::chrono::nanoseconds(segs[i].start);
+        while (std::chrono::steady_clock::now() < at && !stop_shaper) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        if (stop_shaper) break;
+        for (int h = 0; h < cluster->hosts(); ++h) {
+          Status st = cluster->set_rate(h, segs[i].rate);
+          if (!st.is_ok()) std::cerr << "quicksilver run: changing the rate: " << st.message() << "\n";
+        }
+      }
+    });
+  }
+  struct JoinShaper {
+    std::atomic<bool>* stop;
+    std::thread* t;
+    ~JoinShaper() {
+      *stop = true;
+      if (t->joinable()) t->join();
+    }
+  } join_shaper{&stop_shaper, &shaper};
   // Wait for every process; the first failure stops the run. Once every worker has
   // finished, the servers get a short grace period to leave on their own.
   std::optional<std::chrono::steady_clock::time_point> workers_done;
@@ -491,6 +524,8 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
   app->add_option("--congestion", f->congestion, "TCP congestion control")->capture_default_str();
   app->add_option("--timeout", f->timeout, "Give up on a policy's run after this long")->capture_default_str();
   app->add_flag("--keep-going", f->keep_going, "Continue with the next policy when one fails");
+  app->add_option("--kill-worker", f->kill_worker, "Testing: this worker dies abruptly...")->group("");
+  app->add_option("--kill-at-iteration", f->kill_at_iteration, "...at this iteration")->group("");
 }
 
 int run_cluster(const RunFlags& f, const std::string& exe) {
@@ -506,6 +541,10 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   auto timeout = parse_time(f.timeout);
   if (!timeout) {
     std::cerr << "quicksilver: --timeout: " << timeout.status().message() << "\n";
+    return 2;
+  }
+  if (!f.netns && job->cluster.schedule && !job->cluster.schedule->is_constant()) {
+    std::cerr << "quicksilver run: --bandwidth-trace needs --netns (loopback has no shaper to change)\n";
     return 2;
   }
   if (f.scale < 0 || f.scale > 1) {

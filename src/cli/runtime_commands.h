@@ -29,6 +29,8 @@ struct RunFlags {
   std::string congestion = "cubic";
   std::string timeout = "300s";
   bool keep_going = false;
+  int kill_worker = -1;         // testing: this worker dies abruptly...
+  int kill_at_iteration = 1;    // ...at this iteration
 };
 
 void add_server_flags(CLI::App* app, RoleFlags* f);

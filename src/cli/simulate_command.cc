@@ -39,6 +39,13 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--allreduce-fit", f->allreduce_fit, "All-reduce: fit a and b to a file of 'SIZE TIME' lines");
   app->add_option("--deft-mu", f->deft_mu, "deft: speed ratio of the two links (default 1.65)");
   app->add_option("--deft-epsilon", f->deft_epsilon, "deft: Preserver epsilon (default 0.01)");
+  app->add_option("--deft-partition-size", f->deft_partition_size, "deft: bucket partition size (III-D; default 26MB)");
+  app->add_option("--deft-exact-items", f->deft_exact_items,
+                  "deft: solve knapsacks of at most this many buckets exactly (default 12)");
+  app->add_option("--ddp-bucket-size", f->ddp_bucket_size, "ddp: bucket cap (default 25MiB)");
+  app->add_option("--ddp-first-bucket-size", f->ddp_first_bucket_size, "ddp: first bucket cap (default 1MiB)");
+  app->add_option("--second-link", f->second_link,
+                  "all-reduce: add a second link this many times slower than the first (DeFT III-C; 0 = none)");
   app->add_option("--iterations", f->iterations, "Iterations to simulate (warm-up included)")->capture_default_str();
   app->add_option("--warmup", f->warmup, "Leading iterations left out of the median")->capture_default_str();
   app->add_option("--seed", f->seed, "Random seed")->capture_default_str();
@@ -151,6 +158,20 @@ Result<Job> make_job(const SimFlags& f) {
     if (!t) return t.status().with_context("--startup-time");
     po.startup_time = *t;
   }
+  QS_RETURN_IF_ERROR(size_flag(f.ddp_bucket_size, "--ddp-bucket-size", &po.ddp_bucket_size));
+  QS_RETURN_IF_ERROR(size_flag(f.ddp_first_bucket_size, "--ddp-first-bucket-size", &po.ddp_first_bucket_size));
+  QS_RETURN_IF_ERROR(size_flag(f.deft_partition_size, "--deft-partition-size", &po.deft_partition_size));
+  if (f.deft_exact_items) {
+    if (*f.deft_exact_items < 0 || *f.deft_exact_items > 30) {
+      return invalid_argument("--deft-exact-items must be in 0..30");
+    }
+    po.deft_exact_max_items = *f.deft_exact_items;
+  }
+  if (f.second_link != 0 && !(f.second_link >= 1 && f.second_link < 1e6)) {
+    return invalid_argument("--second-link must be 0 (none) or a slowdown >= 1");
+  }
+  job.cluster.second_link_slowdown = f.second_link;
+  QS_RETURN_IF_ERROR(job.cluster.validate());
   if (f.deft_mu) {
     if (!(*f.deft_mu > 0)) return invalid_argument("--deft-mu must be positive");
     po.deft_mu = *f.deft_mu;

@@ -25,7 +25,7 @@ struct JobLayout {
   TensorLayout layout;
   Placement placement;
   PsContext context(const JobOptions& job) const {
-    return PsContext{&job.profile, &layout, &placement, job.workers, job.servers, Rate::gbps(10), 0};
+    return PsContext{&job.profile, &layout, &placement, job.workers, job.servers, job.bandwidth, 0};
   }
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "quicksilver/core/check.h"
 
@@ -62,6 +63,11 @@ class Search {
   }
 
   const Point& best() const { return best_; }
+  std::vector<Point> all() const {
+    std::vector<Point> v;
+    for (const auto& [k, time] : memo_) v.push_back(Point{k.first, k.second, time});
+    return v;
+  }
   int simulations() const { return static_cast<int>(memo_.size()); }
 
  private:
@@ -85,8 +91,8 @@ Result<TuneResult> tune(const Profile& profile, const PolicyOptions& base,
   if (t.min_size < 4 || t.max_size < t.min_size) {
     return invalid_argument("tune: the size range must satisfy 4B <= min <= max");
   }
-  if (t.grid_points < 1 || t.credit_doublings < 0 || t.refine_rounds < 0) {
-    return invalid_argument("tune: grid points must be >= 1, credit doublings and refine rounds >= 0");
+  if (t.grid_points < 1 || t.credit_doublings < 0 || t.refine_rounds < 0 || t.starts < 0) {
+    return invalid_argument("tune: grid points must be >= 1; credit doublings, refine rounds and starts >= 0");
   }
   const bool p3 = t.policy == "p3";
   Search s(profile, base, cluster, sim, p3);
@@ -109,34 +115,42 @@ Result<TuneResult> tune(const Profile& profile, const PolicyOptions& base,
     }
   }
 
-  // Local refinement: pattern search in log space around the best point. Each round
-  // moves to the best of the four neighbours while that improves, then halves the step.
-  double part_step = log_step > 0 ? log_step / 2 : std::log(2.0) / 2;
-  double credit_step = std::log(2.0) / 2;
-  for (int round = 0; round < t.refine_rounds; ++round) {
-    for (int moves = 0; moves < 32; ++moves) {
-      const Point c = s.best();
-      const double lp = std::log(static_cast<double>(c.part));
-      const double lc = std::log(static_cast<double>(std::max<Bytes>(c.credit, 4)));
-      // Partitions stay inside [min, max]; credits inside [min, max * 2^doublings].
-      auto part_at = [&](double l) { return std::clamp(to_size(std::exp(l)), t.min_size, t.max_size); };
-      auto credit_at = [&](double l) {
-        return std::clamp(to_size(std::exp(l)), t.min_size, t.max_size << t.credit_doublings);
-      };
-      std::vector<std::pair<Bytes, Bytes>> around = {{part_at(lp + part_step), c.credit},
-                                                     {part_at(lp - part_step), c.credit}};
-      if (!p3) {
-        around.push_back({c.part, credit_at(lc + credit_step)});
-        around.push_back({c.part, credit_at(lc - credit_step)});
+  // Local refinement: a pattern search in log space from each of the best `starts` grid
+  // points (the landscape is rugged: several local optima a few percent apart). From the
+  // current point it moves to the best of its neighbours (both knobs, and diagonals) while
+  // that improves, then halves the step, refine_rounds times.
+  std::vector<Point> seeds = s.all();
+  std::sort(seeds.begin(), seeds.end(), better);
+  if (static_cast<int>(seeds.size()) > t.starts) seeds.resize(static_cast<std::size_t>(t.starts));
+  auto part_at = [&](double l) { return std::clamp(to_size(std::exp(l)), t.min_size, t.max_size); };
+  auto credit_at = [&](double l) {
+    return std::clamp(to_size(std::exp(l)), t.min_size, t.max_size << t.credit_doublings);
+  };
+  for (const Point& seed : seeds) {
+    Point cur = seed;
+    double part_step = log_step > 0 ? log_step / 2 : std::log(2.0) / 2;
+    double credit_step = std::log(2.0) / 2;
+    for (int round = 0; round < t.refine_rounds; ++round) {
+      for (int moves = 0; moves < 32; ++moves) {
+        const double lp = std::log(static_cast<double>(cur.part));
+        const double lc = std::log(static_cast<double>(std::max<Bytes>(cur.credit, 4)));
+        Point next = cur;
+        for (int dp = -1; dp <= 1; ++dp) {
+          for (int dc = -1; dc <= 1; ++dc) {
+            if ((dp == 0 && dc == 0) || (p3 && dc != 0)) continue;
+            const Bytes part = dp == 0 ? cur.part : part_at(lp + dp * part_step);
+            const Bytes credit = dc == 0 ? cur.credit : credit_at(lc + dc * credit_step);
+            auto r = s.eval(part, credit);
+            if (!r) return r.status();
+            if (better(*r, next)) next = *r;
+          }
+        }
+        if (next.part == cur.part && next.credit == cur.credit) break;  // local optimum
+        cur = next;
       }
-      for (const auto& [part, credit] : around) {
-        auto r = s.eval(part, credit);
-        if (!r) return r.status();
-      }
-      if (s.best().part == c.part && s.best().credit == c.credit) break;  // local optimum
+      part_step /= 2;
+      credit_step /= 2;
     }
-    part_step /= 2;
-    credit_step /= 2;
   }
 
   const Point& b = s.best();

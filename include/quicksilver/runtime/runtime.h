@@ -47,6 +47,9 @@ struct JobOptions {
   int workers = 2;    // N
   int servers = 1;    // M
   int iterations = 5;
+  // The nominal NIC rate, given to policies that plan with it (prophet) until their
+  // bandwidth monitor has a measurement.
+  Rate bandwidth = Rate::gbps(10);
   transport::SocketOptions socket;          // congestion control, NOTSENT_LOWAT, buffers
   TimeNs connect_timeout = 10 * kNsPerSec;  // rendezvous deadline
   TimeNs peer_timeout = 10 * kNsPerSec;     // longest silence while waiting on peers

@@ -9,7 +9,7 @@
 // is both cheaper to trust and easy to check: a log-spaced grid over both knobs (the
 // iteration time is piecewise constant in them, with steps where the number of
 // partitions per tensor changes, so a gradient-free search is needed anyway), then a
-// local pattern search around the best grid point with a shrinking multiplicative step.
+// local pattern search from the best few grid points with a shrinking multiplicative step.
 // The defaults given in `base` are always evaluated too, so the result is never worse
 // than them.
 #pragma once
@@ -36,6 +36,8 @@ struct TuneOptions {
   int credit_doublings = 5;
   // Pattern-search rounds after the grid; each halves the (log) step. 0 = grid only.
   int refine_rounds = 4;
+  // Refinement starts from this many of the best points found so far (multi-start).
+  int starts = 3;
 };
 
 struct TuneResult {

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Real multi-process runs of the PS runtime through `quicksilver run`: on loopback, then in
+# network namespaces with tc-shaped links (root only; skipped otherwise). Exact sums are
+# checked by every worker every iteration; a worker that dies makes the run fail fast;
+# namespaces are always cleaned up.
+set -u
+qs=${QS_BIN:?set QS_BIN to the quicksilver binary}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+pass=0; fail=0
+ok() { pass=$((pass+1)); }
+bad() { echo "FAIL: $*"; fail=$((fail+1)); }
+
+# A small model: 6 layers, 2.6 MB of gradients, ~20 ms of compute per iteration.
+cat > "$tmp/small.json" <<'JSON'
+{"name": "small", "batch_size": 8, "layers": [
+ {"name": "c1", "forward_ms": 1.0, "backward_ms": 2.0, "tensors": [{"name": "c1.w", "elements": 20000}, {"name": "c1.b", "elements": 64}]},
+ {"name": "c2", "forward_ms": 1.5, "backward_ms": 3.0, "tensors": [{"name": "c2.w", "elements": 90000}]},
+ {"name": "c3", "forward_ms": 1.5, "backward_ms": 3.0, "tensors": [{"name": "c3.w", "elements": 150000}]},
+ {"name": "f1", "forward_ms": 0.5, "backward_ms": 1.0, "tensors": [{"name": "f1.w", "elements": 300000}, {"name": "f1.b", "elements": 500}]},
+ {"name": "f2", "forward_ms": 0.5, "backward_ms": 1.0, "tensors": [{"name": "f2.w", "elements": 100000}]},
+ {"name": "f3", "forward_ms": 0.2, "backward_ms": 0.4, "tensors": [{"name": "f3.w", "elements": 5000}]}
+]}
+JSON
+common=(--model "$tmp/small.json" --workers 3 --servers 2 --iterations 4 --bandwidth 1Gbps --scale 1
+        --packet-size 16KiB --partition-size 256KB --credit-size 1MB --slice-size 64KB --split-threshold 256KiB
+        --timeout 60s)
+
+check_run() {  # name, then args; expects success and every worker's iterations verified
+  local name=$1; shift
+  "$qs" run "$@" > "$tmp/out" 2> "$tmp/err"; local rc=$?
+  if [ $rc -ne 0 ]; then bad "$name: exit $rc: $(tail -2 "$tmp/err")"; return; fi
+  local verified; verified=$(grep -c "4 iterations verified exact" "$tmp/out")
+  local expected=$(( $(grep -c "^[a-z0-9-]* *[0-9.]*ms" "$tmp/out") * 3 ))
+  [ "$verified" -eq "$expected" ] && [ "$expected" -gt 0 ] && ok || bad "$name: $verified of $expected worker reports verified: $(cat "$tmp/out")"
+}
+
+check_run loopback --policy mercury,wfbp,p3,bytescheduler,tictac,mercury-nopreempt,prophet "${common[@]}"
+"$qs" run --policy mercury "${common[@]}" --json > "$tmp/j" 2> "$tmp/err" \
+  && python3 -c "
+import json; d = json.load(open('$tmp/j')); r = d['results'][0]
+assert r['iteration_ms'] > 0 and 'predicted_iteration_ms' in r and 'relative_error' in r, r" && ok || bad "run --json: $(cat "$tmp/err")"
+
+# A worker that dies: everyone fails fast with a message naming it; nobody hangs.
+start=$(date +%s)
+"$qs" run --policy mercury "${common[@]}" --kill-worker 1 --kill-at-iteration 1 > "$tmp/out" 2> "$tmp/err"; rc=$?
+took=$(( $(date +%s) - start ))
+[ $rc -ne 0 ] && grep -q "worker 1" "$tmp/err" && [ $took -lt 30 ] && ok || bad "dying worker: rc $rc after ${took}s: $(cat "$tmp/err")"
+
+if [ "$(id -u)" -eq 0 ] && command -v ip > /dev/null && command -v tc > /dev/null; then
+  check_run netns --netns --policy mercury,wfbp,bytescheduler "${common[@]}"
+  printf '0s 1Gbps\n100ms 300Mbps\n300ms 1Gbps\n' > "$tmp/trace.txt"
+  check_run netns-dynamic --netns --policy mercury --bandwidth-trace "$tmp/trace.txt" "${common[@]}"
+  "$qs" run --netns --policy mercury "${common[@]}" --kill-worker 2 --kill-at-iteration 2 > "$tmp/out" 2> "$tmp/err"; rc=$?
+  [ $rc -ne 0 ] && grep -q "worker 2" "$tmp/err" && ok || bad "netns dying worker: rc $rc: $(cat "$tmp/err")"
+  left=$(ip netns list | grep -c "^qs$$\|^qs[0-9]*h" || true)
+  [ "$left" -eq 0 ] && ok || bad "namespaces left behind: $(ip netns list)"
+else
+  echo "netns part skipped: needs root and iproute2"
+fi
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
