@@ -46,14 +46,32 @@ start=$(date +%s)
 took=$(( $(date +%s) - start ))
 [ $rc -ne 0 ] && grep -q "worker 1" "$tmp/err" && [ $took -lt 30 ] && ok || bad "dying worker: rc $rc after ${took}s: $(cat "$tmp/err")"
 
+# A server killed outright (SIGKILL) mid-run: every worker fails fast, naming the server.
+job=(--model "$tmp/small.json" --policy mercury --workers 2 --servers 2 --iterations 1000 --peer-timeout 10s)
+"$qs" server --server-id 0 --listen 127.0.0.1:0 "${job[@]}" > "$tmp/s0" 2>&1 & s0=$!
+"$qs" server --server-id 1 --listen 127.0.0.1:0 "${job[@]}" > "$tmp/s1" 2>&1 & s1=$!
+for _ in $(seq 100); do grep -q listening "$tmp/s0" && grep -q listening "$tmp/s1" && break; sleep 0.05; done
+addrs="$(awk '/listening/{print $2}' "$tmp/s0"),$(awk '/listening/{print $2}' "$tmp/s1")"
+"$qs" worker --worker-id 0 --connect "$addrs" "${job[@]}" > /dev/null 2> "$tmp/w0" & w0=$!
+"$qs" worker --worker-id 1 --connect "$addrs" "${job[@]}" > /dev/null 2> "$tmp/w1" & w1=$!
+sleep 1
+kill -9 $s1; wait $s1 2> /dev/null
+start=$(date +%s)
+wait $w0; rc0=$?; wait $w1; rc1=$?
+took=$(( $(date +%s) - start ))
+kill $s0 2> /dev/null; wait $s0 2> /dev/null
+if [ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] && [ $took -lt 8 ] && grep -q "server 1" "$tmp/w0"; then ok
+else bad "killed server: workers exited $rc0/$rc1 after ${took}s: $(cat "$tmp/w0" "$tmp/w1")"; fi
+
 if [ "$(id -u)" -eq 0 ] && command -v ip > /dev/null && command -v tc > /dev/null; then
+  before=$(ip netns list | grep -c "^qs[0-9]*h" || true)
   check_run netns --netns --policy mercury,wfbp,bytescheduler "${common[@]}"
   printf '0s 1Gbps\n100ms 300Mbps\n300ms 1Gbps\n' > "$tmp/trace.txt"
   check_run netns-dynamic --netns --policy mercury --bandwidth-trace "$tmp/trace.txt" "${common[@]}"
   "$qs" run --netns --policy mercury "${common[@]}" --kill-worker 2 --kill-at-iteration 2 > "$tmp/out" 2> "$tmp/err"; rc=$?
   [ $rc -ne 0 ] && grep -q "worker 2" "$tmp/err" && ok || bad "netns dying worker: rc $rc: $(cat "$tmp/err")"
-  left=$(ip netns list | grep -c "^qs$$\|^qs[0-9]*h" || true)
-  [ "$left" -eq 0 ] && ok || bad "namespaces left behind: $(ip netns list)"
+  left=$(ip netns list | grep -c "^qs[0-9]*h" || true)
+  [ "$left" -le "$before" ] && ok || bad "namespaces left behind: $(ip netns list)"
 else
   echo "netns part skipped: needs root and iproute2"
 fi

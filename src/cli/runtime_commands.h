@@ -25,7 +25,7 @@ struct RoleFlags {
 struct RunFlags {
   SimFlags sim;
   bool netns = false;
-  double scale = 0;             // 0 = automatic (hosts at most 1 Gbps)
+  double scale = 0;             // 0 = automatic (hosts at most 4 Gbps / (N + M))
   std::string congestion = "cubic";
   std::string timeout = "300s";
   bool keep_going = false;

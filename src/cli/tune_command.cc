@@ -66,8 +66,10 @@ int run_tune(const TuneFlags& f) {
     std::string policy, label;
     PolicyOptions options;
   };
-  const std::vector<Entry> entries = {{t.policy, t.policy + " (default)", job->policy_options},
-                                      {t.policy, t.policy + " (tuned)", r->options},
+  // Short labels keep the table's policy column (18 characters) aligned.
+  const std::string tag = p3 ? "p3" : "bs";
+  const std::vector<Entry> entries = {{t.policy, tag + "-default", job->policy_options},
+                                      {t.policy, tag + "-tuned", r->options},
                                       {"mercury", "mercury", job->policy_options}};
   for (const Entry& e : entries) {
     auto s = simulate(job->profile, e.policy, e.options, job->cluster, job->sim);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -48,15 +49,21 @@ std::vector<std::string> tbf_args(Rate rate) {
 
 }  // namespace
 
-Status run_command(const std::vector<std::string>& argv) {
+Status run_command(const std::vector<std::string>& argv, std::string* out) {
   int err_pipe[2];
   if (pipe2(err_pipe, O_CLOEXEC) != 0) return io_error(std::string("pipe: ") + std::strerror(errno));
+  // stdout goes to a temporary file when captured (no second pipe to drain concurrently).
+  FILE* out_file = out ? std::tmpfile() : nullptr;
   pid_t pid = fork();
   if (pid < 0) return io_error(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
     dup2(err_pipe[1], 2);
     int devnull = open("/dev/null", O_WRONLY);
-    if (devnull >= 0) dup2(devnull, 1);
+    if (out_file) {
+      dup2(fileno(out_file), 1);
+    } else if (devnull >= 0) {
+      dup2(devnull, 1);
+    }
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -71,6 +78,12 @@ Status run_command(const std::vector<std::string>& argv) {
   close(err_pipe[0]);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (out_file) {
+    std::rewind(out_file);
+    out->clear();
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, out_file)) > 0;) out->append(buf, n);
+    std::fclose(out_file);
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::ok();
   std::string cmd;
@@ -201,6 +214,31 @@ Status NetnsCluster::enter(const std::string& name) {
   close(fd);
   if (rc != 0) return io_error("setns(" + name + "): " + std::strerror(e));
   return Status::ok();
+}
+
+Result<Rate> measure_goodput(const NetnsCluster& cluster, int from, int to, const std::string& cc,
+                             int seconds) {
+  const std::string port = "7199";
+  // The server runs in the background for one test (-1) and exits by itself.
+  QS_RETURN_IF_ERROR(run_command({"ip", "netns", "exec", cluster.namespace_name(to), "iperf3", "-s", "-1",
+                                  "-D", "-B", cluster.address(to), "-p", port}));
+  std::string json;
+  Status s;
+  for (int attempt = 0; attempt < 20; ++attempt) {  // until the daemon listens
+    s = run_command({"ip", "netns", "exec", cluster.namespace_name(from), "iperf3", "-c", cluster.address(to),
+                     "-p", port, "-t", std::to_string(seconds), "-C", cc, "-J"},
+                    &json);
+    if (s.is_ok()) break;
+    usleep(50'000);
+  }
+  if (!s.is_ok()) return s.with_context("iperf3");
+  const std::string key = "\"sum_received\"";
+  auto at = json.find(key);
+  if (at != std::string::npos) at = json.find("\"bits_per_second\"", at);
+  if (at == std::string::npos) return io_error("iperf3 printed no sum_received.bits_per_second");
+  const double bps = std::strtod(json.c_str() + json.find(':', at) + 1, nullptr);
+  if (!(bps > 0)) return io_error("iperf3 measured no throughput");
+  return Rate{static_cast<std::int64_t>(bps)};
 }
 
 int NetnsCluster::cleanup_stale() {

@@ -52,6 +52,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     params.assign(floats, 0.0f);
     layer_pulled.assign(static_cast<std::size_t>(jl.layout.num_layers()), 0);
     layer_ready.assign(static_cast<std::size_t>(jl.layout.num_layers()), false);
+    ready_at.assign(static_cast<std::size_t>(jl.layout.num_layers()), 0);
     for (const TensorInfo& t : jl.layout.tensors()) {
       rules.tensor_bytes.push_back(t.bytes);
       rules.element_size.push_back(t.element_size);
@@ -152,7 +153,10 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     }
     const TimeNs now = loop->now();
     iteration = it;
-    iteration_start = now;
+    // The emulated GPU runs back to back: each op starts when the previous one was due
+    // to end (or when its parameters arrived), never late by the loop's wake-up latency.
+    if (compute_free == 0) compute_free = now;
+    iteration_start = compute_free;
     blocked = false;
     std::fill(layer_pulled.begin(), layer_pulled.end(), 0);
     std::fill(layer_ready.begin(), layer_ready.end(), false);
@@ -167,7 +171,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
 
   void run_backward(int l) {
     layer = l;
-    const TimeNs start = loop->now();
+    const TimeNs start = compute_free;
     if (opts.verify) {
       // The backward "produces" this layer's gradients; filling overlaps the emulated wait.
       for (TensorId t = jl.layout.first_tensor(l); t < jl.layout.end_tensor(l); ++t) {
@@ -177,7 +181,8 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
       }
     }
     const TimeNs d = scaled(job_layer(l).backward);
-    loop->schedule_at(start + d, [this] { on_backward_done(); });
+    compute_free = start + d;
+    loop->schedule_at(compute_free, [this] { on_backward_done(); });
   }
 
   const LayerSpec& job_layer(int l) const { return opts.job.profile.layers[static_cast<std::size_t>(l)]; }
@@ -200,11 +205,12 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
       return;
     }
     blocked = false;
-    const TimeNs now = loop->now();
-    policy->on_forward_start(l, now, *this);
+    const TimeNs start = std::max(compute_free, ready_at[static_cast<std::size_t>(l)]);
+    policy->on_forward_start(l, loop->now(), *this);
     pump();
     const LayerSpec& spec = job_layer(l);
-    loop->schedule_at(now + scaled(spec.update + spec.forward), [this] { on_forward_done(); });
+    compute_free = start + scaled(spec.update + spec.forward);
+    loop->schedule_at(compute_free, [this] { on_forward_done(); });
   }
 
   void on_forward_done() {
@@ -216,8 +222,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   }
 
   void end_iteration() {
-    const TimeNs now = loop->now();
-    iteration_times.push_back(now - iteration_start);
+    iteration_times.push_back(compute_free - iteration_start);
     const auto bytes = static_cast<double>(bytes_written() - bytes_at_start);
     const auto busy = static_cast<double>(sender->busy_ns() - busy_at_start);
     gbps.push_back(busy > 0 ? 8.0 * bytes / busy : 0.0);
@@ -393,6 +398,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     got += h.length;
     if (got < jl.layout.layer_bytes(l)) return Status::ok();
     QS_CHECK(got == jl.layout.layer_bytes(l));
+    ready_at[static_cast<std::size_t>(l)] = loop->now();  // before the (CPU-side) check
     if (opts.verify) {
       for (TensorId t = jl.layout.first_tensor(l); t < jl.layout.end_tensor(l); ++t) {
         QS_RETURN_IF_ERROR(check_sum(params.data() + tensor_base[static_cast<std::size_t>(t)],
@@ -464,6 +470,8 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   TimeNs iteration_start = 0, last_rx = 0;
   std::vector<Bytes> layer_pulled;
   std::vector<bool> layer_ready;
+  std::vector<TimeNs> ready_at;  // when each layer's last pulled byte arrived
+  TimeNs compute_free = 0;       // when the emulated GPU's current op is due to end
   std::map<Key, Outstanding> outstanding;  // pushed this iteration, not yet acked and pulled
   TensorId urgent_end = 0;
   // Metrics.

@@ -68,6 +68,12 @@ class NetnsCluster {
 };
 
 // Runs argv (no shell) and waits; a non-zero exit becomes an error carrying its stderr.
-Status run_command(const std::vector<std::string>& argv);
+// When `out` is given, the command's stdout is captured into it.
+Status run_command(const std::vector<std::string>& argv, std::string* out = nullptr);
+
+// TCP goodput from host `from` to host `to` of `cluster`, measured with iperf3 for
+// `seconds` with congestion control `cc`. Errors when iperf3 is missing or fails.
+Result<Rate> measure_goodput(const NetnsCluster& cluster, int from, int to, const std::string& cc,
+                             int seconds = 2);
 
 }  // namespace qs::runtime
