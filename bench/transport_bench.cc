@@ -53,6 +53,10 @@ namespace {
 
 using Clk = std::chrono::steady_clock;
 
+// The runtime's defaults unless overridden (--lowat-kib, --sndbuf-kib: for diagnosis).
+SocketOptions g_socket_options;
+bool g_iperf = true;  // --no-iperf: transport only (for profiling)
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -134,6 +138,7 @@ struct ThroughputResult {
   double frames_per_s = 0;
   double sender_cpu = 0;    // sender thread CPU seconds / wall seconds
   double receiver_cpu = 0;
+  double cpu_ns_per_kib = 0;  // sender + receiver thread CPU per payload KiB, whole run
   std::string congestion;
 };
 
@@ -145,7 +150,7 @@ double thread_cpu_seconds() {
 
 ThroughputResult run_transport(std::uint32_t packet, std::size_t tensor_bytes, double seconds,
                                double warmup) {
-  const SocketOptions opts;  // the runtime's defaults: cubic, NOTSENT_LOWAT 128 KiB, 4 MiB sndbuf
+  const SocketOptions opts = g_socket_options;  // default: the runtime's (SocketOptions{})
   Fd listener = must(listen_tcp("127.0.0.1", 0), "listen");
   const int port = must(local_port(listener.get()), "local_port");
   Fd client = must(connect_tcp("127.0.0.1", port, SteadyClock::instance().now() + 10 * kNsPerSec),
@@ -230,6 +235,8 @@ ThroughputResult run_transport(std::uint32_t packet, std::size_t tensor_bytes, d
   const double total = seconds_since(t_start);
   res.gbps = static_cast<double>(b1 - b0) * 8 / dt / 1e9;
   res.frames_per_s = static_cast<double>(f1 - f0) / dt;
+  res.cpu_ns_per_kib = (scpu.load() + rcpu.load()) * 1e9 /
+                       (static_cast<double>(sink.payload_bytes.load()) / 1024);
   res.sender_cpu = scpu.load() / total;
   res.receiver_cpu = rcpu.load() / total;
   return res;
@@ -251,6 +258,7 @@ struct IperfResult {
   double gbps = 0;
   std::string congestion;
   double sender_cpu = 0, receiver_cpu = 0;  // percent of one core, as iperf3 reports it
+  double cpu_ns_per_kib = 0;                // both processes' CPU per payload KiB
 };
 
 // One iperf3 run over loopback: `iperf3 -s -1 -p PORT` in the background, then the client.
@@ -289,6 +297,9 @@ IperfResult run_iperf3(int port, double seconds) {
   if (end.contains("cpu_utilization_percent")) {
     r.sender_cpu = end["cpu_utilization_percent"].value("host_total", 0.0);
     r.receiver_cpu = end["cpu_utilization_percent"].value("remote_total", 0.0);
+    const double secs = end.at("sum_received").at("seconds").get<double>();
+    const double bytes = end.at("sum_received").at("bytes").get<double>();
+    r.cpu_ns_per_kib = (r.sender_cpu + r.receiver_cpu) / 100 * secs * 1e9 / (bytes / 1024);
   }
   return r;
 }
@@ -298,50 +309,81 @@ int free_port() {
   return must(local_port(l.get()), "local_port");
 }
 
-void throughput(double seconds, int reps, std::size_t tensor_bytes, std::vector<int> sizes_kib) {
+std::string size_label(int kib) {
+  return kib >= 1024 ? std::to_string(kib / 1024) + " MiB" : std::to_string(kib) + " KiB";
+}
+
+// Two tensor placements per packet size: "hot", a tensor of max(128 KiB, packet) that the
+// sender sends again and again and the receiver overwrites (as iperf3 reuses its 128 KiB
+// buffer: both ends stay in cache), and "big", a --tensor-mib tensor on each side (not
+// cache-resident: every byte is read from and written to memory, as in training).
+void throughput(double seconds, int reps, std::size_t big_tensor, std::vector<int> sizes_kib) {
   const double warmup = 0.3;
   std::printf("== Transport throughput: one loopback connection, project transport vs iperf3 ==\n");
-  std::printf("tensor %zu MiB each side; %.1f s per run after %.1f s warm-up; %d repetitions, "
-              "iperf3 -t %.1f once per repetition\n",
-              tensor_bytes >> 20, seconds, warmup, reps, seconds);
-  std::vector<std::vector<double>> tr(sizes_kib.size()), ratio(sizes_kib.size()),
-      fps(sizes_kib.size()), scpu(sizes_kib.size()), rcpu(sizes_kib.size());
-  std::vector<double> ip;
+  std::printf("hot = tensor of max(128 KiB, packet) per side (cache-resident, like iperf3's buffer); "
+              "big = %zu MiB tensor per side\n%.1f s per run after %.1f s warm-up; %d repetitions; "
+              "iperf3 -t %.1f once per repetition, before that repetition's transport runs\n",
+              big_tensor >> 20, seconds, warmup, reps, seconds);
+  std::printf("socket options: congestion %s, TCP_NOTSENT_LOWAT %lld KiB, SO_SNDBUF %lld KiB\n",
+              g_socket_options.congestion.c_str(),
+              static_cast<long long>(g_socket_options.notsent_lowat / 1024),
+              static_cast<long long>(g_socket_options.send_buffer / 1024));
+  const std::size_t n = sizes_kib.size();
+  struct Series {
+    std::vector<double> gbps, ratio, fps, cpu, cpu_ratio;
+  };
+  std::vector<Series> hot(n), big(n);
+  std::vector<double> ip, ipcpu;
   std::string cc, ipcc;
   for (int rep = 0; rep < reps; ++rep) {
-    const IperfResult ir = run_iperf3(free_port(), seconds);
+    IperfResult ir;
+    ir.gbps = 1;
+    ir.cpu_ns_per_kib = 1;
+    if (g_iperf) ir = run_iperf3(free_port(), seconds);
     ip.push_back(ir.gbps);
+    ipcpu.push_back(ir.cpu_ns_per_kib);
     ipcc = ir.congestion;
-    std::printf("  rep %d: iperf3 %.2f Gbit/s (%s)", rep + 1, ir.gbps, ir.congestion.c_str());
-    for (std::size_t i = 0; i < sizes_kib.size(); ++i) {
+    std::printf("  rep %d: iperf3 %.2f Gbit/s (%s) | hot/big:", rep + 1, ir.gbps, ir.congestion.c_str());
+    for (std::size_t i = 0; i < n; ++i) {
       const auto packet = static_cast<std::uint32_t>(sizes_kib[i]) * 1024u;
-      const ThroughputResult t = run_transport(packet, tensor_bytes, seconds, warmup);
-      cc = t.congestion;
-      tr[i].push_back(t.gbps);
-      ratio[i].push_back(t.gbps / ir.gbps);
-      fps[i].push_back(t.frames_per_s);
-      scpu[i].push_back(t.sender_cpu);
-      rcpu[i].push_back(t.receiver_cpu);
-      std::printf(" | %dK %.2f", sizes_kib[i], t.gbps);
+      for (int which = 0; which < 2; ++which) {
+        const std::size_t tb = which == 0 ? std::max<std::size_t>(128 * 1024, packet) : big_tensor;
+        const ThroughputResult t = run_transport(packet, tb, seconds, warmup);
+        cc = t.congestion;
+        Series& sr = which == 0 ? hot[i] : big[i];
+        sr.gbps.push_back(t.gbps);
+        sr.ratio.push_back(t.gbps / ir.gbps);
+        sr.fps.push_back(t.frames_per_s);
+        sr.cpu.push_back(t.cpu_ns_per_kib);
+        sr.cpu_ratio.push_back(t.cpu_ns_per_kib / ir.cpu_ns_per_kib);
+      }
+      std::printf(" %s %.1f/%.1f", size_label(sizes_kib[i]).c_str(), hot[i].gbps.back(),
+                  big[i].gbps.back());
       std::fflush(stdout);
     }
     std::printf("\n");
   }
-  const double ipm = median(ip);
   std::printf("\ncongestion control: transport %s, iperf3 %s (sender/receiver)\n", cc.c_str(),
               ipcc.c_str());
-  std::printf("iperf3 baseline: median %.2f Gbit/s (min %.2f, max %.2f)\n\n", ipm,
-              *std::min_element(ip.begin(), ip.end()), *std::max_element(ip.begin(), ip.end()));
-  std::printf("| packet | transport Gbit/s (median) | min-max | frames/s | us/frame | sender CPU | receiver CPU | ratio to iperf3 (median of paired) |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (std::size_t i = 0; i < sizes_kib.size(); ++i) {
-    const double f = median(fps[i]);
-    const std::string label = sizes_kib[i] >= 1024 ? std::to_string(sizes_kib[i] / 1024) + " MiB"
-                                                   : std::to_string(sizes_kib[i]) + " KiB";
-    std::printf("| %s | %.2f | %.2f-%.2f | %.0f | %.2f | %.0f%% | %.0f%% | %.3f |\n", label.c_str(),
-                median(tr[i]), *std::min_element(tr[i].begin(), tr[i].end()),
-                *std::max_element(tr[i].begin(), tr[i].end()), f, 1e6 / f, 100 * median(scpu[i]),
-                100 * median(rcpu[i]), median(ratio[i]));
+  std::printf("iperf3 baseline: median %.2f Gbit/s (min %.2f, max %.2f), CPU %.0f ns per KiB "
+              "(both processes)\n\n",
+              median(ip), *std::min_element(ip.begin(), ip.end()),
+              *std::max_element(ip.begin(), ip.end()), median(ipcpu));
+  auto mm = [](const std::vector<double>& v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.1f-%.1f", *std::min_element(v.begin(), v.end()),
+                  *std::max_element(v.begin(), v.end()));
+    return std::string(b);
+  };
+  std::printf("| packet | hot Gbit/s | hot min-max | hot / iperf3 | hot us/frame | hot CPU ns/KiB | "
+              "hot CPU / iperf3 CPU | big Gbit/s | big min-max | big / iperf3 | big CPU ns/KiB |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (std::size_t i = 0; i < n; ++i) {
+    std::printf("| %s | %.2f | %s | %.3f | %.2f | %.0f | %.2f | %.2f | %s | %.3f | %.0f |\n",
+                size_label(sizes_kib[i]).c_str(), median(hot[i].gbps), mm(hot[i].gbps).c_str(),
+                median(hot[i].ratio), 1e6 / median(hot[i].fps), median(hot[i].cpu),
+                median(hot[i].cpu_ratio), median(big[i].gbps), mm(big[i].gbps).c_str(),
+                median(big[i].ratio), median(big[i].cpu));
   }
   std::printf("\n");
 }
@@ -481,6 +523,9 @@ int main(int argc, char** argv) {
     else if (const char* v = val("--ops=")) ops = static_cast<std::size_t>(std::atoll(v));
     else if (const char* v = val("--tensor-mib=")) tensor_mib = static_cast<std::size_t>(std::atoll(v));
     else if (const char* v = val("--sizes=")) sizes = parse_sizes(v);
+    else if (const char* v = val("--lowat-kib=")) g_socket_options.notsent_lowat = std::atoll(v) * 1024;
+    else if (const char* v = val("--sndbuf-kib=")) g_socket_options.send_buffer = std::atoll(v) * 1024;
+    else if (a == "--no-iperf") g_iperf = false;
     else if (a == "throughput" || a == "selection" || a == "all") mode = a;
     else {
       std::fprintf(stderr,

@@ -175,10 +175,16 @@ TEST(Runtime, WorkerThatDiesMakesEveryoneFailFast) {
     EXPECT_EQ(r.workers[static_cast<std::size_t>(w)].status().code(), StatusCode::kUnavailable);
     std::printf("[ detail ] worker %d: %s\n", w, r.workers[static_cast<std::size_t>(w)].status().to_string().c_str());
   }
+  // Every server fails naming a lost worker; which loss a server notices first is a race
+  // (worker 1's own, or another worker's that failed because of it), but some server
+  // always names worker 1.
+  bool named = false;
   for (const Status& s : r.servers) {
     ASSERT_FALSE(s.is_ok());
-    EXPECT_THAT(s.message(), HasSubstr("lost worker 1"));
+    EXPECT_THAT(s.message(), HasSubstr("lost worker"));
+    named |= s.message().find("lost worker 1") != std::string::npos;
   }
+  EXPECT_TRUE(named);
   // Detected from the closed sockets, well before the 5 s peer timeout.
   EXPECT_LT(r.seconds, 4.0);
 }

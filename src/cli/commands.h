@@ -32,6 +32,8 @@ struct SimFlags {
   std::string ddp_bucket_size, ddp_first_bucket_size, deft_partition_size;
   std::optional<int> deft_exact_items;
   double second_link = 0;
+  std::string prophet_partition_size;
+  bool prophet_overrun = false;
   int iterations = 5;
   int warmup = 1;
   std::uint64_t seed = 1;

@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "runtime_commands.h"
+#include "tune_command.h"
 #include "quicksilver/core/check.h"
 
 int main(int argc, char** argv) {
@@ -26,6 +27,9 @@ int main(int argc, char** argv) {
   qs::cli::add_server_flags(server, &server_flags);
   CLI::App* worker = app.add_subcommand("worker", "Run one worker of a job (real TCP)");
   qs::cli::add_worker_flags(worker, &worker_flags);
+  qs::cli::TuneFlags tune_flags;
+  CLI::App* tune = app.add_subcommand("tune", "Search bytescheduler's partition/credit (or p3's slice) size by simulation");
+  qs::cli::add_tune_flags(tune, &tune_flags);
   qs::cli::RunFlags run_flags;
   CLI::App* run = app.add_subcommand("run", "Run a whole local cluster (processes), compare with the simulator");
   qs::cli::add_run_flags(run, &run_flags);
@@ -38,6 +42,7 @@ int main(int argc, char** argv) {
   try {
     if (*models) return qs::cli::run_models(models_device, models_json);
     if (*simulate) return qs::cli::run_simulate(sim_flags);
+    if (*tune) return qs::cli::run_tune(tune_flags);
     if (*server) return qs::cli::run_server_role(server_flags);
     if (*worker) return qs::cli::run_worker_role(worker_flags);
     if (*run) return qs::cli::run_cluster(run_flags, "/proc/self/exe");

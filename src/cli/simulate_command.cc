@@ -42,6 +42,10 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--deft-partition-size", f->deft_partition_size, "deft: bucket partition size (III-D; default 26MB)");
   app->add_option("--deft-exact-items", f->deft_exact_items,
                   "deft: solve knapsacks of at most this many buckets exactly (default 12)");
+  app->add_option("--prophet-partition-size", f->prophet_partition_size,
+                  "prophet: partition size blocks are assembled from (default 4096000B, BytePS's)");
+  app->add_flag("--prophet-overrun", f->prophet_overrun,
+                "prophet: let a block's last partition overrun its window (Alg. 1 line 7's other reading)");
   app->add_option("--ddp-bucket-size", f->ddp_bucket_size, "ddp: bucket cap (default 25MiB)");
   app->add_option("--ddp-first-bucket-size", f->ddp_first_bucket_size, "ddp: first bucket cap (default 1MiB)");
   app->add_option("--second-link", f->second_link,
@@ -160,6 +164,8 @@ Result<Job> make_job(const SimFlags& f) {
   }
   QS_RETURN_IF_ERROR(size_flag(f.ddp_bucket_size, "--ddp-bucket-size", &po.ddp_bucket_size));
   QS_RETURN_IF_ERROR(size_flag(f.ddp_first_bucket_size, "--ddp-first-bucket-size", &po.ddp_first_bucket_size));
+  QS_RETURN_IF_ERROR(size_flag(f.prophet_partition_size, "--prophet-partition-size", &po.prophet_partition_size));
+  po.prophet_allow_overrun = f.prophet_overrun;
   QS_RETURN_IF_ERROR(size_flag(f.deft_partition_size, "--deft-partition-size", &po.deft_partition_size));
   if (f.deft_exact_items) {
     if (*f.deft_exact_items < 0 || *f.deft_exact_items > 30) {

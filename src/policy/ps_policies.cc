@@ -1,6 +1,7 @@
 // The parameter-server policies of the Mercury paper's comparison (sections III and V-B),
 // plus the registry. Prophet lives in prophet.cc.
 #include <algorithm>
+#include <functional>
 #include <queue>
 
 #include "ps_policies.h"
@@ -13,6 +14,29 @@ namespace {
 void push_slices(const PsContext& ctx, int layer, PushSink& out) {
   for (TensorId t = ctx.layout->first_tensor(layer); t < ctx.layout->end_tensor(layer); ++t) {
     for (const Slice& s : ctx.placement->slices(t)) out.push(PushUnit{s.chunk, s.server, t}, 0);
+  }
+}
+
+// Cuts tensor `t` into units of at most `max_bytes` within its placement slices and
+// interleaves them round-robin across the slices, so that one worker's units of a split
+// tensor spread over all server links at once instead of visiting the servers one after
+// another (with N workers in lockstep, the latter would queue all N at one server). The
+// papers do not say; MXNet-based systems get the same effect from hashing partition keys
+// over servers.
+void push_interleaved(const PsContext& ctx, TensorId t, Bytes max_bytes, const std::function<void(const PushUnit&)>& out) {
+  const auto& slices = ctx.placement->slices(t);
+  const Bytes align = ctx.layout->tensor(t).element_size;
+  std::vector<std::vector<Chunk>> per_slice;
+  per_slice.reserve(slices.size());
+  std::size_t most = 0;
+  for (const Slice& s : slices) {
+    per_slice.push_back(split_chunk(s.chunk, max_bytes, align));
+    most = std::max(most, per_slice.back().size());
+  }
+  for (std::size_t k = 0; k < most; ++k) {
+    for (std::size_t s = 0; s < slices.size(); ++s) {
+      if (k < per_slice[s].size()) out(PushUnit{per_slice[s][k], slices[s].server, t});
+    }
   }
 }
 
@@ -56,9 +80,8 @@ class TensorLevel final : public PsPolicy {
 // packet granularity. The servers aggregate and return each packet on its own.
 // mercury-nopreempt: the same packets sent FIFO (the paper's "W/O Preemption" breakdown).
 //
-// Deliberate detail: packets of a tensor split over several servers are interleaved
-// round-robin across its slices, so that one worker's packets spread over all server
-// links at once instead of visiting them one after another; the paper does not say.
+// Packets of a tensor split over several servers are interleaved across its slices
+// (push_interleaved).
 class Mercury final : public PsPolicy {
  public:
   Mercury(const PsContext& ctx, Bytes packet_size, bool preempt)
@@ -70,26 +93,7 @@ class Mercury final : public PsPolicy {
   bool wants_acks() const override { return false; }
   void on_gradient_ready(int layer, TimeNs, PushSink& out) override {
     for (TensorId t = ctx_.layout->first_tensor(layer); t < ctx_.layout->end_tensor(layer); ++t) {
-      const auto& slices = ctx_.placement->slices(t);
-      const Bytes align = ctx_.layout->tensor(t).element_size;
-      if (slices.size() == 1) {
-        for (const Chunk& c : split_chunk(slices[0].chunk, packet_size_, align)) {
-          out.push(PushUnit{c, slices[0].server, t}, 0);
-        }
-        continue;
-      }
-      std::vector<std::vector<Chunk>> per_slice;
-      per_slice.reserve(slices.size());
-      std::size_t most = 0;
-      for (const Slice& s : slices) {
-        per_slice.push_back(split_chunk(s.chunk, packet_size_, align));
-        most = std::max(most, per_slice.back().size());
-      }
-      for (std::size_t k = 0; k < most; ++k) {
-        for (std::size_t s = 0; s < slices.size(); ++s) {
-          if (k < per_slice[s].size()) out.push(PushUnit{per_slice[s][k], slices[s].server, t}, 0);
-        }
-      }
+      push_interleaved(ctx_, t, packet_size_, [&](const PushUnit& u) { out.push(u, 0); });
     }
   }
 
@@ -117,12 +121,7 @@ class CreditScheduler final : public PsPolicy {
 
   void on_gradient_ready(int layer, TimeNs, PushSink& out) override {
     for (TensorId t = ctx_.layout->first_tensor(layer); t < ctx_.layout->end_tensor(layer); ++t) {
-      const Bytes align = ctx_.layout->tensor(t).element_size;
-      for (const Slice& s : ctx_.placement->slices(t)) {
-        for (const Chunk& c : split_chunk(s.chunk, partition_, align)) {
-          pending_.push(Pending{PushUnit{c, s.server, t}, seq_++});
-        }
-      }
+      push_interleaved(ctx_, t, partition_, [&](const PushUnit& u) { pending_.push(Pending{u, seq_++}); });
     }
     dispatch(out);
   }
