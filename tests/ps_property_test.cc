@@ -46,7 +46,6 @@ TEST(PsProperties, NoPolicyBeatsOracleAndEveryByteMovesOnce) {
     s.iterations = 3;
     s.verify_bytes = true;
     for (const std::string& policy : ps_policy_names()) {
-      if (policy == "prophet") continue;  // covered by prophet_test until merged here
       auto r = simulate(c.profile, policy, o, c.cluster, s);
       ASSERT_TRUE(r.is_ok()) << "case " << i << " " << policy << ": " << r.status().to_string();
       ASSERT_GE(r->iteration_time, c.profile.compute_time()) << "case " << i << " " << policy;
@@ -75,7 +74,7 @@ TEST(PsProperties, MercuryIsNeverSlowerThanAnyOtherPolicyBeyondPacketGranularity
     ASSERT_TRUE(mercury.is_ok());
     const TimeNs packet = transfer_time(o.packet_size, c.cluster.bandwidth);
     const TimeNs slack = packet * c.cluster.workers;
-    for (const std::string& policy : {"wfbp", "tictac", "p3", "bytescheduler", "mercury-nopreempt"}) {
+    for (const std::string& policy : {"wfbp", "tictac", "p3", "bytescheduler", "prophet", "mercury-nopreempt"}) {
       auto r = simulate(c.profile, policy, o, c.cluster, s);
       ASSERT_TRUE(r.is_ok());
       ASSERT_LE(mercury->iteration_time, r->iteration_time + slack)
@@ -91,7 +90,7 @@ TEST(PsProperties, IdenticalSeedsGiveIdenticalOutput) {
   for (std::uint64_t seed : {1u, 2u, 3u}) {
     Rng a(seed), b(seed);
     Case ca = random_case(a, false), cb = random_case(b, false);
-    for (const std::string& policy : {"mercury", "p3", "bytescheduler", "tictac", "wfbp"}) {
+    for (const std::string& policy : {"mercury", "p3", "bytescheduler", "tictac", "wfbp", "prophet"}) {
       auto ra = simulate(ca.profile, policy, small_units(), ca.cluster, {});
       auto rb = simulate(cb.profile, policy, small_units(), cb.cluster, {});
       ASSERT_TRUE(ra.is_ok() && rb.is_ok());

@@ -81,6 +81,7 @@ void print_json(const Job& job, const std::vector<Row>& rows) {
     if (row.predicted) {
       j["predicted_iteration_ms"] = to_ms(row.predicted->iteration_time);
       j["relative_error"] = rel_error(row.result, *row.predicted);
+      j["predicted_link_utilisation"] = row.predicted->link_utilisation;
     }
     results.push_back(j);
   }

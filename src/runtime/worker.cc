@@ -161,7 +161,6 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     std::fill(layer_pulled.begin(), layer_pulled.end(), 0);
     std::fill(layer_ready.begin(), layer_ready.end(), false);
     bytes_at_start = bytes_written();
-    busy_at_start = sender->busy_ns();
     bytes_pushed = 0;
     units_pushed = 0;
     policy->on_iteration_start(it, now, *this);
@@ -223,9 +222,14 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
 
   void end_iteration() {
     iteration_times.push_back(compute_free - iteration_start);
+    // The uplink rate while pushing: bytes over the span from the first unit handed to
+    // the sender to the server's acknowledgement of the last (so bytes still in kernel or
+    // switch queues do not count as sent), like the simulator's busy-over-span: a
+    // user-level scheduler's gaps, e.g. p3's stop-and-wait, count against it.
     const auto bytes = static_cast<double>(bytes_written() - bytes_at_start);
-    const auto busy = static_cast<double>(sender->busy_ns() - busy_at_start);
-    gbps.push_back(busy > 0 ? 8.0 * bytes / busy : 0.0);
+    const auto span = static_cast<double>(push_last - push_first);
+    gbps.push_back(push_first >= 0 && span > 0 ? 8.0 * bytes / span : 0.0);
+    push_first = -1;
     bytes_per_iteration = bytes_pushed;
     units_per_iteration = units_pushed;
     for (const transport::QueueSample& q : sender->take_samples()) {
@@ -308,6 +312,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     h.offset = static_cast<std::uint64_t>(u.chunk.offset);
     h.priority = static_cast<std::uint16_t>(u.priority);
     const auto* payload = reinterpret_cast<const std::byte*>(grads.data() + tensor_base[static_cast<std::size_t>(u.chunk.tensor)]) + u.chunk.offset;
+    if (push_first < 0) push_first = loop->now();
     sender->enqueue(u.server, h, payload, 0);
     bytes_pushed += u.chunk.length;
     ++units_pushed;
@@ -374,6 +379,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
       case FrameKind::kAck: {
         auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset});
         it->second.acked = true;
+        push_last = loop->now();  // these bytes have crossed the wire: the push span grows
         const PushUnit u = it->second.unit;
         if (it->second.pulled) outstanding.erase(it);
         policy->on_push_acked(u, loop->now(), *this);
@@ -472,13 +478,13 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   std::vector<bool> layer_ready;
   std::vector<TimeNs> ready_at;  // when each layer's last pulled byte arrived
   TimeNs compute_free = 0;       // when the emulated GPU's current op is due to end
+  TimeNs push_first = -1, push_last = 0;  // this iteration's push span
   std::map<Key, Outstanding> outstanding;  // pushed this iteration, not yet acked and pulled
   TensorId urgent_end = 0;
   // Metrics.
   std::vector<TimeNs> iteration_times, delays, urgent_delays;
   std::vector<double> gbps;
   std::uint64_t bytes_at_start = 0;
-  TimeNs busy_at_start = 0;
   Bytes bytes_pushed = 0, bytes_per_iteration = 0;
   std::int64_t units_pushed = 0, units_per_iteration = 0;
   int verified = 0;
