@@ -46,6 +46,21 @@ start=$(date +%s)
 took=$(( $(date +%s) - start ))
 [ $rc -ne 0 ] && grep -q "worker 1" "$tmp/err" && [ $took -lt 30 ] && ok || bad "dying worker: rc $rc after ${took}s: $(cat "$tmp/err")"
 
+# Rendezvous through a coordinator: servers on ephemeral ports register, workers look up.
+cjob=(--model "$tmp/small.json" --policy mercury --workers 2 --servers 2 --iterations 3)
+"$qs" coordinator --listen 127.0.0.1:0 --workers 2 --servers 2 --timeout 30s > "$tmp/c" 2>&1 & c=$!
+for _ in $(seq 100); do grep -q listening "$tmp/c" && break; sleep 0.05; done
+caddr=$(awk '/listening/{print $2}' "$tmp/c")
+"$qs" server --server-id 0 --listen 127.0.0.1:0 --coordinator "$caddr" "${cjob[@]}" > /dev/null 2>&1 & cs0=$!
+"$qs" server --server-id 1 --listen 127.0.0.1:0 --coordinator "$caddr" "${cjob[@]}" > /dev/null 2>&1 & cs1=$!
+"$qs" worker --worker-id 0 --coordinator "$caddr" "${cjob[@]}" --json > "$tmp/cw0" 2>&1 & cw0=$!
+"$qs" worker --worker-id 1 --coordinator "$caddr" "${cjob[@]}" --json > "$tmp/cw1" 2>&1; rc1=$?
+wait $cw0; rc0=$?; wait $c; rcc=$?; wait $cs0; wait $cs1
+if [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && [ $rcc -eq 0 ] && grep -q '"iterations_verified":3' "$tmp/cw0" "$tmp/cw1"; then ok
+else bad "coordinator rendezvous: rc $rc0/$rc1/$rcc: $(cat "$tmp/c" "$tmp/cw0" "$tmp/cw1")"; fi
+"$qs" worker --worker-id 5 --coordinator 127.0.0.1:1 "${cjob[@]}" --connect-timeout 1s > /dev/null 2> "$tmp/e"; rc=$?
+[ $rc -eq 2 ] && grep -q "coordinator" "$tmp/e" && ok || bad "unreachable coordinator: rc $rc: $(cat "$tmp/e")"
+
 # A server killed outright (SIGKILL) mid-run: every worker fails fast, naming the server.
 job=(--model "$tmp/small.json" --policy mercury --workers 2 --servers 2 --iterations 1000 --peer-timeout 10s)
 "$qs" server --server-id 0 --listen 127.0.0.1:0 "${job[@]}" > "$tmp/s0" 2>&1 & s0=$!

@@ -22,6 +22,9 @@ int main(int argc, char** argv) {
   CLI::App* simulate = app.add_subcommand("simulate", "Simulate schedulers on a model and network");
   qs::cli::add_sim_flags(simulate, &sim_flags);
 
+  qs::cli::CoordinatorFlags coordinator_flags;
+  CLI::App* coordinator = app.add_subcommand("coordinator", "Rendezvous for a job on real hosts: servers register, workers look up");
+  qs::cli::add_coordinator_flags(coordinator, &coordinator_flags);
   qs::cli::RoleFlags server_flags, worker_flags;
   CLI::App* server = app.add_subcommand("server", "Run one parameter server of a job (real TCP)");
   qs::cli::add_server_flags(server, &server_flags);
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
     if (*models) return qs::cli::run_models(models_device, models_json);
     if (*simulate) return qs::cli::run_simulate(sim_flags);
     if (*tune) return qs::cli::run_tune(tune_flags);
+    if (*coordinator) return qs::cli::run_coordinator(coordinator_flags);
     if (*server) return qs::cli::run_server_role(server_flags);
     if (*worker) return qs::cli::run_worker_role(worker_flags);
     if (*run) return qs::cli::run_cluster(run_flags, "/proc/self/exe");

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "quicksilver/runtime/netns.h"
+#include "quicksilver/runtime/rendezvous.h"
 #include "quicksilver/runtime/runtime.h"
 
 namespace qs::cli {
@@ -83,6 +84,13 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
   return o;
 }
 
+// The rendezvous deadline of a role (--connect-timeout), defaulting on a bad value (the
+// job's own validation reports it).
+TimeNs o_timeout(const RoleFlags& f) {
+  auto t = parse_time(f.connect_timeout);
+  return t ? *t : 20 * kNsPerSec;
+}
+
 json report_json(const runtime::WorkerReport& r) {
   json it = json::array();
   for (TimeNs t : r.iteration_times) it.push_back(t);
@@ -102,16 +110,49 @@ json report_json(const runtime::WorkerReport& r) {
 
 }  // namespace
 
+void add_coordinator_flags(CLI::App* app, CoordinatorFlags* f) {
+  app->add_option("--listen", f->listen, "HOST:PORT to listen on")->capture_default_str();
+  app->add_option("--workers", f->workers, "Number of workers of the job")->capture_default_str();
+  app->add_option("--servers", f->servers, "Number of servers of the job")->capture_default_str();
+  app->add_option("--timeout", f->timeout, "Give up after this long")->capture_default_str();
+}
+
+int run_coordinator(const CoordinatorFlags& f) {
+  auto ep = parse_endpoint(f.listen, "--listen");
+  auto timeout = parse_time(f.timeout);
+  if (!ep || !timeout) {
+    std::cerr << "quicksilver coordinator: " << (!ep ? ep.status() : timeout.status().with_context("--timeout")).message()
+              << "\n";
+    return 2;
+  }
+  runtime::CoordinatorOptions o{*ep, f.workers, f.servers, *timeout};
+  auto c = runtime::Coordinator::create(o);
+  if (!c) {
+    std::cerr << "quicksilver coordinator: " << c.status().message() << "\n";
+    return 2;
+  }
+  std::cout << "listening " << ep->host << ":" << (*c)->port() << std::endl;
+  Status s = (*c)->run();
+  if (!s.is_ok()) {
+    std::cerr << "quicksilver " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
 void add_server_flags(CLI::App* app, RoleFlags* f) {
   add_role_common(app, f);
   app->add_option("--server-id", f->id, "This server's index, 0..M-1")->required();
   app->add_option("--listen", f->listen, "HOST:PORT to listen on (port 0: ephemeral)")->capture_default_str();
+  app->add_option("--coordinator", f->coordinator, "HOST:PORT of the job's coordinator to register with");
 }
 
 void add_worker_flags(CLI::App* app, RoleFlags* f) {
   add_role_common(app, f);
   app->add_option("--worker-id", f->id, "This worker's index, 0..N-1")->required();
-  app->add_option("--connect", f->servers, "Server addresses HOST:PORT,... in server-id order")->required();
+  auto* connect = app->add_option("--connect", f->servers, "Server addresses HOST:PORT,... in server-id order");
+  app->add_option("--coordinator", f->coordinator, "HOST:PORT of the job's coordinator (instead of --connect)")
+      ->excludes(connect);
   app->add_option("--slowdown", f->compute_factor, "Compute slowdown of this worker (1 = profile times)");
   app->add_option("--nic-rate", f->nic_rate, "This host's NIC rate, for the utilisation figure");
   app->add_option("--die-at-iteration", f->die_at_iteration, "Testing: exit abruptly at this iteration")->group("");
@@ -139,6 +180,15 @@ int run_server_role(const RoleFlags& f) {
   }
   // The launcher reads this line to learn an ephemeral port.
   std::cout << "listening " << ep->host << ":" << (*server)->port() << std::endl;
+  if (!f.coordinator.empty()) {
+    auto coord = parse_endpoint(f.coordinator, "--coordinator");
+    Status reg = coord ? runtime::register_server(*coord, f.id, (*server)->port(), o_timeout(f))
+                       : coord.status();
+    if (!reg.is_ok()) {
+      std::cerr << "quicksilver server " << f.id << ": " << reg.message() << "\n";
+      return 2;
+    }
+  }
   Status s = (*server)->run();
   if (!s.is_ok()) {
     std::cerr << "quicksilver server " << f.id << ": " << s.message() << "\n";
@@ -159,6 +209,19 @@ int run_worker_role(const RoleFlags& f) {
   o.compute_factor = f.compute_factor;
   o.warmup = f.sim.warmup;
   o.die_at_iteration = f.die_at_iteration;
+  if (f.servers.empty() && f.coordinator.empty()) {
+    std::cerr << "quicksilver worker: give --connect HOST:PORT,... or --coordinator HOST:PORT\n";
+    return 2;
+  }
+  if (!f.coordinator.empty()) {
+    auto coord = parse_endpoint(f.coordinator, "--coordinator");
+    auto list = coord ? runtime::lookup_servers(*coord, f.id, o_timeout(f)) : Result<std::vector<runtime::Endpoint>>(coord.status());
+    if (!list) {
+      std::cerr << "quicksilver worker " << f.id << ": " << list.status().message() << "\n";
+      return 2;
+    }
+    o.servers = *list;
+  }
   std::stringstream ss(f.servers);
   for (std::string item; std::getline(ss, item, ',');) {
     auto ep = parse_endpoint(item, "--connect");

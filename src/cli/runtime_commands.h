@@ -13,6 +13,7 @@ struct RoleFlags {
   int id = 0;                   // --server-id / --worker-id
   std::string listen = "127.0.0.1:0";  // server: HOST:PORT (port 0 = ephemeral)
   std::string servers;          // worker: HOST:PORT,HOST:PORT,... (server s at position s)
+  std::string coordinator;      // HOST:PORT of a `quicksilver coordinator` (instead of servers)
   double compute_factor = 1.0;  // worker: compute slowdown
   std::string congestion = "cubic";
   std::string connect_timeout = "20s";
@@ -33,6 +34,15 @@ struct RunFlags {
   int kill_at_iteration = 1;    // ...at this iteration
 };
 
+struct CoordinatorFlags {
+  std::string listen = "0.0.0.0:7000";
+  int workers = 4;
+  int servers = 4;
+  std::string timeout = "300s";
+};
+
+void add_coordinator_flags(CLI::App* app, CoordinatorFlags* f);
+int run_coordinator(const CoordinatorFlags& f);
 void add_server_flags(CLI::App* app, RoleFlags* f);
 void add_worker_flags(CLI::App* app, RoleFlags* f);
 void add_run_flags(CLI::App* app, RunFlags* f);

@@ -1,0 +1,223 @@
+#include "quicksilver/runtime/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+#include "quicksilver/transport/socket.h"
+
+namespace qs::runtime {
+namespace {
+
+constexpr std::size_t kMaxLine = 256;
+
+TimeNs steady_now() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Status send_line(int fd, const std::string& line) {
+  std::string s = line + "\n";
+  std::size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = ::send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+      continue;
+    }
+    if (n <= 0) return transport::errno_status("send to the coordinator's peer", errno);
+    done += static_cast<std::size_t>(n);
+  }
+  return Status::ok();
+}
+
+// Reads one line (without the newline) before `deadline`.
+Result<std::string> read_line(int fd, TimeNs deadline, std::string* buffer) {
+  while (true) {
+    if (auto nl = buffer->find('\n'); nl != std::string::npos) {
+      std::string line = buffer->substr(0, nl);
+      buffer->erase(0, nl + 1);
+      return line;
+    }
+    if (buffer->size() > kMaxLine) return protocol_error("rendezvous line longer than " + std::to_string(kMaxLine));
+    const TimeNs left = deadline - steady_now();
+    if (left <= 0) return unavailable("rendezvous timed out");
+    pollfd p{fd, POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(std::min<TimeNs>(left / kNsPerMs + 1, 1000)));
+    if (r < 0 && errno != EINTR) return transport::errno_status("poll", errno);
+    if (r <= 0) continue;
+    char buf[256];
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) return transport::errno_status("recv from the coordinator", errno);
+    if (n == 0) return unavailable("the coordinator closed the connection");
+    buffer->append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+// One request/response exchange with the coordinator.
+Result<std::string> ask(const Endpoint& coordinator, const std::string& request, TimeNs timeout) {
+  const TimeNs deadline = steady_now() + timeout;
+  auto fd = transport::connect_tcp(coordinator.host, coordinator.port, deadline);
+  if (!fd) return fd.status().with_context("coordinator " + coordinator.host + ":" + std::to_string(coordinator.port));
+  QS_RETURN_IF_ERROR(send_line(fd->get(), request));
+  std::string buffer;
+  QS_ASSIGN_OR_RETURN(std::string reply, read_line(fd->get(), deadline, &buffer));
+  if (reply.rfind("error ", 0) == 0) return invalid_argument("coordinator: " + reply.substr(6));
+  return reply;
+}
+
+struct Client {
+  transport::Fd fd;
+  std::string buffer;
+  std::string peer_host;
+  int worker = -1;  // a worker waiting for the list
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Coordinator>> Coordinator::create(const CoordinatorOptions& o) {
+  if (o.workers < 1 || o.servers < 1) return invalid_argument("coordinator: workers and servers must be >= 1");
+  QS_ASSIGN_OR_RETURN(transport::Fd fd, transport::listen_tcp(o.listen.host, o.listen.port));
+  QS_ASSIGN_OR_RETURN(int port, transport::local_port(fd.get()));
+  return std::unique_ptr<Coordinator>(new Coordinator(o, fd.release(), port));
+}
+
+Coordinator::~Coordinator() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status Coordinator::run() {
+  const TimeNs deadline = steady_now() + options_.timeout;
+  std::vector<Endpoint> servers(static_cast<std::size_t>(options_.servers));
+  std::vector<bool> registered(servers.size(), false), served(static_cast<std::size_t>(options_.workers), false);
+  int registered_count = 0, served_count = 0;
+  std::vector<Client> clients;
+  auto refuse = [](Client& c, const std::string& why) {
+    (void)send_line(c.fd.get(), "error " + why);
+    c.fd.reset();
+  };
+  while (served_count < options_.workers) {
+    if (steady_now() > deadline) {
+      return unavailable("coordinator: timed out with " + std::to_string(registered_count) + " of " +
+                         std::to_string(options_.servers) + " servers registered and " +
+                         std::to_string(served_count) + " of " + std::to_string(options_.workers) + " workers served");
+    }
+    // Answer waiting workers once every server is known.
+    if (registered_count == options_.servers) {
+      std::string list;
+      for (const Endpoint& e : servers) list += (list.empty() ? "" : ",") + e.host + ":" + std::to_string(e.port);
+      for (Client& c : clients) {
+        if (c.fd.valid() && c.worker >= 0) {
+          (void)send_line(c.fd.get(), "servers " + list);
+          c.fd.reset();
+        }
+      }
+    }
+    std::erase_if(clients, [](const Client& c) { return !c.fd.valid(); });
+    std::vector<pollfd> fds{{fd_, POLLIN, 0}};
+    for (const Client& c : clients) fds.push_back({c.fd.get(), POLLIN, 0});
+    int r = ::poll(fds.data(), fds.size(), 200);
+    if (r < 0 && errno != EINTR) return transport::errno_status("coordinator poll", errno);
+    if (r <= 0) continue;
+    if (fds[0].revents & POLLIN) {
+      while (true) {
+        sockaddr_in addr{};
+        socklen_t len = sizeof addr;
+        int cfd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (cfd < 0) break;
+        char host[INET_ADDRSTRLEN] = "";
+        ::inet_ntop(AF_INET, &addr.sin_addr, host, sizeof host);
+        clients.push_back(Client{transport::Fd(cfd), "", host, -1});
+      }
+    }
+    for (std::size_t i = 1; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Client& c = clients[i - 1];
+      char buf[256];
+      ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
+      if (n <= 0) {
+        c.fd.reset();
+        continue;
+      }
+      c.buffer.append(buf, static_cast<std::size_t>(n));
+      auto nl = c.buffer.find('\n');
+      if (nl == std::string::npos) {
+        if (c.buffer.size() > kMaxLine) refuse(c, "line too long");
+        continue;
+      }
+      std::istringstream line(c.buffer.substr(0, nl));
+      std::string role, extra;
+      long id = -1, port = -1;
+      line >> role >> id;
+      if (role == "server" && (line >> port) && !(line >> extra)) {
+        if (id < 0 || id >= options_.servers) {
+          refuse(c, "server id " + std::to_string(id) + " not in [0, " + std::to_string(options_.servers) + ")");
+        } else if (registered[static_cast<std::size_t>(id)]) {
+          refuse(c, "server " + std::to_string(id) + " registered twice");
+        } else if (port <= 0 || port > 65535) {
+          refuse(c, "bad port " + std::to_string(port));
+        } else {
+          servers[static_cast<std::size_t>(id)] = Endpoint{c.peer_host, static_cast<int>(port)};
+          registered[static_cast<std::size_t>(id)] = true;
+          ++registered_count;
+          (void)send_line(c.fd.get(), "ok");
+          c.fd.reset();
+        }
+      } else if (role == "worker" && !line.fail() && !(line >> extra)) {
+        if (id < 0 || id >= options_.workers) {
+          refuse(c, "worker id " + std::to_string(id) + " not in [0, " + std::to_string(options_.workers) + ")");
+        } else if (served[static_cast<std::size_t>(id)]) {
+          refuse(c, "worker " + std::to_string(id) + " asked twice");
+        } else {
+          served[static_cast<std::size_t>(id)] = true;
+          ++served_count;
+          c.worker = static_cast<int>(id);
+        }
+      } else {
+        refuse(c, "expected 'server ID PORT' or 'worker ID'");
+      }
+    }
+  }
+  // Hand the list to the last workers before returning.
+  std::string list;
+  for (const Endpoint& e : servers) list += (list.empty() ? "" : ",") + e.host + ":" + std::to_string(e.port);
+  for (Client& c : clients) {
+    if (c.fd.valid() && c.worker >= 0) (void)send_line(c.fd.get(), "servers " + list);
+  }
+  return Status::ok();
+}
+
+Status register_server(const Endpoint& coordinator, int id, int port, TimeNs timeout) {
+  QS_ASSIGN_OR_RETURN(std::string reply, ask(coordinator, "server " + std::to_string(id) + " " + std::to_string(port), timeout));
+  if (reply != "ok") return protocol_error("coordinator answered '" + reply + "' to a registration");
+  return Status::ok();
+}
+
+Result<std::vector<Endpoint>> lookup_servers(const Endpoint& coordinator, int worker_id, TimeNs timeout) {
+  QS_ASSIGN_OR_RETURN(std::string reply, ask(coordinator, "worker " + std::to_string(worker_id), timeout));
+  if (reply.rfind("servers ", 0) != 0) return protocol_error("coordinator answered '" + reply + "' to a look-up");
+  std::vector<Endpoint> out;
+  std::stringstream ss(reply.substr(8));
+  for (std::string item; std::getline(ss, item, ',');) {
+    auto colon = item.rfind(':');
+    if (colon == std::string::npos) return protocol_error("coordinator sent a bad address '" + item + "'");
+    Endpoint e;
+    e.host = item.substr(0, colon);
+    e.port = std::atoi(item.c_str() + colon + 1);
+    if (e.port <= 0 || e.port > 65535) return protocol_error("coordinator sent a bad port in '" + item + "'");
+    out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace qs::runtime
