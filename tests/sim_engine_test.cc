@@ -170,3 +170,35 @@ TEST(Simulator, TraceHasComputeAndLinkTracks) {
 
 }  // namespace
 }  // namespace qs
+
+namespace qs {
+namespace {
+
+// With one slow worker, the oracle's iteration is the slowest worker's compute: its
+// scaling efficiency is exactly 1, never above.
+TEST(Simulator, OracleWithASlowWorkerHasEfficiencyOne) {
+  Profile p = testing::mercury_fig2();
+  ClusterConfig c;
+  c.workers = 4;
+  c.servers = 4;
+  c.compute_factor = {1, 1, 1, 2};
+  auto r = simulate(p, "oracle", {}, c, {});
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->iteration_time, 2 * p.compute_time());
+  EXPECT_DOUBLE_EQ(r->scaling_efficiency, 1.0);
+}
+
+// A bandwidth of a few bits per second would take longer than the simulated horizon:
+// a clear error, not an overflow.
+TEST(Simulator, AbsurdlyLowBandwidthIsAClearError) {
+  ClusterConfig c;
+  c.bandwidth = Rate{1};
+  Profile p;
+  p.layers = {testing::layer("fc", 1000, 1000, 1'000'000'000)};  // 8e9 s at 1 bit/s
+  auto r = simulate(p, "wfbp", {}, c, {});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("--bandwidth too low"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qs

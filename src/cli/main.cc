@@ -39,8 +39,16 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line naming the flag; exit 2 like every other bad input.
+    std::cerr << "quicksilver: " << e.what() << " (see quicksilver --help)\n";
+    return 2;
   }
   try {
     if (*models) return qs::cli::run_models(models_device, models_json);

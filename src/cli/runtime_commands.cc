@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -273,13 +274,23 @@ struct Child {
 Result<Child> spawn(const std::string& name, const std::string& exe, const std::vector<std::string>& args,
                     const std::string& netns) {
   int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return io_error("pipe failed");
+  if (pipe2(out, O_CLOEXEC) != 0) return io_error("pipe failed");
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    close(out[0]);
+    close(out[1]);
+    return io_error("pipe failed");
+  }
   pid_t pid = fork();
-  if (pid < 0) return io_error("fork failed");
+  if (pid < 0) {
+    for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+    return io_error("fork failed");
+  }
   if (pid == 0) {
     dup2(out[1], 1);
     dup2(err[1], 2);
     setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the launcher
+    if (getppid() == 1) _exit(125);     // the launcher died before prctl
     if (!netns.empty()) {
       Status s = runtime::NetnsCluster::enter(netns);
       if (!s.is_ok()) {
@@ -306,9 +317,16 @@ Result<Child> spawn(const std::string& name, const std::string& exe, const std::
   return c;
 }
 
+void close_pipes(Child& c) {
+  if (c.out >= 0) close(c.out);
+  if (c.err >= 0) close(c.err);
+  c.out = c.err = -1;
+}
+
 void kill_all(std::vector<Child>& children) {
   for (Child& c : children) {
     if (c.running) kill(c.pid, SIGTERM);
+    close_pipes(c);
   }
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   for (Child& c : children) {
@@ -388,14 +406,17 @@ Profile scale_profile(const Profile& p, double scale) {
 std::vector<std::string> job_args(const Job& job, const std::string& profile_path, const std::string& policy,
                                   const RunFlags& f) {
   const PolicyOptions& o = job.policy_options;
-  return {"--model", profile_path, "--policy", policy, "--workers", std::to_string(job.cluster.workers),
+  std::vector<std::string> args = {"--model", profile_path, "--policy", policy, "--workers", std::to_string(job.cluster.workers),
           "--servers", std::to_string(job.cluster.servers), "--iterations", std::to_string(job.sim.iterations),
           "--warmup", std::to_string(job.sim.warmup), "--packet-size", std::to_string(o.packet_size) + "B",
           "--partition-size", std::to_string(o.partition_size) + "B", "--credit-size",
           std::to_string(o.credit_size) + "B", "--slice-size", std::to_string(o.slice_size) + "B",
           "--startup-time", std::to_string(o.startup_time) + "ns", "--split-threshold",
           std::to_string(o.split_threshold) + "B", "--bandwidth", std::to_string(job.cluster.bandwidth.bits_per_second) + "bps",
+          "--prophet-partition-size", std::to_string(o.prophet_partition_size) + "B",
           "--seed", std::to_string(job.sim.seed), "--congestion", f.congestion};
+  if (o.prophet_allow_overrun) args.push_back("--prophet-overrun");
+  return args;
 }
 
 // Runs one policy on the local cluster; returns the measured row (with the prediction).
@@ -469,10 +490,20 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
     }
     children.push_back(std::move(*c));
   }
-  // Dynamic scenarios: apply the bandwidth schedule to every host's shaper over time.
+  // Dynamic scenarios: apply the bandwidth schedule to every host's shaper over time,
+  // from its first rate. Time 0 is when the workers start, not their first backward
+  // pass (the rendezvous, tens of milliseconds, comes first): docs/runtime.md.
   std::atomic<bool> stop_shaper{false};
   std::thread shaper;
   if (cluster && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
+    const auto& first = job.cluster.schedule->segments()[0];
+    for (int h = 0; h < cluster->hosts(); ++h) {
+      Status st = cluster->set_rate(h, first.rate);
+      if (!st.is_ok()) {
+        cleanup();
+        return st.with_context("setting the trace's first rate");
+      }
+    }
     shaper = std::thread([&, t0 = std::chrono::steady_clock::now()] {
       const auto& segs = job.cluster.schedule->segments();
       for (std::size_t i = 1; i < segs.size() && !stop_shaper; ++i) {
@@ -505,15 +536,14 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
     bool workers_running = false;
     for (int w = 0; w < n; ++w) workers_running |= children[static_cast<std::size_t>(m + w)].running;
     if (!workers_running && !workers_done) workers_done = std::chrono::steady_clock::now();
-    if (workers_done && std::chrono::steady_clock::now() - *workers_done > std::chrono::seconds(3)) {
+    if (workers_done && std::chrono::steady_clock::now() - *workers_done > std::chrono::seconds(10)) {
+      std::string hung;
       for (int s = 0; s < m; ++s) {
-        Child& c = children[static_cast<std::size_t>(s)];
-        if (c.running) {
-          kill(c.pid, SIGKILL);
-          waitpid(c.pid, &c.status, 0);
-          c.running = false;
-          c.status = 0;  // stopped by us after the job completed
-        }
+        if (children[static_cast<std::size_t>(s)].running) hung += (hung.empty() ? "" : ", ") + std::to_string(s);
+      }
+      if (!hung.empty()) {
+        cleanup();
+        return unavailable("server(s) " + hung + " did not exit within 10 s after every worker finished");
       }
     }
     for (const Child& c : children) {
@@ -550,19 +580,32 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
       return internal_error(c.name + " printed no report: " + last_line(c.out_text));
     }
   }
-  const json& w0 = reports[0];
-  for (const auto& t : w0.at("iteration_times_ns")) r.iteration_times.push_back(t.get<TimeNs>());
-  r.link_utilisation = w0.value("uplink_utilisation", 0.0);
-  r.bytes_pushed_per_iteration = w0.value("bytes_pushed_per_iteration", Bytes{0});
-  r.messages_per_iteration = w0.value("units_per_iteration", std::int64_t{0});
-  for (const json& rep : reports) {
-    const auto& u = rep.at("urgent_delay_ns");
-    r.notes.push_back("worker " + std::to_string(rep.value("worker", 0)) + ": " +
-                      std::to_string(rep.value("iterations_verified", 0)) + " iterations verified exact, uplink " +
-                      std::to_string(rep.value("uplink_gbps", 0.0)).substr(0, 5) + " Gbps, urgent-packet delay p50/p99 " +
-                      format_time(u[0].get<TimeNs>()) + "/" + format_time(u[1].get<TimeNs>()) + ", " +
-                      rep.value("congestion_control", std::string("?")));
+  try {
+    // Iteration k of the cluster ends when its slowest worker's does.
+    for (const json& rep : reports) {
+      const auto& times = rep.at("iteration_times_ns");
+      if (r.iteration_times.empty()) r.iteration_times.assign(times.size(), 0);
+      for (std::size_t k = 0; k < times.size() && k < r.iteration_times.size(); ++k) {
+        r.iteration_times[k] = std::max(r.iteration_times[k], times[k].get<TimeNs>());
+      }
+    }
+    const json& w0 = reports[0];
+    r.link_utilisation = w0.value("uplink_utilisation", 0.0);
+    r.bytes_pushed_per_iteration = w0.value("bytes_pushed_per_iteration", Bytes{0});
+    r.messages_per_iteration = w0.value("units_per_iteration", std::int64_t{0});
+    for (const json& rep : reports) {
+      const auto& u = rep.at("urgent_delay_ns");
+      r.notes.push_back("worker " + std::to_string(rep.value("worker", 0)) + ": " +
+                        std::to_string(rep.value("iterations_verified", 0)) + " iterations verified exact, uplink " +
+                        std::to_string(rep.value("uplink_gbps", 0.0)).substr(0, 5) +
+                        " Gbps, urgent-packet delay p50/p99 " + format_time(u.at(0).get<TimeNs>()) + "/" +
+                        format_time(u.at(1).get<TimeNs>()) + ", " +
+                        rep.value("congestion_control", std::string("?")));
+    }
+  } catch (const std::exception& e) {
+    return internal_error("a worker's report is malformed: " + std::string(e.what()));
   }
+  if (r.iteration_times.empty()) return internal_error("the workers reported no iteration");
   finish_result(job.profile, job.cluster, job.sim, &r);
   // The prediction: the simulator on the same (scaled) configuration, at the goodput the
   // links really offer (iperf3 on the same shaped link; tc's rate counts Ethernet frames,
@@ -617,6 +660,20 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
     std::cerr << "quicksilver run: --bandwidth-trace needs --netns (loopback has no shaper to change)\n";
     return 2;
   }
+  if (job->cluster.latency > 0) {
+    std::cerr << "quicksilver run: --latency: no delay emulation (this kernel has no netem); use 0\n";
+    return 2;
+  }
+  if (job->cluster.schedule) {
+    const auto& segs = job->cluster.schedule->segments();
+    for (std::size_t i = 1; i < segs.size(); ++i) {
+      if (segs[i].start - segs[i - 1].start < 100 * kNsPerMs) {
+        std::cerr << "quicksilver run: --bandwidth-trace: rate changes less than 100 ms apart are faster than tc "
+                     "can apply them\n";
+        return 2;
+      }
+    }
+  }
   if (f.scale < 0 || f.scale > 1) {
     std::cerr << "quicksilver: --scale must be in (0, 1] (or 0 for automatic)\n";
     return 2;
@@ -628,16 +685,33 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
     const double per_host = 4e9 / (job->cluster.workers + job->cluster.servers);
     scale = std::min(1.0, per_host / static_cast<double>(job->cluster.bandwidth.bits_per_second));
   }
-  // Scale bandwidth and sizes together: every communication/compute ratio is kept.
+  // Scale bandwidth and sizes together: every communication/compute ratio is kept, and
+  // so are the counts of user-level units (partitions, slices, blocks: each pays its
+  // startup time) and the placement. Mercury's packet size is a transport parameter and
+  // is kept as it is (a 1.6 KB packet would measure per-packet overhead, not scheduling).
   job->profile = scale_profile(job->profile, scale);
+  {
+    PolicyOptions& o = job->policy_options;
+    auto sc = [scale](Bytes b) { return std::max<Bytes>(4, std::llround(static_cast<double>(b) * scale) / 4 * 4); };
+    o.partition_size = sc(o.partition_size);
+    o.credit_size = sc(o.credit_size);
+    o.slice_size = sc(o.slice_size);
+    o.prophet_partition_size = sc(o.prophet_partition_size);
+    o.split_threshold = sc(o.split_threshold);
+  }
   job->cluster.bandwidth.bits_per_second = std::llround(job->cluster.bandwidth.bits_per_second * scale);
   if (job->cluster.schedule) job->cluster.schedule = job->cluster.schedule->scaled(scale);
-  const auto tmp = std::filesystem::temp_directory_path() / ("qs-run-" + std::to_string(getpid()));
-  std::filesystem::create_directories(tmp);
+  std::string tmpl = (std::filesystem::temp_directory_path() / "qs-run-XXXXXX").string();
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    std::cerr << "quicksilver run: cannot create a temporary directory\n";
+    return 2;
+  }
+  const std::filesystem::path tmp = tmpl;
   const std::string profile_path = (tmp / "profile.json").string();
   Status saved = save_profile(job->profile, profile_path);
   if (!saved.is_ok()) {
     std::cerr << "quicksilver: " << saved.message() << "\n";
+    std::filesystem::remove_all(tmp);
     return 2;
   }
   std::signal(SIGINT, on_signal);

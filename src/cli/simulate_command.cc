@@ -125,8 +125,13 @@ Result<Job> make_job(const SimFlags& f) {
   if (!f.bandwidth_trace.empty()) {
     auto sched = BandwidthSchedule::from_spec(f.bandwidth_trace, f.seed);
     if (!sched) return sched.status().with_context("--bandwidth-trace");
-    job.cluster.schedule = std::move(*sched);
+    if (sched->is_constant()) {
+      job.cluster.bandwidth = sched->rate_at(0);  // a constant trace is just a rate
+    } else {
+      job.cluster.schedule = std::move(*sched);
+    }
   }
+  if (f.workers < 1 || f.workers > 4096) return invalid_argument("--workers must be in 1..4096");
   QS_RETURN_IF_ERROR(parse_compute_factor(f.compute_factor, f.workers, &job.cluster.compute_factor));
   if (!f.reduction_rate.empty()) {
     auto r = parse_rate(f.reduction_rate);

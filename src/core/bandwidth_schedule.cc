@@ -114,16 +114,16 @@ Rate BandwidthSchedule::rate_at(TimeNs t) const {
 }
 
 TimeNs BandwidthSchedule::finish_time(TimeNs start, Bytes bytes) const {
-  if (segments_.size() == 1) return start + transfer_time(bytes, segments_[0].rate);
+  if (segments_.size() == 1) return add_saturated(start, transfer_time(bytes, segments_[0].rate));
   std::size_t i = segment_index(std::max<TimeNs>(start, 0));
   TimeNs t = start;
   Bytes left = bytes;
   while (true) {
     const Rate r = segments_[i].rate;
-    if (i + 1 == segments_.size()) return t + transfer_time(left, r);
+    if (i + 1 == segments_.size()) return add_saturated(t, transfer_time(left, r));
     const TimeNs seg_end = segments_[i + 1].start;
     const Bytes fit = bytes_in(seg_end - t, r);
-    if (fit >= left) return t + transfer_time(left, r);
+    if (fit >= left) return add_saturated(t, transfer_time(left, r));
     left -= fit;
     t = seg_end;
     ++i;

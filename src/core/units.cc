@@ -104,7 +104,7 @@ TimeNs transfer_time(Bytes bytes, Rate rate) {
   QS_CHECK(rate.bits_per_second > 0 && bytes >= 0);
   if (bytes < (std::int64_t{1} << 30)) {  // bytes * 8e9 fits in 63 bits: the fast path
     const std::int64_t n = bytes * 8 * kNsPerSec;
-    return (n + rate.bits_per_second - 1) / rate.bits_per_second;
+    return n / rate.bits_per_second + (n % rate.bits_per_second != 0 ? 1 : 0);
   }
   __int128 num = static_cast<__int128>(bytes) * 8 * kNsPerSec;
   __int128 t = (num + rate.bits_per_second - 1) / rate.bits_per_second;

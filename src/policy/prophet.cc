@@ -71,19 +71,8 @@ class Prophet final : public PsPolicy {
     const TensorLayout& layout = *ctx.layout;
     partitions_.resize(static_cast<std::size_t>(layout.num_tensors()));
     for (const TensorInfo& t : layout.tensors()) {
-      const auto& slices = ctx.placement->slices(t.id);
-      std::vector<std::vector<Chunk>> per_slice;
-      std::size_t most = 0;
-      for (const Slice& s : slices) {
-        per_slice.push_back(split_chunk(s.chunk, o.prophet_partition_size, t.element_size));
-        most = std::max(most, per_slice.back().size());
-      }
       auto& out = partitions_[static_cast<std::size_t>(t.id)];
-      for (std::size_t k = 0; k < most; ++k) {
-        for (std::size_t s = 0; s < slices.size(); ++s) {
-          if (k < per_slice[s].size()) out.push_back(PushUnit{per_slice[s][k], slices[s].server, t.id});
-        }
-      }
+      push_interleaved(ctx, t.id, o.prophet_partition_size, [&](const PushUnit& u) { out.push_back(u); });
     }
   }
 

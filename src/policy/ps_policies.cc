@@ -23,7 +23,10 @@ void push_slices(const PsContext& ctx, int layer, PushSink& out) {
 // another (with N workers in lockstep, the latter would queue all N at one server). The
 // papers do not say; MXNet-based systems get the same effect from hashing partition keys
 // over servers.
-void push_interleaved(const PsContext& ctx, TensorId t, Bytes max_bytes, const std::function<void(const PushUnit&)>& out) {
+}  // namespace
+
+void push_interleaved(const PsContext& ctx, TensorId t, Bytes max_bytes,
+                      const std::function<void(const PushUnit&)>& out) {
   const auto& slices = ctx.placement->slices(t);
   const Bytes align = ctx.layout->tensor(t).element_size;
   std::vector<std::vector<Chunk>> per_slice;
@@ -39,6 +42,8 @@ void push_interleaved(const PsContext& ctx, TensorId t, Bytes max_bytes, const s
     }
   }
 }
+
+namespace {
 
 // oracle: compute only (Mercury eq. 9). The engine never waits for communication.
 class Oracle final : public PsPolicy {

@@ -250,6 +250,7 @@ int NetnsCluster::cleanup_stale() {
     const std::string name = e.path().filename().string();
     std::smatch m;
     if (!std::regex_match(name, m, kName)) continue;
+    if (m[1].length() > 9) continue;  // not a pid of ours
     const pid_t pid = static_cast<pid_t>(std::stol(m[1].str()));
     if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // still running (or not ours to judge)
     if (run_command({"ip", "netns", "del", name}).is_ok()) ++removed;

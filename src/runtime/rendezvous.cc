@@ -99,14 +99,18 @@ Coordinator::~Coordinator() {
 Status Coordinator::run() {
   const TimeNs deadline = steady_now() + options_.timeout;
   std::vector<Endpoint> servers(static_cast<std::size_t>(options_.servers));
-  std::vector<bool> registered(servers.size(), false), served(static_cast<std::size_t>(options_.workers), false);
+  // A worker is `waiting` from its request until the list reached it (`served`); one whose
+  // connection drops before that may ask again.
+  std::vector<bool> registered(servers.size(), false);
+  std::vector<bool> waiting(static_cast<std::size_t>(options_.workers), false);
+  std::vector<bool> served(static_cast<std::size_t>(options_.workers), false);
   int registered_count = 0, served_count = 0;
   std::vector<Client> clients;
   auto refuse = [](Client& c, const std::string& why) {
     (void)send_line(c.fd.get(), "error " + why);
     c.fd.reset();
   };
-  while (served_count < options_.workers) {
+  while (true) {
     if (steady_now() > deadline) {
       return unavailable("coordinator: timed out with " + std::to_string(registered_count) + " of " +
                          std::to_string(options_.servers) + " servers registered and " +
@@ -117,11 +121,16 @@ Status Coordinator::run() {
       std::string list;
       for (const Endpoint& e : servers) list += (list.empty() ? "" : ",") + e.host + ":" + std::to_string(e.port);
       for (Client& c : clients) {
-        if (c.fd.valid() && c.worker >= 0) {
-          (void)send_line(c.fd.get(), "servers " + list);
-          c.fd.reset();
+        if (!c.fd.valid() || c.worker < 0) continue;
+        const auto w = static_cast<std::size_t>(c.worker);
+        waiting[w] = false;
+        if (send_line(c.fd.get(), "servers " + list).is_ok()) {
+          served[w] = true;
+          ++served_count;
         }
+        c.fd.reset();
       }
+      if (served_count == options_.workers) break;
     }
     std::erase_if(clients, [](const Client& c) { return !c.fd.valid(); });
     std::vector<pollfd> fds{{fd_, POLLIN, 0}};
@@ -146,6 +155,7 @@ Status Coordinator::run() {
       char buf[256];
       ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
       if (n <= 0) {
+        if (c.worker >= 0) waiting[static_cast<std::size_t>(c.worker)] = false;
         c.fd.reset();
         continue;
       }
@@ -176,23 +186,16 @@ Status Coordinator::run() {
       } else if (role == "worker" && !line.fail() && !(line >> extra)) {
         if (id < 0 || id >= options_.workers) {
           refuse(c, "worker id " + std::to_string(id) + " not in [0, " + std::to_string(options_.workers) + ")");
-        } else if (served[static_cast<std::size_t>(id)]) {
+        } else if (served[static_cast<std::size_t>(id)] || waiting[static_cast<std::size_t>(id)]) {
           refuse(c, "worker " + std::to_string(id) + " asked twice");
         } else {
-          served[static_cast<std::size_t>(id)] = true;
-          ++served_count;
+          waiting[static_cast<std::size_t>(id)] = true;
           c.worker = static_cast<int>(id);
         }
       } else {
         refuse(c, "expected 'server ID PORT' or 'worker ID'");
       }
     }
-  }
-  // Hand the list to the last workers before returning.
-  std::string list;
-  for (const Endpoint& e : servers) list += (list.empty() ? "" : ",") + e.host + ":" + std::to_string(e.port);
-  for (Client& c : clients) {
-    if (c.fd.valid() && c.worker >= 0) (void)send_line(c.fd.get(), "servers " + list);
   }
   return Status::ok();
 }

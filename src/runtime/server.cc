@@ -267,6 +267,7 @@ struct Server::Impl final : transport::FrameHandler {
 
   Status on_payload(Connection& c, const Header&, std::uint64_t at, const std::byte* data,
                     std::size_t n) override {
+    last_rx = loop->now();  // a long payload still streaming in is life too
     Peer& p = peers[static_cast<std::size_t>(c.index())];
     Unit& u = *p.current;
     std::uint64_t pos = at;

@@ -126,6 +126,13 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   void schedule_watchdog() {
     loop->schedule_after(std::max<TimeNs>(opts.job.peer_timeout / 4, kNsPerMs), [this] {
       if (finished) return;
+      // Bytes still streaming in (a long payload) count as life, not only headers.
+      std::uint64_t read = 0;
+      for (const auto& c : conns) read += c ? c->bytes_read() : 0;
+      if (read != rx_bytes_seen) {
+        rx_bytes_seen = read;
+        last_rx = loop->now();
+      }
       const bool waiting = blocked || !outstanding.empty();
       if (waiting && loop->now() - last_rx > opts.job.peer_timeout) {
         loop->fail(unavailable(name() + ": no frame from any server for " +
@@ -474,6 +481,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   bool blocked = false;
   bool finished = false;
   TimeNs iteration_start = 0, last_rx = 0;
+  std::uint64_t rx_bytes_seen = 0;  // bytes read by the last watchdog check
   std::vector<Bytes> layer_pulled;
   std::vector<bool> layer_ready;
   std::vector<TimeNs> ready_at;  // when each layer's last pulled byte arrived

@@ -173,6 +173,7 @@ class AllReduceEngine {
     begin_iteration(0);
     while (!q_.empty()) {
       auto e = q_.pop();
+      if (e.time >= kSimHorizon) return horizon_error().with_context(name);
       dispatch(e.payload);
       if (!error_.is_ok()) return error_.with_context(name);
     }

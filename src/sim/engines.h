@@ -5,6 +5,11 @@
 
 namespace qs {
 
+// Simulated time beyond which a run stops with an error instead of risking overflow
+// (about 73 years; reached only with absurd rates such as a few bits per second).
+inline constexpr TimeNs kSimHorizon = kTimeNever / 4;
+Status horizon_error();
+
 // Parameter-server engine (ps_engine.cc). Preconditions: cluster validated, PS architecture.
 Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy,
                               const PolicyOptions& policy_options, const ClusterConfig& cluster,

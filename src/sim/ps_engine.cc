@@ -168,6 +168,7 @@ class PsEngine {
     for (auto& w : workers_) start_backward(*w, 0);
     while (!q_.empty()) {
       auto e = q_.pop();
+      if (e.time >= kSimHorizon) return horizon_error();
       dispatch(e.payload);
       if (!error_.is_ok()) return error_;
     }
@@ -180,7 +181,14 @@ class PsEngine {
       }
     }
     Worker& w0 = *workers_[0];
+    // Iteration k of the cluster ends when its slowest worker's does (with an oracle or
+    // unequal compute speeds, workers differ).
     result_.iteration_times = w0.iteration_times;
+    for (const auto& w : workers_) {
+      for (std::size_t k = 0; k < result_.iteration_times.size(); ++k) {
+        result_.iteration_times[k] = std::max(result_.iteration_times[k], w->iteration_times[k]);
+      }
+    }
     result_.link_utilisation = steady_median(w0.utilisation, opts_.warmup);
     result_.bytes_pushed_per_iteration = w0.bytes_pushed_last;
     result_.messages_per_iteration = w0.units_pushed_last;
@@ -428,12 +436,12 @@ class PsEngine {
     if (opts_.verify_bytes) w.pushed.push_back(u.chunk);
     if (w.rec_up.enabled()) w.rec_up.add(now, fin1, "push " + std::to_string(u.chunk.tensor));
     q_.schedule(fin1, Payload{Ev::kUplinkFree, w.id, {}});
-    q_.schedule(fin2 + cluster_.latency, Payload{Ev::kServerArrive, w.id, u});
+    q_.schedule(add_saturated(fin2, cluster_.latency), Payload{Ev::kServerArrive, w.id, u});
   }
 
   // ---- server ----
   void on_server_arrive(int worker, const PushUnit& u) {
-    if (acks_) q_.schedule(q_.now() + cluster_.latency, Payload{Ev::kAck, worker, u});
+    if (acks_) q_.schedule(add_saturated(q_.now(), cluster_.latency), Payload{Ev::kAck, worker, u});
     Server& s = *servers_[static_cast<std::size_t>(u.server)];
     auto& a = s.agg.find_or_insert(key(u.chunk));
     if (a.count == 0) {
@@ -464,7 +472,7 @@ class PsEngine {
     s.out.busy_until = fin1;
     if (w.rec_down.enabled()) w.rec_down.add(start2, fin2, "pull " + std::to_string(u.chunk.tensor));
     q_.schedule(fin1, Payload{Ev::kServerOutFree, u.server, {}});
-    q_.schedule(fin2 + cluster_.latency, Payload{Ev::kPullArrive, wid, u});
+    q_.schedule(add_saturated(fin2, cluster_.latency), Payload{Ev::kPullArrive, wid, u});
   }
 
   void on_pull_arrive(Worker& w, const PushUnit& u) {

@@ -39,12 +39,15 @@ const char* allreduce_algorithm_name(AllReduceAlgorithm a) {
 }
 
 Status ClusterConfig::validate() const {
-  if (workers < 1 || workers > 100000) return invalid_argument("--workers must be in 1..100000");
-  if (architecture == Architecture::kPs && (servers < 1 || servers > 100000)) {
-    return invalid_argument("--servers must be in 1..100000");
+  // Each PS host keeps per-priority queues, so N and M are bounded by memory, not time.
+  if (workers < 1 || workers > 4096) return invalid_argument("--workers must be in 1..4096");
+  if (architecture == Architecture::kPs && (servers < 1 || servers > 4096)) {
+    return invalid_argument("--servers must be in 1..4096");
   }
-  if (bandwidth.bits_per_second <= 0) return invalid_argument("--bandwidth must be positive");
-  if (latency < 0) return invalid_argument("--latency must be >= 0");
+  if (bandwidth.bits_per_second <= 0 || bandwidth.bits_per_second > 1'000'000'000'000'000) {
+    return invalid_argument("--bandwidth must be in 1bps..1000000Gbps");
+  }
+  if (latency < 0 || latency > 3600 * kNsPerSec) return invalid_argument("--latency must be in 0..3600s");
   if (!compute_factor.empty() && static_cast<int>(compute_factor.size()) != workers) {
     return invalid_argument("--compute-factor lists " + std::to_string(compute_factor.size()) +
                             " factors for " + std::to_string(workers) + " workers");
@@ -59,21 +62,32 @@ Status ClusterConfig::validate() const {
   return Status::ok();
 }
 
-TimeNs steady_median(const std::vector<TimeNs>& v, int skip) {
-  QS_CHECK(!v.empty());
-  std::vector<TimeNs> s(v.begin() + std::min<std::ptrdiff_t>(std::max(skip, 0), static_cast<std::ptrdiff_t>(v.size()) - 1), v.end());
+Status horizon_error() {
+  return invalid_argument("simulated time passed " + format_time(kSimHorizon) +
+                          " before the iterations ended; is --bandwidth too low?");
+}
+
+namespace {
+
+// Median of v[skip..] (of the last element when skip reaches the end); the mean of the
+// two middle values for an even count.
+template <typename T>
+T median_after(const std::vector<T>& v, int skip) {
+  const auto first = std::min<std::ptrdiff_t>(std::max(skip, 0), static_cast<std::ptrdiff_t>(v.size()) - 1);
+  std::vector<T> s(v.begin() + first, v.end());
   std::sort(s.begin(), s.end());
   const std::size_t n = s.size();
   return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
-double steady_median(const std::vector<double>& v, int skip) {
-  if (v.empty()) return 0.0;
-  std::vector<double> s(v.begin() + std::min<std::ptrdiff_t>(std::max(skip, 0), static_cast<std::ptrdiff_t>(v.size()) - 1), v.end());
-  std::sort(s.begin(), s.end());
-  const std::size_t n = s.size();
-  return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}  // namespace
+
+TimeNs steady_median(const std::vector<TimeNs>& v, int skip) {
+  QS_CHECK(!v.empty());
+  return median_after(v, skip);
 }
+
+double steady_median(const std::vector<double>& v, int skip) { return v.empty() ? 0.0 : median_after(v, skip); }
 
 void finish_result(const Profile& profile, const ClusterConfig& cluster, const SimOptions& options,
                    SimResult* r) {
@@ -82,7 +96,8 @@ void finish_result(const Profile& profile, const ClusterConfig& cluster, const S
   r->compute_time = static_cast<TimeNs>(static_cast<double>(profile.compute_time()) * f0 + 0.5);
   r->gpu_idle = std::max<TimeNs>(0, r->iteration_time - r->compute_time);
   const double iter_s = to_sec(r->iteration_time);
-  r->samples_per_second = iter_s > 0 ? cluster.workers * profile.batch_size / iter_s : 0.0;
+  r->samples_per_second =
+      iter_s > 0 ? static_cast<double>(cluster.workers) * static_cast<double>(profile.batch_size) / iter_s : 0.0;
   // Normalised against the oracle of the slowest worker: the best the cluster can do.
   double slowest = f0;
   for (double f : cluster.compute_factor) slowest = std::max(slowest, f);

@@ -94,6 +94,9 @@ Result<TuneResult> tune(const Profile& profile, const PolicyOptions& base,
   if (t.grid_points < 1 || t.credit_doublings < 0 || t.refine_rounds < 0 || t.starts < 0) {
     return invalid_argument("tune: grid points must be >= 1; credit doublings, refine rounds and starts >= 0");
   }
+  if (t.credit_doublings > 20 || t.grid_points > 1000 || t.max_size > (Bytes{1} << 40)) {
+    return invalid_argument("tune: at most 20 credit doublings, 1000 grid points and a 1 TiB size range");
+  }
   const bool p3 = t.policy == "p3";
   Search s(profile, base, cluster, sim, p3);
 

@@ -26,6 +26,9 @@ inline constexpr Bytes kKiB = 1024;
 inline constexpr Bytes kMiB = 1024 * kKiB;
 inline constexpr Bytes kGiB = 1024 * kMiB;
 
+// a + b, saturating at kTimeNever (times never wrap into the past). Precondition: b >= 0.
+constexpr TimeNs add_saturated(TimeNs a, TimeNs b) { return a > kTimeNever - b ? kTimeNever : a + b; }
+
 constexpr double to_ms(TimeNs t) { return static_cast<double>(t) / 1e6; }
 constexpr double to_us(TimeNs t) { return static_cast<double>(t) / 1e3; }
 constexpr double to_sec(TimeNs t) { return static_cast<double>(t) / 1e9; }
