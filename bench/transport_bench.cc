@@ -21,6 +21,7 @@
 // Medians over --reps repetitions; the ratio column is the median of the per-repetition
 // ratios (each repetition measures the candidate and its baseline back to back).
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -56,9 +57,10 @@ using Clk = std::chrono::steady_clock;
 // The runtime's defaults unless overridden (--lowat-kib, --sndbuf-kib: for diagnosis).
 SocketOptions g_socket_options;
 bool g_iperf = true;  // --no-iperf: transport only (for profiling)
+bool g_iperf_per_size = true;  // --no-iperf-per-size: skip `iperf3 -l <packet>` runs
 
 double median(std::vector<double> v) {
-  if (v.empty()) return 0;
+  if (v.empty()) return 0;  // (a series that was not measured)
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -262,7 +264,8 @@ struct IperfResult {
 };
 
 // One iperf3 run over loopback: `iperf3 -s -1 -p PORT` in the background, then the client.
-IperfResult run_iperf3(int port, double seconds) {
+// `len` > 0 sets the write size (-l); 0 keeps iperf3's default (128 KiB for TCP).
+IperfResult run_iperf3(int port, double seconds, std::uint32_t len = 0) {
   const std::string p = std::to_string(port);
   const char* sargv[] = {"iperf3", "-s", "-1", "-p", p.c_str(), nullptr};
   posix_spawn_file_actions_t fa;
@@ -275,7 +278,8 @@ IperfResult run_iperf3(int port, double seconds) {
   }
   posix_spawn_file_actions_destroy(&fa);
   const std::string cmd = "iperf3 -c 127.0.0.1 -p " + p + " -t " + std::to_string(seconds) +
-                          " -J -C cubic 2>&1";
+                          " -J -C cubic" + (len ? " -l " + std::to_string(len) : std::string()) +
+                          " 2>&1";
   IperfResult r;
   std::string out;
   for (int attempt = 0; attempt < 20; ++attempt) {
@@ -286,8 +290,9 @@ IperfResult run_iperf3(int port, double seconds) {
     out.clear();
   }
   int wst = 0;
+  if (out.empty()) ::kill(server, SIGTERM);  // it is waiting for a client that never came
   ::waitpid(server, &wst, 0);
-  if (out.empty()) die("iperf3 client failed on port " + p);
+  if (out.empty()) die("iperf3 client failed on port " + p + ": " + cmd);
   const auto j = nlohmann::json::parse(out);
   if (j.contains("error")) die("iperf3: " + j["error"].get<std::string>());
   const auto& end = j.at("end");
@@ -330,8 +335,9 @@ void throughput(double seconds, int reps, std::size_t big_tensor, std::vector<in
               static_cast<long long>(g_socket_options.send_buffer / 1024));
   const std::size_t n = sizes_kib.size();
   struct Series {
-    std::vector<double> gbps, ratio, fps, cpu, cpu_ratio;
+    std::vector<double> gbps, ratio, fps, cpu, cpu_ratio, ratio_l;
   };
+  std::vector<std::vector<double>> ipl(n);  // iperf3 -l <packet>
   std::vector<Series> hot(n), big(n);
   std::vector<double> ip, ipcpu;
   std::string cc, ipcc;
@@ -346,6 +352,12 @@ void throughput(double seconds, int reps, std::size_t big_tensor, std::vector<in
     std::printf("  rep %d: iperf3 %.2f Gbit/s (%s) | hot/big:", rep + 1, ir.gbps, ir.congestion.c_str());
     for (std::size_t i = 0; i < n; ++i) {
       const auto packet = static_cast<std::uint32_t>(sizes_kib[i]) * 1024u;
+      double l_gbps = 0;
+      if (g_iperf && g_iperf_per_size) {
+        // iperf3 refuses writes above 1 MiB (its MAX_BLOCKSIZE): 4 MiB packets compare with -l 1M.
+        l_gbps = run_iperf3(free_port(), seconds, std::min<std::uint32_t>(packet, 1u << 20)).gbps;
+        ipl[i].push_back(l_gbps);
+      }
       for (int which = 0; which < 2; ++which) {
         const std::size_t tb = which == 0 ? std::max<std::size_t>(128 * 1024, packet) : big_tensor;
         const ThroughputResult t = run_transport(packet, tb, seconds, warmup);
@@ -356,9 +368,10 @@ void throughput(double seconds, int reps, std::size_t big_tensor, std::vector<in
         sr.fps.push_back(t.frames_per_s);
         sr.cpu.push_back(t.cpu_ns_per_kib);
         sr.cpu_ratio.push_back(t.cpu_ns_per_kib / ir.cpu_ns_per_kib);
+        if (l_gbps > 0) sr.ratio_l.push_back(t.gbps / l_gbps);
       }
-      std::printf(" %s %.1f/%.1f", size_label(sizes_kib[i]).c_str(), hot[i].gbps.back(),
-                  big[i].gbps.back());
+      std::printf(" %s %.1f/%.1f (-l %.1f)", size_label(sizes_kib[i]).c_str(), hot[i].gbps.back(),
+                  big[i].gbps.back(), l_gbps);
       std::fflush(stdout);
     }
     std::printf("\n");
@@ -376,14 +389,16 @@ void throughput(double seconds, int reps, std::size_t big_tensor, std::vector<in
     return std::string(b);
   };
   std::printf("| packet | hot Gbit/s | hot min-max | hot / iperf3 | hot us/frame | hot CPU ns/KiB | "
-              "hot CPU / iperf3 CPU | big Gbit/s | big min-max | big / iperf3 | big CPU ns/KiB |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+              "hot CPU / iperf3 CPU | big Gbit/s | big min-max | big / iperf3 | big CPU ns/KiB | "
+              "iperf3 -l packet Gbit/s | hot / iperf3 -l | big / iperf3 -l |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (std::size_t i = 0; i < n; ++i) {
-    std::printf("| %s | %.2f | %s | %.3f | %.2f | %.0f | %.2f | %.2f | %s | %.3f | %.0f |\n",
+    std::printf("| %s | %.2f | %s | %.3f | %.2f | %.0f | %.2f | %.2f | %s | %.3f | %.0f | %.2f | %.3f | %.3f |\n",
                 size_label(sizes_kib[i]).c_str(), median(hot[i].gbps), mm(hot[i].gbps).c_str(),
                 median(hot[i].ratio), 1e6 / median(hot[i].fps), median(hot[i].cpu),
                 median(hot[i].cpu_ratio), median(big[i].gbps), mm(big[i].gbps).c_str(),
-                median(big[i].ratio), median(big[i].cpu));
+                median(big[i].ratio), median(big[i].cpu), median(ipl[i]),
+                median(hot[i].ratio_l), median(big[i].ratio_l));
   }
   std::printf("\n");
 }
@@ -526,6 +541,7 @@ int main(int argc, char** argv) {
     else if (const char* v = val("--lowat-kib=")) g_socket_options.notsent_lowat = std::atoll(v) * 1024;
     else if (const char* v = val("--sndbuf-kib=")) g_socket_options.send_buffer = std::atoll(v) * 1024;
     else if (a == "--no-iperf") g_iperf = false;
+    else if (a == "--no-iperf-per-size") g_iperf_per_size = false;
     else if (a == "throughput" || a == "selection" || a == "all") mode = a;
     else {
       std::fprintf(stderr,

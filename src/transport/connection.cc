@@ -152,14 +152,14 @@ void Connection::send_control(const Header& h, std::span<const std::byte> body) 
   OutFrame f;
   f.header = encode_header(h);
   f.body.assign(body.begin(), body.end());
-  // Before a data frame that has not started; otherwise at the end.
-  auto pos = out_.end();
-  if (!out_.empty() && out_.back().data && out_.back().written == 0) pos = std::prev(out_.end());
+  // Before the first data frame that has not started (control frames such as acks must
+  // not wait behind bulk data); otherwise at the end.
+  auto pos = out_.begin();
+  while (pos != out_.end() && !(pos->data && pos->written == 0)) ++pos;
   out_.insert(pos, std::move(f));
 }
 
 void Connection::send_data(const Header& h, const std::byte* payload, std::uint64_t tag) {
-  QS_CHECK(!data_queued_);
   QS_CHECK(h.kind == FrameKind::kPush || h.kind == FrameKind::kPull);
   if (closed_) return;
   OutFrame f;
@@ -169,7 +169,8 @@ void Connection::send_data(const Header& h, const std::byte* payload, std::uint6
   f.payload_len = h.length;
   f.tag = tag;
   out_.push_back(std::move(f));
-  data_queued_ = true;
+  ++data_frames_;
+  data_bytes_pending_ += kHeaderSize + h.length;
 }
 
 Status Connection::flush() {
@@ -208,9 +209,10 @@ Status Connection::flush() {
       const std::size_t take = std::min(left, f.total() - f.written);
       f.written += take;
       left -= take;
+      if (f.data) data_bytes_pending_ -= take;
       if (f.written == f.total()) {
         if (f.data) {
-          data_queued_ = false;
+          --data_frames_;
           completed_.push_back(f.tag);
         }
         out_.pop_front();
@@ -266,7 +268,8 @@ void Connection::close(const Status& why, bool tell_peer, bool abort) {
   if (started_) loop_.unwatch(fd_.get());
   fd_.reset();
   out_.clear();
-  data_queued_ = false;
+  data_frames_ = 0;
+  data_bytes_pending_ = 0;
   handler_.on_closed(*this, why);
 }
 

@@ -46,6 +46,16 @@ Status Sender::pump() {
         break;
       }
       if (c->data_busy()) break;  // strict order: the head waits for its connection
+      if (c->data_bytes_pending() >= batch_bytes_ && c->data_frames() > 0) {
+        // This connection's batch is full: write it, then look again.
+        Status s = c->flush();
+        collect(*c);
+        if (!s.is_ok()) {
+          result = s;
+          break;
+        }
+        if (c->data_busy()) break;
+      }
       if (budget == 0) {
         if (!continuation_) {
           continuation_ = true;
@@ -62,13 +72,25 @@ Status Sender::pump() {
       ++units_sent_;
       c->send_data(it.header, it.payload, it.tag);
       budget -= std::min<std::uint64_t>(budget, kHeaderSize + it.header.length);
-      Status s = c->flush();
-      collect(*c);
-      if (!s.is_ok()) {
-        result = s;
-        break;
+      if (batch_bytes_ == 0 || c->data_bytes_pending() >= batch_bytes_) {
+        Status s = c->flush();
+        collect(*c);
+        if (!s.is_ok()) {
+          result = s;
+          break;
+        }
       }
     }
+    // Write every batch still open. A SentCallback may queue new units meanwhile: look
+    // at the queue again then.
+    const std::size_t queued_before = queue_.size();
+    for (Connection* c : conns_) {
+      if (c == nullptr || c->closed() || c->data_frames() == 0 || c->data_busy()) continue;
+      Status s = c->flush();
+      collect(*c);
+      if (!s.is_ok() && result.is_ok()) result = s;
+    }
+    if (queue_.size() > queued_before) repump_ = true;
   } while (repump_ && result.is_ok());
   pumping_ = false;
   update_busy();
@@ -85,7 +107,7 @@ Status Sender::on_writable(int conn) {
 bool Sender::idle() const {
   if (!queue_.empty()) return false;
   for (const Connection* c : conns_) {
-    if (c != nullptr && !c->closed() && c->data_busy()) return false;
+    if (c != nullptr && !c->closed() && c->data_frames() > 0) return false;
   }
   return true;
 }

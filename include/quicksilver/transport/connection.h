@@ -92,10 +92,14 @@ class Connection {
   // ---- send ----
   // Queues a control frame; `body` is copied (its size must equal wire_payload_length(h)).
   void send_control(const Header& h, std::span<const std::byte> body = {});
-  // True while a data frame is queued or partly written.
-  bool data_busy() const { return data_queued_; }
-  // Queues a data frame. Precondition: !data_busy(), payload valid for h.length bytes
-  // until the frame completes.
+  // True while the kernel refuses more and data frames wait in this connection: the
+  // sender must not commit more to it (the head of its queue waits).
+  bool data_busy() const { return data_frames_ > 0 && want_write_; }
+  // Data frames queued or partly written, and their bytes not yet handed to the kernel.
+  std::size_t data_frames() const { return data_frames_; }
+  std::uint64_t data_bytes_pending() const { return data_bytes_pending_; }
+  // Queues a data frame (several may be queued: flush() writes them with one sendmsg).
+  // Precondition: payload valid for h.length bytes until the frame completes.
   void send_data(const Header& h, const std::byte* payload, std::uint64_t tag);
   // Writes what the socket accepts now. Errors: the socket failed (the connection is then
   // closed and on_closed has run).
@@ -161,7 +165,8 @@ class Connection {
 
   // Send state.
   std::deque<OutFrame> out_;  // at most one data frame
-  bool data_queued_ = false;
+  std::size_t data_frames_ = 0;             // data frames in out_
+  std::uint64_t data_bytes_pending_ = 0;    // their bytes not yet written
   std::vector<std::uint64_t> completed_;
   std::uint64_t bytes_written_ = 0;
 };
