@@ -44,7 +44,7 @@ std::vector<std::string> tbf_args(Rate rate) {
   const std::int64_t bytes_per_ms = rate.bits_per_second / 8 / 1000;
   const std::int64_t burst = std::max<std::int64_t>(32 * 1024, bytes_per_ms);
   return {"tbf", "rate", std::to_string(rate.bits_per_second) + "bit", "burst",
-          std::to_string(burst), "latency", "8ms"};
+          std::to_string(burst), "latency", "2ms"};
 }
 
 }  // namespace
