@@ -170,6 +170,11 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     bytes_at_start = bytes_written();
     bytes_pushed = 0;
     units_pushed = 0;
+    // The bandwidth monitor (Prophet 4.2): the rate this worker's pushes achieved in the
+    // previous iteration, as the simulator feeds it.
+    if (!gbps.empty() && gbps.back() > 0) {
+      policy->on_bandwidth_estimate(Rate{static_cast<std::int64_t>(gbps.back() * 1e9)}, now);
+    }
     policy->on_iteration_start(it, now, *this);
     pump();
     run_backward(jl.layout.num_layers() - 1);
