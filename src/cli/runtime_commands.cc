@@ -749,7 +749,10 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
     }
     rows.push_back(std::move(*row));
   }
-  if (cluster) cluster->teardown();
+  if (cluster) {
+    Status down = cluster->teardown();
+    if (!down.is_ok()) std::cerr << "quicksilver run: removing the namespaces: " << down.message() << "\n";
+  }
   std::filesystem::remove_all(tmp);
   if (!rows.empty()) {
     std::string title = std::string("measured (") +

@@ -213,7 +213,7 @@ Result<Profile> profile_from_json(const std::string& text, const std::string& so
   if (doc.is_discarded()) {
     // Re-parse with exceptions only to obtain the position for the message.
     try {
-      (void)json::parse(text);
+      [[maybe_unused]] json unused = json::parse(text);
     } catch (const json::parse_error& e) {
       return invalid_argument(source + ": not valid JSON: " + e.what());
     }

@@ -10,6 +10,12 @@
 
 namespace qs {
 
+// Declared in the policy layer (the policies plan with it), so defined here: the sim
+// layer depends on policy, never the other way round.
+TimeNs AllReduceCost::time(Bytes m) const {
+  return a + static_cast<TimeNs>(b_ns_per_byte * static_cast<double>(m) + 0.5);
+}
+
 Bytes CollectiveBucket::bytes() const {
   Bytes s = 0;
   for (const Chunk& c : chunks) s += c.length;

@@ -112,7 +112,7 @@ Result<std::unique_ptr<NetnsCluster>> NetnsCluster::create(const NetnsOptions& o
   std::unique_ptr<NetnsCluster> c(new NetnsCluster(std::move(o)));
   Status s = c->build();
   if (!s.is_ok()) {
-    c->teardown();
+    (void)c->teardown();  // best effort; the build error is the one to report
     return s.with_context("building the emulated cluster");
   }
   return c;
@@ -203,7 +203,7 @@ Status NetnsCluster::teardown() {
   return first;
 }
 
-NetnsCluster::~NetnsCluster() { teardown(); }
+NetnsCluster::~NetnsCluster() { (void)teardown(); }  // errors were reported by an explicit teardown()
 
 Status NetnsCluster::enter(const std::string& name) {
   const std::string path = "/var/run/netns/" + name;

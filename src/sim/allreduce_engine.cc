@@ -27,9 +27,6 @@
 
 namespace qs {
 
-TimeNs AllReduceCost::time(Bytes m) const {
-  return a + static_cast<TimeNs>(b_ns_per_byte * static_cast<double>(m) + 0.5);
-}
 
 namespace {
 
