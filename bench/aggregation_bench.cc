@@ -98,35 +98,6 @@ void add_op(float* dst, const std::byte* src, std::size_t bytes) {
 }
 void copy_op(float* dst, const std::byte* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
 
-// A candidate replacement for add_floats, measured beside it (not project code): 16-byte
-// GCC vectors, native on every x86-64 (SSE2), two per step. The project's version uses
-// 32-byte vectors, which without -mavx GCC splits into two SSE halves spilled through the
-// stack (a store and a reload per half); this one keeps everything in registers at -O2
-// (the project's default RelWithDebInfo) as at -O3.
-__attribute__((noinline)) void candidate_add(float* dst, const std::byte* src, std::size_t n) {
-  typedef float V4 __attribute__((vector_size(16)));
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    V4 a0, a1, b0, b1;
-    std::memcpy(&a0, dst + i, sizeof a0);
-    std::memcpy(&a1, dst + i + 4, sizeof a1);
-    std::memcpy(&b0, src + i * sizeof(float), sizeof b0);
-    std::memcpy(&b1, src + (i + 4) * sizeof(float), sizeof b1);
-    a0 += b0;
-    a1 += b1;
-    std::memcpy(dst + i, &a0, sizeof a0);
-    std::memcpy(dst + i + 4, &a1, sizeof a1);
-  }
-  for (; i < n; ++i) {
-    float b;
-    std::memcpy(&b, src + i * sizeof(float), sizeof b);
-    dst[i] += b;
-  }
-}
-void candidate_op(float* dst, const std::byte* src, std::size_t bytes) {
-  candidate_add(dst, src, bytes / 4);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,10 +128,10 @@ int main(int argc, char** argv) {
   // Warm-up: fault the region in, settle the clocks.
   run(s, Order::kWorkerMajor, 1, copy_op);
 
-  std::printf("| arrival order | add_floats GB/s (median) | min-max | memcpy same packets GB/s | min-max | ratio add/memcpy (median of paired) | candidate add GB/s | candidate / memcpy |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| arrival order | add_floats GB/s (median) | min-max | memcpy same packets GB/s | min-max | ratio add/memcpy (median of paired) |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|\n");
   for (Order o : {Order::kLockstep, Order::kWorkerMajor}) {
-    std::vector<double> add, cpy, ratio, cand, cratio;
+    std::vector<double> add, cpy, ratio;
     for (int r = 0; r < reps; ++r) {
       std::fill(s.region.begin(), s.region.end(), 0.0f);
       const double a = run(s, o, passes, add_op);
@@ -168,22 +139,18 @@ int main(int argc, char** argv) {
       add.push_back(a / 1e9);
       cpy.push_back(c / 1e9);
       ratio.push_back(a / c);
-      std::fill(s.region.begin(), s.region.end(), 0.0f);
-      const double k = run(s, o, passes, candidate_op);
-      cand.push_back(k / 1e9);
-      cratio.push_back(k / c);
     }
-    std::printf("| %s | %.2f | %.2f-%.2f | %.2f | %.2f-%.2f | %.3f | %.2f | %.3f |\n",
+    std::printf("| %s | %.2f | %.2f-%.2f | %.2f | %.2f-%.2f | %.3f |\n",
                 o == Order::kLockstep ? "lockstep (256 KiB batches)" : "worker-major (streams region)",
                 median(add), *std::min_element(add.begin(), add.end()),
                 *std::max_element(add.begin(), add.end()), median(cpy),
                 *std::min_element(cpy.begin(), cpy.end()), *std::max_element(cpy.begin(), cpy.end()),
-                median(ratio), median(cand), median(cratio));
+                median(ratio));
   }
-  // Sanity: one lockstep pass sums `workers` ones into every element, for both adds.
-  for (auto op : {add_op, candidate_op}) {
+  // Sanity: one lockstep pass sums `workers` ones into every element.
+  {
     std::fill(s.region.begin(), s.region.end(), 0.0f);
-    run(s, Order::kLockstep, 1, op);
+    run(s, Order::kLockstep, 1, add_op);
     for (std::size_t k = 0; k < s.region.size(); k += 4099) {
       if (s.region[k] != static_cast<float>(workers)) {
         std::fprintf(stderr, "wrong sum at element %zu: %f\n", k, static_cast<double>(s.region[k]));
