@@ -98,25 +98,8 @@ Profile fig5_profile() {
   return p;
 }
 
-ClusterConfig one_to_one() {
-  ClusterConfig c;
-  c.workers = 1;
-  c.servers = 1;
-  c.bandwidth = Rate::gbps(8);
-  return c;
-}
-
-TimeNs steady_iteration(const Profile& p, const std::string& policy, const PolicyOptions& o,
-                        const ClusterConfig& c, int iterations = 3) {
-  SimOptions s;
-  s.iterations = iterations;
-  s.verify_bytes = true;
-  auto r = simulate(p, policy, o, c, s);
-  EXPECT_TRUE(r.is_ok()) << policy << ": " << r.status().to_string();
-  if (!r.is_ok()) return -1;
-  for (TimeNs t : r->iteration_times) EXPECT_EQ(t, r->iteration_time) << policy;
-  return r->iteration_time;
-}
+using testing::one_to_one;
+using testing::steady_iteration;
 
 TEST(ProphetFig5, PlanSendsTwoPartitionsBeforeGradientZero) {
   Harness h(fig5_profile(), options(300 * kNsPerUs));

@@ -9,28 +9,11 @@ namespace {
 
 using testing::layer;
 using testing::mercury_fig2;
-
-// One worker, one server, 8 Gbps = 1 byte/ns, no latency: Mercury V-A's setting.
-ClusterConfig one_to_one(TimeNs latency = 0) {
-  ClusterConfig c;
-  c.workers = 1;
-  c.servers = 1;
-  c.bandwidth = Rate::gbps(8);
-  c.latency = latency;
-  return c;
-}
+using testing::one_to_one;
 
 TimeNs iteration(const Profile& p, const std::string& policy, const PolicyOptions& o,
                  const ClusterConfig& c) {
-  SimOptions s;
-  s.iterations = 3;
-  s.verify_bytes = true;
-  auto r = simulate(p, policy, o, c, s);
-  EXPECT_TRUE(r.is_ok()) << policy << ": " << r.status().to_string();
-  if (!r.is_ok()) return -1;
-  // Every iteration is identical in these scenarios.
-  for (TimeNs t : r->iteration_times) EXPECT_EQ(t, r->iteration_time) << policy;
-  return r->iteration_time;
+  return testing::steady_iteration(p, policy, o, c);
 }
 
 // Fig. 2(a), WFBP (times in us): bp3 [0,3] bp2 [3,6] bp1 [6,9];

@@ -1,8 +1,13 @@
 // Profiles shared by the simulator tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <string>
+
 #include "quicksilver/core/rng.h"
 #include "quicksilver/model/profile.h"
+#include "quicksilver/sim/simulator.h"
 
 namespace qs::testing {
 
@@ -50,6 +55,31 @@ inline Profile random_profile(Rng& rng, int max_layers = 12, std::int64_t max_el
     p.layers.push_back(std::move(s));
   }
   return p;
+}
+
+// One worker, one server, 8 Gbps = 1 byte/ns: Mercury V-A's setting, where times in ns
+// equal bytes.
+inline ClusterConfig one_to_one(TimeNs latency = 0) {
+  ClusterConfig c;
+  c.workers = 1;
+  c.servers = 1;
+  c.bandwidth = Rate::gbps(8);
+  c.latency = latency;
+  return c;
+}
+
+// Simulates with byte verification and returns the iteration time, expecting every
+// iteration to be identical (true of the hand-worked scenarios); -1 on an error.
+inline TimeNs steady_iteration(const Profile& p, const std::string& policy, const PolicyOptions& o,
+                               const ClusterConfig& c, int iterations = 3) {
+  SimOptions s;
+  s.iterations = iterations;
+  s.verify_bytes = true;
+  auto r = simulate(p, policy, o, c, s);
+  EXPECT_TRUE(r.is_ok()) << policy << ": " << r.status().to_string();
+  if (!r.is_ok()) return -1;
+  for (TimeNs t : r->iteration_times) EXPECT_EQ(t, r->iteration_time) << policy;
+  return r->iteration_time;
 }
 
 }  // namespace qs::testing
