@@ -181,6 +181,25 @@ std::string join(const std::vector<std::string>& v) {
 
 }  // namespace
 
+Status check_push_unit(const PushUnit& u, const TensorLayout& layout, const Placement& placement) {
+  if (u.chunk.tensor < 0 || u.chunk.tensor >= layout.num_tensors()) {
+    return internal_error("policy pushed unknown tensor " + std::to_string(u.chunk.tensor));
+  }
+  if (u.chunk.length <= 0 || u.chunk.offset < 0) return internal_error("policy pushed an empty unit");
+  if (u.server < 0 || u.server >= placement.num_servers()) {
+    return internal_error("policy pushed to unknown server " + std::to_string(u.server));
+  }
+  bool owned = false;
+  for (const Slice& s : placement.slices(u.chunk.tensor)) {
+    owned |= s.server == u.server && u.chunk.offset >= s.chunk.offset && u.chunk.end() <= s.chunk.end();
+  }
+  if (!owned) return internal_error("policy pushed a unit that straddles servers or leaves its tensor");
+  if (u.priority < 0 || u.priority > layout.num_tensors()) {
+    return internal_error("policy priority " + std::to_string(u.priority) + " out of range");
+  }
+  return Status::ok();
+}
+
 const std::vector<std::string>& all_policy_names() { return kAllPolicies; }
 const std::vector<std::string>& ps_policy_names() { return kPsPolicies; }
 bool is_known_policy(std::string_view name) {

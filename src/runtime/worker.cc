@@ -291,19 +291,12 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   }
 
   Status check_unit(const PushUnit& u) const {
-    if (u.chunk.tensor < 0 || u.chunk.tensor >= jl.layout.num_tensors() || u.chunk.length <= 0 ||
-        u.chunk.offset < 0 || u.chunk.length > 0xffffffffll || u.chunk.length % 4 != 0 ||
-        u.chunk.offset % 4 != 0) {
+    QS_RETURN_IF_ERROR(check_push_unit(u, jl.layout, jl.placement));
+    // What the wire adds: a 32-bit length, whole float32 elements.
+    if (u.chunk.length > 0xffffffffll || u.chunk.length % 4 != 0 || u.chunk.offset % 4 != 0) {
       return internal_error("bad unit: tensor " + std::to_string(u.chunk.tensor) + " offset " +
                             std::to_string(u.chunk.offset) + " length " + std::to_string(u.chunk.length));
     }
-    bool owned = false;
-    for (const Slice& s : jl.placement.slices(u.chunk.tensor)) {
-      owned = owned || (s.server == u.server && u.chunk.offset >= s.chunk.offset &&
-                        u.chunk.end() <= s.chunk.end());
-    }
-    if (!owned) return internal_error("unit straddles servers or leaves its tensor");
-    if (u.priority < 0 || u.priority > jl.layout.num_tensors()) return internal_error("priority out of range");
     return Status::ok();
   }
 

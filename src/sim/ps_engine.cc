@@ -513,24 +513,7 @@ class PsEngine {
   }
 
   // Validates a policy's unit before it enters the engine.
-  Status check_unit(const PushUnit& u) const {
-    if (u.chunk.tensor < 0 || u.chunk.tensor >= layout_.num_tensors()) {
-      return internal_error("policy pushed unknown tensor " + std::to_string(u.chunk.tensor));
-    }
-    if (u.chunk.length <= 0 || u.chunk.offset < 0) return internal_error("policy pushed an empty unit");
-    if (u.server < 0 || u.server >= cluster_.servers) return internal_error("policy pushed to unknown server");
-    bool owned = false;
-    for (const Slice& s : placement_.slices(u.chunk.tensor)) {
-      if (s.server == u.server && u.chunk.offset >= s.chunk.offset && u.chunk.end() <= s.chunk.end()) {
-        owned = true;
-      }
-    }
-    if (!owned) return internal_error("policy pushed a unit that straddles servers or leaves its tensor");
-    if (u.priority < 0 || u.priority > layout_.num_tensors()) {
-      return internal_error("policy priority " + std::to_string(u.priority) + " out of range");
-    }
-    return Status::ok();
-  }
+  Status check_unit(const PushUnit& u) const { return check_push_unit(u, layout_, placement_); }
 
   const Profile& profile_;
   const ClusterConfig& cluster_;

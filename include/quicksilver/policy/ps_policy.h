@@ -95,6 +95,11 @@ class PsPolicy {
   virtual void on_bandwidth_estimate(Rate rate, TimeNs now) { (void)rate, (void)now; }
 };
 
+// Checks a unit a policy pushed against the job: a known tensor, a non-empty range that
+// one server owns entirely (the placement), a priority in [0, num_tensors]. Both engines
+// call it on every push, so a faulty policy is an error naming what is wrong.
+Status check_push_unit(const PushUnit& u, const TensorLayout& layout, const Placement& placement);
+
 // The names of all policies (DESIGN.md), in display order.
 const std::vector<std::string>& all_policy_names();
 // The PS-architecture ones: oracle wfbp mercury mercury-nopreempt p3 tictac bytescheduler prophet.
