@@ -19,6 +19,12 @@ namespace qs::runtime {
 namespace {
 
 constexpr const char* kAllowedCc = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+// The allowed list as it was before the first cluster changed it. Shared by every
+// cluster on the machine: the last one to go (or the next run's cleanup of a crashed one)
+// puts the list back.
+constexpr const char* kSavedCc = "/run/quicksilver-allowed-cc";
+const std::regex kClusterNamespace("^qs([0-9]+)h[0-9]+$");
+
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
@@ -31,6 +37,19 @@ bool write_file(const std::string& path, const std::string& value) {
   std::ofstream out(path);
   out << value << "\n";
   return static_cast<bool>(out);
+}
+
+// Restores the allowed list when no cluster namespace is left.
+void restore_allowed_cc_if_unused() {
+  std::error_code ec;
+  if (!std::filesystem::exists(kSavedCc, ec)) return;
+  for (const auto& e : std::filesystem::directory_iterator("/var/run/netns", ec)) {
+    if (std::regex_match(e.path().filename().string(), kClusterNamespace)) return;
+  }
+  std::ifstream in(kSavedCc);
+  std::string original;
+  std::getline(in, original);
+  if (!original.empty() && write_file(kAllowedCc, original)) std::filesystem::remove(kSavedCc, ec);
 }
 
 std::string bridge_name(const std::string& tag) { return tag + "br"; }
@@ -144,10 +163,13 @@ Status NetnsCluster::build() {
     bool present = false;
     for (std::string w; words >> w;) present |= w == options_.congestion;
     if (!present) {
+      std::error_code ec;
+      if (!std::filesystem::exists(kSavedCc, ec) && !write_file(kSavedCc, allowed)) {
+        return io_error(std::string("cannot save ") + kAllowedCc + " to " + kSavedCc);
+      }
       if (!write_file(kAllowedCc, allowed + " " + options_.congestion)) {
         return io_error(std::string("cannot add ") + options_.congestion + " to " + kAllowedCc);
       }
-      saved_allowed_cc_ = allowed;
     }
   }
   QS_RETURN_IF_ERROR(run_command({"ip", "link", "add", bridge_name(tag), "type", "bridge"}));
@@ -191,15 +213,7 @@ Status NetnsCluster::teardown() {
     if (!s.is_ok() && first.is_ok()) first = s;
     bridge_made_ = false;
   }
-  if (!saved_allowed_cc_.empty()) {
-    // Put the list back unless another live cluster still relies on it.
-    bool others = false;
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator("/var/run/netns", ec)) {
-      others |= e.path().filename().string().rfind("qs", 0) == 0;
-    }
-    if (!others) write_file(kAllowedCc, saved_allowed_cc_);
-  }
+  restore_allowed_cc_if_unused();  // unless another live cluster still relies on it
   return first;
 }
 
@@ -242,7 +256,7 @@ Result<Rate> measure_goodput(const NetnsCluster& cluster, int from, int to, cons
 }
 
 int NetnsCluster::cleanup_stale() {
-  static const std::regex kName("^qs([0-9]+)h[0-9]+$");
+  const std::regex& kName = kClusterNamespace;
   int removed = 0;
   std::error_code ec;
   std::vector<std::string> dead_tags;
@@ -259,6 +273,7 @@ int NetnsCluster::cleanup_stale() {
   std::sort(dead_tags.begin(), dead_tags.end());
   dead_tags.erase(std::unique(dead_tags.begin(), dead_tags.end()), dead_tags.end());
   for (const auto& tag : dead_tags) (void)run_command({"ip", "link", "del", bridge_name(tag)});
+  restore_allowed_cc_if_unused();  // a crashed run may have left the list changed
   return removed;
 }
 

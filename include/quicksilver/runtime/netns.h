@@ -24,7 +24,9 @@ struct NetnsOptions {
   Rate rate = Rate::gbps(1);  // each host's NIC, each direction
   // Congestion control the processes will set with TCP_CONGESTION. Outside the root
   // namespace only algorithms on net.ipv4.tcp_allowed_congestion_control may be chosen
-  // (MACHINE-NOTES.md): it is added to that list for the cluster's lifetime.
+  // (MACHINE-NOTES.md): it is added to that list while any cluster lives; the original
+  // list is kept in /run/quicksilver-allowed-cc and put back by the last cluster to go, or
+  // by the next run's cleanup_stale() after a crash.
   std::string congestion = "cubic";
   // Name tag; default "qs<pid>". Must be at most 8 characters (interface names are
   // limited to 15).
@@ -63,7 +65,6 @@ class NetnsCluster {
   NetnsOptions options_;
   std::vector<std::string> namespaces_;  // created so far, for teardown
   bool bridge_made_ = false;
-  std::string saved_allowed_cc_;         // to restore, when we changed it
   bool torn_down_ = false;
 };
 
