@@ -202,3 +202,25 @@ TEST(Simulator, AbsurdlyLowBandwidthIsAClearError) {
 
 }  // namespace
 }  // namespace qs
+
+namespace qs {
+namespace {
+
+TEST(CheckExactCover, AcceptsAnExactCoverAndNamesGapsAndOverlaps) {
+  Profile p;
+  p.layers = {testing::layer("a", 1, 1, 400), testing::layer("b", 1, 1, 800)};
+  TensorLayout lay(p);
+  EXPECT_TRUE(check_exact_cover({{1, 400, 400}, {0, 0, 400}, {1, 0, 400}}, lay).is_ok());
+  auto gap = check_exact_cover({{0, 0, 400}, {1, 0, 300}, {1, 400, 400}}, lay);
+  ASSERT_FALSE(gap.is_ok());
+  EXPECT_NE(gap.message().find("tensor 1 byte 300 missing"), std::string::npos);
+  auto twice = check_exact_cover({{0, 0, 400}, {0, 0, 400}, {1, 0, 800}}, lay);
+  ASSERT_FALSE(twice.is_ok());
+  EXPECT_NE(twice.message().find("covered twice"), std::string::npos);
+  auto short_cover = check_exact_cover({{0, 0, 400}, {1, 0, 400}}, lay);
+  ASSERT_FALSE(short_cover.is_ok());
+  EXPECT_NE(short_cover.message().find("400 of 800 bytes"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qs

@@ -1,6 +1,7 @@
 #include "quicksilver/policy/layout.h"
 
 #include <algorithm>
+#include <string>
 
 #include "quicksilver/core/check.h"
 
@@ -53,6 +54,33 @@ int Placement::server_of(TensorId id, Bytes offset) const {
   }
   QS_CHECK_MSG(false, "offset outside tensor");
   return -1;
+}
+
+Status check_exact_cover(std::vector<Chunk> chunks, const TensorLayout& layout) {
+  std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
+    return a.tensor != b.tensor ? a.tensor < b.tensor : a.offset < b.offset;
+  });
+  std::size_t i = 0;
+  for (const TensorInfo& t : layout.tensors()) {
+    Bytes next = 0;
+    for (; i < chunks.size() && chunks[i].tensor == t.id; ++i) {
+      if (chunks[i].offset != next) {
+        std::string msg = "tensor ";  // appended, not `"x" + std::string` (GCC 105329)
+        msg.append(std::to_string(t.id)).append(" byte ").append(std::to_string(next));
+        msg.append(chunks[i].offset > next ? " missing" : " covered twice");
+        return internal_error(std::move(msg));
+      }
+      next = chunks[i].end();
+    }
+    if (next != t.bytes) {
+      std::string msg = "tensor ";
+      msg.append(std::to_string(t.id)).append(": ").append(std::to_string(next)).append(" of ");
+      msg.append(std::to_string(t.bytes)).append(" bytes covered");
+      return internal_error(std::move(msg));
+    }
+  }
+  if (i != chunks.size()) return internal_error("a chunk names an unknown tensor");
+  return Status::ok();
 }
 
 std::vector<Chunk> split_chunk(const Chunk& c, Bytes max_bytes, Bytes align) {

@@ -106,30 +106,6 @@ class SpanRecorder {
   int track_;
 };
 
-// Checks that `chunks` cover every byte of every tensor exactly once.
-Status verify_cover(std::vector<Chunk> chunks, const TensorLayout& layout, std::int64_t iteration) {
-  std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
-    return a.tensor != b.tensor ? a.tensor < b.tensor : a.offset < b.offset;
-  });
-  std::size_t i = 0;
-  for (const TensorInfo& t : layout.tensors()) {
-    Bytes next = 0;
-    for (; i < chunks.size() && chunks[i].tensor == t.id; ++i) {
-      if (chunks[i].offset != next) {
-        return internal_error("iteration " + std::to_string(iteration) + " tensor " + std::to_string(t.id) +
-                              " byte " + std::to_string(next) +
-                              (chunks[i].offset > next ? " never reduced" : " reduced twice"));
-      }
-      next = chunks[i].end();
-    }
-    if (next != t.bytes) {
-      return internal_error("iteration " + std::to_string(iteration) + " tensor " + std::to_string(t.id) +
-                            ": " + std::to_string(next) + " of " + std::to_string(t.bytes) +
-                            " bytes reduced");
-    }
-  }
-  return Status::ok();
-}
 
 class AllReduceEngine {
  public:
@@ -187,7 +163,8 @@ class AllReduceEngine {
                                 " of " + std::to_string(layout_.total_bytes()) + " gradient bytes");
         }
         if (opts_.verify_bytes) {
-          Status s = verify_cover(std::move(covered_[static_cast<std::size_t>(it)]), layout_, it);
+          Status s = check_exact_cover(std::move(covered_[static_cast<std::size_t>(it)]), layout_)
+                         .with_context("all-reduce, iteration " + std::to_string(it));
           if (!s.is_ok()) return s.with_context(name);
         }
       }

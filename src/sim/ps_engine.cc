@@ -100,33 +100,6 @@ class SpanRecorder {
   bool open_ = false;
 };
 
-// Checks that `chunks` cover every byte of every tensor exactly once.
-Status verify_cover(std::vector<Chunk> chunks, const TensorLayout& layout, const char* what,
-                    int worker, std::int64_t iteration) {
-  std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
-    return a.tensor != b.tensor ? a.tensor < b.tensor : a.offset < b.offset;
-  });
-  std::size_t i = 0;
-  for (const TensorInfo& t : layout.tensors()) {
-    Bytes next = 0;
-    for (; i < chunks.size() && chunks[i].tensor == t.id; ++i) {
-      if (chunks[i].offset != next) {
-        return internal_error(std::string(what) + ": worker " + std::to_string(worker) +
-                              " iteration " + std::to_string(iteration) + " tensor " +
-                              std::to_string(t.id) + " byte " + std::to_string(next) +
-                              (chunks[i].offset > next ? " missing" : " sent twice"));
-      }
-      next = chunks[i].end();
-    }
-    if (next != t.bytes) {
-      return internal_error(std::string(what) + ": worker " + std::to_string(worker) +
-                            " iteration " + std::to_string(iteration) + " tensor " +
-                            std::to_string(t.id) + " covered " + std::to_string(next) + " of " +
-                            std::to_string(t.bytes) + " bytes");
-    }
-  }
-  return Status::ok();
-}
 
 class PsEngine {
  public:
@@ -399,8 +372,9 @@ class PsEngine {
     w.bytes_pushed = 0;
     w.units_pushed = 0;
     if (opts_.verify_bytes && w.policy->communicates()) {
-      Status s = verify_cover(std::move(w.pushed), layout_, "push", w.id, w.iteration);
-      if (s.is_ok()) s = verify_cover(std::move(w.pulled), layout_, "pull", w.id, w.iteration);
+      const std::string where = "worker " + std::to_string(w.id) + " iteration " + std::to_string(w.iteration);
+      Status s = check_exact_cover(std::move(w.pushed), layout_).with_context("push, " + where);
+      if (s.is_ok()) s = check_exact_cover(std::move(w.pulled), layout_).with_context("pull, " + where);
       if (!s.is_ok()) fail(s);
       w.pushed.clear();
       w.pulled.clear();

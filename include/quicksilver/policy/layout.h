@@ -83,6 +83,11 @@ class Placement {
   std::vector<Bytes> load_;
 };
 
+// Checks that `chunks` cover every byte of every tensor of `layout` exactly once (the
+// engines' byte accounting); the error names the tensor and the first byte missing or
+// covered twice.
+Status check_exact_cover(std::vector<Chunk> chunks, const TensorLayout& layout);
+
 // Cuts `slice` into pieces of at most `max_bytes`, aligned to `align` bytes except the
 // last (max_bytes is rounded down to a multiple of align, at least align).
 std::vector<Chunk> split_chunk(const Chunk& c, Bytes max_bytes, Bytes align = 4);
