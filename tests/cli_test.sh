@@ -37,6 +37,9 @@ expect_error "unknown architecture" simulate --policy wfbp --architecture mesh
 expect_error "neither a built-in model" simulate --model /no/such/file.json
 expect_error "--compute-factor" simulate --policy wfbp --workers 2 --compute-factor 1,2,3
 expect_error "--bandwidth-trace" simulate --policy wfbp --bandwidth-trace random:1Gbps
+expect_error "congestion control 'nosuchcc' is not available" run --model vgg16 --policy mercury --congestion nosuchcc
+expect_error "congestion control 'nosuchcc' is not available" worker --worker-id 0 --servers 1 --connect 127.0.0.1:1 --policy mercury --congestion nosuchcc
+expect_error "no delay emulation" run --model vgg16 --policy mercury --latency 1ms
 
 echo '{"layers": []}' > "$tmp/empty.json"
 expect_error "at least one layer" simulate --model "$tmp/empty.json" --policy wfbp

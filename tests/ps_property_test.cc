@@ -74,7 +74,7 @@ TEST(PsProperties, MercuryIsNeverSlowerThanAnyOtherPolicyBeyondPacketGranularity
     ASSERT_TRUE(mercury.is_ok());
     const TimeNs packet = transfer_time(o.packet_size, c.cluster.bandwidth);
     const TimeNs slack = packet * c.cluster.workers;
-    for (const std::string& policy : {"wfbp", "tictac", "p3", "bytescheduler", "prophet", "mercury-nopreempt"}) {
+    for (const char* policy : {"wfbp", "tictac", "p3", "bytescheduler", "prophet", "mercury-nopreempt"}) {
       auto r = simulate(c.profile, policy, o, c.cluster, s);
       ASSERT_TRUE(r.is_ok());
       ASSERT_LE(mercury->iteration_time, r->iteration_time + slack)
@@ -101,7 +101,7 @@ TEST(PsProperties, IdenticalSeedsGiveIdenticalOutput) {
     EXPECT_TRUE(r.is_ok());
     return r.is_ok() ? r->iteration_times : std::vector<TimeNs>{};
   };
-  for (const std::string& policy : {"mercury", "p3", "bytescheduler", "tictac", "wfbp", "prophet"}) {
+  for (const char* policy : {"mercury", "p3", "bytescheduler", "tictac", "wfbp", "prophet"}) {
     EXPECT_EQ(run(7, policy), run(7, policy)) << policy;
     EXPECT_NE(run(7, policy), run(8, policy)) << policy;
   }

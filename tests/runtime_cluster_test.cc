@@ -208,6 +208,26 @@ TEST(Runtime, SilentServerIsDetectedByTimeout) {
 
 // Mercury's preemption in the runtime: a big last layer (its backward ends first) floods
 // the sending buffer; layer 1's packets, queued later, must not wait behind all of it.
+// The uplink rate is measured over the time spent pushing (some ready gradient not yet
+// acknowledged by the servers' TCP), not over the iteration's push span: a long backward
+// pass between two layers' pushes does not count against the link.
+TEST(Runtime, UplinkRateCountsOnlyTimeSpentPushing) {
+  JobOptions job = small_job("mercury", 1, 1);
+  // Backward runs l1 (instant; 2 MiB, ~42 ms at the paced rate), then l0 for 300 ms, then
+  // l0's 2 MiB goes out: bytes over the span would be ~0.1 Gbit/s.
+  job.profile.layers = {layer("l0", 0, 300 * kNsPerMs, {512 * 1024}), layer("l1", 0, 0, {512 * 1024})};
+  job.iterations = 3;
+  const Rate paced = Rate::mbps(400);
+  job.socket.max_pacing_rate = paced.bits_per_second / 8;
+  ClusterRun r = run_cluster(job, [&](WorkerOptions& w) { w.nic_rate = paced; });
+  ASSERT_TRUE(r.workers[0].is_ok()) << r.workers[0].status().to_string();
+  const WorkerReport& rep = *r.workers[0];
+  std::printf("[ metric ] paced 400 Mbit/s, 300 ms gap: %s\n", rep.to_string().c_str());
+  EXPECT_GT(rep.uplink_gbps, 0.25);
+  EXPECT_LT(rep.uplink_gbps, 0.44);
+  EXPECT_NEAR(rep.uplink_utilisation, rep.uplink_gbps / 0.4, 1e-9);
+}
+
 TEST(Runtime, UrgentLayerQueueingDelayStaysSmall) {
   JobOptions job = small_job("mercury", 2, 2);
   job.profile.layers.back().tensors[0].elements = 4 * 1024 * 1024;  // 16 MiB last layer

@@ -99,6 +99,32 @@ TEST(Simulator, BalancedPushTakesSizeOverBandwidth) {
   EXPECT_GT(r->link_utilisation, 0.99);
 }
 
+// Link utilisation counts the time some ready gradient is not yet on the wire: a compute
+// gap with nothing to send does not count against the link, a scheduler's own waits do.
+TEST(Simulator, LinkUtilisationCountsOnlyTimeSpentPushing) {
+  Profile p;
+  // Backward runs l1 (instant) then l0 (10 ms): l1's 1 MiB goes out at once, then the
+  // link has nothing to send for ~9 ms, then l0's 1 MiB.
+  p.layers = {layer("l0", 0, 10 * kNsPerMs, kMiB), layer("l1", 0, 0, kMiB)};
+  PolicyOptions o;
+  o.packet_size = 4096;
+  SimOptions s;
+  s.iterations = 3;
+  auto m = simulate(p, "mercury", o, cluster(1, 1, Rate::gbps(8)), s);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_GT(m->link_utilisation, 0.99);  // busy / span would be about 2 / 11
+  // p3's stop-and-wait: each 64 KiB slice (65.5 us) waits 2 x 100 us for its ack, so
+  // the link is busy 65.5 / 265.5 of the time it has gradients to send.
+  o.slice_size = 64 * kKiB;
+  o.startup_time = 0;
+  ClusterConfig c = cluster(1, 1, Rate::gbps(8));
+  c.latency = 100 * kNsPerUs;
+  auto p3 = simulate(p, "p3", o, c, s);
+  ASSERT_TRUE(p3.is_ok()) << p3.status().to_string();
+  EXPECT_GT(p3->link_utilisation, 0.23);
+  EXPECT_LT(p3->link_utilisation, 0.26);
+}
+
 TEST(Simulator, FewerServersThanWorkersMakesServerLinksTheBottleneck) {
   Profile p;
   p.layers = {layer("fc", 0, 0, 4 * kMiB)};

@@ -8,17 +8,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <nlohmann/json.hpp>
-#include <atomic>
 #include <optional>
 #include <sstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "quicksilver/runtime/netns.h"
 #include "quicksilver/runtime/rendezvous.h"
@@ -71,6 +73,7 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
   o.iterations = job.sim.iterations;
   o.bandwidth = job.cluster.bandwidth;
   o.socket.congestion = f.congestion;
+  QS_RETURN_IF_ERROR(transport::check_congestion_available(f.congestion).with_context("--congestion"));
   auto ct = parse_time(f.connect_timeout);
   if (!ct) return ct.status().with_context("--connect-timeout");
   o.connect_timeout = *ct;
@@ -590,7 +593,13 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
       }
     }
     const json& w0 = reports[0];
-    r.link_utilisation = w0.value("uplink_utilisation", 0.0);
+    // Every worker's uplink (each one's median over its steady iterations): the median
+    // worker, so that one worker's noisy iterations do not decide the figure.
+    std::vector<double> util;
+    for (const json& rep : reports) util.push_back(rep.value("uplink_utilisation", 0.0));
+    std::sort(util.begin(), util.end());
+    const std::size_t mid = util.size() / 2;
+    r.link_utilisation = util.size() % 2 == 1 ? util[mid] : (util[mid - 1] + util[mid]) / 2;
     r.bytes_pushed_per_iteration = w0.value("bytes_pushed_per_iteration", Bytes{0});
     r.messages_per_iteration = w0.value("units_per_iteration", std::int64_t{0});
     for (const json& rep : reports) {
@@ -662,6 +671,10 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   }
   if (job->cluster.latency > 0) {
     std::cerr << "quicksilver run: --latency: no delay emulation (this kernel has no netem); use 0\n";
+    return 2;
+  }
+  if (Status cc = transport::check_congestion_available(f.congestion); !cc.is_ok()) {
+    std::cerr << "quicksilver run: --congestion: " << cc.message() << "\n";
     return 2;
   }
   if (job->cluster.schedule) {

@@ -170,6 +170,8 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     bytes_at_start = bytes_written();
     bytes_pushed = 0;
     units_pushed = 0;
+    ready_bytes = 0;
+    pending_total = 0;
     // The bandwidth monitor (Prophet 4.2): the rate this worker's pushes achieved in the
     // previous iteration, as the simulator feeds it.
     if (!gbps.empty() && gbps.back() > 0) {
@@ -200,6 +202,10 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
 
   void on_backward_done() {
     const int l = layer;
+    if (const Bytes b = jl.layout.layer_bytes(l); b > 0) {
+      ready_bytes += b;
+      if (pending_since < 0) pending_since = loop->now();
+    }
     policy->on_gradient_ready(l, loop->now(), *this);
     pump();
     if (l > 0) {
@@ -234,14 +240,12 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
 
   void end_iteration() {
     iteration_times.push_back(compute_free - iteration_start);
-    // The uplink rate while pushing: bytes over the span from the first unit handed to
-    // the sender to the server's acknowledgement of the last (so bytes still in kernel or
-    // switch queues do not count as sent), like the simulator's busy-over-span: a
-    // user-level scheduler's gaps, e.g. p3's stop-and-wait, count against it.
+    end_pending();
+    // The uplink rate while pushing: bytes on the wire over the time some ready gradient
+    // was not yet delivered (check_drained).
     const auto bytes = static_cast<double>(bytes_written() - bytes_at_start);
-    const auto span = static_cast<double>(push_last - push_first);
-    gbps.push_back(push_first >= 0 && span > 0 ? 8.0 * bytes / span : 0.0);
-    push_first = -1;
+    const auto pending = static_cast<double>(pending_total);
+    gbps.push_back(pending > 0 ? 8.0 * bytes / pending : 0.0);
     bytes_per_iteration = bytes_pushed;
     units_per_iteration = units_pushed;
     for (const transport::QueueSample& q : sender->take_samples()) {
@@ -317,7 +321,6 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     h.offset = static_cast<std::uint64_t>(u.chunk.offset);
     h.priority = static_cast<std::uint16_t>(u.priority);
     const auto* payload = reinterpret_cast<const std::byte*>(grads.data() + tensor_base[static_cast<std::size_t>(u.chunk.tensor)]) + u.chunk.offset;
-    if (push_first < 0) push_first = loop->now();
     sender->enqueue(u.server, h, payload, 0);
     bytes_pushed += u.chunk.length;
     ++units_pushed;
@@ -326,6 +329,42 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   void pump() {
     Status s = sender->pump();
     if (!s.is_ok()) loop->fail(s.with_context(name()));
+    check_drained();
+  }
+
+  // "While pushing" (Mercury III-B, Fig. 6: the uplink's throughput averaged over the
+  // time push operations run), as the simulator counts it: from a layer's gradients being
+  // ready until every ready byte has been handed to the kernel and acknowledged by the
+  // servers' TCP (SIOCOUTQ = 0 on every connection). Compute gaps in which every ready
+  // byte is delivered do not count; a user-level scheduler's own waits (credit, stop-and-
+  // wait, startup time) do. The end is seen at most kDrainPoll late, and TCP's
+  // acknowledgement takes one round trip: both count against the link.
+  void check_drained() {
+    if (pending_since < 0 || bytes_pushed < ready_bytes || !sender->idle()) return;
+    std::int64_t unacked = 0;
+    for (const auto& c : conns) {
+      if (c->closed()) continue;
+      auto n = transport::unacknowledged_bytes(c->fd());
+      if (n.is_ok()) unacked += *n;
+    }
+    if (unacked > 0) {
+      if (drain_timer == 0) {
+        drain_timer = loop->schedule_after(kDrainPoll, [this] {
+          drain_timer = 0;
+          check_drained();
+        });
+      }
+      return;
+    }
+    end_pending();
+  }
+
+  void end_pending() {
+    if (pending_since < 0) return;
+    pending_total += loop->now() - pending_since;
+    pending_since = -1;
+    if (drain_timer != 0) loop->cancel(drain_timer);
+    drain_timer = 0;
   }
 
   // ---- FrameHandler: hello, acks and pulls from servers ----
@@ -384,7 +423,6 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
       case FrameKind::kAck: {
         auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset});
         it->second.acked = true;
-        push_last = loop->now();  // these bytes have crossed the wire: the push span grows
         const PushUnit u = it->second.unit;
         if (it->second.pulled) outstanding.erase(it);
         policy->on_push_acked(u, loop->now(), *this);
@@ -425,6 +463,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   void on_writable(Connection& c) override {
     Status s = sender->on_writable(c.index());
     if (!s.is_ok()) loop->fail(s.with_context(name()));
+    check_drained();
   }
 
   void on_closed(Connection& c, const Status& why) override {
@@ -484,7 +523,12 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   std::vector<bool> layer_ready;
   std::vector<TimeNs> ready_at;  // when each layer's last pulled byte arrived
   TimeNs compute_free = 0;       // when the emulated GPU's current op is due to end
-  TimeNs push_first = -1, push_last = 0;  // this iteration's push span
+  // "While pushing" (check_drained): gradient bytes made ready this iteration, since when
+  // some are undelivered (-1: none), and the iteration's total of such time.
+  static constexpr TimeNs kDrainPoll = 100 * kNsPerUs;
+  Bytes ready_bytes = 0;
+  TimeNs pending_since = -1, pending_total = 0;
+  transport::EventLoop::TimerId drain_timer = 0;
   std::map<Key, Outstanding> outstanding;  // pushed this iteration, not yet acked and pulled
   TensorId urgent_end = 0;
   // Metrics.

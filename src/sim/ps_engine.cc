@@ -203,7 +203,11 @@ class PsEngine {
     // Metrics and verification.
     std::vector<TimeNs> iteration_times;
     std::vector<double> utilisation;
-    TimeNs push_first = -1, push_last = 0, push_busy = 0;
+    TimeNs push_busy = 0;  // uplink busy this iteration
+    // "While pushing": gradient bytes made ready this iteration, since when some are not
+    // yet on the wire (-1: none), and the iteration's total of such time.
+    Bytes ready_bytes = 0;
+    TimeNs pending_since = -1, pending_time = 0;
     Bytes bytes_pushed = 0, bytes_pushed_last = 0;
     Rate rate_seen{0};  // bytes pushed / uplink busy time, previous iteration (0: none yet)
     std::int64_t units_pushed = 0, units_pushed_last = 0;
@@ -335,6 +339,10 @@ class PsEngine {
       if (!w.policy->communicates()) {
         w.layer_ready[static_cast<std::size_t>(l)] = true;
       } else {
+        if (const Bytes b = layout_.layer_bytes(l); b > 0) {
+          w.ready_bytes += b;
+          if (w.pending_since < 0) w.pending_since = now;
+        }
         w.policy->on_gradient_ready(l, now, w.sink);
         try_send(w);
       }
@@ -356,8 +364,9 @@ class PsEngine {
     const TimeNs now = q_.now();
     w.iteration_times.push_back(now - w.iteration_start);
     if (w.policy->communicates()) {
-      const TimeNs span = w.push_last - w.push_first;
-      w.utilisation.push_back(span > 0 ? static_cast<double>(w.push_busy) / static_cast<double>(span) : 1.0);
+      end_pending(w);
+      w.utilisation.push_back(w.pending_time > 0 ? static_cast<double>(w.push_busy) / static_cast<double>(w.pending_time)
+                                                 : 1.0);
     } else {
       w.utilisation.push_back(0.0);
     }
@@ -365,8 +374,9 @@ class PsEngine {
       w.rate_seen = Rate{static_cast<std::int64_t>(static_cast<double>(w.bytes_pushed) * 8e9 /
                                                    static_cast<double>(w.push_busy))};
     }
-    w.push_first = -1;
-    w.push_last = w.push_busy = 0;
+    w.push_busy = 0;
+    w.ready_bytes = 0;
+    w.pending_time = 0;
     w.bytes_pushed_last = w.bytes_pushed;
     w.units_pushed_last = w.units_pushed;
     w.bytes_pushed = 0;
@@ -391,6 +401,18 @@ class PsEngine {
   // pushed returns, so that all units pushed in one callback compete by priority.
   void enqueue(Worker& w, const PushUnit& u) { w.tx.push(u.priority, u); }
 
+  // The uplink finished a unit: if every ready byte is now on the wire, pushing pauses.
+  void on_uplink_free(Worker& w) {
+    if (w.bytes_pushed == w.ready_bytes && w.tx.empty()) end_pending(w);
+    try_send(w);
+  }
+
+  void end_pending(Worker& w) {
+    if (w.pending_since < 0) return;
+    w.pending_time += q_.now() - w.pending_since;
+    w.pending_since = -1;
+  }
+
   void try_send(Worker& w) {
     const TimeNs now = q_.now();
     if (w.up.busy_until > now || w.tx.empty()) return;
@@ -402,8 +424,6 @@ class PsEngine {
     const TimeNs fin2 = std::max(fin1, s.in.finish(start2, len));
     s.in.busy_until = fin2;
     w.up.busy_until = fin1;
-    if (w.push_first < 0) w.push_first = now;
-    w.push_last = fin1;
     w.push_busy += fin1 - now;
     w.bytes_pushed += len;
     ++w.units_pushed;
@@ -473,7 +493,7 @@ class PsEngine {
         try_send(w);
         break;
       }
-      case Ev::kUplinkFree: try_send(*workers_[static_cast<std::size_t>(p.worker)]); break;
+      case Ev::kUplinkFree: on_uplink_free(*workers_[static_cast<std::size_t>(p.worker)]); break;
       case Ev::kServerArrive: on_server_arrive(p.worker, p.unit); break;
       case Ev::kAck: {
         Worker& w = *workers_[static_cast<std::size_t>(p.worker)];

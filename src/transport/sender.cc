@@ -66,7 +66,8 @@ Status Sender::pump() {
           });
         }
         break;
-      }      Item it = queue_.pop();
+      }
+      Item it = queue_.pop();
       const TimeNs now = clock_.now();
       samples_.push_back(QueueSample{it.header.priority, now - it.enqueued});
       ++units_sent_;

@@ -2,14 +2,18 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "quicksilver/transport/clock.h"
@@ -101,6 +105,25 @@ Result<std::string> congestion_of(int fd) {
     return errno_status("getsockopt(TCP_CONGESTION)", errno);
   }
   return std::string(buf, strnlen(buf, len));
+}
+
+Status check_congestion_available(const std::string& name) {
+  if (name.empty()) return Status::ok();
+  std::ifstream in("/proc/sys/net/ipv4/tcp_available_congestion_control");
+  std::string list, word;
+  if (!in || !std::getline(in, list)) return Status::ok();
+  std::istringstream words(list);
+  while (words >> word) {
+    if (word == name) return Status::ok();
+  }
+  return invalid_argument("congestion control '" + name + "' is not available on this kernel (available: " + list +
+                          "; a module such as tcp_" + name + " may need loading)");
+}
+
+Result<std::int64_t> unacknowledged_bytes(int fd) {
+  int n = 0;
+  if (::ioctl(fd, SIOCOUTQ, &n) != 0) return errno_status("ioctl(SIOCOUTQ)", errno);
+  return std::int64_t{n};
 }
 
 Result<Fd> listen_tcp(const std::string& host, int port, int backlog) {

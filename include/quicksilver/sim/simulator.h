@@ -80,8 +80,11 @@ struct SimResult {
   double scaling_efficiency = 0;        // oracle iteration / iteration (Mercury's "normalised speed")
   TimeNs compute_time = 0;              // the oracle's iteration time (worker 0)
   TimeNs gpu_idle = 0;                  // iteration - compute, worker 0
-  // Uplink busy time over the span from the first to the last byte pushed in an
-  // iteration (worker 0, median over steady-state iterations).
+  // Uplink busy time over the time spent pushing: from a layer's gradients being ready
+  // until every ready byte is on the wire (Mercury III-B, Fig. 6: throughput averaged over
+  // the time push operations run). Compute gaps with nothing to send do not count; a
+  // scheduler's own waits (credit, stop-and-wait, startup) do. Worker 0, median over
+  // steady-state iterations.
   double link_utilisation = 0;
   Bytes bytes_pushed_per_iteration = 0;  // worker 0
   std::int64_t messages_per_iteration = 0;  // units pushed by worker 0

@@ -58,8 +58,14 @@ struct SocketOptions {
 // Sets TCP_NODELAY, non-blocking mode and `opts` on a connected socket. Errors name the
 // option; a refused congestion control says where the allowed list is.
 Status configure_socket(int fd, const SocketOptions& opts);
+// Whether this kernel has congestion control `name`
+// (/proc/sys/net/ipv4/tcp_available_congestion_control; ok when that cannot be read).
+Status check_congestion_available(const std::string& name);
 // The congestion control algorithm in effect on `fd` (getsockopt TCP_CONGESTION).
 Result<std::string> congestion_of(int fd);
+// Bytes written to `fd` that its peer's TCP has not yet acknowledged (ioctl SIOCOUTQ:
+// unsent plus in flight).
+Result<std::int64_t> unacknowledged_bytes(int fd);
 
 // A listening TCP socket on host:port (port 0 = ephemeral), SO_REUSEADDR, non-blocking.
 Result<Fd> listen_tcp(const std::string& host, int port, int backlog = 128);
