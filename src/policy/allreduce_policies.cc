@@ -1,10 +1,10 @@
 // The all-reduce policies of the MG-WFBP and DeFT comparisons, plus the registry.
 // US-Byte lives in usbyte.cc, DeFT in deft.cc, the MG-WFBP algorithms in mgwfbp.cc.
 #include <algorithm>
-#include <queue>
 
 #include "allreduce_plans.h"
 #include "allreduce_policies.h"
+#include "credit_window.h"
 #include "quicksilver/core/check.h"
 #include "quicksilver/policy/ps_policy.h"
 
@@ -164,17 +164,17 @@ std::vector<std::vector<std::vector<Chunk>>> ddp_buckets(const AllReduceContext&
   return at;
 }
 
-// ByteScheduler (Peng et al., SOSP'19) in all-reduce mode, as in the PS version
-// (ps_policies.cc, CreditScheduler): tensors are cut into partitions kept in the
-// scheduler's own priority queue (lowest tensor first, then FIFO); the most urgent is
-// handed to the FIFO collective library while the unfinished bytes fit in the credit
-// (always at least one), each paying the startup time. In all-reduce the acknowledgement
+// ByteScheduler (Peng et al., SOSP'19) in all-reduce mode, with the PS version's credit
+// window (credit_window.h): tensors are cut into partitions kept in the scheduler's own
+// priority queue (lowest tensor first, then FIFO); the most urgent is handed to the FIFO
+// collective library while the unfinished bytes fit in the credit (always at least one),
+// each paying the startup time. In all-reduce the acknowledgement
 // that frees credit is the collective's completion. Layer l's forward waits for its own
 // partitions only.
 class ByteSchedulerAr final : public AllReducePolicy {
  public:
   ByteSchedulerAr(const AllReduceContext& ctx, Bytes partition, Bytes credit, TimeNs startup)
-      : ctx_(ctx), partition_(partition), credit_(credit), startup_(startup) {}
+      : ctx_(ctx), partition_(partition), startup_(startup), window_(credit) {}
   std::string_view name() const override { return "bytescheduler"; }
   ForwardGate forward_gate() const override { return ForwardGate::kPerLayer; }
   void on_iteration_start(std::int64_t iteration, TimeNs, CollectiveSink&) override {
@@ -189,46 +189,30 @@ class ByteSchedulerAr final : public AllReducePolicy {
         b.chunks = {c};
         b.priority = t;
         b.first_iteration = b.last_iteration = iteration_;
-        pending_.push(Pending{std::move(b), seq_++});
+        window_.add(std::move(b), t, c.length);
       }
     }
     dispatch(out);
   }
   void on_collective_done(const CollectiveBucket& b, TimeNs, CollectiveSink& out) override {
-    in_flight_ -= b.bytes();
-    QS_CHECK(in_flight_ >= 0);
+    window_.finished(b.bytes());
     dispatch(out);
   }
 
  private:
-  struct Pending {
-    CollectiveBucket bucket;
-    std::uint64_t seq;
-    // Max-heap order: the most urgent (lowest priority, then oldest) is greatest; seq is
-    // unique, so this is a strict weak ordering with no ties.
-    bool operator<(const Pending& o) const {
-      if (bucket.priority != o.bucket.priority) return bucket.priority > o.bucket.priority;
-      return seq > o.seq;
-    }
-  };
   void dispatch(CollectiveSink& out) {
-    while (!pending_.empty() &&
-           (in_flight_ == 0 || in_flight_ + pending_.top().bucket.bytes() <= credit_)) {
-      CollectiveBucket b = pending_.top().bucket;
-      pending_.pop();
-      in_flight_ += b.bytes();
+    window_.release([&](CollectiveBucket b) {
       b.id = next_id_++;
       out.all_reduce(b, startup_);
-    }
+    });
   }
 
   AllReduceContext ctx_;
-  Bytes partition_, credit_;
+  Bytes partition_;
   TimeNs startup_;
-  std::priority_queue<Pending> pending_;
-  std::uint64_t seq_ = 0, next_id_ = 0;
+  CreditWindow<CollectiveBucket> window_;
+  std::uint64_t next_id_ = 0;
   std::int64_t iteration_ = 0;
-  Bytes in_flight_ = 0;
 };
 
 std::string join(const std::vector<std::string>& v) {

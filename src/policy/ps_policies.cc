@@ -2,8 +2,8 @@
 // plus the registry. Prophet lives in prophet.cc.
 #include <algorithm>
 #include <functional>
-#include <queue>
 
+#include "credit_window.h"
 #include "ps_policies.h"
 #include "quicksilver/core/check.h"
 
@@ -120,51 +120,32 @@ class CreditScheduler final : public PsPolicy {
  public:
   CreditScheduler(std::string_view name, const PsContext& ctx, Bytes partition, Bytes credit,
                   TimeNs startup)
-      : name_(name), ctx_(ctx), partition_(partition), credit_(credit), startup_(startup) {}
+      : name_(name), ctx_(ctx), partition_(partition), startup_(startup), window_(credit) {}
   std::string_view name() const override { return name_; }
   QueueDiscipline discipline() const override { return QueueDiscipline::kFifo; }
 
   void on_gradient_ready(int layer, TimeNs, PushSink& out) override {
     for (TensorId t = ctx_.layout->first_tensor(layer); t < ctx_.layout->end_tensor(layer); ++t) {
-      push_interleaved(ctx_, t, partition_, [&](const PushUnit& u) { pending_.push(Pending{u, seq_++}); });
+      push_interleaved(ctx_, t, partition_,
+                       [&](const PushUnit& u) { window_.add(u, u.priority, u.chunk.length); });
     }
     dispatch(out);
   }
   void on_push_acked(const PushUnit& unit, TimeNs, PushSink& out) override {
-    in_flight_ -= unit.chunk.length;
-    QS_CHECK(in_flight_ >= 0);
+    window_.finished(unit.chunk.length);
     dispatch(out);
   }
 
  private:
-  struct Pending {
-    PushUnit unit;
-    std::uint64_t seq;
-    // Strict weak ordering for a max-heap: the most urgent (lowest priority, then oldest)
-    // compares greatest. seq is unique, so no two entries are equivalent.
-    bool operator<(const Pending& o) const {
-      if (unit.priority != o.unit.priority) return unit.priority > o.unit.priority;
-      return seq > o.seq;
-    }
-  };
   void dispatch(PushSink& out) {
-    while (!pending_.empty() &&
-           (in_flight_ == 0 || in_flight_ + pending_.top().unit.chunk.length <= credit_)) {
-      const PushUnit u = pending_.top().unit;
-      pending_.pop();
-      in_flight_ += u.chunk.length;
-      out.push(u, startup_);
-    }
+    window_.release([&](const PushUnit& u) { out.push(u, startup_); });
   }
 
   std::string name_;
   PsContext ctx_;
   Bytes partition_;
-  Bytes credit_;  // 0 = stop-and-wait
   TimeNs startup_;
-  std::priority_queue<Pending> pending_;
-  std::uint64_t seq_ = 0;
-  Bytes in_flight_ = 0;
+  CreditWindow<PushUnit> window_;
 };
 
 const std::vector<std::string> kAllPolicies = {

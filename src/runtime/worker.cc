@@ -168,15 +168,17 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     std::fill(layer_pulled.begin(), layer_pulled.end(), 0);
     std::fill(layer_ready.begin(), layer_ready.end(), false);
     bytes_at_start = bytes_written();
+    transport_total = 0;
     bytes_pushed = 0;
     units_pushed = 0;
     ready_bytes = 0;
     pending_total = 0;
-    // The bandwidth monitor (Prophet 4.2): the rate this worker's pushes achieved in the
-    // previous iteration, as the simulator feeds it.
-    if (!gbps.empty() && gbps.back() > 0) {
-      policy->on_bandwidth_estimate(Rate{static_cast<std::int64_t>(gbps.back() * 1e9)}, now);
-    }
+    // The bandwidth monitor (Prophet 4.2: "the available network bandwidth of workers"):
+    // the previous iteration's bytes over the time the transport held undelivered bytes
+    // (check_drained). As in the simulator (bytes over uplink busy time), the policy's
+    // own waits do not count: a monitor that saw Prophet's waits as a slower network
+    // would make it wait longer still.
+    if (monitor_bps > 0) policy->on_bandwidth_estimate(Rate{static_cast<std::int64_t>(monitor_bps)}, now);
     policy->on_iteration_start(it, now, *this);
     pump();
     run_backward(jl.layout.num_layers() - 1);
@@ -240,12 +242,14 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
 
   void end_iteration() {
     iteration_times.push_back(compute_free - iteration_start);
-    end_pending();
+    end_spans();
     // The uplink rate while pushing: bytes on the wire over the time some ready gradient
     // was not yet delivered (check_drained).
     const auto bytes = static_cast<double>(bytes_written() - bytes_at_start);
     const auto pending = static_cast<double>(pending_total);
     gbps.push_back(pending > 0 ? 8.0 * bytes / pending : 0.0);
+    const auto busy = static_cast<double>(transport_total);
+    monitor_bps = busy > 0 ? 8e9 * bytes / busy : 0.0;
     bytes_per_iteration = bytes_pushed;
     units_per_iteration = units_pushed;
     for (const transport::QueueSample& q : sender->take_samples()) {
@@ -321,6 +325,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     h.offset = static_cast<std::uint64_t>(u.chunk.offset);
     h.priority = static_cast<std::uint16_t>(u.priority);
     const auto* payload = reinterpret_cast<const std::byte*>(grads.data() + tensor_base[static_cast<std::size_t>(u.chunk.tensor)]) + u.chunk.offset;
+    if (transport_since < 0) transport_since = loop->now();
     sender->enqueue(u.server, h, payload, 0);
     bytes_pushed += u.chunk.length;
     ++units_pushed;
@@ -339,8 +344,12 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   // byte is delivered do not count; a user-level scheduler's own waits (credit, stop-and-
   // wait, startup time) do. The end is seen at most kDrainPoll late, and TCP's
   // acknowledgement takes one round trip: both count against the link.
+  // Also ends the transport's busy time (transport_since) when everything handed to the
+  // sender is delivered, whether or not the policy still holds units.
   void check_drained() {
-    if (pending_since < 0 || bytes_pushed < ready_bytes || !sender->idle()) return;
+    if (transport_since < 0 && pending_since < 0) return;
+    if (!sender->idle()) return;
+    if (transport_since < 0 && bytes_pushed < ready_bytes) return;  // only the policy holds bytes
     std::int64_t unacked = 0;
     for (const auto& c : conns) {
       if (c->closed()) continue;
@@ -356,13 +365,24 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
       }
       return;
     }
-    end_pending();
+    if (transport_since >= 0) {
+      transport_total += loop->now() - transport_since;
+      transport_since = -1;
+    }
+    if (bytes_pushed >= ready_bytes) end_pending();
   }
 
   void end_pending() {
     if (pending_since < 0) return;
     pending_total += loop->now() - pending_since;
     pending_since = -1;
+  }
+
+  // The iteration is over: whatever is still open ends now.
+  void end_spans() {
+    end_pending();
+    if (transport_since >= 0) transport_total += loop->now() - transport_since;
+    transport_since = -1;
     if (drain_timer != 0) loop->cancel(drain_timer);
     drain_timer = 0;
   }
@@ -526,6 +546,10 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   // "While pushing" (check_drained): gradient bytes made ready this iteration, since when
   // some are undelivered (-1: none), and the iteration's total of such time.
   static constexpr TimeNs kDrainPoll = 100 * kNsPerUs;
+  // Since when the transport holds undelivered bytes (-1: none), this iteration's total of
+  // such time, and the rate the bandwidth monitor reports (start_backward).
+  TimeNs transport_since = -1, transport_total = 0;
+  double monitor_bps = 0;
   Bytes ready_bytes = 0;
   TimeNs pending_since = -1, pending_total = 0;
   transport::EventLoop::TimerId drain_timer = 0;
