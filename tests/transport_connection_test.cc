@@ -16,6 +16,16 @@
 namespace qs::transport {
 namespace {
 
+// The sending side of a test connection: ignores what it receives and lets the Sender
+// refill the socket whenever it becomes writable (q.s must be set before it does).
+struct Quiet : FrameHandler {
+  Sender* s = nullptr;
+  Result<PayloadTarget> on_header(Connection&, const Header&) override { return PayloadTarget::buffer(); }
+  Status on_frame(Connection&, const Header&) override { return Status::ok(); }
+  void on_writable(Connection& c) override { (void)s->on_writable(c.index()); }
+  void on_closed(Connection&, const Status&) override {}
+};
+
 using ::testing::HasSubstr;
 
 constexpr TimeNs kTestDeadline = 10 * kNsPerSec;
@@ -229,13 +239,7 @@ TEST(Connection, FramesRoundTripWithPartialWrites) {
   ASSERT_TRUE(configure_socket(p.b.get(), small).is_ok());
   Receiver r;
   Connection rx(**loop, std::move(p.a), r, "rx", 0);
-  struct Quiet : FrameHandler {
-    Sender* s = nullptr;
-    Result<PayloadTarget> on_header(Connection&, const Header&) override { return PayloadTarget::buffer(); }
-    Status on_frame(Connection&, const Header&) override { return Status::ok(); }
-    void on_writable(Connection& c) override { (void)s->on_writable(c.index()); }
-    void on_closed(Connection&, const Status&) override {}
-  } q;
+  Quiet q;
   Connection tx(**loop, std::move(p.b), q, "tx", 0);
   ASSERT_TRUE(rx.start().is_ok());
   ASSERT_TRUE(tx.start().is_ok());
@@ -295,13 +299,7 @@ TEST(Sender, UrgentPacketOvertakesQueuedBulkOnTheWire) {
   });
   auto loop = EventLoop::create();
   ASSERT_TRUE(loop.is_ok());
-  struct Quiet : FrameHandler {
-    Sender* s = nullptr;
-    Result<PayloadTarget> on_header(Connection&, const Header&) override { return PayloadTarget::buffer(); }
-    Status on_frame(Connection&, const Header&) override { return Status::ok(); }
-    void on_writable(Connection& c) override { (void)s->on_writable(c.index()); }
-    void on_closed(Connection&, const Status&) override {}
-  } q;
+  Quiet q;
   Connection tx(**loop, std::move(p.a), q, "tx", 0);
   ASSERT_TRUE(tx.start().is_ok());
   Sender sender(SendOrder::kPriority, 8, **loop);
@@ -379,13 +377,7 @@ TEST(Sender, FifoOrderIgnoresPriority) {
     }
     void on_closed(Connection&, const Status&) override {}
   } rec;
-  struct Quiet : FrameHandler {
-    Sender* s = nullptr;
-    Result<PayloadTarget> on_header(Connection&, const Header&) override { return PayloadTarget::buffer(); }
-    Status on_frame(Connection&, const Header&) override { return Status::ok(); }
-    void on_writable(Connection& c) override { (void)s->on_writable(c.index()); }
-    void on_closed(Connection&, const Status&) override {}
-  } q;
+  Quiet q;
   Connection rx(**loop, std::move(p.a), rec, "rx", 0);
   Connection tx(**loop, std::move(p.b), q, "tx", 0);
   ASSERT_TRUE(rx.start().is_ok());
