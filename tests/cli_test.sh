@@ -39,6 +39,7 @@ expect_error "--compute-factor" simulate --policy wfbp --workers 2 --compute-fac
 expect_error "--bandwidth-trace" simulate --policy wfbp --bandwidth-trace random:1Gbps
 expect_error "congestion control 'nosuchcc' is not available" run --model vgg16 --policy mercury --congestion nosuchcc
 expect_error "congestion control 'nosuchcc' is not available" worker --worker-id 0 --servers 1 --connect 127.0.0.1:1 --policy mercury --congestion nosuchcc
+expect_error "a server records no timeline" server --server-id 0 --listen 127.0.0.1:0 --policy mercury --trace "$tmp/s.json"
 expect_error "no delay emulation" run --model vgg16 --policy mercury --latency 1ms
 
 echo '{"layers": []}' > "$tmp/empty.json"

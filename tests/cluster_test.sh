@@ -35,10 +35,20 @@ check_run() {  # name, then args; expects success and every worker's iterations 
 }
 
 check_run loopback --policy mercury,wfbp,p3,bytescheduler,tictac,mercury-nopreempt,prophet "${common[@]}"
-"$qs" run --policy mercury "${common[@]}" --json > "$tmp/j" 2> "$tmp/err" \
+"$qs" run --policy mercury "${common[@]}" --json --trace "$tmp/rt.json" > "$tmp/j" 2> "$tmp/err" \
   && python3 -c "
 import json; d = json.load(open('$tmp/j')); r = d['results'][0]
-assert r['iteration_ms'] > 0 and 'predicted_iteration_ms' in r and 'relative_error' in r, r" && ok || bad "run --json: $(cat "$tmp/err")"
+assert r['iteration_ms'] > 0 and 'predicted_iteration_ms' in r and 'relative_error' in r, r
+# --trace: each worker's measured timeline above the simulator's, same span names.
+ev = json.load(open('$tmp/rt.json'))['traceEvents']
+names = {e['pid']: e['args']['name'] for e in ev if e.get('name') == 'process_name'}
+for who in ['mercury measured worker 0', 'mercury measured worker 2', 'mercury predicted worker 0']:
+    pid = [p for p, n in names.items() if n == who][0]
+    spans = [e for e in ev if e.get('pid') == pid and e.get('ph') == 'X']
+    tracks = {e['tid'] for e in spans}
+    assert {0, 1, 2} <= tracks, (who, tracks)
+    assert sum(e['name'] == 'fp c1' for e in spans) == 4, who
+" && ok || bad "run --json --trace: $(cat "$tmp/err")"
 
 # A worker that dies: everyone fails fast with a message naming it; nobody hangs.
 start=$(date +%s)
@@ -53,10 +63,11 @@ for _ in $(seq 100); do grep -q listening "$tmp/c" && break; sleep 0.05; done
 caddr=$(awk '/listening/{print $2}' "$tmp/c")
 "$qs" server --server-id 0 --listen 127.0.0.1:0 --coordinator "$caddr" "${cjob[@]}" > /dev/null 2>&1 & cs0=$!
 "$qs" server --server-id 1 --listen 127.0.0.1:0 --coordinator "$caddr" "${cjob[@]}" > /dev/null 2>&1 & cs1=$!
-"$qs" worker --worker-id 0 --coordinator "$caddr" "${cjob[@]}" --json > "$tmp/cw0" 2>&1 & cw0=$!
+"$qs" worker --worker-id 0 --coordinator "$caddr" "${cjob[@]}" --json --trace "$tmp/w0.json" > "$tmp/cw0" 2>&1 & cw0=$!
 "$qs" worker --worker-id 1 --coordinator "$caddr" "${cjob[@]}" --json > "$tmp/cw1" 2>&1; rc1=$?
 wait $cw0; rc0=$?; wait $c; rcc=$?; wait $cs0; wait $cs1
-if [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && [ $rcc -eq 0 ] && grep -q '"iterations_verified":3' "$tmp/cw0" "$tmp/cw1"; then ok
+if [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && [ $rcc -eq 0 ] && grep -q '"iterations_verified":3' "$tmp/cw0" "$tmp/cw1" \
+   && grep -q '"mercury measured worker 0"' "$tmp/w0.json"; then ok
 else bad "coordinator rendezvous: rc $rc0/$rc1/$rcc: $(cat "$tmp/c" "$tmp/cw0" "$tmp/cw1")"; fi
 "$qs" worker --worker-id 5 --coordinator 127.0.0.1:1 "${cjob[@]}" --connect-timeout 1s > /dev/null 2> "$tmp/e"; rc=$?
 [ $rc -eq 2 ] && grep -q "coordinator" "$tmp/e" && ok || bad "unreachable coordinator: rc $rc: $(cat "$tmp/e")"

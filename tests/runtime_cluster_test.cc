@@ -11,6 +11,7 @@
 
 #include "quicksilver/core/check.h"
 #include "quicksilver/runtime/runtime.h"
+#include "runtime/runtime_internal.h"
 
 namespace qs::runtime {
 namespace {
@@ -226,6 +227,68 @@ TEST(Runtime, UplinkRateCountsOnlyTimeSpentPushing) {
   EXPECT_GT(rep.uplink_gbps, 0.25);
   EXPECT_LT(rep.uplink_gbps, 0.44);
   EXPECT_NEAR(rep.uplink_utilisation, rep.uplink_gbps / 0.4, 1e-9);
+}
+
+// The measured timeline (`quicksilver run --trace`): every layer's backward and forward on
+// the compute track, in order and back to back at most; one pull span per pulled unit;
+// the time spent pushing on the uplink; time 0 is the first backward pass.
+TEST(Runtime, MeasuredTraceHasEveryComputeStepAndPull) {
+  JobOptions job = small_job("mercury", 2, 2);
+  ClusterRun r = run_cluster(job, [](WorkerOptions& w) { w.record_trace = w.worker_id == 0; });
+  for (const auto& w : r.workers) ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  const WorkerReport& rep = *r.workers[0];
+  EXPECT_TRUE(r.workers[1]->trace.empty());
+  std::vector<const TraceSpan*> compute;
+  int pulls = 0, pushing = 0;
+  for (const TraceSpan& s : rep.trace) {
+    EXPECT_EQ(s.host, 0);
+    EXPECT_LE(s.start, s.end) << s.name;
+    EXPECT_GE(s.start, 0) << s.name;
+    if (s.track == 0) compute.push_back(&s);
+    if (s.track == 1) {
+      EXPECT_EQ(s.name, "pushing");
+      ++pushing;
+    }
+    if (s.track == 2) {
+      EXPECT_THAT(s.name, ::testing::StartsWith("pull "));
+      ++pulls;
+    }
+  }
+  const int layers = static_cast<int>(job.profile.layers.size());
+  ASSERT_EQ(compute.size(), static_cast<std::size_t>(2 * layers * job.iterations));
+  EXPECT_EQ(compute.front()->start, 0);
+  EXPECT_EQ(compute.front()->name, "bp fc2");
+  for (int it = 0; it < job.iterations; ++it) {
+    for (int i = 0; i < layers; ++i) {
+      const std::size_t base = static_cast<std::size_t>(2 * layers * it);
+      EXPECT_EQ(compute[base + static_cast<std::size_t>(i)]->name,
+                "bp " + job.profile.layers[static_cast<std::size_t>(layers - 1 - i)].name);
+      EXPECT_EQ(compute[base + static_cast<std::size_t>(layers + i)]->name,
+                "fp " + job.profile.layers[static_cast<std::size_t>(i)].name);
+    }
+  }
+  for (std::size_t i = 1; i < compute.size(); ++i) EXPECT_GE(compute[i]->start, compute[i - 1]->end);
+  EXPECT_EQ(pulls, rep.units_per_iteration * job.iterations);
+  EXPECT_GE(pushing, job.iterations);
+}
+
+// What an urgent unit can wait behind once committed is a time at the job's bandwidth:
+// 100 us is 128 KiB-ish at 10 Gbit/s and the 8 KiB floor at 500 Mbit/s.
+TEST(Runtime, CommitWindowIsATimeAtTheLinkRate) {
+  JobOptions job = small_job("mercury", 1, 1);
+  job.bandwidth = Rate::gbps(10);
+  EXPECT_EQ(socket_options(job).notsent_lowat, 125'000);
+  EXPECT_EQ(sender_batch_bytes(job), 250'000u);
+  job.bandwidth = Rate::mbps(500);
+  EXPECT_EQ(socket_options(job).notsent_lowat, 8 * kKiB);
+  EXPECT_EQ(sender_batch_bytes(job), 16u * kKiB);
+  job.bandwidth = Rate::gbps(100);
+  job.commit_window = 50 * kNsPerUs;
+  EXPECT_EQ(socket_options(job).notsent_lowat, 625'000);
+  job.commit_window = 0;  // as given
+  job.socket.notsent_lowat = 64 * kKiB;
+  EXPECT_EQ(socket_options(job).notsent_lowat, 64 * kKiB);
+  EXPECT_EQ(sender_batch_bytes(job), 256u * kKiB);
 }
 
 TEST(Runtime, UrgentLayerQueueingDelayStaysSmall) {

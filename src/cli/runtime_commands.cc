@@ -95,6 +95,8 @@ TimeNs o_timeout(const RoleFlags& f) {
   return t ? *t : 20 * kNsPerSec;
 }
 
+json trace_json(const std::vector<TraceSpan>& spans);
+
 json report_json(const runtime::WorkerReport& r) {
   json it = json::array();
   for (TimeNs t : r.iteration_times) it.push_back(t);
@@ -109,7 +111,25 @@ json report_json(const runtime::WorkerReport& r) {
           {"uplink_utilisation", r.uplink_utilisation},
           {"queue_delay_ns", {r.queue_delay_p50, r.queue_delay_p99, r.queue_delay_max}},
           {"urgent_delay_ns", {r.urgent_delay_p50, r.urgent_delay_p99, r.urgent_delay_max}},
-          {"iterations_verified", r.iterations_verified}};
+          {"iterations_verified", r.iterations_verified},
+          {"trace", trace_json(r.trace)}};
+}
+
+// Spans as compact [track, start_ns, end_ns, name] rows (the worker's report line).
+json trace_json(const std::vector<TraceSpan>& spans) {
+  json a = json::array();
+  for (const TraceSpan& s : spans) a.push_back({s.track, s.start, s.end, s.name});
+  return a;
+}
+
+// The spans of a worker's report, as host `host`.
+std::vector<TraceSpan> trace_from_json(const json& a, int host) {
+  std::vector<TraceSpan> out;
+  for (const json& e : a) {
+    out.push_back(TraceSpan{host, e.at(0).get<int>(), e.at(1).get<TimeNs>(), e.at(2).get<TimeNs>(),
+                            e.at(3).get<std::string>()});
+  }
+  return out;
 }
 
 }  // namespace
@@ -177,6 +197,10 @@ int run_server_role(const RoleFlags& f) {
   o.job = std::move(*job);
   o.server_id = f.id;
   o.listen = *ep;
+  if (!f.sim.trace.empty()) {
+    std::cerr << "quicksilver server: --trace: a server records no timeline (give --trace to the workers)\n";
+    return 2;
+  }
   auto server = runtime::Server::create(std::move(o));
   if (!server) {
     std::cerr << "quicksilver server: " << server.status().message() << "\n";
@@ -213,6 +237,7 @@ int run_worker_role(const RoleFlags& f) {
   o.compute_factor = f.compute_factor;
   o.warmup = f.sim.warmup;
   o.die_at_iteration = f.die_at_iteration;
+  o.record_trace = !f.sim.trace.empty();
   if (f.servers.empty() && f.coordinator.empty()) {
     std::cerr << "quicksilver worker: give --connect HOST:PORT,... or --coordinator HOST:PORT\n";
     return 2;
@@ -247,6 +272,16 @@ int run_worker_role(const RoleFlags& f) {
   if (!report) {
     std::cerr << "quicksilver worker " << f.id << ": " << report.status().message() << "\n";
     return 1;
+  }
+  if (!f.sim.trace.empty()) {
+    SimResult measured;
+    measured.policy = report->policy + " measured";
+    measured.trace = report->trace;
+    Status s = write_chrome_trace({measured}, f.sim.trace);
+    if (!s.is_ok()) {
+      std::cerr << "quicksilver worker " << f.id << ": --trace: " << s.message() << "\n";
+      return 1;
+    }
   }
   if (f.sim.json) {
     std::cout << report_json(*report).dump() << std::endl;
@@ -486,6 +521,12 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
     }
     a.push_back("--nic-rate");
     a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second) + "bps");
+    if (job.sim.record_trace) {
+      // The worker writes its own Chrome trace there too; the launcher takes the spans
+      // from the report line.
+      a.push_back("--trace");
+      a.push_back((std::filesystem::path(profile_path).parent_path() / ("worker" + std::to_string(w) + ".trace.json")).string());
+    }
     auto c = spawn("worker " + std::to_string(w), exe, a, cluster ? cluster->namespace_name(m + w) : "");
     if (!c) {
       cleanup();
@@ -602,6 +643,12 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
     r.link_utilisation = util.size() % 2 == 1 ? util[mid] : (util[mid - 1] + util[mid]) / 2;
     r.bytes_pushed_per_iteration = w0.value("bytes_pushed_per_iteration", Bytes{0});
     r.messages_per_iteration = w0.value("units_per_iteration", std::int64_t{0});
+    if (job.sim.record_trace) {
+      for (const json& rep : reports) {
+        auto spans = trace_from_json(rep.at("trace"), rep.value("worker", 0));
+        r.trace.insert(r.trace.end(), spans.begin(), spans.end());
+      }
+    }
     for (const json& rep : reports) {
       const auto& u = rep.at("urgent_delay_ns");
       r.notes.push_back("worker " + std::to_string(rep.value("worker", 0)) + ": " +
@@ -767,6 +814,23 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
     if (!down.is_ok()) std::cerr << "quicksilver run: removing the namespaces: " << down.message() << "\n";
   }
   std::filesystem::remove_all(tmp);
+  if (!f.sim.trace.empty() && !rows.empty()) {
+    // Measured and predicted timelines one above the other, per policy.
+    std::vector<SimResult> traced;
+    for (const Row& row : rows) {
+      traced.push_back(row.result);
+      traced.back().policy += " measured";
+      if (row.predicted) {
+        traced.push_back(*row.predicted);
+        traced.back().policy += " predicted";
+      }
+    }
+    Status s = write_chrome_trace(traced, f.sim.trace);
+    if (!s.is_ok()) {
+      std::cerr << "quicksilver run: --trace: " << s.message() << "\n";
+      rc = 1;
+    }
+  }
   if (!rows.empty()) {
     std::string title = std::string("measured (") +
                         (f.netns ? "network namespaces, tc-shaped links, iperf3 goodput " +

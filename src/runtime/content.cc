@@ -31,6 +31,23 @@ transport::SendOrder send_order(QueueDiscipline d) {
   return d == QueueDiscipline::kPriority ? transport::SendOrder::kPriority : transport::SendOrder::kFifo;
 }
 
+namespace {
+Bytes commit_bytes(const JobOptions& job) {
+  const double b = job.bandwidth.bytes_per_second() * to_sec(job.commit_window);
+  return std::max<Bytes>(8 * kKiB, static_cast<Bytes>(b));
+}
+}  // namespace
+
+transport::SocketOptions socket_options(const JobOptions& job) {
+  transport::SocketOptions o = job.socket;
+  if (job.commit_window > 0) o.notsent_lowat = commit_bytes(job);
+  return o;
+}
+
+std::uint64_t sender_batch_bytes(const JobOptions& job) {
+  return job.commit_window > 0 ? static_cast<std::uint64_t>(2 * commit_bytes(job)) : 256 * kKiB;
+}
+
 std::uint64_t profile_hash(const Profile& p) {
   std::uint64_t h = transport::fnv1a64(p.name);
   for (const LayerSpec& l : p.layers) {

@@ -30,6 +30,9 @@ struct JobLayout {
 };
 
 transport::SendOrder send_order(QueueDiscipline d);
+// The socket options with JobOptions::commit_window applied, and the Sender's batch.
+transport::SocketOptions socket_options(const JobOptions& job);
+std::uint64_t sender_batch_bytes(const JobOptions& job);
 transport::HelloBody hello_body(const JobOptions& job);
 // Explains how two hellos differ ("profile hash differs: ..."), empty when equal.
 std::string hello_mismatch(const transport::HelloBody& mine, const transport::HelloBody& theirs);

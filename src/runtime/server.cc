@@ -76,6 +76,7 @@ struct Server::Impl final : transport::FrameHandler {
     for (auto& a : accum) a.assign(floats, 0.0f);
     peers.resize(static_cast<std::size_t>(opts.job.workers));
     sender = std::make_unique<transport::Sender>(send_order(discipline), jl.layout.num_tensors() + 1, *loop);
+    sender->set_batch_bytes(sender_batch_bytes(opts.job));
     sender->set_connections(std::vector<Connection*>(peers.size(), nullptr));
     sender->set_sent_callback([this](int, std::uint64_t tag) { on_pull_sent(tag); });
     rules.tensor_bytes.clear();
@@ -150,7 +151,7 @@ struct Server::Impl final : transport::FrameHandler {
         return;
       }
       if (!fd->valid()) return;
-      Status s = transport::configure_socket(fd->get(), opts.job.socket);
+      Status s = transport::configure_socket(fd->get(), socket_options(opts.job));
       if (!s.is_ok()) {
         loop->fail(s.with_context(name()));
         return;

@@ -42,6 +42,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     QS_ASSIGN_OR_RETURN(loop, transport::EventLoop::create());
     const int priorities = jl.layout.num_tensors() + 1;
     sender = std::make_unique<transport::Sender>(send_order(policy->discipline()), priorities, *loop);
+    sender->set_batch_bytes(sender_batch_bytes(job));
     tensor_base.resize(static_cast<std::size_t>(jl.layout.num_tensors()));
     std::size_t floats = 0;
     for (const TensorInfo& t : jl.layout.tensors()) {
@@ -53,6 +54,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     layer_pulled.assign(static_cast<std::size_t>(jl.layout.num_layers()), 0);
     layer_ready.assign(static_cast<std::size_t>(jl.layout.num_layers()), false);
     ready_at.assign(static_cast<std::size_t>(jl.layout.num_layers()), 0);
+    pull_header_at.assign(static_cast<std::size_t>(job.servers), 0);
     for (const TensorInfo& t : jl.layout.tensors()) {
       rules.tensor_bytes.push_back(t.bytes);
       rules.element_size.push_back(t.element_size);
@@ -85,7 +87,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
       const Endpoint& e = opts.servers[static_cast<std::size_t>(s)];
       auto fd = transport::connect_tcp(e.host, e.port, deadline);
       if (!fd.is_ok()) return fd.status().with_context(name() + " -> " + server_name(s));
-      QS_RETURN_IF_ERROR(transport::configure_socket(fd->get(), job.socket).with_context(name()));
+      QS_RETURN_IF_ERROR(transport::configure_socket(fd->get(), socket_options(job)).with_context(name()));
       if (congestion.empty()) {
         auto cc = transport::congestion_of(fd->get());
         if (cc.is_ok()) congestion = *cc;
@@ -164,6 +166,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     // to end (or when its parameters arrived), never late by the loop's wake-up latency.
     if (compute_free == 0) compute_free = now;
     iteration_start = compute_free;
+    if (it == 0) trace_origin = iteration_start;
     blocked = false;
     std::fill(layer_pulled.begin(), layer_pulled.end(), 0);
     std::fill(layer_ready.begin(), layer_ready.end(), false);
@@ -197,6 +200,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     }
     const TimeNs d = scaled(job_layer(l).backward);
     compute_free = start + d;
+    record(0, start, compute_free, "bp " + job_layer(l).name);
     loop->schedule_at(compute_free, [this] { on_backward_done(); });
   }
 
@@ -229,6 +233,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     pump();
     const LayerSpec& spec = job_layer(l);
     compute_free = start + scaled(spec.update + spec.forward);
+    record(0, start, compute_free, "fp " + spec.name);
     loop->schedule_at(compute_free, [this] { on_forward_done(); });
   }
 
@@ -279,6 +284,12 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     std::uint64_t b = 0;
     for (const auto& c : conns) b += c->bytes_written();
     return b;
+  }
+
+  // The measured timeline (WorkerReport::trace), relative to the first backward pass.
+  void record(int track, TimeNs start, TimeNs end, std::string what) {
+    if (!opts.record_trace) return;
+    trace.push_back(TraceSpan{opts.worker_id, track, start - trace_origin, end - trace_origin, std::move(what)});
   }
 
   // ---- PushSink: the policy's decisions ----
@@ -374,6 +385,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
 
   void end_pending() {
     if (pending_since < 0) return;
+    record(1, pending_since, loop->now(), "pushing");
     pending_total += loop->now() - pending_since;
     pending_since = -1;
   }
@@ -413,6 +425,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
                                         " and awaits");
         }
         if (h.kind == FrameKind::kAck) return PayloadTarget::buffer();  // no payload
+        pull_header_at[static_cast<std::size_t>(s)] = loop->now();
         return PayloadTarget::to(reinterpret_cast<std::byte*>(params.data() + tensor_base[h.tensor]) + h.offset);
       }
       case FrameKind::kPush: break;
@@ -453,6 +466,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
         auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset});
         it->second.pulled = true;
         if (it->second.acked) outstanding.erase(it);
+        record(2, pull_header_at[static_cast<std::size_t>(s)], loop->now(), "pull " + std::to_string(h.tensor));
         return on_pulled(h);
       }
       case FrameKind::kPush: break;
@@ -517,6 +531,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     r.urgent_delay_p99 = transport::percentile(urgent_delays, 99);
     r.urgent_delay_max = transport::percentile(urgent_delays, 100);
     r.iterations_verified = verified;
+    r.trace = std::move(trace);
     return r;
   }
 
@@ -543,6 +558,9 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   std::vector<bool> layer_ready;
   std::vector<TimeNs> ready_at;  // when each layer's last pulled byte arrived
   TimeNs compute_free = 0;       // when the emulated GPU's current op is due to end
+  TimeNs trace_origin = 0;       // the first backward pass
+  std::vector<TimeNs> pull_header_at;  // by server: when the pull being read began
+  std::vector<TraceSpan> trace;
   // "While pushing" (check_drained): gradient bytes made ready this iteration, since when
   // some are undelivered (-1: none), and the iteration's total of such time.
   static constexpr TimeNs kDrainPoll = 100 * kNsPerUs;

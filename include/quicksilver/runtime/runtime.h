@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "quicksilver/core/status.h"
+#include "quicksilver/core/trace_span.h"
 #include "quicksilver/core/units.h"
 #include "quicksilver/model/profile.h"
 #include "quicksilver/policy/options.h"
@@ -50,7 +51,15 @@ struct JobOptions {
   // The nominal NIC rate, given to policies that plan with it (prophet) until their
   // bandwidth monitor has a measurement.
   Rate bandwidth = Rate::gbps(10);
-  transport::SocketOptions socket;          // congestion control, NOTSENT_LOWAT, buffers
+  transport::SocketOptions socket;          // congestion control, buffers
+  // How long an urgent unit may wait, at `bandwidth`, behind bytes a connection already
+  // committed past the sending buffer, where preemption cannot reach them: each socket's
+  // TCP_NOTSENT_LOWAT is the bytes the NIC sends in this time (at least 8 KiB), and the
+  // Sender commits at most twice that to one connection per write. A time, not a byte
+  // count, so that a scaled-down emulated cluster keeps the real one's behaviour
+  // (128 KiB at 10 Gbit/s is 6.5 KiB at 500 Mbit/s). 0: socket.notsent_lowat and a
+  // 256 KiB batch, as given.
+  TimeNs commit_window = 100 * kNsPerUs;
   TimeNs connect_timeout = 10 * kNsPerSec;  // rendezvous deadline
   TimeNs peer_timeout = 10 * kNsPerSec;     // longest silence while waiting on peers
 };
@@ -70,6 +79,8 @@ struct WorkerOptions {
   // Fault injection for tests: at the start of this iteration's backward, abort every
   // connection (RST) and fail as a crashed worker would (-1 = never).
   int die_at_iteration = -1;
+  // Record the measured timeline (WorkerReport::trace).
+  bool record_trace = false;
 };
 
 struct ServerOptions {
@@ -95,6 +106,12 @@ struct WorkerReport {
   TimeNs queue_delay_p50 = 0, queue_delay_p99 = 0, queue_delay_max = 0;
   TimeNs urgent_delay_p50 = 0, urgent_delay_p99 = 0, urgent_delay_max = 0;
   int iterations_verified = 0;     // iterations whose every pulled element was checked
+  // With WorkerOptions::record_trace, the measured timeline, named as the simulator names
+  // its spans, time 0 = the first backward pass (as in the simulator): track 0 the
+  // emulated GPU ("bp"/"fp" per layer), track 1 the uplink ("pushing": from a layer's
+  // gradients being ready until every ready byte is acknowledged), track 2 the downlink
+  // ("pull <tensor>": one per pulled frame, from its header to its last byte).
+  std::vector<TraceSpan> trace;
   std::string to_string() const;
 };
 

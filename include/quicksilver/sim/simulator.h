@@ -10,6 +10,7 @@
 
 #include "quicksilver/core/bandwidth_schedule.h"
 #include "quicksilver/core/status.h"
+#include "quicksilver/core/trace_span.h"
 #include "quicksilver/core/units.h"
 #include "quicksilver/model/profile.h"
 #include "quicksilver/policy/allreduce_policy.h"
@@ -61,15 +62,6 @@ struct SimOptions {
   // Checks, at every iteration's end and for every worker, that each gradient byte was
   // pushed exactly once and pulled exactly once. Costs time; tests turn it on.
   bool verify_bytes = false;
-};
-
-// One span on a track of the Chrome trace.
-struct TraceSpan {
-  int host = 0;    // worker index (servers: workers + server index)
-  int track = 0;   // 0 compute, 1 uplink, 2 downlink
-  TimeNs start = 0;
-  TimeNs end = 0;
-  std::string name;
 };
 
 struct SimResult {
