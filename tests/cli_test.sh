@@ -40,6 +40,8 @@ expect_error "--bandwidth-trace" simulate --policy wfbp --bandwidth-trace random
 expect_error "congestion control 'nosuchcc' is not available" run --model vgg16 --policy mercury --congestion nosuchcc
 expect_error "congestion control 'nosuchcc' is not available" worker --worker-id 0 --servers 1 --connect 127.0.0.1:1 --policy mercury --congestion nosuchcc
 expect_error "a server records no timeline" server --server-id 0 --listen 127.0.0.1:0 --policy mercury --trace "$tmp/s.json"
+expect_error "--commit-window" run --model vgg16 --policy mercury --commit-window fast
+expect_error "--commit-window: '-1us': a time cannot be negative" worker --worker-id 0 --connect 127.0.0.1:1 --policy mercury --commit-window -1us
 expect_error "no delay emulation" run --model vgg16 --policy mercury --latency 1ms
 
 echo '{"layers": []}' > "$tmp/empty.json"

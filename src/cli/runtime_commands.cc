@@ -31,12 +31,20 @@ namespace {
 
 using nlohmann::json;
 
+void add_commit_window_flag(CLI::App* app, std::string* window) {
+  app->add_option("--commit-window", *window,
+                  "Bytes a connection may commit past the sending buffer, as a time at --bandwidth "
+                  "(TCP_NOTSENT_LOWAT; 0 = 128 KiB fixed)")
+      ->capture_default_str();
+}
+
 void add_role_common(CLI::App* app, RoleFlags* f) {
   add_sim_flags(app, &f->sim);
   app->add_option("--congestion", f->congestion, "TCP congestion control (TCP_CONGESTION)")->capture_default_str();
   app->add_option("--connect-timeout", f->connect_timeout, "Rendezvous deadline")->capture_default_str();
   app->add_option("--peer-timeout", f->peer_timeout, "Longest silence from a peer before failing")->capture_default_str();
   app->add_option("--pacing-rate", f->pacing_rate, "SO_MAX_PACING_RATE per connection, e.g. 2Gbps");
+  add_commit_window_flag(app, &f->commit_window);
 }
 
 Result<runtime::Endpoint> parse_endpoint(const std::string& text, const char* flag) {
@@ -80,6 +88,10 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
   auto pt = parse_time(f.peer_timeout);
   if (!pt) return pt.status().with_context("--peer-timeout");
   o.peer_timeout = *pt;
+  auto cw = parse_time(f.commit_window);
+  if (!cw) return cw.status().with_context("--commit-window");
+  if (*cw < 0) return invalid_argument("--commit-window must be >= 0");
+  o.commit_window = *cw;
   if (!f.pacing_rate.empty()) {
     auto r = parse_rate(f.pacing_rate);
     if (!r) return r.status().with_context("--pacing-rate");
@@ -452,7 +464,8 @@ std::vector<std::string> job_args(const Job& job, const std::string& profile_pat
           "--startup-time", std::to_string(o.startup_time) + "ns", "--split-threshold",
           std::to_string(o.split_threshold) + "B", "--bandwidth", std::to_string(job.cluster.bandwidth.bits_per_second) + "bps",
           "--prophet-partition-size", std::to_string(o.prophet_partition_size) + "B",
-          "--seed", std::to_string(job.sim.seed), "--congestion", f.congestion};
+          "--seed", std::to_string(job.sim.seed), "--congestion", f.congestion,
+          "--commit-window", f.commit_window};
   if (o.prophet_allow_overrun) args.push_back("--prophet-overrun");
   return args;
 }
@@ -687,6 +700,7 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
   app->add_option("--scale", f->scale,
                   "Scale bandwidth and tensor sizes by this factor (0: automatic, hosts at most 4 Gbps / (N + M))");
   app->add_option("--congestion", f->congestion, "TCP congestion control")->capture_default_str();
+  add_commit_window_flag(app, &f->commit_window);
   app->add_option("--timeout", f->timeout, "Give up on a policy's run after this long")->capture_default_str();
   app->add_flag("--keep-going", f->keep_going, "Continue with the next policy when one fails");
   app->add_option("--kill-worker", f->kill_worker, "Testing: this worker dies abruptly...")->group("");
@@ -710,6 +724,11 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   auto timeout = parse_time(f.timeout);
   if (!timeout) {
     std::cerr << "quicksilver: --timeout: " << timeout.status().message() << "\n";
+    return 2;
+  }
+  if (auto cw = parse_time(f.commit_window); !cw || *cw < 0) {
+    std::cerr << "quicksilver: --commit-window: "
+              << (cw ? std::string("must be >= 0") : cw.status().message()) << "\n";
     return 2;
   }
   if (!f.netns && job->cluster.schedule && !job->cluster.schedule->is_constant()) {

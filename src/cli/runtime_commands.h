@@ -20,6 +20,7 @@ struct RoleFlags {
   std::string peer_timeout = "20s";
   std::string nic_rate;         // worker: for the utilisation figure
   std::string pacing_rate;      // SO_MAX_PACING_RATE per connection
+  std::string commit_window = "100us";  // JobOptions::commit_window
   int die_at_iteration = -1;    // worker: testing aid, exit abruptly at this iteration
 };
 
@@ -28,6 +29,7 @@ struct RunFlags {
   bool netns = false;
   double scale = 0;             // 0 = automatic (hosts at most 4 Gbps / (N + M))
   std::string congestion = "cubic";
+  std::string commit_window = "100us";
   std::string timeout = "300s";
   bool keep_going = false;
   int kill_worker = -1;         // testing: this worker dies abruptly...
