@@ -107,7 +107,12 @@ TimeNs o_timeout(const RoleFlags& f) {
   return t ? *t : 20 * kNsPerSec;
 }
 
-json trace_json(const std::vector<TraceSpan>& spans);
+// Spans as compact [track, start_ns, end_ns, name] rows (the worker's report line).
+json trace_json(const std::vector<TraceSpan>& spans) {
+  json a = json::array();
+  for (const TraceSpan& s : spans) a.push_back({s.track, s.start, s.end, s.name});
+  return a;
+}
 
 json report_json(const runtime::WorkerReport& r) {
   json it = json::array();
@@ -125,13 +130,6 @@ json report_json(const runtime::WorkerReport& r) {
           {"urgent_delay_ns", {r.urgent_delay_p50, r.urgent_delay_p99, r.urgent_delay_max}},
           {"iterations_verified", r.iterations_verified},
           {"trace", trace_json(r.trace)}};
-}
-
-// Spans as compact [track, start_ns, end_ns, name] rows (the worker's report line).
-json trace_json(const std::vector<TraceSpan>& spans) {
-  json a = json::array();
-  for (const TraceSpan& s : spans) a.push_back({s.track, s.start, s.end, s.name});
-  return a;
 }
 
 // The spans of a worker's report, as host `host`.
