@@ -152,6 +152,24 @@ TEST(PriorityFifo, RejectsOutOfRangePriority) {
   EXPECT_THROW(q.push(-1, 0), CheckFailure);
 }
 
+TEST(BandwidthSchedule, ShiftedStartsWhereTheOffsetFalls) {
+  BandwidthSchedule s({{0, Rate::gbps(10)}, {100, Rate::gbps(2)}, {250, Rate::gbps(5)}});
+  const BandwidthSchedule a = s.shifted(0);
+  ASSERT_EQ(a.segments().size(), 3u);
+  EXPECT_EQ(a.segments()[1].start, 100);
+  const BandwidthSchedule b = s.shifted(130);
+  ASSERT_EQ(b.segments().size(), 2u);
+  EXPECT_EQ(b.rate_at(0), Rate::gbps(2));
+  EXPECT_EQ(b.segments()[1].start, 120);
+  EXPECT_EQ(b.rate_at(119), Rate::gbps(2));
+  EXPECT_EQ(b.rate_at(120), Rate::gbps(5));
+  const BandwidthSchedule c = s.shifted(100);  // exactly on a change
+  ASSERT_EQ(c.segments().size(), 2u);
+  EXPECT_EQ(c.rate_at(0), Rate::gbps(2));
+  EXPECT_TRUE(s.shifted(1000).is_constant());
+  EXPECT_EQ(s.shifted(1000).rate_at(0), Rate::gbps(5));
+}
+
 TEST(BandwidthSchedule, FinishTimeIntegratesAcrossSegments) {
   // 8 Gbps (1 B/ns) for 1000 ns, then 16 Gbps (2 B/ns).
   BandwidthSchedule s({{0, Rate::gbps(8)}, {1000, Rate::gbps(16)}});

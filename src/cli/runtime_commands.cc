@@ -129,6 +129,7 @@ json report_json(const runtime::WorkerReport& r) {
           {"queue_delay_ns", {r.queue_delay_p50, r.queue_delay_p99, r.queue_delay_max}},
           {"urgent_delay_ns", {r.urgent_delay_p50, r.urgent_delay_p99, r.urgent_delay_max}},
           {"iterations_verified", r.iterations_verified},
+          {"first_backward_ns", r.first_backward_at},
           {"trace", trace_json(r.trace)}};
 }
 
@@ -547,9 +548,11 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
   }
   // Dynamic scenarios: apply the bandwidth schedule to every host's shaper over time,
   // from its first rate. Time 0 is when the workers start, not their first backward
-  // pass (the rendezvous, tens of milliseconds, comes first): docs/runtime.md.
+  // pass (the rendezvous, tens of milliseconds, comes first); the prediction is shifted
+  // by the difference (below).
   std::atomic<bool> stop_shaper{false};
   std::thread shaper;
+  TimeNs shaper_start = -1;  // steady clock (CLOCK_MONOTONIC), as the workers' reports
   if (cluster && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
     const auto& first = job.cluster.schedule->segments()[0];
     for (int h = 0; h < cluster->hosts(); ++h) {
@@ -559,7 +562,9 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
         return st.with_context("setting the trace's first rate");
       }
     }
-    shaper = std::thread([&, t0 = std::chrono::steady_clock::now()] {
+    const auto t_start = std::chrono::steady_clock::now();
+    shaper_start = std::chrono::duration_cast<std::chrono::nanoseconds>(t_start.time_since_epoch()).count();
+    shaper = std::thread([&, t0 = t_start] {
       const auto& segs = job.cluster.schedule->segments();
       for (std::size_t i = 1; i < segs.size() && !stop_shaper; ++i) {
         const auto at = t0 + std::chrono::nanoseconds(segs[i].start);
@@ -684,6 +689,16 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
     const double goodput = goodput_ratio;
     predicted_cluster.bandwidth.bits_per_second = std::llround(job.cluster.bandwidth.bits_per_second * goodput);
     if (predicted_cluster.schedule) predicted_cluster.schedule = predicted_cluster.schedule->scaled(goodput);
+  }
+  if (predicted_cluster.schedule && shaper_start >= 0) {
+    // The simulator's time 0 is the first backward pass: the rate the first worker to
+    // start computing met then is the prediction's first rate.
+    TimeNs first = 0;
+    for (const json& rep : reports) {
+      const TimeNs t = rep.value("first_backward_ns", TimeNs{0});
+      if (t > 0 && (first == 0 || t < first)) first = t;
+    }
+    if (first > shaper_start) predicted_cluster.schedule = predicted_cluster.schedule->shifted(first - shaper_start);
   }
   auto pred = simulate(job.profile, policy, job.policy_options, predicted_cluster, job.sim);
   if (pred) row.predicted = std::move(*pred);

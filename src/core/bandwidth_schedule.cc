@@ -139,4 +139,13 @@ BandwidthSchedule BandwidthSchedule::scaled(double factor) const {
   return BandwidthSchedule(std::move(segs));
 }
 
+BandwidthSchedule BandwidthSchedule::shifted(TimeNs offset) const {
+  QS_CHECK(offset >= 0);
+  std::vector<Segment> segs{{0, rate_at(offset)}};
+  for (const Segment& s : segments_) {
+    if (s.start > offset) segs.push_back(Segment{s.start - offset, s.rate});
+  }
+  return BandwidthSchedule(std::move(segs));
+}
+
 }  // namespace qs

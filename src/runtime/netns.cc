@@ -57,13 +57,17 @@ std::string veth_host(const std::string& tag, int h) { return tag + "v" + std::t
 std::string veth_bridge(const std::string& tag, int h) { return tag + "p" + std::to_string(h); }
 
 // tbf parameters: a burst of about 1 ms of the rate (MACHINE-NOTES: less loses rate) and
-// a queue of 2 ms, short enough that the shaper does not hide a sender's priorities
-// behind a long FIFO.
-std::vector<std::string> tbf_args(Rate rate) {
+// a queue of 2 ms at the nominal rate, short enough that the shaper does not hide a
+// sender's priorities behind a long FIFO. The queue is a byte count fixed by the nominal
+// rate, as a switch port's buffer is: when a dynamic scenario lowers the rate, the queue
+// does not shrink with it (2 ms at 1/10 of the rate held 8 packets, and TCP lost whole
+// windows to retransmission timeouts).
+std::vector<std::string> tbf_args(Rate rate, Rate nominal) {
   const std::int64_t bytes_per_ms = rate.bits_per_second / 8 / 1000;
   const std::int64_t burst = std::max<std::int64_t>(32 * 1024, bytes_per_ms);
+  const std::int64_t queue = std::max<std::int64_t>(32 * 1024, 2 * (nominal.bits_per_second / 8 / 1000));
   return {"tbf", "rate", std::to_string(rate.bits_per_second) + "bit", "burst",
-          std::to_string(burst), "latency", "2ms"};
+          std::to_string(burst), "limit", std::to_string(queue + burst)};
 }
 
 }  // namespace
@@ -151,7 +155,7 @@ Status NetnsCluster::shape(const std::string& ns, const std::string& dev, Rate r
   for (const char* a : {"tc", "qdisc", change ? "change" : "add", "dev"}) argv.push_back(a);
   argv.push_back(dev);
   argv.push_back("root");
-  for (auto& a : tbf_args(rate)) argv.push_back(a);
+  for (auto& a : tbf_args(rate, options_.rate)) argv.push_back(a);
   return run_command(argv);
 }
 

@@ -532,6 +532,7 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     r.urgent_delay_max = transport::percentile(urgent_delays, 100);
     r.iterations_verified = verified;
     r.trace = std::move(trace);
+    r.first_backward_at = trace_origin;
     return r;
   }
 

@@ -45,6 +45,9 @@ class BandwidthSchedule {
   TimeNs finish_time(TimeNs start, Bytes bytes) const;
   // Scales every rate by `factor` (e.g. the emulated cluster's scale-down).
   BandwidthSchedule scaled(double factor) const;
+  // The schedule as seen from `offset` on: time 0 of the result is `offset` here.
+  // Precondition: offset >= 0.
+  BandwidthSchedule shifted(TimeNs offset) const;
 
  private:
   std::size_t segment_index(TimeNs t) const;

@@ -106,6 +106,9 @@ struct WorkerReport {
   TimeNs queue_delay_p50 = 0, queue_delay_p99 = 0, queue_delay_max = 0;
   TimeNs urgent_delay_p50 = 0, urgent_delay_p99 = 0, urgent_delay_max = 0;
   int iterations_verified = 0;     // iterations whose every pulled element was checked
+  // When the first backward pass began, on the loop's clock (CLOCK_MONOTONIC, the same in
+  // every process of one machine): where the simulator's time 0 falls.
+  TimeNs first_backward_at = 0;
   // With WorkerOptions::record_trace, the measured timeline, named as the simulator names
   // its spans, time 0 = the first backward pass (as in the simulator): track 0 the
   // emulated GPU ("bp"/"fp" per layer), track 1 the uplink ("pushing": from a layer's
