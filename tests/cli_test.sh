@@ -53,6 +53,17 @@ expect_error "layer 1 'fc': backward_ms must be >= 0" simulate --model "$tmp/neg
 printf '0s 10Gbps\n1s 2Gbps\n' > "$tmp/trace.txt"
 expect_ok simulate --model vgg16_cifar10 --policy mercury --bandwidth-trace "$tmp/trace.txt" --iterations 3
 expect_ok simulate --model vgg16_cifar10 --policy mercury --trace "$tmp/t.json" --iterations 2
+# --statistic mean: the iteration time is the mean of the iterations after the warm-up.
+expect_ok simulate --model resnet50 --policy mercury --bandwidth-trace random:1Gbps:10Gbps:500ms:7 --iterations 8 --statistic mean --json
+python3 -c "
+import json; d = json.load(open('$tmp/out')); r = d['results'][0]; it = r['iterations_ms'][1:]
+assert d['config']['statistic'] == 'mean', d['config']
+assert abs(r['iteration_ms'] - sum(it) / len(it)) < 1e-3, (r['iteration_ms'], it)
+assert abs(r['iteration_ms'] - sorted(it)[len(it) // 2]) > 1e-3, 'mean equals the median here: the test cannot tell them apart'
+" && ok || bad "--statistic mean is not the mean of the steady iterations"
+expect_ok simulate --model resnet50 --policy mercury --iterations 4 --statistic mean
+grep -q "mean of 3 iterations after 1 warm-up" "$tmp/out" && ok || bad "table title does not say mean: $(head -1 "$tmp/out")"
+expect_error "--statistic: 'average' is neither median nor mean" simulate --policy wfbp --statistic average
 python3 -c "import json; d=json.load(open('$tmp/t.json')); assert d['traceEvents']" && ok || bad "trace"
 "$qs" bogus-command > /dev/null 2>&1; [ $? -ne 0 ] && ok || bad "unknown subcommand accepted"
 

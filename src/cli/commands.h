@@ -36,6 +36,7 @@ struct SimFlags {
   bool prophet_overrun = false;
   int iterations = 5;
   int warmup = 1;
+  std::string statistic = "median";
   std::uint64_t seed = 1;
   bool json = false;
   std::string trace;

@@ -33,8 +33,9 @@ double rel_error(const SimResult& measured, const SimResult& predicted) {
 }  // namespace
 
 void print_table(const Job& job, const std::vector<Row>& rows, const std::string& title) {
-  std::printf("%s: %s; seed %llu; median of %d iterations after %d warm-up\n", title.c_str(),
+  std::printf("%s: %s; seed %llu; %s of %d iterations after %d warm-up\n", title.c_str(),
               config_line(job).c_str(), static_cast<unsigned long long>(job.sim.seed),
+              std::string(statistic_name(job.sim.statistic)).c_str(),
               job.sim.iterations - job.sim.warmup, job.sim.warmup);
   const bool with_pred = !rows.empty() && rows.front().predicted.has_value();
   std::printf("%-18s %12s %12s %10s %10s %12s", "policy", "iteration", "samples/s", "scaling",
@@ -95,7 +96,8 @@ void print_json(const Job& job, const std::vector<Row>& rows) {
                  {"latency_ns", c.latency},
                  {"allreduce", allreduce_algorithm_name(c.allreduce)},
                  {"iterations", job.sim.iterations},
-                 {"warmup", job.sim.warmup}};
+                 {"warmup", job.sim.warmup},
+                 {"statistic", statistic_name(job.sim.statistic)}};
   std::cout << json{{"results", results}, {"config", config}, {"seed", job.sim.seed}}.dump(1) << "\n";
 }
 

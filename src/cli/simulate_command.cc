@@ -51,7 +51,11 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--second-link", f->second_link,
                   "all-reduce: add a second link this many times slower than the first (DeFT III-C; 0 = none)");
   app->add_option("--iterations", f->iterations, "Iterations to simulate (warm-up included)")->capture_default_str();
-  app->add_option("--warmup", f->warmup, "Leading iterations left out of the median")->capture_default_str();
+  app->add_option("--warmup", f->warmup, "Leading iterations left out of the summary")->capture_default_str();
+  app->add_option("--statistic", f->statistic,
+                  "How the iterations after the warm-up are summarised: median (steady state) or mean "
+                  "(throughput over the run; for a time-varying --bandwidth-trace)")
+      ->capture_default_str();
   app->add_option("--seed", f->seed, "Random seed")->capture_default_str();
   app->add_flag("--json", f->json, "Print one JSON object instead of the table");
   app->add_option("--trace", f->trace, "Write a Chrome trace (open in Perfetto) to this file");
@@ -213,6 +217,13 @@ Result<Job> make_job(const SimFlags& f) {
   if (f.warmup < 0) return invalid_argument("--warmup must be >= 0");
   job.sim.iterations = f.iterations;
   job.sim.warmup = std::min(f.warmup, f.iterations - 1);
+  if (f.statistic == "median") {
+    job.sim.statistic = Statistic::kMedian;
+  } else if (f.statistic == "mean") {
+    job.sim.statistic = Statistic::kMean;
+  } else {
+    return invalid_argument("--statistic: '" + f.statistic + "' is neither median nor mean");
+  }
   job.sim.seed = f.seed;
   job.sim.record_trace = !f.trace.empty();
   return job;

@@ -89,9 +89,25 @@ TimeNs steady_median(const std::vector<TimeNs>& v, int skip) {
 
 double steady_median(const std::vector<double>& v, int skip) { return v.empty() ? 0.0 : median_after(v, skip); }
 
+std::string_view statistic_name(Statistic s) { return s == Statistic::kMean ? "mean" : "median"; }
+
+namespace {
+
+// Mean of v[skip..] (of the last element when skip reaches the end), rounded to the ns.
+TimeNs steady_mean(const std::vector<TimeNs>& v, int skip) {
+  QS_CHECK(!v.empty());
+  const auto first = std::min<std::ptrdiff_t>(std::max(skip, 0), static_cast<std::ptrdiff_t>(v.size()) - 1);
+  long double sum = 0;
+  for (auto it = v.begin() + first; it != v.end(); ++it) sum += static_cast<long double>(*it);
+  return static_cast<TimeNs>(sum / static_cast<long double>(v.end() - (v.begin() + first)) + 0.5L);
+}
+
+}  // namespace
+
 void finish_result(const Profile& profile, const ClusterConfig& cluster, const SimOptions& options,
                    SimResult* r) {
-  r->iteration_time = steady_median(r->iteration_times, options.warmup);
+  r->iteration_time = options.statistic == Statistic::kMean ? steady_mean(r->iteration_times, options.warmup)
+                                                            : steady_median(r->iteration_times, options.warmup);
   const double f0 = cluster.compute_factor.empty() ? 1.0 : cluster.compute_factor[0];
   r->compute_time = static_cast<TimeNs>(static_cast<double>(profile.compute_time()) * f0 + 0.5);
   r->gpu_idle = std::max<TimeNs>(0, r->iteration_time - r->compute_time);

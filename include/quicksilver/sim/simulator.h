@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "quicksilver/core/bandwidth_schedule.h"
@@ -54,9 +55,19 @@ struct ClusterConfig {
   }
 };
 
+// How the steady iterations are summarised into one iteration time. The median is the
+// default (DESIGN.md: steady state). Under a time-varying bandwidth there is no steady
+// state: the iterations fall into the schedule's rate segments and their times form
+// several clusters, so the median jumps to whichever cluster holds the middle one and
+// moves by a whole rate step between runs; the mean (total time / iterations, i.e. the
+// throughput over the run) does not.
+enum class Statistic { kMedian, kMean };
+std::string_view statistic_name(Statistic s);
+
 struct SimOptions {
   int iterations = 5;  // iterations simulated (warm-up included)
-  int warmup = 1;      // leading iterations left out of the median
+  int warmup = 1;      // leading iterations left out of the summary
+  Statistic statistic = Statistic::kMedian;
   std::uint64_t seed = 1;
   bool record_trace = false;
   // Checks, at every iteration's end and for every worker, that each gradient byte was
@@ -66,7 +77,7 @@ struct SimOptions {
 
 struct SimResult {
   std::string policy;
-  TimeNs iteration_time = 0;  // median over the steady-state iterations
+  TimeNs iteration_time = 0;  // median (or mean: SimOptions::statistic) of the steady-state iterations
   std::vector<TimeNs> iteration_times;  // all iterations, warm-up included
   double samples_per_second = 0;        // global: workers * batch / iteration
   double scaling_efficiency = 0;        // oracle iteration / iteration (Mercury's "normalised speed")
@@ -98,7 +109,7 @@ AllReduceCost allreduce_cost(const ClusterConfig& cluster);
 // Least-squares fit of a and b to measured "SIZE TIME" lines (units allowed: "4MiB 3.2ms").
 Result<AllReduceCost> fit_allreduce_cost(const std::string& path);
 
-// Fills iteration_time (median after the warm-up), compute_time, gpu_idle,
+// Fills iteration_time (SimOptions::statistic of the iterations after the warm-up), compute_time, gpu_idle,
 // samples_per_second and scaling_efficiency from r->iteration_times. Shared by the
 // simulator and the runtime launcher so that both report the same way.
 void finish_result(const Profile& profile, const ClusterConfig& cluster, const SimOptions& options,
