@@ -9,13 +9,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -549,43 +550,44 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
   // from its first rate. Time 0 is when the workers start, not their first backward
   // pass (the rendezvous, tens of milliseconds, comes first); the prediction is shifted
   // by the difference (below).
-  std::atomic<bool> stop_shaper{false};
+  std::mutex shaper_mu;
+  std::condition_variable shaper_cv;
+  bool stop_shaper = false;  // guarded by shaper_mu
   std::thread shaper;
   TimeNs shaper_start = -1;  // steady clock (CLOCK_MONOTONIC), as the workers' reports
   if (cluster && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
-    const auto& first = job.cluster.schedule->segments()[0];
-    for (int h = 0; h < cluster->hosts(); ++h) {
-      Status st = cluster->set_rate(h, first.rate);
-      if (!st.is_ok()) {
-        cleanup();
-        return st.with_context("setting the trace's first rate");
-      }
+    Status st = cluster->set_rate_all(job.cluster.schedule->segments()[0].rate);
+    if (!st.is_ok()) {
+      cleanup();
+      return st.with_context("setting the trace's first rate");
     }
     const auto t_start = std::chrono::steady_clock::now();
     shaper_start = std::chrono::duration_cast<std::chrono::nanoseconds>(t_start.time_since_epoch()).count();
     shaper = std::thread([&, t0 = t_start] {
       const auto& segs = job.cluster.schedule->segments();
-      for (std::size_t i = 1; i < segs.size() && !stop_shaper; ++i) {
-        const auto at = t0 + std::chrono::nanoseconds(segs[i].start);
-        while (std::chrono::steady_clock::now() < at && !stop_shaper) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
-        if (stop_shaper) break;
-        for (int h = 0; h < cluster->hosts(); ++h) {
-          Status st = cluster->set_rate(h, segs[i].rate);
-          if (!st.is_ok()) std::cerr << "quicksilver run: changing the rate: " << st.message() << "\n";
-        }
+      std::unique_lock lock(shaper_mu);
+      for (std::size_t i = 1; i < segs.size(); ++i) {
+        // Wakes at the segment's start (or at once when the run ends).
+        if (shaper_cv.wait_until(lock, t0 + std::chrono::nanoseconds(segs[i].start), [&] { return stop_shaper; })) break;
+        Status c = cluster->set_rate_all(segs[i].rate);
+        if (!c.is_ok()) std::cerr << "quicksilver run: changing the rate: " << c.message() << "\n";
       }
     });
   }
   struct JoinShaper {
-    std::atomic<bool>* stop;
+    std::mutex* mu;
+    std::condition_variable* cv;
+    bool* stop;
     std::thread* t;
     ~JoinShaper() {
-      *stop = true;
+      {
+        std::lock_guard lock(*mu);
+        *stop = true;
+      }
+      cv->notify_all();
       if (t->joinable()) t->join();
     }
-  } join_shaper{&stop_shaper, &shaper};
+  } join_shaper{&shaper_mu, &shaper_cv, &stop_shaper, &shaper};
   // Wait for every process; the first failure stops the run. Once every worker has
   // finished, the servers get a short grace period to leave on their own.
   std::optional<std::chrono::steady_clock::time_point> workers_done;

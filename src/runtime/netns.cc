@@ -1,5 +1,7 @@
 #include "quicksilver/runtime/netns.h"
 
+#include "tbf_netlink.h"
+
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -56,18 +58,20 @@ std::string bridge_name(const std::string& tag) { return tag + "br"; }
 std::string veth_host(const std::string& tag, int h) { return tag + "v" + std::to_string(h); }
 std::string veth_bridge(const std::string& tag, int h) { return tag + "p" + std::to_string(h); }
 
-// tbf parameters: a burst of about 1 ms of the rate (MACHINE-NOTES: less loses rate) and
-// a queue of 2 ms at the nominal rate, short enough that the shaper does not hide a
-// sender's priorities behind a long FIFO. The queue is a byte count fixed by the nominal
-// rate, as a switch port's buffer is: when a dynamic scenario lowers the rate, the queue
-// does not shrink with it (2 ms at 1/10 of the rate held 8 packets, and TCP lost whole
-// windows to retransmission timeouts).
-std::vector<std::string> tbf_args(Rate rate, Rate nominal) {
-  const std::int64_t bytes_per_ms = rate.bits_per_second / 8 / 1000;
-  const std::int64_t burst = std::max<std::int64_t>(32 * 1024, bytes_per_ms);
+// tbf parameters: a burst of about 1 ms of the nominal rate (MACHINE-NOTES: less loses
+// rate) and a queue of 2 ms at the nominal rate, short enough that the shaper does not
+// hide a sender's priorities behind a long FIFO. Both are byte counts fixed by the
+// nominal rate, as a switch port's buffer is; a dynamic scenario changes only the rate:
+//  * the queue: 2 ms at 1/10 of the rate held 8 packets, and TCP lost whole windows to
+//    retransmission timeouts;
+//  * the burst: it is also tbf's largest packet. A GSO packet of up to 64 KiB queued
+//    under the old burst and larger than a new, smaller one can never be sent, and
+//    stalled the link until the rate rose again (every connection through it then hit
+//    retransmission timeouts with exponential backoff: iterations of seconds).
+TbfParams tbf_params(Rate rate, Rate nominal) {
+  const std::int64_t burst = std::max<std::int64_t>(32 * 1024, nominal.bits_per_second / 8 / 1000);
   const std::int64_t queue = std::max<std::int64_t>(32 * 1024, 2 * (nominal.bits_per_second / 8 / 1000));
-  return {"tbf", "rate", std::to_string(rate.bits_per_second) + "bit", "burst",
-          std::to_string(burst), "limit", std::to_string(queue + burst)};
+  return TbfParams{rate, burst, queue + burst};
 }
 
 }  // namespace
@@ -149,14 +153,12 @@ std::string NetnsCluster::address(int host) const {
   return "10.213." + std::to_string(host / 250) + "." + std::to_string(host % 250 + 1);
 }
 
-Status NetnsCluster::shape(const std::string& ns, const std::string& dev, Rate rate, bool change) {
-  std::vector<std::string> argv;
-  if (!ns.empty()) argv = {"ip", "netns", "exec", ns};
-  for (const char* a : {"tc", "qdisc", change ? "change" : "add", "dev"}) argv.push_back(a);
-  argv.push_back(dev);
-  argv.push_back("root");
-  for (auto& a : tbf_args(rate, options_.rate)) argv.push_back(a);
-  return run_command(argv);
+Status NetnsCluster::shape(const std::string& ns, const std::string& dev) {
+  auto link = TbfLink::open(ns, dev);
+  if (!link.is_ok()) return link.status();
+  QS_RETURN_IF_ERROR(link->set(tbf_params(options_.rate, options_.rate), true));
+  shapers_.push_back(std::make_unique<TbfLink>(std::move(*link)));
+  return Status::ok();
 }
 
 Status NetnsCluster::build() {
@@ -191,21 +193,33 @@ Status NetnsCluster::build() {
     QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "addr", "add", address(h) + "/16", "dev", vh}));
     QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "link", "set", vh, "up"}));
     QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "link", "set", "lo", "up"}));
-    QS_RETURN_IF_ERROR(shape(ns, vh, options_.rate, false));   // uplink
-    QS_RETURN_IF_ERROR(shape("", vb, options_.rate, false));   // downlink
+    QS_RETURN_IF_ERROR(shape(ns, vh));  // uplink: shapers_[2h]
+    QS_RETURN_IF_ERROR(shape("", vb));  // downlink: shapers_[2h + 1]
   }
   return Status::ok();
 }
 
 Status NetnsCluster::set_rate(int host, Rate rate) {
   if (host < 0 || host >= options_.hosts) return invalid_argument("no host " + std::to_string(host));
-  QS_RETURN_IF_ERROR(shape(namespace_name(host), veth_host(options_.tag, host), rate, true));
-  return shape("", veth_bridge(options_.tag, host), rate, true);
+  const TbfParams p = tbf_params(rate, options_.rate);
+  QS_RETURN_IF_ERROR(shapers_[2 * static_cast<std::size_t>(host)]->set(p, false));
+  return shapers_[2 * static_cast<std::size_t>(host) + 1]->set(p, false);
+}
+
+Status NetnsCluster::set_rate_all(Rate rate) {
+  const TbfParams p = tbf_params(rate, options_.rate);
+  Status first;
+  for (auto& s : shapers_) {  // on, even past a failure: the others should still follow
+    Status st = s->set(p, false);
+    if (!st.is_ok() && first.is_ok()) first = st;
+  }
+  return first;
 }
 
 Status NetnsCluster::teardown() {
   if (torn_down_) return Status::ok();
   torn_down_ = true;
+  shapers_.clear();  // their sockets pin the namespaces
   Status first;
   for (const std::string& ns : namespaces_) {
     Status s = run_command({"ip", "netns", "del", ns});
@@ -220,6 +234,8 @@ Status NetnsCluster::teardown() {
   restore_allowed_cc_if_unused();  // unless another live cluster still relies on it
   return first;
 }
+
+NetnsCluster::NetnsCluster(NetnsOptions options) : options_(std::move(options)) {}
 
 NetnsCluster::~NetnsCluster() { (void)teardown(); }  // errors were reported by an explicit teardown()
 

@@ -19,6 +19,8 @@
 
 namespace qs::runtime {
 
+class TbfLink;
+
 struct NetnsOptions {
   int hosts = 2;
   Rate rate = Rate::gbps(1);  // each host's NIC, each direction
@@ -43,8 +45,11 @@ class NetnsCluster {
   int hosts() const { return options_.hosts; }
   std::string namespace_name(int host) const;
   std::string address(int host) const;
-  // Changes host's rate limit in both directions (the dynamic scenarios).
+  // Changes host's rate limit in both directions (the dynamic scenarios). Through
+  // netlink sockets opened when the cluster was built: microseconds per shaper.
   Status set_rate(int host, Rate rate);
+  // Changes every host's rate limit in both directions, all 2 x hosts shapers back to back.
+  Status set_rate_all(Rate rate);
   // Removes everything this cluster made. Idempotent; the destructor calls it.
   Status teardown();
 
@@ -58,12 +63,15 @@ class NetnsCluster {
   static Status available();
 
  private:
-  explicit NetnsCluster(NetnsOptions options) : options_(std::move(options)) {}
+  explicit NetnsCluster(NetnsOptions options);
   Status build();
-  Status shape(const std::string& ns, const std::string& dev, Rate rate, bool change);
+  // Installs the shaper of `dev` in namespace `ns` ("" = the launcher's) at the nominal
+  // rate and keeps its netlink socket in shapers_.
+  Status shape(const std::string& ns, const std::string& dev);
 
   NetnsOptions options_;
   std::vector<std::string> namespaces_;  // created so far, for teardown
+  std::vector<std::unique_ptr<TbfLink>> shapers_;  // host h: [2h] uplink, [2h + 1] downlink
   bool bridge_made_ = false;
   bool torn_down_ = false;
 };

@@ -1,0 +1,105 @@
+// The emulated cluster's shapers, read back with `tc` (needs root and iproute2; skipped
+// otherwise): tbf installed on both directions of every host's link through netlink, and
+// rate changes that reach every shaper while the queue keeps its nominal size.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+
+#include "quicksilver/runtime/netns.h"
+#include "runtime/tbf_netlink.h"
+
+namespace qs::runtime {
+namespace {
+
+// `tc qdisc show dev DEV` in namespace ns ("" = this one).
+std::string qdisc(const std::string& ns, const std::string& dev) {
+  std::string out;
+  std::vector<std::string> argv;
+  if (!ns.empty()) argv = {"ip", "netns", "exec", ns};
+  for (const char* a : {"tc", "-raw", "qdisc", "show", "dev"}) argv.push_back(a);
+  argv.push_back(dev);
+  Status s = run_command(argv, &out);
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  return out;
+}
+
+// The "rate R" and "lat/limit" words of a tbf line, e.g. "rate 500Mbit burst 62500b".
+std::string field(const std::string& line, const std::string& name) {
+  std::smatch m;
+  if (!std::regex_search(line, m, std::regex(name + " ([^ ]+)"))) return "(no " + name + " in '" + line + "')";
+  return m[1].str();
+}
+
+class Netns : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (Status s = NetnsCluster::available(); !s.is_ok()) GTEST_SKIP() << s.message();
+    NetnsOptions o;
+    o.hosts = 2;
+    o.rate = Rate::mbps(500);
+    o.tag = "qst" + std::to_string(getpid() % 100000);
+    auto c = NetnsCluster::create(o);
+    ASSERT_TRUE(c.is_ok()) << c.status().message();
+    cluster_ = std::move(*c);
+  }
+  // Uplink (in the host's namespace) and downlink (bridge side, here) of host h.
+  std::string uplink(int h) { return qdisc(cluster_->namespace_name(h), tag() + "v" + std::to_string(h)); }
+  std::string downlink(int h) { return qdisc("", tag() + "p" + std::to_string(h)); }
+  std::string tag() { return "qst" + std::to_string(getpid() % 100000); }
+  std::unique_ptr<NetnsCluster> cluster_;
+};
+
+TEST_F(Netns, EveryLinkIsShapedInBothDirections) {
+  for (int h = 0; h < 2; ++h) {
+    for (const std::string& q : {uplink(h), downlink(h)}) {
+      EXPECT_NE(q.find("qdisc tbf"), std::string::npos) << q;
+      EXPECT_EQ(field(q, "rate"), "500Mbit") << q;
+      EXPECT_EQ(field(q, "burst"), "62500b") << q;   // 1 ms of the rate
+      EXPECT_EQ(field(q, "limit"), "187500b") << q;  // 2 ms of queue + the burst
+    }
+  }
+}
+
+TEST_F(Netns, RateChangesReachEveryShaperAndKeepTheQueue) {
+  ASSERT_TRUE(cluster_->set_rate_all(Rate::mbps(50)).is_ok());
+  for (int h = 0; h < 2; ++h) {
+    for (const std::string& q : {uplink(h), downlink(h)}) {
+      EXPECT_EQ(field(q, "rate"), "50Mbit") << q;
+      // Burst and queue stay 1 ms and 2 ms of the nominal 500 Mbit/s: a packet queued
+      // under the nominal burst must still fit the bucket at the new rate.
+      EXPECT_EQ(field(q, "burst"), "62500b") << q;
+      EXPECT_EQ(field(q, "limit"), "187500b") << q;
+    }
+  }
+  ASSERT_TRUE(cluster_->set_rate(1, Rate::gbps(40)).is_ok());  // above 2^32 B/s: TCA_TBF_RATE64
+  EXPECT_EQ(field(uplink(1), "rate"), "40Gbit");
+  EXPECT_EQ(field(downlink(1), "rate"), "40Gbit");
+  EXPECT_EQ(field(uplink(0), "rate"), "50Mbit");
+  EXPECT_FALSE(cluster_->set_rate(2, Rate::mbps(1)).is_ok());
+}
+
+TEST(TbfLink, UnknownDeviceOrNamespaceIsNamed) {
+  if (Status s = NetnsCluster::available(); !s.is_ok()) GTEST_SKIP() << s.message();
+  auto a = TbfLink::open("", "nosuchdev0");
+  ASSERT_FALSE(a.is_ok());
+  EXPECT_NE(a.status().message().find("no network device 'nosuchdev0'"), std::string::npos) << a.status().message();
+  auto b = TbfLink::open("qsnosuchns", "lo");
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_NE(b.status().message().find("/var/run/netns/qsnosuchns"), std::string::npos) << b.status().message();
+}
+
+TEST(TbfLink, KernelRefusalIsReported) {
+  if (Status s = NetnsCluster::available(); !s.is_ok()) GTEST_SKIP() << s.message();
+  auto lo = TbfLink::open("", "lo");
+  ASSERT_TRUE(lo.is_ok()) << lo.status().message();
+  // lo has no tbf to change: the kernel says so, and nothing is installed.
+  Status s = lo->set(TbfParams{Rate::mbps(100), 32 * 1024, 64 * 1024}, false);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("the kernel refused changing the qdisc"), std::string::npos) << s.message();
+  EXPECT_EQ(qdisc("", "lo").find("tbf"), std::string::npos);
+  EXPECT_FALSE(lo->set(TbfParams{Rate::mbps(100), 0, 64 * 1024}, false).is_ok());
+}
+
+}  // namespace
+}  // namespace qs::runtime
