@@ -227,6 +227,9 @@ TEST(Runtime, UplinkRateCountsOnlyTimeSpentPushing) {
   EXPECT_GT(rep.uplink_gbps, 0.25);
   EXPECT_LT(rep.uplink_gbps, 0.44);
   EXPECT_NEAR(rep.uplink_utilisation, rep.uplink_gbps / 0.4, 1e-9);
+  // Loopback's driver timestamps transmissions: push periods end when bytes left, not
+  // when they were acknowledged.
+  EXPECT_EQ(rep.push_end, "transmit timestamps");
 }
 
 // The measured timeline (`quicksilver run --trace`): every layer's backward and forward on

@@ -264,6 +264,53 @@ TEST(Connection, FramesRoundTripWithPartialWrites) {
   EXPECT_EQ(sender.units_sent(), static_cast<std::uint64_t>(kFrames));
 }
 
+// Transmit timestamps date every written byte's departure: after 1000 frames through a
+// small buffer, the connection has learnt (through the event loop's EPOLLERR, without a
+// poll of its own) that all bytes_written() left the host, at a time between the first
+// write and now. Without the option there is nothing to learn and no busy loop.
+TEST(Connection, TransmitTimestampsReportEveryByteOnTheWire) {
+  auto loop = EventLoop::create();
+  ASSERT_TRUE(loop.is_ok());
+  SocketOptions small;
+  small.send_buffer = 4096;
+  small.notsent_lowat = 4096;
+  Pair p = make_pair(small);
+  ASSERT_TRUE(configure_socket(p.b.get(), small).is_ok());
+  Receiver r;
+  Connection rx(**loop, std::move(p.a), r, "rx", 0);
+  Quiet q;
+  Connection tx(**loop, std::move(p.b), q, "tx", 0);
+  ASSERT_TRUE(tx.enable_wire_timestamps().is_ok());
+  EXPECT_TRUE(tx.wire_timestamps());
+  EXPECT_FALSE(rx.wire_timestamps());
+  ASSERT_TRUE(rx.start().is_ok());
+  ASSERT_TRUE(tx.start().is_ok());
+  Sender sender(SendOrder::kFifo, 1, **loop);
+  q.s = &sender;
+  sender.set_connections({&tx});
+  std::vector<std::byte> src(4096, std::byte{1});
+  const int kFrames = 1000;
+  for (int i = 0; i < kFrames; ++i) {
+    Header h;
+    h.kind = FrameKind::kPush;
+    h.offset = static_cast<std::uint64_t>((i % 8) * 512);
+    h.length = 512;
+    sender.enqueue(0, h, src.data() + h.offset, static_cast<std::uint64_t>(i));
+  }
+  const TimeNs before = (*loop)->now();
+  ASSERT_TRUE(sender.pump().is_ok());
+  (*loop)->schedule_after(kTestDeadline, [&] { (*loop)->fail(unavailable("test deadline")); });
+  ASSERT_TRUE((*loop)
+                  ->run([&] { return r.frames.size() == kFrames && tx.wire().bytes >= tx.bytes_written(); })
+                  .is_ok());
+  EXPECT_EQ(tx.wire().bytes, tx.bytes_written());
+  EXPECT_EQ(tx.bytes_written(), static_cast<std::uint64_t>(kFrames) * (kHeaderSize + 512));
+  EXPECT_GE(tx.wire().at, before - kNsPerMs);  // the clocks' offset is read, not exact
+  EXPECT_LE(tx.wire().at, (*loop)->now() + kNsPerMs);
+  EXPECT_EQ(rx.wire().bytes, 0u);
+  EXPECT_EQ(rx.wire().at, -1);
+}
+
 // Mercury IV-C on the wire: 64 MiB of low-priority packets are queued; once the receiver is
 // busy draining them, one high-priority packet is queued. It must overtake almost all of
 // the bulk (it waits only for bytes already committed to the kernel).

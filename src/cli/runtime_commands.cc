@@ -126,6 +126,7 @@ json report_json(const runtime::WorkerReport& r) {
           {"units_per_iteration", r.units_per_iteration},
           {"uplink_gbps", r.uplink_gbps},
           {"uplink_utilisation", r.uplink_utilisation},
+          {"push_end", r.push_end},
           {"queue_delay_ns", {r.queue_delay_p50, r.queue_delay_p99, r.queue_delay_max}},
           {"urgent_delay_ns", {r.urgent_delay_p50, r.urgent_delay_p99, r.urgent_delay_max}},
           {"iterations_verified", r.iterations_verified},
@@ -673,7 +674,8 @@ Result<Row> run_policy(const Job& job, const std::string& policy, const RunFlags
                         std::to_string(rep.value("uplink_gbps", 0.0)).substr(0, 5) +
                         " Gbps, urgent-packet delay p50/p99 " + format_time(u.at(0).get<TimeNs>()) + "/" +
                         format_time(u.at(1).get<TimeNs>()) + ", " +
-                        rep.value("congestion_control", std::string("?")));
+                        rep.value("congestion_control", std::string("?")) + ", push end by " +
+                        rep.value("push_end", std::string("?")));
     }
   } catch (const std::exception& e) {
     return internal_error("a worker's report is malformed: " + std::string(e.what()));

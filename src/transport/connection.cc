@@ -39,7 +39,24 @@ Status Connection::start() {
   return loop_.watch(fd_.get(), EPOLLIN, [this](std::uint32_t ev) { on_events(ev); });
 }
 
+Status Connection::enable_wire_timestamps() {
+  QS_CHECK(bytes_written_ == 0);
+  QS_RETURN_IF_ERROR(enable_tx_timestamps(fd_.get()).with_context(peer_));
+  wire_enabled_ = true;
+  return Status::ok();
+}
+
+void Connection::poll_wire() {
+  if (!wire_enabled_ || closed_) return;
+  Status s = drain_tx_timestamps(fd_.get(), &wire_);
+  if (!s.is_ok()) close(s.with_context(peer_));
+}
+
 void Connection::on_events(std::uint32_t events) {
+  if (closed_) return;
+  // Queued timestamps raise EPOLLERR until read (they are not a socket error: those the
+  // read below reports).
+  if (events & EPOLLERR) poll_wire();
   if (closed_) return;
   if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
     Status s = read_some();

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/errqueue.h>
+#include <linux/net_tstamp.h>
 #include <linux/sockios.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -12,6 +14,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -124,6 +127,54 @@ Result<std::int64_t> unacknowledged_bytes(int fd) {
   int n = 0;
   if (::ioctl(fd, SIOCOUTQ, &n) != 0) return errno_status("ioctl(SIOCOUTQ)", errno);
   return std::int64_t{n};
+}
+
+Status enable_tx_timestamps(int fd) {
+  const int flags = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_ID |
+                    SOF_TIMESTAMPING_OPT_TSONLY;
+  return set_int(fd, SOL_SOCKET, SO_TIMESTAMPING, flags, "SO_TIMESTAMPING");
+}
+
+Status drain_tx_timestamps(int fd, WireProgress* progress) {
+  while (true) {
+    alignas(cmsghdr) char control[256];
+    msghdr m{};
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    const ssize_t r = ::recvmsg(fd, &m, MSG_ERRQUEUE | MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::ok();
+      if (errno == EINTR) continue;
+      return errno_status("recvmsg(MSG_ERRQUEUE)", errno);
+    }
+    const timespec* ts = nullptr;
+    const sock_extended_err* err = nullptr;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_TIMESTAMPING) {
+        ts = &reinterpret_cast<const scm_timestamping*>(CMSG_DATA(c))->ts[0];
+      } else if ((c->cmsg_level == SOL_IP && c->cmsg_type == IP_RECVERR) ||
+                 (c->cmsg_level == SOL_IPV6 && c->cmsg_type == IPV6_RECVERR)) {
+        err = reinterpret_cast<const sock_extended_err*>(CMSG_DATA(c));
+      }
+    }
+    if (ts == nullptr || err == nullptr || err->ee_origin != SO_EE_ORIGIN_TIMESTAMPING ||
+        err->ee_info != SCM_TSTAMP_SND) {
+      continue;  // not a transmit timestamp: nothing to learn from it
+    }
+    // ee_data: the offset of the write's last byte, modulo 2^32. Unwrapped against the
+    // bytes known so far (a timestamp is never 2 GiB behind the newest).
+    const std::uint64_t low = static_cast<std::uint32_t>(err->ee_data + 1);
+    std::uint64_t bytes = (progress->bytes & ~std::uint64_t{0xffffffff}) | low;
+    if (bytes + (std::uint64_t{1} << 31) < progress->bytes) bytes += std::uint64_t{1} << 32;
+    if (bytes < progress->bytes) continue;
+    // The timestamp is CLOCK_REALTIME; moved onto CLOCK_MONOTONIC by the clocks' offset now.
+    timespec mono{}, real{};
+    clock_gettime(CLOCK_MONOTONIC, &mono);
+    clock_gettime(CLOCK_REALTIME, &real);
+    const TimeNs offset = (mono.tv_sec - real.tv_sec) * 1'000'000'000LL + (mono.tv_nsec - real.tv_nsec);
+    progress->bytes = bytes;
+    progress->at = ts->tv_sec * 1'000'000'000LL + ts->tv_nsec + offset;
+  }
 }
 
 Result<Fd> listen_tcp(const std::string& host, int port, int backlog) {

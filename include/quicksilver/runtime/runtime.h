@@ -101,6 +101,9 @@ struct WorkerReport {
   // sender had backlog, per iteration; median after warm-up.
   double uplink_gbps = 0;
   double uplink_utilisation = 0;   // uplink_gbps / nic_rate (0 when nic_rate is unknown)
+  // How a push period's end was dated: "transmit timestamps" (the last byte left the host)
+  // or "acknowledgements" (the servers' TCP acknowledged it; the kernel gave no timestamps).
+  std::string push_end;
   // Sending-buffer queueing delay (enqueue -> handed to the socket), all units and the
   // most urgent layer's units (layer 1), over iterations after the warm-up.
   TimeNs queue_delay_p50 = 0, queue_delay_p99 = 0, queue_delay_max = 0;

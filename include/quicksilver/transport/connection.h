@@ -111,6 +111,16 @@ class Connection {
   std::uint64_t bytes_written() const { return bytes_written_; }
   std::uint64_t bytes_read() const { return bytes_read_; }
 
+  // ---- when written bytes left the host (transmit timestamps; socket.h) ----
+  // Asks the kernel for them. Precondition: nothing written yet. Errors: the kernel refused.
+  Status enable_wire_timestamps();
+  bool wire_timestamps() const { return wire_enabled_; }
+  // Reads the timestamps queued so far (the event loop also does, when the kernel signals
+  // them); a failure closes the connection.
+  void poll_wire();
+  // Of bytes_written(), how many had left the host at the newest timestamp, and when.
+  const WireProgress& wire() const { return wire_; }
+
   // The kBuffer payload of the frame being delivered to on_frame.
   std::span<const std::byte> small_payload() const { return small_; }
 
@@ -162,6 +172,8 @@ class Connection {
   std::uint64_t got_ = 0, want_ = 0;
   std::vector<std::byte> small_;
   std::uint64_t bytes_read_ = 0;
+  bool wire_enabled_ = false;
+  WireProgress wire_;
 
   // Send state.
   std::deque<OutFrame> out_;  // at most one data frame

@@ -67,6 +67,21 @@ Result<std::string> congestion_of(int fd);
 // unsent plus in flight).
 Result<std::int64_t> unacknowledged_bytes(int fd);
 
+// Transmit timestamps: when written bytes left this host (the driver's software timestamp,
+// taken after the qdisc, so after any tc shaper's queue), as the simulator's "on the wire".
+// enable_tx_timestamps asks for one (SO_TIMESTAMPING: TX_SOFTWARE, OPT_ID, OPT_TSONLY) for
+// the last byte of every write; call it on a connected socket before the first write, so
+// that its byte count starts with the connection's. Errors name the option.
+Status enable_tx_timestamps(int fd);
+struct WireProgress {
+  std::uint64_t bytes = 0;  // bytes written since enable_tx_timestamps() that left the host
+  TimeNs at = -1;           // when the last of them left (CLOCK_MONOTONIC ns); -1 = none yet
+};
+// Reads every transmit timestamp queued on `fd`'s error queue (non-blocking) into
+// `progress` (the newest wins; retransmissions report a byte again, no harm). An error
+// only when reading the queue fails.
+Status drain_tx_timestamps(int fd, WireProgress* progress);
+
 // A listening TCP socket on host:port (port 0 = ephemeral), SO_REUSEADDR, non-blocking.
 Result<Fd> listen_tcp(const std::string& host, int port, int backlog = 128);
 // The local port a socket is bound to.
