@@ -359,47 +359,43 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   // (taken by the driver, after the host's qdisc and any tc shaper queue). Where the kernel
   // gives none, it is the servers' TCP acknowledgement instead (SIOCOUTQ = 0), one round
   // trip later: on the emulated cluster that trip runs through two 2 ms shaper queues full
-  // of pulls, and cost 5-7 % of ResNet-50's push time. Either end is seen at most
-  // kDrainPoll late; the timestamp itself is exact.
-  // Also ends the transport's busy time (transport_since) when everything handed to the
-  // sender is out, whether or not the policy still holds units.
+  // of pulls, and cost 5-7 % of ResNet-50's push time.
+  // The transport's busy time (transport_since), which feeds the bandwidth monitor, ends
+  // at the acknowledgement in every case, as Prophet's monitor on BytePS times a push
+  // until the server answers (4.2). Either end is seen at most kDrainPoll late; the
+  // timestamp itself is exact.
   void check_drained() {
     if (transport_since < 0 && pending_since < 0) return;
     if (!sender->idle()) return;
     if (transport_since < 0 && bytes_pushed < ready_bytes) return;  // only the policy holds bytes
-    TimeNs end = -1;  // when the last byte left, where every connection's timestamps tell
-    bool out = true;
+    bool acked = true, out = true;
+    TimeNs wire_end = -1;  // when the last byte left, where timestamps tell
     for (const auto& c : conns) {
       if (c->closed()) continue;
       c->poll_wire();
-      const transport::WireProgress& w = c->wire();
-      if (c->wire_timestamps() && w.bytes >= c->bytes_written()) {
-        end = std::max(end, w.at);
-        continue;
-      }
       auto n = transport::unacknowledged_bytes(c->fd());
-      if (n.is_ok() && *n > 0) {
-        out = false;
-        break;
+      const bool unacked = n.is_ok() && *n > 0;
+      acked &= !unacked;
+      if (c->wire_timestamps() && c->wire().bytes >= c->bytes_written()) {
+        wire_end = std::max(wire_end, c->wire().at);
+      } else {
+        out &= !unacked;
       }
-      end = loop->now();  // acknowledged, without a timestamp: seen now
-    }
-    if (!out) {
-      if (drain_timer == 0) {
-        drain_timer = loop->schedule_after(kDrainPoll, [this] {
-          drain_timer = 0;
-          check_drained();
-        });
-      }
-      return;
     }
     const TimeNs now = loop->now();
-    end = end < 0 ? now : std::min(end, now);
-    if (transport_since >= 0) {
-      transport_total += std::max<TimeNs>(0, end - transport_since);
+    if (acked && transport_since >= 0) {
+      transport_total += now - transport_since;
       transport_since = -1;
     }
-    if (bytes_pushed >= ready_bytes) end_pending(end);
+    const bool pushing_done = bytes_pushed >= ready_bytes;
+    if (out && pushing_done) end_pending(wire_end < 0 ? now : std::min(wire_end, now));
+    const bool wait = transport_since >= 0 || (pending_since >= 0 && pushing_done);
+    if (wait && drain_timer == 0) {
+      drain_timer = loop->schedule_after(kDrainPoll, [this] {
+        drain_timer = 0;
+        check_drained();
+      });
+    }
   }
 
   // Ends the push period at `end` (default: now), never before it began.
