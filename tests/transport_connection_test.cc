@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "quicksilver/core/rng.h"
@@ -228,87 +230,75 @@ TEST(Connection, PeerThatSaysNothingDoesNotHang) {
   EXPECT_LT(SteadyClock::instance().now() - t0, 2 * kNsPerSec);
 }
 
-TEST(Connection, FramesRoundTripWithPartialWrites) {
-  // Sender and receiver on one loop; 1000 frames of up to 4 KiB through a small buffer.
-  auto loop = EventLoop::create();
-  ASSERT_TRUE(loop.is_ok());
-  SocketOptions small;
-  small.send_buffer = 4096;
-  small.notsent_lowat = 4096;
-  Pair p = make_pair(small);
-  ASSERT_TRUE(configure_socket(p.b.get(), small).is_ok());
+// Sender and receiver on one loop, joined over loopback with 4 KiB socket buffers so that
+// writes are partial; send() pushes 1000 frames of 512 B taken from `src`.
+class SmallBufferLink : public ::testing::Test {
+ protected:
+  static constexpr int kFrames = 1000;
+  void SetUp() override {
+    auto l = EventLoop::create();
+    ASSERT_TRUE(l.is_ok());
+    loop = std::move(*l);
+    SocketOptions small;
+    small.send_buffer = 4096;
+    small.notsent_lowat = 4096;
+    Pair p = make_pair(small);
+    ASSERT_TRUE(configure_socket(p.b.get(), small).is_ok());
+    rx = std::make_unique<Connection>(*loop, std::move(p.a), r, "rx", 0);
+    tx = std::make_unique<Connection>(*loop, std::move(p.b), q, "tx", 0);
+    sender = std::make_unique<Sender>(SendOrder::kFifo, 1, *loop);
+    q.s = sender.get();
+    sender->set_connections({tx.get()});
+  }
+  // Starts both ends, queues the frames and runs the loop until every frame arrived and
+  // `also` holds.
+  void send(const std::vector<std::byte>& src, const std::function<bool()>& also) {
+    ASSERT_TRUE(rx->start().is_ok());
+    ASSERT_TRUE(tx->start().is_ok());
+    for (int i = 0; i < kFrames; ++i) {
+      Header h;
+      h.kind = FrameKind::kPush;
+      h.offset = static_cast<std::uint64_t>((i % 8) * 512);
+      h.length = 512;
+      sender->enqueue(0, h, src.data() + h.offset, static_cast<std::uint64_t>(i));
+    }
+    ASSERT_TRUE(sender->pump().is_ok());
+    loop->schedule_after(kTestDeadline, [&] { loop->fail(unavailable("test deadline")); });
+    ASSERT_TRUE(loop->run([&] { return r.frames.size() == kFrames && also(); }).is_ok());
+  }
+
+  std::unique_ptr<EventLoop> loop;  // declared first: outlives the connections
   Receiver r;
-  Connection rx(**loop, std::move(p.a), r, "rx", 0);
   Quiet q;
-  Connection tx(**loop, std::move(p.b), q, "tx", 0);
-  ASSERT_TRUE(rx.start().is_ok());
-  ASSERT_TRUE(tx.start().is_ok());
-  Sender sender(SendOrder::kFifo, 1, **loop);
-  q.s = &sender;
-  sender.set_connections({&tx});
+  std::unique_ptr<Connection> rx, tx;
+  std::unique_ptr<Sender> sender;
+};
+
+TEST_F(SmallBufferLink, FramesRoundTripWithPartialWrites) {
   std::vector<std::byte> src(4096);
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7);
-  const int kFrames = 1000;
-  for (int i = 0; i < kFrames; ++i) {
-    Header h;
-    h.kind = FrameKind::kPush;
-    h.offset = static_cast<std::uint64_t>((i % 8) * 512);
-    h.length = 512;
-    sender.enqueue(0, h, src.data() + h.offset, static_cast<std::uint64_t>(i));
-  }
-  ASSERT_TRUE(sender.pump().is_ok());
-  (*loop)->schedule_after(kTestDeadline, [&] { (*loop)->fail(unavailable("test deadline")); });
-  ASSERT_TRUE((*loop)->run([&] { return r.frames.size() == kFrames; }).is_ok());
-  EXPECT_TRUE(sender.idle());
+  send(src, [] { return true; });
+  EXPECT_TRUE(sender->idle());
   EXPECT_EQ(std::memcmp(r.memory.data(), src.data(), 4096), 0);
-  EXPECT_EQ(sender.units_sent(), static_cast<std::uint64_t>(kFrames));
+  EXPECT_EQ(sender->units_sent(), static_cast<std::uint64_t>(kFrames));
 }
 
 // Transmit timestamps date every written byte's departure: after 1000 frames through a
 // small buffer, the connection has learnt (through the event loop's EPOLLERR, without a
 // poll of its own) that all bytes_written() left the host, at a time between the first
 // write and now. Without the option there is nothing to learn and no busy loop.
-TEST(Connection, TransmitTimestampsReportEveryByteOnTheWire) {
-  auto loop = EventLoop::create();
-  ASSERT_TRUE(loop.is_ok());
-  SocketOptions small;
-  small.send_buffer = 4096;
-  small.notsent_lowat = 4096;
-  Pair p = make_pair(small);
-  ASSERT_TRUE(configure_socket(p.b.get(), small).is_ok());
-  Receiver r;
-  Connection rx(**loop, std::move(p.a), r, "rx", 0);
-  Quiet q;
-  Connection tx(**loop, std::move(p.b), q, "tx", 0);
-  ASSERT_TRUE(tx.enable_wire_timestamps().is_ok());
-  EXPECT_TRUE(tx.wire_timestamps());
-  EXPECT_FALSE(rx.wire_timestamps());
-  ASSERT_TRUE(rx.start().is_ok());
-  ASSERT_TRUE(tx.start().is_ok());
-  Sender sender(SendOrder::kFifo, 1, **loop);
-  q.s = &sender;
-  sender.set_connections({&tx});
-  std::vector<std::byte> src(4096, std::byte{1});
-  const int kFrames = 1000;
-  for (int i = 0; i < kFrames; ++i) {
-    Header h;
-    h.kind = FrameKind::kPush;
-    h.offset = static_cast<std::uint64_t>((i % 8) * 512);
-    h.length = 512;
-    sender.enqueue(0, h, src.data() + h.offset, static_cast<std::uint64_t>(i));
-  }
-  const TimeNs before = (*loop)->now();
-  ASSERT_TRUE(sender.pump().is_ok());
-  (*loop)->schedule_after(kTestDeadline, [&] { (*loop)->fail(unavailable("test deadline")); });
-  ASSERT_TRUE((*loop)
-                  ->run([&] { return r.frames.size() == kFrames && tx.wire().bytes >= tx.bytes_written(); })
-                  .is_ok());
-  EXPECT_EQ(tx.wire().bytes, tx.bytes_written());
-  EXPECT_EQ(tx.bytes_written(), static_cast<std::uint64_t>(kFrames) * (kHeaderSize + 512));
-  EXPECT_GE(tx.wire().at, before - kNsPerMs);  // the clocks' offset is read, not exact
-  EXPECT_LE(tx.wire().at, (*loop)->now() + kNsPerMs);
-  EXPECT_EQ(rx.wire().bytes, 0u);
-  EXPECT_EQ(rx.wire().at, -1);
+TEST_F(SmallBufferLink, TransmitTimestampsReportEveryByteOnTheWire) {
+  ASSERT_TRUE(tx->enable_wire_timestamps().is_ok());
+  EXPECT_TRUE(tx->wire_timestamps());
+  EXPECT_FALSE(rx->wire_timestamps());
+  const TimeNs before = loop->now();
+  send(std::vector<std::byte>(4096, std::byte{1}), [&] { return tx->wire().bytes >= tx->bytes_written(); });
+  EXPECT_EQ(tx->wire().bytes, tx->bytes_written());
+  EXPECT_EQ(tx->bytes_written(), static_cast<std::uint64_t>(kFrames) * (kHeaderSize + 512));
+  EXPECT_GE(tx->wire().at, before - kNsPerMs);  // the clocks' offset is read, not exact
+  EXPECT_LE(tx->wire().at, loop->now() + kNsPerMs);
+  EXPECT_EQ(rx->wire().bytes, 0u);
+  EXPECT_EQ(rx->wire().at, -1);
 }
 
 // Mercury IV-C on the wire: 64 MiB of low-priority packets are queued; once the receiver is

@@ -1,13 +1,12 @@
 #include "tbf_netlink.h"
 
 #include "quicksilver/core/check.h"
+#include "quicksilver/runtime/netns.h"
 
-#include <fcntl.h>
 #include <linux/netlink.h>
 #include <linux/pkt_sched.h>
 #include <linux/rtnetlink.h>
 #include <net/if.h>
-#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -72,20 +71,8 @@ Result<TbfLink> TbfLink::open(const std::string& ns, const std::string& dev) {
     // setns() moves only the calling thread: a short-lived thread enters the namespace,
     // and the socket it makes stays bound there.
     std::thread t([&] {
-      const std::string path = "/var/run/netns/" + ns;
-      const int nsfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (nsfd < 0) {
-        s = io_error("cannot open " + path + ": " + std::strerror(errno));
-        return;
-      }
-      const int rc = setns(nsfd, CLONE_NEWNET);
-      const int e = errno;
-      close(nsfd);
-      if (rc != 0) {
-        s = io_error("setns(" + ns + "): " + std::strerror(e));
-        return;
-      }
-      s = open_here(dev, &fd, &ifindex);
+      s = NetnsCluster::enter(ns);
+      if (s.is_ok()) s = open_here(dev, &fd, &ifindex);
     });
     t.join();
   }

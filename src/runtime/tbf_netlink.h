@@ -40,8 +40,6 @@ class TbfLink {
   // waits for the kernel's answer. Errors name the device and the kernel's reason.
   Status set(const TbfParams& p, bool create);
 
-  const std::string& name() const { return name_; }
-
  private:
   TbfLink(int fd, int ifindex, std::string name) : fd_(fd), ifindex_(ifindex), name_(std::move(name)) {}
   int fd_ = -1;

@@ -93,8 +93,9 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
         if (cc.is_ok()) congestion = *cc;
       }
       conns.push_back(std::make_unique<Connection>(*loop, std::move(*fd), *this, server_name(s), s));
-      // Where the kernel offers them, transmit timestamps date when a push left the host.
-      wire_timestamps &= conns.back()->enable_wire_timestamps().is_ok();
+      // Where the kernel offers them, transmit timestamps date when a push left the host
+      // (check_drained; without them it falls back on acknowledgements).
+      (void)conns.back()->enable_wire_timestamps();
       QS_RETURN_IF_ERROR(conns.back()->start());
       Header h;
       h.kind = FrameKind::kHello;
@@ -528,7 +529,8 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     r.worker_id = opts.worker_id;
     r.policy = opts.job.policy;
     r.congestion_control = congestion;
-    r.push_end = wire_timestamps ? "transmit timestamps" : "acknowledgements";
+    const bool timestamps = std::all_of(conns.begin(), conns.end(), [](const auto& c) { return c->wire_timestamps(); });
+    r.push_end = timestamps ? "transmit timestamps" : "acknowledgements";
     r.iteration_times = iteration_times;
     auto steady = [&](auto v) {
       using T = typename decltype(v)::value_type;
@@ -560,7 +562,6 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   std::unique_ptr<transport::EventLoop> loop;
   std::unique_ptr<transport::Sender> sender;
   std::vector<std::unique_ptr<Connection>> conns;  // by server id
-  bool wire_timestamps = true;  // every connection has transmit timestamps
   transport::DataRules rules;
   std::string congestion;
   int hellos = 0;

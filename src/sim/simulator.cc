@@ -69,15 +69,28 @@ Status horizon_error() {
 
 namespace {
 
-// Median of v[skip..] (of the last element when skip reaches the end); the mean of the
-// two middle values for an even count.
+// Where the steady iterations of v begin: after `skip`, but never past the last element.
+template <typename T>
+auto steady_begin(const std::vector<T>& v, int skip) {
+  return v.begin() + std::min<std::ptrdiff_t>(std::max(skip, 0), static_cast<std::ptrdiff_t>(v.size()) - 1);
+}
+
+// Median of the steady iterations; the mean of the two middle values for an even count.
 template <typename T>
 T median_after(const std::vector<T>& v, int skip) {
-  const auto first = std::min<std::ptrdiff_t>(std::max(skip, 0), static_cast<std::ptrdiff_t>(v.size()) - 1);
-  std::vector<T> s(v.begin() + first, v.end());
+  std::vector<T> s(steady_begin(v, skip), v.end());
   std::sort(s.begin(), s.end());
   const std::size_t n = s.size();
   return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+// Mean of the steady iterations, rounded to the ns.
+TimeNs steady_mean(const std::vector<TimeNs>& v, int skip) {
+  QS_CHECK(!v.empty());
+  const auto first = steady_begin(v, skip);
+  long double sum = 0;
+  for (auto it = first; it != v.end(); ++it) sum += static_cast<long double>(*it);
+  return static_cast<TimeNs>(sum / static_cast<long double>(v.end() - first) + 0.5L);
 }
 
 }  // namespace
@@ -90,19 +103,6 @@ TimeNs steady_median(const std::vector<TimeNs>& v, int skip) {
 double steady_median(const std::vector<double>& v, int skip) { return v.empty() ? 0.0 : median_after(v, skip); }
 
 std::string_view statistic_name(Statistic s) { return s == Statistic::kMean ? "mean" : "median"; }
-
-namespace {
-
-// Mean of v[skip..] (of the last element when skip reaches the end), rounded to the ns.
-TimeNs steady_mean(const std::vector<TimeNs>& v, int skip) {
-  QS_CHECK(!v.empty());
-  const auto first = std::min<std::ptrdiff_t>(std::max(skip, 0), static_cast<std::ptrdiff_t>(v.size()) - 1);
-  long double sum = 0;
-  for (auto it = v.begin() + first; it != v.end(); ++it) sum += static_cast<long double>(*it);
-  return static_cast<TimeNs>(sum / static_cast<long double>(v.end() - (v.begin() + first)) + 0.5L);
-}
-
-}  // namespace
 
 void finish_result(const Profile& profile, const ClusterConfig& cluster, const SimOptions& options,
                    SimResult* r) {
