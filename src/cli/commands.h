@@ -61,8 +61,9 @@ struct Row {
 };
 // Prints the human-readable table (stdout).
 void print_table(const Job& job, const std::vector<Row>& rows, const std::string& title);
-// Prints the --json document (stdout).
-void print_json(const Job& job, const std::vector<Row>& rows);
+// Prints the --json document (stdout). `goodput`: the measured TCP goodput of the links
+// as a fraction of the nominal rate (run --netns), put into the config when given.
+void print_json(const Job& job, const std::vector<Row>& rows, std::optional<double> goodput = std::nullopt);
 
 int run_models(const std::string& device, bool json);
 int run_simulate(const SimFlags& f);

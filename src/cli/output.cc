@@ -58,7 +58,7 @@ void print_table(const Job& job, const std::vector<Row>& rows, const std::string
   }
 }
 
-void print_json(const Job& job, const std::vector<Row>& rows) {
+void print_json(const Job& job, const std::vector<Row>& rows, std::optional<double> goodput) {
   using nlohmann::json;
   json results = json::array();
   auto one = [](const SimResult& r) {
@@ -98,6 +98,7 @@ void print_json(const Job& job, const std::vector<Row>& rows) {
                  {"iterations", job.sim.iterations},
                  {"warmup", job.sim.warmup},
                  {"statistic", statistic_name(job.sim.statistic)}};
+  if (goodput) config["goodput_fraction"] = *goodput;
   std::cout << json{{"results", results}, {"config", config}, {"seed", job.sim.seed}}.dump(1) << "\n";
 }
 

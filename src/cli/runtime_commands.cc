@@ -875,7 +875,7 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
                         "; bandwidth and tensor sizes scaled by " + std::to_string(scale).substr(0, 6) +
                         ", communication/compute ratios kept)";
     if (f.sim.json) {
-      print_json(*job, rows);
+      print_json(*job, rows, f.netns ? std::optional<double>(goodput_ratio) : std::nullopt);
     } else {
       print_table(*job, rows, title);
     }
