@@ -93,13 +93,13 @@ else bad "killed server: workers exited $rc0/$rc1 after ${took}s: $(cat "$tmp/w0
 if [ "$(id -u)" -eq 0 ] && command -v ip > /dev/null && command -v tc > /dev/null; then
   before=$(ip netns list | grep -c "^qs[0-9]*h" || true)
   check_run netns --netns --policy mercury,wfbp,bytescheduler "${common[@]}"
-  printf '0s 1Gbps\n100ms 300Mbps\n300ms 1Gbps\n' > "$tmp/trace.txt"
   # --json names the iperf3 goodput the predictions and the utilisation are relative to.
   "$qs" run --netns --policy mercury "${common[@]}" --json > "$tmp/nj" 2> "$tmp/err" && python3 -c "
 import json; d = json.load(open('$tmp/nj')); g = d['config']['goodput_fraction']
 assert 0.5 < g < 1.05, g
 assert 0 < d['results'][0]['link_utilisation'] < 1.2, d['results'][0]
 " && ok || bad "run --netns --json goodput: $(cat "$tmp/err")"
+  printf '0s 1Gbps\n100ms 300Mbps\n300ms 1Gbps\n' > "$tmp/trace.txt"
   check_run netns-dynamic --netns --policy mercury --bandwidth-trace "$tmp/trace.txt" "${common[@]}"
   "$qs" run --netns --policy mercury "${common[@]}" --kill-worker 2 --kill-at-iteration 2 > "$tmp/out" 2> "$tmp/err"; rc=$?
   [ $rc -ne 0 ] && grep -q "worker 2" "$tmp/err" && ok || bad "netns dying worker: rc $rc: $(cat "$tmp/err")"
