@@ -11,16 +11,8 @@
 namespace qs {
 namespace {
 
+using testing::allreduce_cluster;
 using testing::layer;
-
-ClusterConfig ar(int n, Rate bw = Rate::gbps(1), TimeNs latency = 50 * kNsPerUs) {
-  ClusterConfig c;
-  c.architecture = Architecture::kAllReduce;
-  c.workers = n;
-  c.bandwidth = bw;
-  c.latency = latency;
-  return c;
-}
 
 SimOptions opts(int iterations = 3) {
   SimOptions o;
@@ -31,7 +23,7 @@ SimOptions opts(int iterations = 3) {
 
 TEST(AllReduceEngine, RejectsParameterServerOnlyPolicies) {
   Profile p = testing::mercury_fig2();
-  auto r = simulate(p, "mercury", PolicyOptions{}, ar(4), opts());
+  auto r = simulate(p, "mercury", PolicyOptions{}, allreduce_cluster(4), opts());
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("parameter-server"), std::string::npos);
   EXPECT_EQ(allreduce_policy_names().size(), 9u);
@@ -45,7 +37,7 @@ TEST(AllReduceEngine, DdpBucketsFollowPyTorch) {
   p.layers.push_back(layer("top", 1000, 2000, 100 * kKiB));
   // Reverse order: [top, l4] closes the 1 MiB first bucket (reaches it with l4);
   // [l3, l2, l1] reaches 25 MiB with l1 (30 MiB: a parameter is never split); [l0].
-  auto r = simulate(p, "ddp", PolicyOptions{}, ar(4), opts());
+  auto r = simulate(p, "ddp", PolicyOptions{}, allreduce_cluster(4), opts());
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r->messages_per_iteration, 3);
   EXPECT_EQ(r->bytes_pushed_per_iteration, p.total_bytes());
@@ -53,7 +45,7 @@ TEST(AllReduceEngine, DdpBucketsFollowPyTorch) {
 
 TEST(AllReduceEngine, SlowestWorkerGatesEveryCollective) {
   Profile p = testing::mercury_fig2();
-  ClusterConfig c = ar(4);
+  ClusterConfig c = allreduce_cluster(4);
   auto base = simulate(p, "oracle", PolicyOptions{}, c, opts());
   c.compute_factor = {1.0, 2.0, 1.0, 1.0};
   auto slow = simulate(p, "oracle", PolicyOptions{}, c, opts());
@@ -63,7 +55,7 @@ TEST(AllReduceEngine, SlowestWorkerGatesEveryCollective) {
 
 TEST(AllReduceEngine, TimeVaryingBandwidth) {
   Profile p = testing::mercury_fig2();
-  ClusterConfig c = ar(4, Rate::gbps(1), 0);
+  ClusterConfig c = allreduce_cluster(4, Rate::gbps(1), 0);
   auto plain = simulate(p, "wfbp", PolicyOptions{}, c, opts());
   // A schedule with the same constant rate changes nothing.
   c.schedule = BandwidthSchedule({{0, Rate::gbps(1)}, {kNsPerSec, Rate::gbps(1)}});
@@ -83,7 +75,7 @@ TEST(AllReduceEngine, TraceHasComputeAndLinkTracks) {
   Profile p = testing::mercury_fig2();
   SimOptions o = opts(2);
   o.record_trace = true;
-  auto r = simulate(p, "wfbp", PolicyOptions{}, ar(4), o);
+  auto r = simulate(p, "wfbp", PolicyOptions{}, allreduce_cluster(4), o);
   ASSERT_TRUE(r.is_ok());
   bool compute = false, link = false;
   for (const TraceSpan& s : r->trace) compute |= s.track == 0, link |= s.track == 1;
@@ -92,7 +84,7 @@ TEST(AllReduceEngine, TraceHasComputeAndLinkTracks) {
 
 TEST(AllReduceEngine, SecondLinkMustBeSlower) {
   Profile p = testing::mercury_fig2();
-  ClusterConfig c = ar(4);
+  ClusterConfig c = allreduce_cluster(4);
   c.second_link_slowdown = 0.5;
   EXPECT_FALSE(simulate(p, "wfbp", PolicyOptions{}, c, opts()).is_ok());
 }
@@ -111,7 +103,7 @@ TEST(AllReduceProperty, EveryByteOnceAndOptimumNeverLoses) {
   po.deft_partition_size = 400'000;
   for (int trial = 0; trial < 150; ++trial) {
     Profile p = testing::random_profile(rng, 10, 200'000, 2 * kNsPerMs);
-    ClusterConfig c = ar(static_cast<int>(rng.uniform_int(2, 16)), Rate::gbps(rng.uniform(0.5, 10)),
+    ClusterConfig c = allreduce_cluster(static_cast<int>(rng.uniform_int(2, 16)), Rate::gbps(rng.uniform(0.5, 10)),
                          rng.uniform_int(0, 100'000));
     if (trial % 3 == 0) c.second_link_slowdown = 1.65;
     std::map<std::string, TimeNs> t;

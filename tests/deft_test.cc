@@ -151,15 +151,6 @@ TEST(DeftQueues, Fig4TransitionsByHand) {
   EXPECT_EQ(pol.updates()[3].time, 5 * 70'000 + 40'000);  // end of the 6th backward stage
 }
 
-ClusterConfig ar(int n, Rate bw, TimeNs latency) {
-  ClusterConfig c;
-  c.architecture = Architecture::kAllReduce;
-  c.workers = n;
-  c.bandwidth = bw;
-  c.latency = latency;
-  return c;
-}
-
 // The exactly-once property across iterations: with communication far beyond the
 // computation (so that buckets are delayed and iterations merged), one or two links, every
 // byte of every iteration is reduced exactly once (the engine's verify_bytes), and DeFT's
@@ -169,8 +160,8 @@ TEST(DeftProperty, EveryBucketOfEveryIterationReducedExactlyOnce) {
   int merged_runs = 0;
   for (int trial = 0; trial < 120; ++trial) {
     Profile p = testing::random_profile(rng, 10, 300'000, 2 * kNsPerMs);
-    ClusterConfig c = ar(static_cast<int>(rng.uniform_int(2, 16)), Rate::mbps(rng.uniform(50, 5000)),
-                         rng.uniform_int(0, 50'000));
+    ClusterConfig c = testing::allreduce_cluster(static_cast<int>(rng.uniform_int(2, 16)),
+                                                 Rate::mbps(rng.uniform(50, 5000)), rng.uniform_int(0, 50'000));
     if (trial % 2) c.second_link_slowdown = rng.uniform(1.0, 2.5);
     PolicyOptions o;
     o.deft_partition_size = rng.uniform_int(50'000, 1'000'000);

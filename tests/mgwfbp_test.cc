@@ -17,13 +17,10 @@ using testing::layer;
 
 constexpr TimeNs kMs = kNsPerMs;
 
+// beta = 8 ns/byte (1 Gbps), alpha = 50 us.
 ClusterConfig ar_cluster(int n, AllReduceAlgorithm algo = AllReduceAlgorithm::kRing) {
-  ClusterConfig c;
-  c.architecture = Architecture::kAllReduce;
-  c.workers = n;
+  ClusterConfig c = testing::allreduce_cluster(n);
   c.allreduce = algo;
-  c.bandwidth = Rate::gbps(1);  // beta = 8 ns/byte
-  c.latency = 50 * kNsPerUs;    // alpha
   return c;
 }
 

@@ -68,6 +68,17 @@ inline ClusterConfig one_to_one(TimeNs latency = 0) {
   return c;
 }
 
+// N workers all-reducing over links of `bw` with per-message latency `latency` (MG-WFBP's
+// beta and alpha).
+inline ClusterConfig allreduce_cluster(int n, Rate bw = Rate::gbps(1), TimeNs latency = 50 * kNsPerUs) {
+  ClusterConfig c;
+  c.architecture = Architecture::kAllReduce;
+  c.workers = n;
+  c.bandwidth = bw;
+  c.latency = latency;
+  return c;
+}
+
 // Simulates with byte verification and returns the iteration time, expecting every
 // iteration to be identical (true of the hand-worked scenarios); -1 on an error.
 inline TimeNs steady_iteration(const Profile& p, const std::string& policy, const PolicyOptions& o,
