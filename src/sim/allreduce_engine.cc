@@ -94,19 +94,6 @@ struct Payload {
   std::size_t bucket = 0;  // index into the engine's bucket store
 };
 
-class SpanRecorder {
- public:
-  SpanRecorder(std::vector<TraceSpan>* out, int track) : out_(out), track_(track) {}
-  void add(TimeNs start, TimeNs end, std::string name) {
-    if (out_) out_->push_back(TraceSpan{0, track_, start, end, std::move(name)});
-  }
-
- private:
-  std::vector<TraceSpan>* out_;
-  int track_;
-};
-
-
 class AllReduceEngine {
  public:
   AllReduceEngine(const Profile& profile, const ClusterConfig& cluster, const SimOptions& opts)
@@ -138,9 +125,9 @@ class AllReduceEngine {
     reduced_per_iteration_.assign(static_cast<std::size_t>(opts_.iterations), 0);
     if (opts_.verify_bytes) covered_.resize(static_cast<std::size_t>(opts_.iterations));
     if (opts_.record_trace) {
-      rec_compute_ = SpanRecorder(&result_.trace, 0);
+      rec_compute_ = SpanRecorder(&result_.trace, 0, 0, false);
       for (std::size_t i = 0; i < links_.size(); ++i) {
-        links_[i].rec = SpanRecorder(&result_.trace, static_cast<int>(i) + 1);
+        links_[i].rec = SpanRecorder(&result_.trace, 0, static_cast<int>(i) + 1, false);
       }
     }
     begin_iteration(0);
@@ -198,7 +185,7 @@ class AllReduceEngine {
     LinkModel model;
     bool busy = false;
     std::priority_queue<Queued> queue;
-    SpanRecorder rec{nullptr, 1};
+    SpanRecorder rec;
   };
 
   TimeNs scaled(TimeNs t) const {
@@ -405,7 +392,7 @@ class AllReduceEngine {
   TimeNs span_first_ = -1, span_last_ = 0, busy_ = 0;
   Bytes bytes_now_ = 0, bytes_last_ = 0;
   std::int64_t messages_now_ = 0, messages_last_ = 0;
-  SpanRecorder rec_compute_{nullptr, 0};
+  SpanRecorder rec_compute_;
   SimResult result_;
   Status error_;
 

@@ -20,8 +20,4 @@ Result<SimResult> simulate_allreduce(const Profile& profile, const std::string& 
                                      const PolicyOptions& policy_options,
                                      const ClusterConfig& cluster, const SimOptions& options);
 
-// Median of v[skip..]; of all of v when that is empty. Precondition: !v.empty().
-TimeNs steady_median(const std::vector<TimeNs>& v, int skip);
-double steady_median(const std::vector<double>& v, int skip);
-
 }  // namespace qs

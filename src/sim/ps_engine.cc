@@ -77,30 +77,6 @@ struct Link {
   TimeNs finish(TimeNs start, Bytes bytes) const { return schedule->finish_time(start, bytes); }
 };
 
-// Appends busy spans to a trace, merging back-to-back spans of the same tensor so that a
-// packet-level policy does not produce one span per packet.
-class SpanRecorder {
- public:
-  SpanRecorder(std::vector<TraceSpan>* out, int host, int track)
-      : out_(out), host_(host), track_(track) {}
-  bool enabled() const { return out_ != nullptr; }
-  void add(TimeNs start, TimeNs end, const std::string& name) {
-    if (!out_) return;
-    if (!out_->empty() && open_ && out_->back().end == start && out_->back().name == name) {
-      out_->back().end = end;
-      return;
-    }
-    out_->push_back(TraceSpan{host_, track_, start, end, name});
-    open_ = true;
-  }
-
- private:
-  std::vector<TraceSpan>* out_;
-  int host_, track_;
-  bool open_ = false;
-};
-
-
 class PsEngine {
  public:
   PsEngine(const Profile& profile, const PolicyOptions& popts, const ClusterConfig& cluster,
@@ -133,9 +109,9 @@ class PsEngine {
     result_.policy = policy_name;
     if (opts_.record_trace) {
       for (auto& w : workers_) {
-        w->rec_compute = SpanRecorder(&result_.trace, w->id, 0);
-        w->rec_up = SpanRecorder(&result_.trace, w->id, 1);
-        w->rec_down = SpanRecorder(&result_.trace, w->id, 2);
+        w->rec_compute = SpanRecorder(&result_.trace, w->id, 0, true);
+        w->rec_up = SpanRecorder(&result_.trace, w->id, 1, true);
+        w->rec_down = SpanRecorder(&result_.trace, w->id, 2, true);
       }
     }
     for (auto& w : workers_) start_backward(*w, 0);
@@ -212,7 +188,7 @@ class PsEngine {
     Rate rate_seen{0};  // bytes pushed / uplink busy time, previous iteration (0: none yet)
     std::int64_t units_pushed = 0, units_pushed_last = 0;
     std::vector<Chunk> pushed, pulled;
-    SpanRecorder rec_compute{nullptr, 0, 0}, rec_up{nullptr, 0, 1}, rec_down{nullptr, 0, 2};
+    SpanRecorder rec_compute, rec_up, rec_down;
   };
 
   // Open-addressing (linear probing, backward-shift deletion) map from a unit's key to

@@ -1,0 +1,75 @@
+// The configuration of a training job that both engines run: the cluster (hosts, links,
+// all-reduce model, compute speeds) and the run (iterations, warm-up, statistic, seed).
+// One type for the simulator and the runtime, so that a run and its prediction are
+// configured by the same object.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "quicksilver/core/bandwidth_schedule.h"
+#include "quicksilver/core/status.h"
+#include "quicksilver/core/units.h"
+
+namespace qs {
+
+enum class Architecture { kPs, kAllReduce };
+// MG-WFBP Table II algorithms.
+enum class AllReduceAlgorithm { kRing, kTree, kRecursiveDoubling, kRecursiveHalvingDoubling };
+
+Result<Architecture> parse_architecture(const std::string& s);
+Result<AllReduceAlgorithm> parse_allreduce_algorithm(const std::string& s);
+const char* architecture_name(Architecture a);
+const char* allreduce_algorithm_name(AllReduceAlgorithm a);
+
+struct ClusterConfig {
+  Architecture architecture = Architecture::kPs;
+  int workers = 4;
+  int servers = 4;  // PS only
+  // Every host's NIC rate, each direction (full duplex). Constant unless `schedule` is set.
+  Rate bandwidth = Rate::gbps(10);
+  std::optional<BandwidthSchedule> schedule;  // time-varying rate for every NIC
+  TimeNs latency = 0;                         // one-way, per message (MG-WFBP's alpha)
+  // Per-worker compute slowdown (1 = the profile's times); empty = all 1. The Mercury
+  // paper's heterogeneous case.
+  std::vector<double> compute_factor;
+  // All-reduce model T_ar(M) = a + b*M (MG-WFBP eq. 4 and Table II).
+  AllReduceAlgorithm allreduce = AllReduceAlgorithm::kRing;
+  std::optional<Rate> reduction_rate;  // gamma = 1 / reduction_rate per byte; none = 0
+  std::optional<TimeNs> allreduce_a;   // a and b given directly override the table
+  std::optional<double> allreduce_b_ns_per_byte;
+  // All-reduce: a second, slower link beside the first (DeFT III-C: gloo over a second NIC
+  // beside NCCL). 0 = none. Otherwise every collective on it takes this factor times its
+  // time on the first link (DeFT measured 1.59..1.69, Fig. 6). Must be 0 or >= 1.
+  double second_link_slowdown = 0;
+
+  Status validate() const;
+  BandwidthSchedule link_schedule() const {
+    return schedule ? *schedule : BandwidthSchedule(bandwidth);
+  }
+};
+
+// How the steady iterations are summarised into one iteration time. The median is the
+// default (DESIGN.md: steady state). Under a time-varying bandwidth there is no steady
+// state: the iterations fall into the schedule's rate segments and their times form
+// several clusters, so the median jumps to whichever cluster holds the middle one and
+// moves by a whole rate step between runs; the mean (total time / iterations, i.e. the
+// throughput over the run) does not.
+enum class Statistic { kMedian, kMean };
+std::string_view statistic_name(Statistic s);
+
+struct SimOptions {
+  int iterations = 5;  // iterations simulated (warm-up included)
+  int warmup = 1;      // leading iterations left out of the summary
+  Statistic statistic = Statistic::kMedian;
+  std::uint64_t seed = 1;
+  bool record_trace = false;
+  // Checks, at every iteration's end and for every worker, that each gradient byte was
+  // pushed exactly once and pulled exactly once. Costs time; tests turn it on.
+  bool verify_bytes = false;
+};
+
+}  // namespace qs

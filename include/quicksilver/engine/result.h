@@ -1,0 +1,51 @@
+// The result of a run, simulated or measured: one type for both engines, so that the
+// runtime's measurement and the simulator's prediction are printed and compared the same way.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "quicksilver/core/trace_span.h"
+#include "quicksilver/core/units.h"
+#include "quicksilver/engine/job.h"
+#include "quicksilver/model/profile.h"
+
+namespace qs {
+
+struct SimResult {
+  std::string policy;
+  TimeNs iteration_time = 0;  // median (or mean: SimOptions::statistic) of the steady-state iterations
+  std::vector<TimeNs> iteration_times;  // all iterations, warm-up included
+  double samples_per_second = 0;        // global: workers * batch / iteration
+  double scaling_efficiency = 0;        // oracle iteration / iteration (Mercury's "normalised speed")
+  TimeNs compute_time = 0;              // the oracle's iteration time (worker 0)
+  TimeNs gpu_idle = 0;                  // iteration - compute, worker 0
+  // Uplink busy time over the time spent pushing: from a layer's gradients being ready
+  // until every ready byte is on the wire (Mercury III-B, Fig. 6: throughput averaged over
+  // the time push operations run). Compute gaps with nothing to send do not count; a
+  // scheduler's own waits (credit, stop-and-wait, startup) do. Worker 0, median over
+  // steady-state iterations.
+  double link_utilisation = 0;
+  Bytes bytes_pushed_per_iteration = 0;  // worker 0
+  std::int64_t messages_per_iteration = 0;  // units pushed by worker 0
+  std::uint64_t events = 0;
+  std::vector<TraceSpan> trace;
+  std::vector<std::string> notes;  // policy-specific reports (e.g. DeFT's update frequency)
+};
+
+using RunResult = SimResult;
+
+// Median of v[skip..] (the mean of the two middle values for an even count); of the last
+// element when skip >= v.size(). Precondition: !v.empty().
+TimeNs steady_median(const std::vector<TimeNs>& v, int skip);
+// The same for doubles; 0 for an empty v.
+double steady_median(const std::vector<double>& v, int skip);
+
+// Fills iteration_time (SimOptions::statistic of the iterations after the warm-up), compute_time, gpu_idle,
+// samples_per_second and scaling_efficiency from r->iteration_times. Shared by the
+// simulator and the runtime launcher so that both report the same way.
+void finish_result(const Profile& profile, const ClusterConfig& cluster, const SimOptions& options,
+                   SimResult* r);
+
+}  // namespace qs
