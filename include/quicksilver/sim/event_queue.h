@@ -4,8 +4,9 @@
 // same nanosecond always fire in the order they were scheduled and runs repeat exactly.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
-#include <queue>
+#include <utility>
 #include <vector>
 
 #include "quicksilver/core/check.h"
@@ -30,13 +31,16 @@ class EventQueue {
   // Precondition: at >= now() (the past cannot be scheduled).
   void schedule(TimeNs at, Payload p) {
     QS_CHECK_MSG(at >= now_, "event scheduled in the past");
-    heap_.push(Event{at, next_seq_++, std::move(p)});
+    heap_.push_back(Event{at, next_seq_++, std::move(p)});
+    std::push_heap(heap_.begin(), heap_.end(), Later{});
   }
-  // Removes and returns the earliest event and advances now() to its time.
+  // Removes and returns the earliest event (moved out, not copied) and advances now() to
+  // its time.
   Event pop() {
     QS_CHECK(!heap_.empty());
-    Event e = heap_.top();
-    heap_.pop();
+    std::pop_heap(heap_.begin(), heap_.end(), Later{});
+    Event e = std::move(heap_.back());
+    heap_.pop_back();
     now_ = e.time;
     ++fired_;
     return e;
@@ -48,7 +52,7 @@ class EventQueue {
       return a.time != b.time ? a.time > b.time : a.seq > b.seq;
     }
   };
-  std::priority_queue<Event, std::vector<Event>, Later> heap_;
+  std::vector<Event> heap_;  // a binary heap under Later: the earliest event at the front
   TimeNs now_ = 0;
   std::uint64_t next_seq_ = 0;
   std::uint64_t fired_ = 0;

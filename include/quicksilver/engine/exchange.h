@@ -1,0 +1,80 @@
+// Exchange: the third seam of the training loop. It moves a unit of gradient to where it
+// is summed and reports when it was delivered and when its sum is back in the worker's
+// parameter buffer. Implementations: the simulated parameter-server network and the
+// simulated a+bM all-reduce links (sim/), the TCP parameter-server transport (runtime/),
+// gloo collectives (next).
+//
+// The loop calls push() (PS) or all_reduce() (all-reduce) for each of its policy's
+// decisions, once any user-level startup delay has passed, then flush() once the policy
+// callback that made them returned, so that units handed over in one callback compete by
+// priority. The exchange reports back through the ExchangeListener it was given, always on
+// the loop's thread, and never from inside push(), all_reduce() or flush() except
+// on_drained() (an exchange may start sending there, but defers completions to its Timer
+// or event loop).
+#pragma once
+
+#include <cstdint>
+
+#include "quicksilver/core/status.h"
+#include "quicksilver/core/units.h"
+#include "quicksilver/policy/allreduce_policy.h"
+#include "quicksilver/policy/ps_policy.h"
+
+namespace qs {
+
+// What an exchange measured of one iteration (Exchange::take_traffic).
+struct Traffic {
+  Bytes bytes = 0;            // gradient payload sent (PS: pushed; all-reduce: reduced)
+  std::int64_t messages = 0;  // units pushed, or collectives run
+  // Bytes put on the uplink, framing included where there is any (the simulator: = bytes).
+  std::uint64_t wire_bytes = 0;
+  // How long the uplink (all-reduce: the primary link) was busy with them: in the
+  // simulator, the serialisation time; over TCP, the time the transport held bytes its
+  // peers had not yet acknowledged (Prophet 4.2 times a push until the server answers).
+  // wire_bytes / busy is the bandwidth the monitor reports to the policy.
+  TimeNs busy = 0;
+  // All-reduce only: the time from the iteration's first collective's start to its last
+  // one's end on the primary link, over which `busy` is a utilisation (MG-WFBP's model).
+  // 0 for PS, whose utilisation the loop measures "while pushing" (Mercury III-B).
+  TimeNs window = 0;
+};
+
+// Implemented by the training loop.
+class ExchangeListener {
+ public:
+  virtual ~ExchangeListener() = default;
+  // PS: the server acknowledged `unit` (it has all of this worker's bytes of it).
+  virtual void on_push_acked(const PushUnit& unit) = 0;
+  // PS: the sum of `unit` (this iteration's) is in the parameter buffer since `at`.
+  virtual void on_pulled(const PushUnit& unit, TimeNs at) = 0;
+  // All-reduce: `bucket` was reduced on every worker; its sums are in the buffers.
+  virtual void on_collective_done(const CollectiveBucket& bucket) = 0;
+  // PS: everything handed over was on the wire by `at` (nothing queued, last byte sent).
+  virtual void on_drained(TimeNs at) = 0;
+  // PS: whether some gradient made ready this iteration is not yet known to be on the
+  // wire (the loop's "while pushing" period is open), and whether every ready byte has
+  // been handed to the exchange (only the exchange still holds some).
+  virtual bool pushing() const = 0;
+  virtual bool all_ready_handed() const = 0;
+  // A failure the loop cannot continue past (the first one wins).
+  virtual void on_error(Status why) = 0;
+};
+
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  // Queues `unit` for its server (PS exchanges). Precondition: check(unit) passed.
+  virtual void push(const PushUnit& unit);
+  // Queues `bucket` on its link (all-reduce exchanges); may start it at once.
+  virtual void all_reduce(const CollectiveBucket& bucket);
+  // Starts sending what is queued, most urgent first, as far as the link allows.
+  virtual void flush() = 0;
+  // What the exchange adds to the engine's checks of a policy's decision (e.g. the wire's
+  // 32-bit length field, the number of links).
+  virtual Status check(const PushUnit& unit) const;
+  virtual Status check(const CollectiveBucket& bucket) const;
+  // This iteration's traffic (the counters restart); `now` ends any busy period still open.
+  virtual Traffic take_traffic(TimeNs now) = 0;
+};
+
+}  // namespace qs
