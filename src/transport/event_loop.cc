@@ -29,10 +29,11 @@ Result<std::unique_ptr<EventLoop>> EventLoop::create(const Clock& clock) {
     l->fire_timers();
   }));
   const int wf = loop->wake_fd_.get();
-  QS_RETURN_IF_ERROR(loop->watch(wf, EPOLLIN, [wf](std::uint32_t) {
+  QS_RETURN_IF_ERROR(loop->watch(wf, EPOLLIN, [l = loop.get(), wf](std::uint32_t) {
     std::uint64_t n;
     while (::read(wf, &n, sizeof n) > 0) {
     }
+    l->run_posted();
   }));
   return loop;
 }
@@ -104,6 +105,27 @@ void EventLoop::fire_timers() {
 
 void EventLoop::fail(Status s) {
   if (error_.is_ok() && !s.is_ok()) error_ = std::move(s);
+}
+
+void EventLoop::post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(posted_mu_);
+    posted_.push_back(std::move(fn));
+  }
+  const std::uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
+}
+
+void EventLoop::run_posted() {
+  std::vector<std::function<void()>> now;
+  {
+    std::lock_guard<std::mutex> lock(posted_mu_);
+    now.swap(posted_);
+  }
+  for (auto& fn : now) {
+    if (!error_.is_ok()) break;
+    fn();
+  }
 }
 
 void EventLoop::request_stop(const std::string& why) {

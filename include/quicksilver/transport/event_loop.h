@@ -5,7 +5,7 @@
 // Timers fire in (time, sequence) order: a strict order, so equal times fire in the order
 // they were scheduled. They are armed on a timerfd (CLOCK_MONOTONIC, nanosecond
 // resolution), the clock SteadyClock reads.
-// Thread safety: everything is loop-thread only, except wake() and request_stop().
+// Thread safety: everything is loop-thread only, except post() and request_stop().
 #pragma once
 
 #include <atomic>
@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -54,6 +55,11 @@ class EventLoop {
   // Runs `fn` once the current batch of events is handled, before the loop sleeps again
   // (cheaper than a zero-delay timer: no timerfd call).
   void defer(std::function<void()> fn) { deferred_.push_back(std::move(fn)); }
+  // Thread-safe: runs `fn` on the loop thread soon (after the current batch of events),
+  // in the order posted. For work that arrives on other threads (PyTorch's autograd hooks,
+  // a collective library's completion callbacks). A function posted after run() returned
+  // waits for the next run(); one still queued when the loop is destroyed never runs.
+  void post(std::function<void()> fn);
 
   // Runs until `done()` is true (checked after every batch of events and timers), stop is
   // requested, or an error is posted with fail(). Returns the first error posted, or
@@ -70,6 +76,7 @@ class EventLoop {
   EventLoop(const Clock& clock, Fd epoll, Fd timer, Fd wake);
   void arm_timer();
   void fire_timers();
+  void run_posted();
 
   const Clock& clock_;
   Fd epoll_, timer_fd_, wake_fd_;
@@ -80,6 +87,8 @@ class EventLoop {
   TimerId next_timer_ = 1;
   TimeNs armed_ = kTimeNever;
   Status error_;
+  std::mutex posted_mu_;
+  std::vector<std::function<void()>> posted_;  // guarded by posted_mu_ (any thread -> loop)
   std::atomic<bool> stop_requested_{false};  // any thread -> loop
   std::string stop_reason_;                  // written before stop_requested_ (release)
 };
