@@ -107,7 +107,7 @@ void TrainingLoop::try_backward() {
   exchange_.flush();
   // A backward that waited for its gate starts when the gate opened; otherwise when the
   // previous step ended.
-  run_backward(layout_.num_layers() - 1, backward_held_ ? now : 0);
+  run_backward(layout_.num_layers() - 1, backward_held_ ? now : iteration_ == 0 ? first_backward_at_ : 0);
 }
 
 void TrainingLoop::run_backward(int layer, TimeNs earliest) {
@@ -382,7 +382,7 @@ TimeNs EmulatedCompute::duration(const ComputeStep& step) const {
 }
 
 void EmulatedCompute::run(const ComputeStep& step, TimeNs earliest, Done done) {
-  if (free_ < 0) free_ = timer_.now();
+  if (free_ < 0) free_ = earliest > 0 ? earliest : timer_.now();  // the device's first step
   const TimeNs start = std::max(free_, earliest);
   if (step.pass == Pass::kBackward && on_backward_) on_backward_(step);
   free_ = start + duration(step);

@@ -1,10 +1,14 @@
-// The Mercury worker (Mercury IV-C "Mercury Worker"): compute emulation, the policy, the
-// sending buffer and its one sender across all server connections, and the tensor
-// constructor that writes pulled sums into the parameter buffer. One event-loop thread.
+// The Mercury worker (Mercury IV-C "Mercury Worker"): the one training loop
+// (engine/training_loop.h) over three runtime seams: the node's event loop as its Timer,
+// the GPU emulated from the profile as its Compute, and the TCP parameter-server transport
+// as its Exchange (the sending buffer and its one sender across all server connections,
+// acknowledgements, and the tensor constructor that writes pulled sums into the caller's
+// buffers). One event-loop thread.
 #include <algorithm>
 #include <map>
 
 #include "quicksilver/core/check.h"
+#include "quicksilver/engine/training_loop.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
 #include "runtime_internal.h"
@@ -17,7 +21,24 @@ using transport::Header;
 using transport::HeaderField;
 using transport::PayloadTarget;
 
-struct Worker::Impl final : transport::FrameHandler, PushSink {
+namespace {
+
+// The runtime's Timer: the node's event loop (CLOCK_MONOTONIC).
+class LoopTimer final : public Timer {
+ public:
+  explicit LoopTimer(transport::EventLoop& loop) : loop_(loop) {}
+  TimeNs now() const override { return loop_.now(); }
+  void schedule_at(TimeNs when, Callback fn) override { loop_.schedule_at(when, std::move(fn)); }
+
+ private:
+  transport::EventLoop& loop_;
+};
+
+}  // namespace
+
+// The worker's Exchange is the TCP transport: Impl implements it, and the frame handler
+// that feeds its acknowledgements and pulls back to the loop.
+struct Worker::Impl final : transport::FrameHandler, Exchange {
   struct Outstanding {
     PushUnit unit;
     bool acked = false;
@@ -43,17 +64,14 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     const int priorities = jl.layout.num_tensors() + 1;
     sender = std::make_unique<transport::Sender>(send_order(policy->discipline()), priorities, *loop);
     sender->set_batch_bytes(sender_batch_bytes(job));
-    tensor_base.resize(static_cast<std::size_t>(jl.layout.num_tensors()));
-    std::size_t floats = 0;
-    for (const TensorInfo& t : jl.layout.tensors()) {
-      tensor_base[static_cast<std::size_t>(t.id)] = floats;
-      floats += static_cast<std::size_t>(t.bytes / 4);
+    // The tensors: the caller's, or synthetic ones with known content.
+    source = opts.tensors;
+    if (source == nullptr) {
+      known = std::make_unique<KnownContent>(job.profile, opts.worker_id, job.workers, opts.verify);
+      source = known.get();
     }
-    grads.assign(floats, 0.0f);
-    params.assign(floats, 0.0f);
-    layer_pulled.assign(static_cast<std::size_t>(jl.layout.num_layers()), 0);
-    layer_ready.assign(static_cast<std::size_t>(jl.layout.num_layers()), false);
-    ready_at.assign(static_cast<std::size_t>(jl.layout.num_layers()), 0);
+    buffers = source->tensors();
+    QS_RETURN_IF_ERROR(check_registry(buffers, jl.layout));
     pull_header_at.assign(static_cast<std::size_t>(job.servers), 0);
     for (const TensorInfo& t : jl.layout.tensors()) {
       rules.tensor_bytes.push_back(t.bytes);
@@ -61,6 +79,21 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     }
     rules.num_priorities = static_cast<std::uint16_t>(priorities);
     urgent_end = jl.layout.end_tensor(0);
+    // The loop and its seams.
+    timer = std::make_unique<LoopTimer>(*loop);
+    gpu = std::make_unique<EmulatedCompute>(
+        job.profile, opts.compute_factor, *timer,
+        opts.record_trace ? SpanRecorder(&trace, opts.worker_id, 0, false) : SpanRecorder(),
+        [this](const ComputeStep& s) { source->on_backward(s.layer, s.iteration); });
+    LoopOptions lo;
+    lo.iterations = job.iterations;
+    if (opts.record_trace) lo.pushing = SpanRecorder(&trace, opts.worker_id, 1, false);
+    lo.before_backward = [this](std::int64_t it) { return before_backward(it); };
+    lo.iteration_ended = [this](std::int64_t it) { iteration_ended(it); };
+    lo.finished = [this] { say_bye(); };
+    lo.layer_ready = [this](int layer, std::int64_t it) { return source->on_layer_ready(layer, it); };
+    lo.failed = [this](const Status& s) { loop->fail(s.with_context(name())); };
+    training = std::make_unique<TrainingLoop>(job.profile, jl.layout, *policy, *timer, *gpu, *this, std::move(lo));
     return Status::ok();
   }
 
@@ -115,8 +148,9 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     loop->cancel(hello_timer);
     // Training.
     last_rx = loop->now();
+    bytes_at_start = bytes_written();
     schedule_watchdog();
-    start_backward(0);
+    training->start();
     QS_RETURN_IF_ERROR(loop->run([this] { return finished && all_flushed(); }));
     return Status::ok();
   }
@@ -138,13 +172,13 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
         rx_bytes_seen = read;
         last_rx = loop->now();
       }
-      const bool waiting = blocked || !outstanding.empty();
+      const bool waiting = training->blocked() || !outstanding.empty();
       if (waiting && loop->now() - last_rx > opts.job.peer_timeout) {
-        loop->fail(unavailable(name() + ": no frame from any server for " +
-                               format_time(opts.job.peer_timeout) + " in iteration " +
-                               std::to_string(iteration) + " (" + std::to_string(outstanding.size()) +
-                               " units not yet pulled" +
-                               (blocked ? "; forward of layer " + std::to_string(layer + 1) + " waits" : "") +
+        loop->fail(unavailable(name() + ": no frame from any server for " + format_time(opts.job.peer_timeout) +
+                               " in iteration " + std::to_string(training->iteration()) + " (" +
+                               std::to_string(outstanding.size()) + " units not yet pulled" +
+                               (training->blocked() ? "; forward of layer " + std::to_string(training->layer() + 1) + " waits"
+                                                    : "") +
                                ")"));
         return;
       }
@@ -152,130 +186,30 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     });
   }
 
-  // ---- compute chain (Mercury V-A; as sim/ps_engine.cc) ----
-  TimeNs scaled(TimeNs t) const {
-    return static_cast<TimeNs>(static_cast<double>(t) * opts.compute_factor + 0.5);
-  }
-
-  void start_backward(std::int64_t it) {
-    if (it == opts.die_at_iteration) {
-      loop->fail(unavailable(name() + " died at iteration " + std::to_string(it) + " (fault injection)"));
-      for (auto& c : conns) c->close(unavailable("fault injection"), false, /*abort=*/true);
-      return;
-    }
-    const TimeNs now = loop->now();
+  // ---- the loop's runtime hooks ----
+  bool before_backward(std::int64_t it) {
     iteration = it;
-    // The emulated GPU runs back to back: each op starts when the previous one was due
-    // to end (or when its parameters arrived), never late by the loop's wake-up latency.
-    if (compute_free == 0) compute_free = now;
-    iteration_start = compute_free;
-    if (it == 0) trace_origin = iteration_start;
-    blocked = false;
-    std::fill(layer_pulled.begin(), layer_pulled.end(), 0);
-    std::fill(layer_ready.begin(), layer_ready.end(), false);
-    bytes_at_start = bytes_written();
-    transport_total = 0;
-    bytes_pushed = 0;
-    units_pushed = 0;
-    ready_bytes = 0;
-    pending_total = 0;
-    // The bandwidth monitor (Prophet 4.2: "the available network bandwidth of workers"):
-    // the previous iteration's bytes over the time the transport held undelivered bytes
-    // (check_drained). As in the simulator (bytes over uplink busy time), the policy's
-    // own waits do not count: a monitor that saw Prophet's waits as a slower network
-    // would make it wait longer still.
-    if (monitor_bps > 0) policy->on_bandwidth_estimate(Rate{static_cast<std::int64_t>(monitor_bps)}, now);
-    policy->on_iteration_start(it, now, *this);
-    pump();
-    run_backward(jl.layout.num_layers() - 1);
+    if (it != opts.die_at_iteration) return true;
+    loop->fail(unavailable(name() + " died at iteration " + std::to_string(it) + " (fault injection)"));
+    for (auto& c : conns) c->close(unavailable("fault injection"), false, /*abort=*/true);
+    return false;
   }
 
-  void run_backward(int l) {
-    layer = l;
-    const TimeNs start = compute_free;
-    if (opts.verify) {
-      // The backward "produces" this layer's gradients; filling overlaps the emulated wait.
-      for (TensorId t = jl.layout.first_tensor(l); t < jl.layout.end_tensor(l); ++t) {
-        const TensorInfo& ti = jl.layout.tensor(t);
-        fill_gradient(grads.data() + tensor_base[static_cast<std::size_t>(t)], ti.bytes / 4, 0,
-                      opts.worker_id, iteration, t);
-      }
-    }
-    const TimeNs d = scaled(job_layer(l).backward);
-    compute_free = start + d;
-    record(0, start, compute_free, "bp " + job_layer(l).name);
-    loop->schedule_at(compute_free, [this] { on_backward_done(); });
-  }
-
-  const LayerSpec& job_layer(int l) const { return opts.job.profile.layers[static_cast<std::size_t>(l)]; }
-
-  void on_backward_done() {
-    const int l = layer;
-    if (const Bytes b = jl.layout.layer_bytes(l); b > 0) {
-      ready_bytes += b;
-      if (pending_since < 0) pending_since = loop->now();
-    }
-    policy->on_gradient_ready(l, loop->now(), *this);
-    pump();
-    if (l > 0) {
-      run_backward(l - 1);
-    } else {
-      try_forward(0);
-    }
-  }
-
-  void try_forward(int l) {
-    layer = l;
-    if (!layer_ready[static_cast<std::size_t>(l)]) {
-      blocked = true;
-      return;
-    }
-    blocked = false;
-    const TimeNs start = std::max(compute_free, ready_at[static_cast<std::size_t>(l)]);
-    policy->on_forward_start(l, loop->now(), *this);
-    pump();
-    const LayerSpec& spec = job_layer(l);
-    compute_free = start + scaled(spec.update + spec.forward);
-    record(0, start, compute_free, "fp " + spec.name);
-    loop->schedule_at(compute_free, [this] { on_forward_done(); });
-  }
-
-  void on_forward_done() {
-    if (layer + 1 < jl.layout.num_layers()) {
-      try_forward(layer + 1);
-      return;
-    }
-    end_iteration();
-  }
-
-  void end_iteration() {
-    iteration_times.push_back(compute_free - iteration_start);
-    end_spans();
-    // The uplink rate while pushing: bytes on the wire over the time some ready gradient
-    // was not yet delivered (check_drained).
-    const auto bytes = static_cast<double>(bytes_written() - bytes_at_start);
-    const auto pending = static_cast<double>(pending_total);
-    gbps.push_back(pending > 0 ? 8.0 * bytes / pending : 0.0);
-    const auto busy = static_cast<double>(transport_total);
-    monitor_bps = busy > 0 ? 8e9 * bytes / busy : 0.0;
-    bytes_per_iteration = bytes_pushed;
-    units_per_iteration = units_pushed;
+  void iteration_ended(std::int64_t it) {
     for (const transport::QueueSample& q : sender->take_samples()) {
-      if (iteration < opts.warmup && iteration + 1 < opts.job.iterations) continue;
+      if (it < opts.warmup && it + 1 < opts.job.iterations) continue;
       delays.push_back(q.delay);
       if (q.priority < urgent_end) urgent_delays.push_back(q.delay);
     }
-    if (opts.verify) ++verified;
-    if (iteration + 1 < opts.job.iterations) {
-      start_backward(iteration + 1);
-      return;
-    }
+  }
+
+  void say_bye() {
     finished = true;
     for (auto& c : conns) {
       Header bye;
       bye.kind = FrameKind::kBye;
       bye.sender = static_cast<std::uint16_t>(opts.worker_id);
-      bye.iteration = static_cast<std::uint32_t>(iteration);
+      bye.iteration = static_cast<std::uint32_t>(opts.job.iterations - 1);
       c->send_control(bye);
       c->shutdown_when_flushed();
       Status s = c->flush();
@@ -289,30 +223,8 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     return b;
   }
 
-  // The measured timeline (WorkerReport::trace), relative to the first backward pass.
-  void record(int track, TimeNs start, TimeNs end, std::string what) {
-    if (!opts.record_trace) return;
-    trace.push_back(TraceSpan{opts.worker_id, track, start - trace_origin, end - trace_origin, std::move(what)});
-  }
-
-  // ---- PushSink: the policy's decisions ----
-  void push(const PushUnit& u, TimeNs delay) override {
-    Status s = check_unit(u);
-    if (!s.is_ok()) {
-      loop->fail(s.with_context(name() + " policy " + std::string(policy->name())));
-      return;
-    }
-    if (delay <= 0) {
-      enqueue(u);  // pumped once the policy callback returns (units compete by priority)
-    } else {
-      loop->schedule_after(delay, [this, u] {
-        enqueue(u);
-        pump();
-      });
-    }
-  }
-
-  Status check_unit(const PushUnit& u) const {
+  // ---- Exchange: the policy's units onto the wire ----
+  Status check(const PushUnit& u) const override {
     QS_RETURN_IF_ERROR(check_push_unit(u, jl.layout, jl.placement));
     // What the wire adds: a 32-bit length, whole float32 elements.
     if (u.chunk.length > 0xffffffffll || u.chunk.length % 4 != 0 || u.chunk.offset % 4 != 0) {
@@ -322,12 +234,11 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     return Status::ok();
   }
 
-  void enqueue(const PushUnit& u) {
+  void push(const PushUnit& u) override {
     const Key key{u.chunk.tensor, static_cast<std::uint64_t>(u.chunk.offset)};
     if (!outstanding.emplace(key, Outstanding{u}).second) {
-      loop->fail(internal_error(name() + ": policy pushed tensor " + std::to_string(u.chunk.tensor) +
-                                " offset " + std::to_string(u.chunk.offset) + " twice in iteration " +
-                                std::to_string(iteration)));
+      loop->fail(internal_error(name() + ": policy pushed tensor " + std::to_string(u.chunk.tensor) + " offset " +
+                                std::to_string(u.chunk.offset) + " twice in iteration " + std::to_string(iteration)));
       return;
     }
     Header h;
@@ -338,24 +249,40 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     h.length = static_cast<std::uint32_t>(u.chunk.length);
     h.offset = static_cast<std::uint64_t>(u.chunk.offset);
     h.priority = static_cast<std::uint16_t>(u.priority);
-    const auto* payload = reinterpret_cast<const std::byte*>(grads.data() + tensor_base[static_cast<std::size_t>(u.chunk.tensor)]) + u.chunk.offset;
+    const auto* payload =
+        reinterpret_cast<const std::byte*>(buffers[static_cast<std::size_t>(u.chunk.tensor)].gradient) + u.chunk.offset;
     if (transport_since < 0) transport_since = loop->now();
     sender->enqueue(u.server, h, payload, 0);
     bytes_pushed += u.chunk.length;
     ++units_pushed;
   }
 
-  void pump() {
+  void flush() override {
     Status s = sender->pump();
     if (!s.is_ok()) loop->fail(s.with_context(name()));
     check_drained();
   }
 
+  Traffic take_traffic(TimeNs now) override {
+    if (transport_since >= 0) transport_total += now - transport_since;
+    transport_since = -1;
+    if (drain_timer != 0) loop->cancel(drain_timer);
+    drain_timer = 0;
+    const std::uint64_t written = bytes_written();
+    Traffic t{bytes_pushed, units_pushed, written - bytes_at_start, transport_total, 0};
+    bytes_at_start = written;
+    transport_total = 0;
+    bytes_pushed = 0;
+    units_pushed = 0;
+    return t;
+  }
+
   // "While pushing" (Mercury III-B, Fig. 6: the uplink's throughput averaged over the
   // time push operations run), as the simulator counts it: from a layer's gradients being
-  // ready until every ready byte is on the wire. Compute gaps in which every ready byte is
-  // on the wire do not count; a user-level scheduler's own waits (credit, stop-and-wait,
-  // startup time) do.
+  // ready until every ready byte is on the wire (the loop keeps that period; this tells it
+  // when the wire has everything). Compute gaps in which every ready byte is on the wire
+  // do not count; a user-level scheduler's own waits (credit, stop-and-wait, startup
+  // time) do.
   // "On the wire" is the transmit timestamp of the last byte written to each connection
   // (taken by the driver, after the host's qdisc and any tc shaper queue). Where the kernel
   // gives none, it is the servers' TCP acknowledgement instead (SIOCOUTQ = 0), one round
@@ -366,9 +293,11 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   // until the server answers (4.2). Either end is seen at most kDrainPoll late; the
   // timestamp itself is exact.
   void check_drained() {
-    if (transport_since < 0 && pending_since < 0) return;
+    const bool pushing = training->pushing();
+    if (transport_since < 0 && !pushing) return;
     if (!sender->idle()) return;
-    if (transport_since < 0 && bytes_pushed < ready_bytes) return;  // only the policy holds bytes
+    const bool pushing_done = training->all_ready_handed();
+    if (transport_since < 0 && !pushing_done) return;  // only the policy holds bytes
     bool acked = true, out = true;
     TimeNs wire_end = -1;  // when the last byte left, where timestamps tell
     for (const auto& c : conns) {
@@ -388,33 +317,14 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
       transport_total += now - transport_since;
       transport_since = -1;
     }
-    const bool pushing_done = bytes_pushed >= ready_bytes;
-    if (out && pushing_done) end_pending(wire_end < 0 ? now : std::min(wire_end, now));
-    const bool wait = transport_since >= 0 || (pending_since >= 0 && pushing_done);
+    if (out && pushing_done) training->on_drained(wire_end < 0 ? now : std::min(wire_end, now));
+    const bool wait = transport_since >= 0 || (training->pushing() && pushing_done);
     if (wait && drain_timer == 0) {
       drain_timer = loop->schedule_after(kDrainPoll, [this] {
         drain_timer = 0;
         check_drained();
       });
     }
-  }
-
-  // Ends the push period at `end` (default: now), never before it began.
-  void end_pending(TimeNs end = -1) {
-    if (pending_since < 0) return;
-    end = std::max(end < 0 ? loop->now() : end, pending_since);
-    record(1, pending_since, end, "pushing");
-    pending_total += end - pending_since;
-    pending_since = -1;
-  }
-
-  // The iteration is over: whatever is still open ends now.
-  void end_spans() {
-    end_pending();
-    if (transport_since >= 0) transport_total += loop->now() - transport_since;
-    transport_since = -1;
-    if (drain_timer != 0) loop->cancel(drain_timer);
-    drain_timer = 0;
   }
 
   // ---- FrameHandler: hello, acks and pulls from servers ----
@@ -432,19 +342,18 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
         rules.min_iteration = rules.max_iteration = static_cast<std::uint32_t>(iteration);
         QS_RETURN_IF_ERROR(transport::validate_data_header(h, rules));
         auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset});
-        if (it == outstanding.end() || it->second.unit.server != s ||
-            it->second.unit.chunk.length != h.length ||
+        if (it == outstanding.end() || it->second.unit.server != s || it->second.unit.chunk.length != h.length ||
             (h.kind == FrameKind::kAck ? it->second.acked : it->second.pulled)) {
           return transport::header_error(
               HeaderField::kOffset, std::string(transport::frame_kind_name(h.kind)) + " of tensor " +
-                                        std::to_string(h.tensor) + " bytes [" + std::to_string(h.offset) +
-                                        ", " + std::to_string(h.offset + h.length) +
+                                        std::to_string(h.tensor) + " bytes [" + std::to_string(h.offset) + ", " +
+                                        std::to_string(h.offset + h.length) +
                                         ") matches no unit this worker pushed to server " + std::to_string(s) +
                                         " and awaits");
         }
         if (h.kind == FrameKind::kAck) return PayloadTarget::buffer();  // no payload
         pull_header_at[static_cast<std::size_t>(s)] = loop->now();
-        return PayloadTarget::to(reinterpret_cast<std::byte*>(params.data() + tensor_base[h.tensor]) + h.offset);
+        return PayloadTarget::to(reinterpret_cast<std::byte*>(buffers[h.tensor].sum) + h.offset);
       }
       case FrameKind::kPush: break;
     }
@@ -459,8 +368,8 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
         const std::string diff = hello_mismatch(hello_body(opts.job), transport::decode_hello(body.data()));
         if (!diff.empty()) return invalid_argument(name() + ": " + server_name(s) + " disagrees: " + diff);
         if (h.sender != s) {
-          return transport::header_error(HeaderField::kSender, server_name(s) + " says it is server " +
-                                                                   std::to_string(h.sender));
+          return transport::header_error(HeaderField::kSender,
+                                         server_name(s) + " says it is server " + std::to_string(h.sender));
         }
         ++hellos;
         return Status::ok();
@@ -476,40 +385,26 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
         it->second.acked = true;
         const PushUnit u = it->second.unit;
         if (it->second.pulled) outstanding.erase(it);
-        policy->on_push_acked(u, loop->now(), *this);
-        pump();
+        training->on_push_acked(u);
         return Status::ok();
       }
       case FrameKind::kPull: {
         auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset});
         it->second.pulled = true;
+        const PushUnit u = it->second.unit;
         if (it->second.acked) outstanding.erase(it);
-        record(2, pull_header_at[static_cast<std::size_t>(s)], loop->now(), "pull " + std::to_string(h.tensor));
-        return on_pulled(h);
+        if (opts.record_trace) {
+          trace.push_back(TraceSpan{opts.worker_id, 2, pull_header_at[static_cast<std::size_t>(s)], loop->now(),
+                                    "pull " + std::to_string(h.tensor)});
+        }
+        // The tensor constructor: the loop counts the layer's bytes and releases a
+        // complete layer (after the tensor source checked it).
+        training->on_pulled(u, loop->now());
+        return Status::ok();
       }
       case FrameKind::kPush: break;
     }
     return internal_error("unreachable");
-  }
-
-  // Tensor constructor: count the layer's bytes; a complete layer is checked and released.
-  Status on_pulled(const Header& h) {
-    const int l = jl.layout.tensor(static_cast<TensorId>(h.tensor)).layer;
-    Bytes& got = layer_pulled[static_cast<std::size_t>(l)];
-    got += h.length;
-    if (got < jl.layout.layer_bytes(l)) return Status::ok();
-    QS_CHECK(got == jl.layout.layer_bytes(l));
-    ready_at[static_cast<std::size_t>(l)] = loop->now();  // before the (CPU-side) check
-    if (opts.verify) {
-      for (TensorId t = jl.layout.first_tensor(l); t < jl.layout.end_tensor(l); ++t) {
-        QS_RETURN_IF_ERROR(check_sum(params.data() + tensor_base[static_cast<std::size_t>(t)],
-                                     jl.layout.tensor(t).bytes / 4, 0, opts.job.workers, iteration, t)
-                               .with_context(name()));
-      }
-    }
-    layer_ready[static_cast<std::size_t>(l)] = true;
-    if (blocked && layer == l) try_forward(l);
-    return Status::ok();
   }
 
   void on_writable(Connection& c) override {
@@ -520,29 +415,26 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
 
   void on_closed(Connection& c, const Status& why) override {
     if (finished || why.is_ok()) return;
-    loop->fail(unavailable(name() + ": lost " + c.peer() + " in iteration " + std::to_string(iteration) +
-                           ": " + why.to_string()));
+    loop->fail(unavailable(name() + ": lost " + c.peer() + " in iteration " + std::to_string(iteration) + ": " +
+                           why.to_string()));
   }
 
-  WorkerReport make_report() const {
+  WorkerReport make_report() {
     WorkerReport r;
     r.worker_id = opts.worker_id;
     r.policy = opts.job.policy;
     r.congestion_control = congestion;
     const bool timestamps = std::all_of(conns.begin(), conns.end(), [](const auto& c) { return c->wire_timestamps(); });
     r.push_end = timestamps ? "transmit timestamps" : "acknowledgements";
-    r.iteration_times = iteration_times;
-    auto steady = [&](auto v) {
-      using T = typename decltype(v)::value_type;
-      if (static_cast<int>(v.size()) > opts.warmup) v.erase(v.begin(), v.begin() + opts.warmup);
-      if (v.empty()) return T{};
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    r.median_iteration = steady(iteration_times);
-    r.bytes_pushed_per_iteration = bytes_per_iteration;
-    r.units_per_iteration = units_per_iteration;
-    r.uplink_gbps = steady(gbps);
+    std::vector<double> gbps;
+    for (const IterationRecord& rec : training->records()) {
+      r.iteration_times.push_back(rec.time);
+      gbps.push_back(rec.gbps);
+    }
+    r.median_iteration = steady_median(r.iteration_times, opts.warmup);
+    r.bytes_pushed_per_iteration = training->records().back().traffic.bytes;
+    r.units_per_iteration = training->records().back().traffic.messages;
+    r.uplink_gbps = steady_median(gbps, opts.warmup);
     if (opts.nic_rate.bits_per_second > 0) r.uplink_utilisation = r.uplink_gbps / opts.nic_rate.gbps_value();
     r.queue_delay_p50 = transport::percentile(delays, 50);
     r.queue_delay_p99 = transport::percentile(delays, 99);
@@ -550,9 +442,14 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
     r.urgent_delay_p50 = transport::percentile(urgent_delays, 50);
     r.urgent_delay_p99 = transport::percentile(urgent_delays, 99);
     r.urgent_delay_max = transport::percentile(urgent_delays, 100);
-    r.iterations_verified = verified;
+    r.iterations_verified = known ? known->iterations_verified() : 0;
+    // The measured timeline, time 0 = the first backward pass (as in the simulator).
+    r.first_backward_at = training->first_backward_at();
+    for (TraceSpan& s : trace) {
+      s.start -= r.first_backward_at;
+      s.end -= r.first_backward_at;
+    }
     r.trace = std::move(trace);
-    r.first_backward_at = trace_origin;
     return r;
   }
 
@@ -565,42 +462,32 @@ struct Worker::Impl final : transport::FrameHandler, PushSink {
   transport::DataRules rules;
   std::string congestion;
   int hellos = 0;
-  // Buffers: one float per element, tensors back to back.
-  std::vector<std::size_t> tensor_base;
-  std::vector<float> grads, params;
-  // Compute chain.
-  std::int64_t iteration = 0;
-  int layer = 0;
-  bool blocked = false;
+  // The tensors: the caller's registry (or the known-content source this worker owns).
+  TensorSource* source = nullptr;
+  std::unique_ptr<KnownContent> known;
+  std::vector<TensorBuffer> buffers;  // by tensor id
+  // The loop and its seams (the exchange is this Impl).
+  std::unique_ptr<LoopTimer> timer;
+  std::unique_ptr<EmulatedCompute> gpu;
+  std::unique_ptr<TrainingLoop> training;
+  std::int64_t iteration = 0;  // the loop's iteration, as stamped on the wire
   bool finished = false;
-  TimeNs iteration_start = 0, last_rx = 0;
-  std::uint64_t rx_bytes_seen = 0;  // bytes read by the last watchdog check
-  std::vector<Bytes> layer_pulled;
-  std::vector<bool> layer_ready;
-  std::vector<TimeNs> ready_at;  // when each layer's last pulled byte arrived
-  TimeNs compute_free = 0;       // when the emulated GPU's current op is due to end
-  TimeNs trace_origin = 0;       // the first backward pass
+  TimeNs last_rx = 0;
+  std::uint64_t rx_bytes_seen = 0;     // bytes read by the last watchdog check
   std::vector<TimeNs> pull_header_at;  // by server: when the pull being read began
-  std::vector<TraceSpan> trace;
-  // "While pushing" (check_drained): gradient bytes made ready this iteration, since when
-  // some are undelivered (-1: none), and the iteration's total of such time.
+  std::vector<TraceSpan> trace;        // absolute times until make_report()
   static constexpr TimeNs kDrainPoll = 100 * kNsPerUs;
-  // Since when the transport holds undelivered bytes (-1: none), this iteration's total of
-  // such time, and the rate the bandwidth monitor reports (start_backward).
+  // Since when the transport holds undelivered bytes (-1: none), and this iteration's
+  // total of such time (the bandwidth monitor's busy time).
   TimeNs transport_since = -1, transport_total = 0;
-  double monitor_bps = 0;
-  Bytes ready_bytes = 0;
-  TimeNs pending_since = -1, pending_total = 0;
   transport::EventLoop::TimerId drain_timer = 0;
   std::map<Key, Outstanding> outstanding;  // pushed this iteration, not yet acked and pulled
   TensorId urgent_end = 0;
-  // Metrics.
-  std::vector<TimeNs> iteration_times, delays, urgent_delays;
-  std::vector<double> gbps;
+  // This iteration's traffic, and the queueing delays.
   std::uint64_t bytes_at_start = 0;
-  Bytes bytes_pushed = 0, bytes_per_iteration = 0;
-  std::int64_t units_pushed = 0, units_per_iteration = 0;
-  int verified = 0;
+  Bytes bytes_pushed = 0;
+  std::int64_t units_pushed = 0;
+  std::vector<TimeNs> delays, urgent_delays;
 };
 
 Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -31,6 +31,7 @@
 #include "quicksilver/core/units.h"
 #include "quicksilver/model/profile.h"
 #include "quicksilver/policy/options.h"
+#include "quicksilver/runtime/tensors.h"
 #include "quicksilver/transport/socket.h"
 
 namespace qs::runtime {
@@ -71,7 +72,9 @@ struct WorkerOptions {
   // Compute slowdown: every profiled time is multiplied by this (1 = as profiled, 0 = no
   // compute wait at all).
   double compute_factor = 1.0;
-  // Fill gradients with known content and check every pulled sum exactly.
+  // The gradient and parameter buffers (not owned; must outlive run()). nullptr: synthetic
+  // tensors with known content (KnownContent), their sums checked exactly when `verify`.
+  TensorSource* tensors = nullptr;
   bool verify = true;
   // The NIC rate to compare measured uplink throughput with (0 = unknown).
   Rate nic_rate{0};
