@@ -307,3 +307,115 @@ TEST(Runtime, UrgentLayerQueueingDelayStaysSmall) {
 
 }  // namespace
 }  // namespace qs::runtime
+
+namespace qs::runtime {
+namespace {
+
+// A caller's own tensors (as the PyTorch integration registers a model's): one buffer per
+// tensor, the sum pulled in place over the gradient. Every worker's gradient element i of
+// tensor t in iteration k is (w + 1) * (t + k + 1) + (i % 7), so the sum over N workers is
+// known; each layer is reported ready once per iteration, after all its sums landed.
+class InPlaceTensors final : public TensorSource {
+ public:
+  InPlaceTensors(const Profile& p, int worker, int workers) : layout_(p), worker_(worker), workers_(workers) {
+    for (const TensorInfo& t : layout_.tensors()) data_.emplace_back(static_cast<std::size_t>(t.bytes / 4), 0.0f);
+    ready_.assign(static_cast<std::size_t>(layout_.num_layers()), 0);
+  }
+  std::vector<TensorBuffer> tensors() override {
+    std::vector<TensorBuffer> r;
+    for (const TensorInfo& t : layout_.tensors()) {
+      auto& d = data_[static_cast<std::size_t>(t.id)];
+      r.push_back(TensorBuffer{t.id, d.data(), d.data(), static_cast<std::int64_t>(d.size()), 10 * t.id + 3});
+    }
+    return r;
+  }
+  void on_backward(int layer, std::int64_t it) override {
+    for (TensorId t = layout_.first_tensor(layer); t < layout_.end_tensor(layer); ++t) {
+      auto& d = data_[static_cast<std::size_t>(t)];
+      for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<float>(value(worker_, t, it, i));
+    }
+  }
+  Status on_layer_ready(int layer, std::int64_t it) override {
+    ++ready_[static_cast<std::size_t>(layer)];
+    for (TensorId t = layout_.first_tensor(layer); t < layout_.end_tensor(layer); ++t) {
+      const auto& d = data_[static_cast<std::size_t>(t)];
+      for (std::size_t i = 0; i < d.size(); ++i) {
+        double want = 0;
+        for (int w = 0; w < workers_; ++w) want += value(w, t, it, i);
+        if (d[i] != static_cast<float>(want)) {
+          return internal_error("tensor " + std::to_string(t) + " element " + std::to_string(i) + " is " +
+                           std::to_string(d[i]) + ", not " + std::to_string(want));
+        }
+      }
+    }
+    return Status::ok();
+  }
+  const std::vector<int>& ready() const { return ready_; }
+
+ private:
+  static double value(int w, TensorId t, std::int64_t it, std::size_t i) {
+    return (w + 1) * (t + it + 1) + static_cast<double>(i % 7);
+  }
+  TensorLayout layout_;
+  int worker_, workers_;
+  std::vector<std::vector<float>> data_;
+  std::vector<int> ready_;
+};
+
+TEST(Runtime, PullsSumsIntoTheCallersBuffersAndReportsEachLayerOnce) {
+  const JobOptions job = small_job("mercury", 3, 2);
+  std::vector<std::unique_ptr<InPlaceTensors>> sources;
+  for (int w = 0; w < job.workers; ++w) sources.push_back(std::make_unique<InPlaceTensors>(job.profile, w, job.workers));
+  ClusterRun r = run_cluster(job, [&](WorkerOptions& w) { w.tensors = sources[static_cast<std::size_t>(w.worker_id)].get(); });
+  for (const Status& s : r.servers) EXPECT_TRUE(s.is_ok()) << s.to_string();
+  for (const auto& w : r.workers) ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  for (const auto& s : sources) {
+    EXPECT_EQ(s->ready(), std::vector<int>(job.profile.layers.size(), job.iterations));
+  }
+}
+
+TEST(Runtime, RefusesARegistryThatDoesNotMatchTheProfile) {
+  JobOptions job = small_job("mercury", 1, 1);
+  struct Bad final : TensorSource {
+    std::vector<float> buf = std::vector<float>(8);
+    std::vector<TensorBuffer> tensors() override { return {TensorBuffer{0, buf.data(), buf.data(), 8, 0}}; }
+  } bad;
+  WorkerOptions wo;
+  wo.job = job;
+  wo.servers = {Endpoint{"127.0.0.1", 1}};
+  wo.tensors = &bad;
+  auto w = Worker::create(wo);
+  ASSERT_FALSE(w.is_ok());
+  EXPECT_THAT(w.status().to_string(), HasSubstr("the tensor registry has 1 tensors, the profile 8"));
+  const TensorLayout layout(job.profile);
+  InPlaceTensors good(job.profile, 0, 1);
+  auto reg = good.tensors();
+  EXPECT_TRUE(check_registry(reg, layout).is_ok());
+  reg[2].elements += 1;
+  EXPECT_THAT(check_registry(reg, layout).to_string(), HasSubstr("entry 2 has"));
+  reg = good.tensors();
+  reg[3].priority = reg[2].priority;
+  EXPECT_THAT(check_registry(reg, layout).to_string(), HasSubstr("priorities must increase"));
+  reg = good.tensors();
+  reg[1].sum = nullptr;
+  EXPECT_THAT(check_registry(reg, layout).to_string(), HasSubstr("a buffer is missing"));
+}
+
+// The oracle moves no byte: the same loop runs the compute chain alone, so an iteration
+// takes the compute time (plus the loop's wake-up latency), and the servers see only
+// hellos and byes.
+TEST(Runtime, OracleRunsTheComputeChainAlone) {
+  const JobOptions job = small_job("oracle", 2, 1);
+  ClusterRun r = run_cluster(job);
+  for (const Status& s : r.servers) EXPECT_TRUE(s.is_ok()) << s.to_string();
+  for (const auto& w : r.workers) {
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    EXPECT_EQ(w->bytes_pushed_per_iteration, 0);
+    EXPECT_EQ(static_cast<int>(w->iteration_times.size()), job.iterations);
+    EXPECT_GE(w->median_iteration, job.profile.compute_time());
+    EXPECT_LT(w->median_iteration, job.profile.compute_time() + 50 * kNsPerMs);
+  }
+}
+
+}  // namespace
+}  // namespace qs::runtime
