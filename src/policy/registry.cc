@@ -115,7 +115,12 @@ std::string Knob::format(const PolicyOptions& o) const {
 
 std::string Knob::display(const PolicyOptions& o) const {
   switch (type) {
-    case KnobType::kBytes: return format_size(get_int(o));
+    case KnobType::kBytes: {
+      // The short form where it is exact ("32KiB", "4MB"), else bytes ("4096000B").
+      const std::string s = format_size(get_int(o));
+      auto back = parse_size(s);
+      return back && *back == get_int(o) ? s : std::to_string(get_int(o)) + "B";
+    }
     case KnobType::kTime: return format_time(get_int(o));
     default: return format(o);
   }
