@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,48 +25,42 @@ struct SimFlags {
   std::string bandwidth = "10Gbps";
   std::string latency = "0us";
   std::string allreduce = "ring";
-  std::string packet_size, partition_size, credit_size, slice_size, startup_time, split_threshold;
   std::string bandwidth_trace;
   std::string compute_factor;
   std::string reduction_rate, allreduce_a, allreduce_b, allreduce_fit;
-  std::optional<double> deft_mu, deft_epsilon;
-  std::string ddp_bucket_size, ddp_first_bucket_size, deft_partition_size;
-  std::optional<int> deft_exact_items;
   double second_link = 0;
-  std::string prophet_partition_size;
-  bool prophet_overrun = false;
   int iterations = 5;
   int warmup = 1;
   std::string statistic = "median";
   std::uint64_t seed = 1;
   bool json = false;
   std::string trace;
-};
-
-// Everything a simulate/run invocation needs, validated.
-struct Job {
-  Profile profile;
-  std::vector<std::string> policies;
-  PolicyOptions policy_options;
-  ClusterConfig cluster;
-  SimOptions sim;
+  // The policy knobs, by knob name (generated from the registry's table): the text of a
+  // valued flag as given, or "true" for a switch given (absent: the knob's default).
+  std::map<std::string, std::string> knobs;
+  std::map<std::string, bool> switches;
 };
 
 void add_sim_flags(CLI::App* app, SimFlags* f);
 // Validates flags into a Job; errors name the flag.
 Result<Job> make_job(const SimFlags& f);
 
-struct Row {
-  SimResult result;
-  std::optional<SimResult> predicted;  // runtime rows: the simulator's prediction
-};
+using Row = ResultRow;
 // Prints the human-readable table (stdout).
 void print_table(const Job& job, const std::vector<Row>& rows, const std::string& title);
 // Prints the --json document (stdout). `goodput`: the measured TCP goodput of the links
 // as a fraction of the nominal rate (run --netns), put into the config when given.
 void print_json(const Job& job, const std::vector<Row>& rows, std::optional<double> goodput = std::nullopt);
 
+// Prints "PREFIX: MESSAGE" on stderr and returns `code`: every command's error exit (2:
+// bad input, naming the flag; 1: a run that failed).
+int fail(std::string_view prefix, std::string_view message, int code = 2);
+inline int fail(std::string_view prefix, const Status& s, int code = 2) { return fail(prefix, s.message(), code); }
+
 int run_models(const std::string& device, bool json);
+// `quicksilver policies`: the registry's policies and knobs; --markdown: the knob tables of
+// docs/policies-ps.md and docs/policies-allreduce.md.
+int run_policies(bool markdown, const std::string& architecture);
 int run_simulate(const SimFlags& f);
 
 }  // namespace qs::cli

@@ -18,6 +18,13 @@ int main(int argc, char** argv) {
   models->add_option("--device", models_device, "Device model for compute times (k80, gtx1080ti, v100, rtx3090, a100)");
   models->add_flag("--json", models_json, "Print JSON");
 
+  bool policies_markdown = false;
+  std::string policies_architecture = "ps";
+  CLI::App* policies = app.add_subcommand("policies", "List the registered policies and their knobs");
+  policies->add_option("--architecture", policies_architecture, "ps or allreduce")->capture_default_str();
+  policies->add_flag("--markdown", policies_markdown,
+                     "Print the knob table as docs/policies-ps.md and docs/policies-allreduce.md embed it");
+
   qs::cli::SimFlags sim_flags;
   CLI::App* simulate = app.add_subcommand("simulate", "Simulate schedulers on a model and network");
   qs::cli::add_sim_flags(simulate, &sim_flags);
@@ -52,6 +59,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (*models) return qs::cli::run_models(models_device, models_json);
+    if (*policies) return qs::cli::run_policies(policies_markdown, policies_architecture);
     if (*simulate) return qs::cli::run_simulate(sim_flags);
     if (*tune) return qs::cli::run_tune(tune_flags);
     if (*coordinator) return qs::cli::run_coordinator(coordinator_flags);

@@ -1,11 +1,46 @@
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 
 #include "commands.h"
 #include "quicksilver/model/zoo.h"
-#include "quicksilver/policy/ps_policy.h"
+#include "quicksilver/policy/registry.h"
 
 namespace qs::cli {
+namespace {
+
+// Who reads a knob, for its help: the architecture when every communicating policy of it
+// does ("ps"), else the policies ("bytescheduler/usbyte").
+std::string knob_scope(const Knob& k) {
+  const PolicyRegistry& reg = policy_registry();
+  const std::vector<std::string> users = reg.policies_using(k.name);
+  for (Architecture a : {Architecture::kPs, Architecture::kAllReduce}) {
+    bool all = true;
+    for (const std::string& n : reg.names(a)) {
+      const auto& knobs = reg.find(n, a)->knobs;
+      all &= n == "oracle" || std::find(knobs.begin(), knobs.end(), k.name) != knobs.end();
+    }
+    if (all) return architecture_name(a);
+  }
+  std::string s;
+  for (const std::string& n : users) s += (s.empty() ? "" : "/") + n;
+  return s;
+}
+
+// One flag per registered knob (include/quicksilver/policy/registry.h), in table order.
+void add_knob_flags(CLI::App* app, SimFlags* f) {
+  const PolicyOptions defaults;
+  for (const Knob* k : policy_registry().knobs()) {
+    const std::string help = knob_scope(*k) + ": " + k->help + " (default " + k->display(defaults) + ")";
+    if (k->type == KnobType::kBool) {
+      app->add_flag(k->flag, f->switches[k->name], help);
+    } else {
+      app->add_option(k->flag, f->knobs[k->name], help);
+    }
+  }
+}
+
+}  // namespace
 
 void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--model", f->model, "Built-in model name (see `quicksilver models`) or a profile JSON file")
@@ -23,12 +58,7 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--latency", f->latency, "One-way per-message latency (all-reduce: alpha), e.g. 50us")
       ->capture_default_str();
   app->add_option("--allreduce", f->allreduce, "All-reduce algorithm: ring, tree, rd, rhd")->capture_default_str();
-  app->add_option("--packet-size", f->packet_size, "mercury: packet payload (default 32KiB)");
-  app->add_option("--partition-size", f->partition_size, "bytescheduler/usbyte: partition size (default 4MB)");
-  app->add_option("--credit-size", f->credit_size, "bytescheduler: credit window (default 20MB)");
-  app->add_option("--slice-size", f->slice_size, "p3: slice size (default 200000B = 50,000 fp32 parameters)");
-  app->add_option("--startup-time", f->startup_time, "User-level per-partition startup time (default 200us)");
-  app->add_option("--split-threshold", f->split_threshold, "ps: tensors of at least this size are split over all servers (default 1MiB)");
+  add_knob_flags(app, f);
   app->add_option("--bandwidth-trace", f->bandwidth_trace,
                   "Time-varying bandwidth: a trace file of 'TIME RATE' lines, or random:MIN:MAX:PERIOD[:SEED]");
   app->add_option("--compute-factor", f->compute_factor,
@@ -37,17 +67,6 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--allreduce-a", f->allreduce_a, "All-reduce: a of T=a+bM directly (a time)");
   app->add_option("--allreduce-b", f->allreduce_b, "All-reduce: b of T=a+bM directly, as a rate (M/b per byte)");
   app->add_option("--allreduce-fit", f->allreduce_fit, "All-reduce: fit a and b to a file of 'SIZE TIME' lines");
-  app->add_option("--deft-mu", f->deft_mu, "deft: speed ratio of the two links (default 1.65)");
-  app->add_option("--deft-epsilon", f->deft_epsilon, "deft: Preserver epsilon (default 0.01)");
-  app->add_option("--deft-partition-size", f->deft_partition_size, "deft: bucket partition size (III-D; default 26MB)");
-  app->add_option("--deft-exact-items", f->deft_exact_items,
-                  "deft: solve knapsacks of at most this many buckets exactly (default 12)");
-  app->add_option("--prophet-partition-size", f->prophet_partition_size,
-                  "prophet: partition size blocks are assembled from (default 4096000B, BytePS's)");
-  app->add_flag("--prophet-overrun", f->prophet_overrun,
-                "prophet: let a block's last partition overrun its window (Alg. 1 line 7's other reading)");
-  app->add_option("--ddp-bucket-size", f->ddp_bucket_size, "ddp: bucket cap (default 25MiB)");
-  app->add_option("--ddp-first-bucket-size", f->ddp_first_bucket_size, "ddp: first bucket cap (default 1MiB)");
   app->add_option("--second-link", f->second_link,
                   "all-reduce: add a second link this many times slower than the first (DeFT III-C; 0 = none)");
   app->add_option("--iterations", f->iterations, "Iterations to simulate (warm-up included)")->capture_default_str();
@@ -62,15 +81,6 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
 }
 
 namespace {
-
-Status size_flag(const std::string& text, const char* flag, Bytes* out) {
-  if (text.empty()) return Status::ok();
-  auto v = parse_size(text);
-  if (!v) return v.status().with_context(flag);
-  if (*v <= 0) return invalid_argument(std::string(flag) + " must be positive");
-  *out = *v;
-  return Status::ok();
-}
 
 Status parse_compute_factor(const std::string& text, int workers, std::vector<double>* out) {
   if (text.empty()) return Status::ok();
@@ -158,42 +168,21 @@ Result<Job> make_job(const SimFlags& f) {
     if (!b) return b.status().with_context("--allreduce-b");
     job.cluster.allreduce_b_ns_per_byte = 1e9 / b->bytes_per_second();
   }
-  QS_RETURN_IF_ERROR(job.cluster.validate());
 
-  PolicyOptions& po = job.policy_options;
-  QS_RETURN_IF_ERROR(size_flag(f.packet_size, "--packet-size", &po.packet_size));
-  QS_RETURN_IF_ERROR(size_flag(f.partition_size, "--partition-size", &po.partition_size));
-  QS_RETURN_IF_ERROR(size_flag(f.credit_size, "--credit-size", &po.credit_size));
-  QS_RETURN_IF_ERROR(size_flag(f.slice_size, "--slice-size", &po.slice_size));
-  QS_RETURN_IF_ERROR(size_flag(f.split_threshold, "--split-threshold", &po.split_threshold));
-  if (!f.startup_time.empty()) {
-    auto t = parse_time(f.startup_time);
-    if (!t) return t.status().with_context("--startup-time");
-    po.startup_time = *t;
-  }
-  QS_RETURN_IF_ERROR(size_flag(f.ddp_bucket_size, "--ddp-bucket-size", &po.ddp_bucket_size));
-  QS_RETURN_IF_ERROR(size_flag(f.ddp_first_bucket_size, "--ddp-first-bucket-size", &po.ddp_first_bucket_size));
-  QS_RETURN_IF_ERROR(size_flag(f.prophet_partition_size, "--prophet-partition-size", &po.prophet_partition_size));
-  po.prophet_allow_overrun = f.prophet_overrun;
-  QS_RETURN_IF_ERROR(size_flag(f.deft_partition_size, "--deft-partition-size", &po.deft_partition_size));
-  if (f.deft_exact_items) {
-    if (*f.deft_exact_items < 0 || *f.deft_exact_items > 30) {
-      return invalid_argument("--deft-exact-items must be in 0..30");
-    }
-    po.deft_exact_max_items = *f.deft_exact_items;
-  }
   if (f.second_link != 0 && !(f.second_link >= 1 && f.second_link < 1e6)) {
     return invalid_argument("--second-link must be 0 (none) or a slowdown >= 1");
   }
   job.cluster.second_link_slowdown = f.second_link;
   QS_RETURN_IF_ERROR(job.cluster.validate());
-  if (f.deft_mu) {
-    if (!(*f.deft_mu > 0)) return invalid_argument("--deft-mu must be positive");
-    po.deft_mu = *f.deft_mu;
-  }
-  if (f.deft_epsilon) {
-    if (!(*f.deft_epsilon > 0 && *f.deft_epsilon < 1)) return invalid_argument("--deft-epsilon must be in (0, 1)");
-    po.deft_epsilon = *f.deft_epsilon;
+  PolicyOptions& po = job.policy_options;
+  for (const Knob* k : policy_registry().knobs()) {
+    if (k->type == KnobType::kBool) {
+      auto it = f.switches.find(k->name);
+      if (it != f.switches.end() && it->second) QS_RETURN_IF_ERROR(k->parse("true", &po));
+      continue;
+    }
+    auto it = f.knobs.find(k->name);
+    if (it != f.knobs.end() && !it->second.empty()) QS_RETURN_IF_ERROR(k->parse(it->second, &po));
   }
   po.seed = f.seed;
 
@@ -231,10 +220,7 @@ Result<Job> make_job(const SimFlags& f) {
 
 int run_models(const std::string& device_name, bool json) {
   auto device = find_device(device_name);
-  if (!device) {
-    std::cerr << "quicksilver: --device: " << device.status().message() << "\n";
-    return 2;
-  }
+  if (!device) return fail("quicksilver", device.status().with_context("--device"));
   if (json) {
     std::cout << "{\"device\": \"" << (*device)->name << "\", \"models\": [";
     bool first = true;
@@ -263,35 +249,43 @@ int run_models(const std::string& device_name, bool json) {
   return 0;
 }
 
+int fail(std::string_view prefix, std::string_view message, int code) {
+  std::cerr << prefix << ": " << message << "\n";
+  return code;
+}
+
 int run_simulate(const SimFlags& f) {
   auto job = make_job(f);
-  if (!job) {
-    std::cerr << "quicksilver: " << job.status().message() << "\n";
-    return 2;
-  }
-  std::vector<Row> rows;
-  std::vector<SimResult> traced;
-  for (const std::string& p : job->policies) {
-    auto r = simulate(job->profile, p, job->policy_options, job->cluster, job->sim);
-    if (!r) {
-      std::cerr << "quicksilver: " << p << ": " << r.status().message() << "\n";
-      return 2;
-    }
-    rows.push_back(Row{std::move(*r), std::nullopt});
-  }
+  if (!job) return fail("quicksilver", job.status());
+  auto rows = simulate(*job);
+  if (!rows) return fail("quicksilver", rows.status());
   if (!f.trace.empty()) {
     std::vector<SimResult> results;
-    for (const Row& row : rows) results.push_back(row.result);
+    for (const Row& row : *rows) results.push_back(row.result);
     Status s = write_chrome_trace(results, f.trace);
-    if (!s.is_ok()) {
-      std::cerr << "quicksilver: --trace: " << s.message() << "\n";
-      return 2;
-    }
+    if (!s.is_ok()) return fail("quicksilver", s.with_context("--trace"));
   }
   if (f.json) {
-    print_json(*job, rows);
+    print_json(*job, *rows);
   } else {
-    print_table(*job, rows, "simulated");
+    print_table(*job, *rows, "simulated");
+  }
+  return 0;
+}
+
+int run_policies(bool markdown, const std::string& architecture) {
+  auto arch = parse_architecture(architecture);
+  if (!arch) return fail("quicksilver", arch.status().with_context("--architecture"));
+  if (markdown) {
+    std::cout << knob_markdown(*arch);
+    return 0;
+  }
+  const PolicyRegistry& reg = policy_registry();
+  for (const std::string& n : reg.names(*arch)) {
+    const PolicySpec* p = reg.find(n, *arch);
+    std::string knobs;
+    for (const std::string& k : p->knobs) knobs += (knobs.empty() ? "" : ", ") + reg.find_knob(k)->flag;
+    std::printf("%-18s %s%s\n", n.c_str(), p->summary.c_str(), knobs.empty() ? "" : ("; knobs: " + knobs).c_str());
   }
   return 0;
 }

@@ -1,7 +1,6 @@
 #include "tune_command.h"
 
 #include <cstdio>
-#include <iostream>
 
 #include "quicksilver/sim/tuner.h"
 
@@ -25,13 +24,9 @@ int run_tune(const TuneFlags& f) {
   SimFlags sf = f.sim;
   sf.policy = "oracle";  // make_job validates the policy list; the tuner picks its own
   auto job = make_job(sf);
-  if (!job) {
-    std::cerr << "quicksilver: " << job.status().message() << "\n";
-    return 2;
-  }
+  if (!job) return fail("quicksilver", job.status());
   if (job->cluster.architecture != Architecture::kPs) {
-    std::cerr << "quicksilver: tune: bytescheduler and p3 run on --architecture ps\n";
-    return 2;
+    return fail("quicksilver", "tune: bytescheduler and p3 run on --architecture ps");
   }
   TuneOptions t;
   t.policy = f.tune_policy;
@@ -41,17 +36,12 @@ int run_tune(const TuneFlags& f) {
   t.starts = f.starts;
   auto lo = parse_size(f.min_size);
   auto hi = parse_size(f.max_size);
-  if (!lo || !hi) {
-    std::cerr << "quicksilver: " << (!lo ? lo.status().with_context("--tune-min") : hi.status().with_context("--tune-max")).message() << "\n";
-    return 2;
-  }
+  if (!lo) return fail("quicksilver", lo.status().with_context("--tune-min"));
+  if (!hi) return fail("quicksilver", hi.status().with_context("--tune-max"));
   t.min_size = *lo;
   t.max_size = *hi;
   auto r = tune(job->profile, job->policy_options, job->cluster, job->sim, t);
-  if (!r) {
-    std::cerr << "quicksilver: " << r.status().message() << "\n";
-    return 2;
-  }
+  if (!r) return fail("quicksilver", r.status());
   const bool p3 = t.policy == "p3";
   std::printf("tuned %s: %s %s", t.policy.c_str(), p3 ? "slice" : "partition", format_size(r->partition_size).c_str());
   if (!p3) std::printf(", credit %s", format_size(r->credit_size).c_str());
@@ -73,10 +63,7 @@ int run_tune(const TuneFlags& f) {
                                       {"mercury", "mercury", job->policy_options}};
   for (const Entry& e : entries) {
     auto s = simulate(job->profile, e.policy, e.options, job->cluster, job->sim);
-    if (!s) {
-      std::cerr << "quicksilver: " << e.label << ": " << s.status().message() << "\n";
-      return 2;
-    }
+    if (!s) return fail("quicksilver", s.status().with_context(e.label));
     s->policy = e.label;
     rows.push_back(Row{std::move(*s), std::nullopt});
   }

@@ -1,10 +1,11 @@
-// The all-reduce policies of the MG-WFBP and DeFT comparisons, plus the registry.
+// The all-reduce policies of the MG-WFBP and DeFT comparisons, and their registration.
 // US-Byte lives in usbyte.cc, DeFT in deft.cc, the MG-WFBP algorithms in mgwfbp.cc.
 #include <algorithm>
 
 #include "allreduce_plans.h"
 #include "allreduce_policies.h"
 #include "credit_window.h"
+#include "knob_table.h"
 #include "quicksilver/core/check.h"
 #include "quicksilver/policy/ps_policy.h"
 
@@ -23,9 +24,6 @@ Bytes CollectiveBucket::bytes() const {
 }
 
 namespace {
-
-const std::vector<std::string> kAllReducePolicies = {
-    "oracle", "wfbp", "synceasgd", "mgwfbp", "mgwfbp-opt", "ddp", "bytescheduler", "usbyte", "deft"};
 
 std::vector<Chunk> layer_chunks(const TensorLayout& layout, int layer) {
   std::vector<Chunk> v;
@@ -215,74 +213,73 @@ class ByteSchedulerAr final : public AllReducePolicy {
   std::int64_t iteration_ = 0;
 };
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
 
 }  // namespace
 
-const std::vector<std::string>& allreduce_policy_names() { return kAllReducePolicies; }
-
-Result<std::unique_ptr<AllReducePolicy>> make_allreduce_policy(std::string_view name,
-                                                               const PolicyOptions& o,
-                                                               const AllReduceContext& ctx) {
-  QS_CHECK(ctx.profile && ctx.layout && !ctx.links.empty());
-  if (std::find(kAllReducePolicies.begin(), kAllReducePolicies.end(), name) == kAllReducePolicies.end()) {
-    if (is_known_policy(name)) {
-      return invalid_argument("policy '" + std::string(name) +
-                              "' runs on the parameter-server architecture only (use --architecture "
-                              "ps); all-reduce policies: " + join(kAllReducePolicies));
-    }
-    return invalid_argument("unknown policy '" + std::string(name) + "' (known: " +
-                            join(kAllReducePolicies) + ")");
-  }
-  auto need_positive = [&](Bytes v, const char* flag) -> Status {
-    return v > 0 ? Status::ok()
-                 : invalid_argument(std::string(flag) + " must be positive for policy " + std::string(name));
-  };
+Status register_allreduce_policies(PolicyRegistry& r) {
   using Ptr = std::unique_ptr<AllReducePolicy>;
-  if (name == "oracle") return Ptr(new Oracle());
-  if (name == "wfbp" || name == "synceasgd" || name == "mgwfbp" || name == "mgwfbp-opt") {
-    const LearnableLayers ll = learnable_layers(ctx);
-    const std::size_t n = ll.layer.size();
-    MergeSet m(n, false);
-    std::vector<std::string> notes;
-    if (name == "synceasgd") {
-      // SyncEASGD as MG-WFBP models it (section V-B): one all-reduce of all gradients
-      // after the whole backward pass: every layer above layer 1 is merged.
-      for (std::size_t k = 1; k < n; ++k) m[k] = true;
-    } else if (name == "mgwfbp") {
-      m = mgwfbp_algorithm1(ll.problem);
-      notes.push_back(merge_note("Algorithm 1", ll, m));
-    } else if (name == "mgwfbp-opt") {
-      m = optimal_merge(ll.problem);
-      notes.push_back(merge_note("exact optimum", ll, m));
-    }
-    return Ptr(new StaticBuckets(std::string(name), buckets_from_merges(ctx, ll, m), std::move(notes)));
-  }
-  if (name == "ddp") {
-    QS_RETURN_IF_ERROR(need_positive(o.ddp_bucket_size, "ddp bucket size"));
-    QS_RETURN_IF_ERROR(need_positive(o.ddp_first_bucket_size, "ddp first bucket size"));
-    int count = 0;
-    auto at = ddp_buckets(ctx, o.ddp_first_bucket_size, o.ddp_bucket_size, &count);
-    return Ptr(new StaticBuckets("ddp", std::move(at),
-                                 {std::to_string(count) + " buckets (first " +
-                                  format_size(o.ddp_first_bucket_size) + ", then " +
-                                  format_size(o.ddp_bucket_size) + ")"}));
-  }
-  if (name == "bytescheduler") {
-    QS_RETURN_IF_ERROR(need_positive(o.partition_size, "--partition-size"));
-    QS_RETURN_IF_ERROR(need_positive(o.credit_size, "--credit-size"));
-    return Ptr(new ByteSchedulerAr(ctx, o.partition_size, o.credit_size, o.startup_time));
-  }
-  if (name == "usbyte") {
-    QS_RETURN_IF_ERROR(need_positive(o.partition_size, "--partition-size"));
-    QS_RETURN_IF_ERROR(need_positive(o.credit_size, "--credit-size"));
-    return make_usbyte(ctx, o);
-  }
-  return make_deft(ctx, o);
+  // wfbp, synceasgd, mgwfbp and mgwfbp-opt: a fixed merge of layers into buckets.
+  auto merged = [](std::string name) {
+    return [name](const PolicyOptions&, const AllReduceContext& ctx) -> Result<Ptr> {
+      const LearnableLayers ll = learnable_layers(ctx);
+      const std::size_t n = ll.layer.size();
+      MergeSet m(n, false);
+      std::vector<std::string> notes;
+      if (name == "synceasgd") {
+        // SyncEASGD as MG-WFBP models it (section V-B): one all-reduce of all gradients
+        // after the whole backward pass: every layer above layer 1 is merged.
+        for (std::size_t k = 1; k < n; ++k) m[k] = true;
+      } else if (name == "mgwfbp") {
+        m = mgwfbp_algorithm1(ll.problem);
+        notes.push_back(merge_note("Algorithm 1", ll, m));
+      } else if (name == "mgwfbp-opt") {
+        m = optimal_merge(ll.problem);
+        notes.push_back(merge_note("exact optimum", ll, m));
+      }
+      return Ptr(new StaticBuckets(name, buckets_from_merges(ctx, ll, m), std::move(notes)));
+    };
+  };
+  std::vector<Knob> knobs = {
+      {.name = "ddp_bucket_size", .flag = "--ddp-bucket-size", .type = KnobType::kBytes, .help = "bucket cap",
+       .scales = true, .field = knob_field(&DdpOptions::ddp_bucket_size)},
+      {.name = "ddp_first_bucket_size", .flag = "--ddp-first-bucket-size", .type = KnobType::kBytes,
+       .help = "first bucket cap", .scales = true, .field = knob_field(&DdpOptions::ddp_first_bucket_size)},
+  };
+  constexpr Architecture kAr = Architecture::kAllReduce;
+  std::vector<PolicySpec> policies = {
+      {.name = "oracle", .architecture = kAr, .summary = "compute only: no gradient is reduced", .rank = 0,
+       .make_allreduce = [](const PolicyOptions&, const AllReduceContext&) -> Result<Ptr> {
+         return Ptr(new Oracle());
+       }},
+      {.name = "wfbp", .architecture = kAr, .summary = "one all-reduce per layer", .rank = 10,
+       .make_allreduce = merged("wfbp")},
+      {.name = "synceasgd", .architecture = kAr, .summary = "one all-reduce after the backward pass", .rank = 20,
+       .make_allreduce = merged("synceasgd")},
+      {.name = "mgwfbp", .architecture = kAr, .summary = "layers merged by MG-WFBP Algorithm 1", .rank = 30,
+       .make_allreduce = merged("mgwfbp")},
+      {.name = "mgwfbp-opt", .architecture = kAr, .summary = "the exact optimal merge", .rank = 40,
+       .make_allreduce = merged("mgwfbp-opt")},
+      {.name = "ddp", .architecture = kAr, .summary = "PyTorch DDP buckets",
+       .knobs = {"ddp_bucket_size", "ddp_first_bucket_size"}, .rank = 50,
+       .make_allreduce = [](const PolicyOptions& o, const AllReduceContext& ctx) -> Result<Ptr> {
+         QS_RETURN_IF_ERROR(need_positive(o.ddp_bucket_size, "ddp bucket size", "ddp"));
+         QS_RETURN_IF_ERROR(need_positive(o.ddp_first_bucket_size, "ddp first bucket size", "ddp"));
+         int count = 0;
+         auto at = ddp_buckets(ctx, o.ddp_first_bucket_size, o.ddp_bucket_size, &count);
+         return Ptr(new StaticBuckets("ddp", std::move(at),
+                                      {std::to_string(count) + " buckets (first " +
+                                       format_size(o.ddp_first_bucket_size) + ", then " +
+                                       format_size(o.ddp_bucket_size) + ")"}));
+       }},
+      {.name = "bytescheduler", .architecture = kAr, .summary = "partitions through a credit window",
+       .knobs = {"partition_size", "credit_size", "startup_time"}, .rank = 60,
+       .make_allreduce = [](const PolicyOptions& o, const AllReduceContext& ctx) -> Result<Ptr> {
+         QS_RETURN_IF_ERROR(need_positive(o.partition_size, "--partition-size", "bytescheduler"));
+         QS_RETURN_IF_ERROR(need_positive(o.credit_size, "--credit-size", "bytescheduler"));
+         return Ptr(new ByteSchedulerAr(ctx, o.partition_size, o.credit_size, o.startup_time));
+       }},
+  };
+  return r.add(std::move(knobs), std::move(policies));
 }
 
 }  // namespace qs

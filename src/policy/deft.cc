@@ -34,6 +34,7 @@
 #include <limits>
 
 #include "allreduce_policies.h"
+#include "knob_table.h"
 #include "quicksilver/core/check.h"
 
 namespace qs {
@@ -598,6 +599,52 @@ Result<std::unique_ptr<AllReducePolicy>> make_deft(const AllReduceContext& ctx, 
   p->set_preserver(retries, ratio, std::move(cycle));
   p->split_buckets_ = split;
   return std::unique_ptr<AllReducePolicy>(std::move(p));
+}
+
+Status register_deft(PolicyRegistry& r) {
+  auto knob = [](const char* name, const char* flag, KnobType type, const char* help, auto field,
+                 bool (*accepts)(double) = nullptr, const char* requirement = "") {
+    return Knob{.name = name, .flag = flag, .type = type, .help = help, .field = knob_field(field),
+                .accepts = accepts, .requirement = requirement};
+  };
+  std::vector<Knob> knobs = {
+      knob("deft_mu", "--deft-mu", KnobType::kDouble, "speed ratio of the two links", &DeftOptions::deft_mu,
+           knob_positive, "must be positive"),
+      knob("deft_epsilon", "--deft-epsilon", KnobType::kDouble, "Preserver epsilon", &DeftOptions::deft_epsilon,
+           [](double v) { return v > 0 && v < 1; }, "must be in (0, 1)"),
+      knob("deft_partition_size", "--deft-partition-size", KnobType::kBytes, "bucket partition size (III-D)",
+           &DeftOptions::deft_partition_size),
+      knob("deft_exact_max_items", "--deft-exact-items", KnobType::kInt,
+           "solve knapsacks of at most this many buckets exactly", &DeftOptions::deft_exact_max_items,
+           [](double v) { return v >= 0 && v <= 30; }, "must be in 0..30"),
+      knob("deft_max_retries", "--deft-max-retries", KnobType::kInt, "Preserver: capacity raises at most",
+           &DeftOptions::deft_max_retries, [](double v) { return v >= 0 && v <= 100; }, "must be in 0..100"),
+      knob("deft_capacity_step", "--deft-capacity-step", KnobType::kDouble,
+           "Preserver: each retry multiplies the knapsack capacities by 1 + this", &DeftOptions::deft_capacity_step,
+           knob_positive, "must be positive"),
+      knob("deft_horizon", "--deft-horizon", KnobType::kInt, "Preserver: iterations of the dry run",
+           &DeftOptions::deft_horizon, [](double v) { return v >= 2 && v <= 1000; }, "must be in 2..1000"),
+      knob("deft_loss_s0", "--deft-loss-s0", KnobType::kDouble, "Preserver loss model: start state s_A",
+           &DeftOptions::deft_loss_s0),
+      knob("deft_loss_target", "--deft-loss-target", KnobType::kDouble, "Preserver loss model: objective S*",
+           &DeftOptions::deft_loss_target),
+      knob("deft_lr", "--deft-lr", KnobType::kDouble, "Preserver loss model: learning rate eta",
+           &DeftOptions::deft_lr),
+      knob("deft_loss_mu", "--deft-loss-mu", KnobType::kDouble, "Preserver loss model: per-sample gradient mean",
+           &DeftOptions::deft_loss_mu),
+      knob("deft_loss_sigma", "--deft-loss-sigma", KnobType::kDouble,
+           "Preserver loss model: per-sample gradient deviation", &DeftOptions::deft_loss_sigma),
+  };
+  // The partitions and buckets are byte sizes of the model's tensors.
+  knobs[2].scales = true;
+  std::vector<std::string> names;
+  for (const Knob& k : knobs) names.push_back(k.name);
+  return r.add(std::move(knobs), {{.name = "deft", .architecture = Architecture::kAllReduce,
+                                   .summary = "delayed updates: two knapsacks per stage over two links",
+                                   .knobs = std::move(names), .rank = 80,
+                                   .make_allreduce = [](const PolicyOptions& o, const AllReduceContext& ctx) {
+                                     return make_deft(ctx, o);
+                                   }}});
 }
 
 }  // namespace qs

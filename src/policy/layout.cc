@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "knob_table.h"
 #include "quicksilver/core/check.h"
 
 namespace qs {
@@ -92,6 +93,14 @@ std::vector<Chunk> split_chunk(const Chunk& c, Bytes max_bytes, Bytes align) {
     out.push_back(Chunk{c.tensor, c.offset + off, std::min(step, c.length - off)});
   }
   return out;
+}
+
+// The knob every PS policy shares: where a tensor is split over all servers.
+Status register_placement_knobs(PolicyRegistry& r) {
+  return r.add({{.name = "split_threshold", .flag = "--split-threshold", .type = KnobType::kBytes,
+                 .help = "tensors of at least this size are split over all servers", .scales = true,
+                 .field = knob_field(&PlacementOptions::split_threshold)}},
+               {});
 }
 
 }  // namespace qs

@@ -57,6 +57,7 @@
 #include <algorithm>
 #include <set>
 
+#include "knob_table.h"
 #include "ps_policies.h"
 #include "quicksilver/core/check.h"
 
@@ -180,6 +181,19 @@ Result<std::unique_ptr<PsPolicy>> make_prophet_policy(const PolicyOptions& optio
   if (options.startup_time < 0) return invalid_argument("--startup-time must be >= 0");
   if (context.bandwidth.bits_per_second <= 0) return invalid_argument("prophet needs a positive bandwidth");
   return std::unique_ptr<PsPolicy>(new Prophet(options, context));
+}
+
+Status register_prophet(PolicyRegistry& r) {
+  return r.add(
+      {{.name = "prophet_partition_size", .flag = "--prophet-partition-size", .type = KnobType::kBytes,
+        .help = "partition size blocks are assembled from (BytePS's)", .scales = true,
+        .field = knob_field(&ProphetOptions::prophet_partition_size)},
+       {.name = "prophet_allow_overrun", .flag = "--prophet-overrun", .type = KnobType::kBool,
+        .help = "let a block's last partition overrun its window (Alg. 1 line 7's other reading)",
+        .field = knob_field(&ProphetOptions::prophet_allow_overrun)}},
+      {{.name = "prophet", .summary = "blocks of partitions planned from the step pattern",
+        .knobs = {"prophet_partition_size", "prophet_allow_overrun", "startup_time", "split_threshold"},
+        .rank = 50, .make_ps = make_prophet_policy}});
 }
 
 }  // namespace qs

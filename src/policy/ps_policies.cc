@@ -1,9 +1,10 @@
 // The parameter-server policies of the Mercury paper's comparison (sections III and V-B),
-// plus the registry. Prophet lives in prophet.cc.
+// and their registration (knob tables included). Prophet lives in prophet.cc.
 #include <algorithm>
 #include <functional>
 
 #include "credit_window.h"
+#include "knob_table.h"
 #include "ps_policies.h"
 #include "quicksilver/core/check.h"
 
@@ -148,18 +149,6 @@ class CreditScheduler final : public PsPolicy {
   CreditWindow<PushUnit> window_;
 };
 
-const std::vector<std::string> kAllPolicies = {
-    "oracle", "wfbp", "synceasgd", "mgwfbp", "mgwfbp-opt", "p3", "tictac", "bytescheduler",
-    "usbyte", "ddp", "prophet", "deft", "mercury", "mercury-nopreempt"};
-const std::vector<std::string> kPsPolicies = {"oracle", "wfbp", "p3", "tictac", "bytescheduler",
-                                              "prophet", "mercury-nopreempt", "mercury"};
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
-
 }  // namespace
 
 Status check_push_unit(const PushUnit& u, const TensorLayout& layout, const Placement& placement) {
@@ -181,46 +170,57 @@ Status check_push_unit(const PushUnit& u, const TensorLayout& layout, const Plac
   return Status::ok();
 }
 
-const std::vector<std::string>& all_policy_names() { return kAllPolicies; }
-const std::vector<std::string>& ps_policy_names() { return kPsPolicies; }
-bool is_known_policy(std::string_view name) {
-  return std::find(kAllPolicies.begin(), kAllPolicies.end(), name) != kAllPolicies.end();
-}
-
-Result<std::unique_ptr<PsPolicy>> make_ps_policy(std::string_view name,
-                                                 const PolicyOptions& o,
-                                                 const PsContext& ctx) {
-  QS_CHECK(ctx.profile && ctx.layout && ctx.placement);
-  if (!is_known_policy(name)) {
-    return invalid_argument("unknown policy '" + std::string(name) + "' (known: " +
-                            join(kAllPolicies) + ")");
-  }
-  auto need_positive = [&](Bytes v, const char* flag) -> Status {
-    return v > 0 ? Status::ok()
-                 : invalid_argument(std::string(flag) + " must be positive for policy " +
-                                    std::string(name));
+Status register_ps_policies(PolicyRegistry& r) {
+  using Ptr = std::unique_ptr<PsPolicy>;
+  std::vector<Knob> knobs = {
+      {.name = "packet_size", .flag = "--packet-size", .type = KnobType::kBytes,
+       .help = "packet payload", .field = knob_field(&MercuryOptions::packet_size)},
+      {.name = "partition_size", .flag = "--partition-size", .type = KnobType::kBytes,
+       .help = "partition size", .scales = true, .field = knob_field(&ByteSchedulerOptions::partition_size)},
+      {.name = "credit_size", .flag = "--credit-size", .type = KnobType::kBytes,
+       .help = "credit window", .scales = true, .field = knob_field(&ByteSchedulerOptions::credit_size)},
+      {.name = "slice_size", .flag = "--slice-size", .type = KnobType::kBytes,
+       .help = "slice size (P3: 50,000 fp32 parameters)", .scales = true, .field = knob_field(&P3Options::slice_size)},
+      {.name = "startup_time", .flag = "--startup-time", .type = KnobType::kTime,
+       .help = "user-level startup time per partition, slice or block (Mercury III-A)",
+       .field = knob_field(&StartupOptions::startup_time)},
   };
-  if (name == "oracle") return std::unique_ptr<PsPolicy>(new Oracle());
-  if (name == "wfbp") return std::unique_ptr<PsPolicy>(new TensorLevel(ctx, false));
-  if (name == "tictac") return std::unique_ptr<PsPolicy>(new TensorLevel(ctx, true));
-  if (name == "mercury" || name == "mercury-nopreempt") {
-    QS_RETURN_IF_ERROR(need_positive(o.packet_size, "--packet-size"));
-    return std::unique_ptr<PsPolicy>(new Mercury(ctx, o.packet_size, name == "mercury"));
-  }
-  if (name == "p3") {
-    QS_RETURN_IF_ERROR(need_positive(o.slice_size, "--slice-size"));
-    return std::unique_ptr<PsPolicy>(new CreditScheduler("p3", ctx, o.slice_size, 0, o.startup_time));
-  }
-  if (name == "bytescheduler") {
-    QS_RETURN_IF_ERROR(need_positive(o.partition_size, "--partition-size"));
-    QS_RETURN_IF_ERROR(need_positive(o.credit_size, "--credit-size"));
-    return std::unique_ptr<PsPolicy>(new CreditScheduler("bytescheduler", ctx, o.partition_size,
-                                                         o.credit_size, o.startup_time));
-  }
-  if (name == "prophet") return make_prophet_policy(o, ctx);
-  return invalid_argument("policy '" + std::string(name) +
-                          "' runs on the all-reduce architecture only (use --architecture "
-                          "allreduce); parameter-server policies: " + join(kPsPolicies));
+  auto mercury = [](bool preempt) {
+    return [preempt](const PolicyOptions& o, const PsContext& ctx) -> Result<Ptr> {
+      QS_RETURN_IF_ERROR(need_positive(o.packet_size, "--packet-size", preempt ? "mercury" : "mercury-nopreempt"));
+      return Ptr(new Mercury(ctx, o.packet_size, preempt));
+    };
+  };
+  std::vector<PolicySpec> policies = {
+      {.name = "oracle", .summary = "compute only: no gradient leaves the worker", .rank = 0,
+       .make_ps = [](const PolicyOptions&, const PsContext&) -> Result<Ptr> { return Ptr(new Oracle()); }},
+      {.name = "wfbp", .summary = "a tensor's slice per server, FIFO", .knobs = {"split_threshold"}, .rank = 10,
+       .make_ps = [](const PolicyOptions&, const PsContext& ctx) -> Result<Ptr> {
+         return Ptr(new TensorLevel(ctx, false));
+       }},
+      {.name = "p3", .summary = "slices, stop-and-wait", .knobs = {"slice_size", "startup_time", "split_threshold"},
+       .rank = 20,
+       .make_ps = [](const PolicyOptions& o, const PsContext& ctx) -> Result<Ptr> {
+         QS_RETURN_IF_ERROR(need_positive(o.slice_size, "--slice-size", "p3"));
+         return Ptr(new CreditScheduler("p3", ctx, o.slice_size, 0, o.startup_time));
+       }},
+      {.name = "tictac", .summary = "whole tensors by priority", .knobs = {"split_threshold"}, .rank = 30,
+       .make_ps = [](const PolicyOptions&, const PsContext& ctx) -> Result<Ptr> {
+         return Ptr(new TensorLevel(ctx, true));
+       }},
+      {.name = "bytescheduler", .summary = "partitions through a credit window",
+       .knobs = {"partition_size", "credit_size", "startup_time", "split_threshold"}, .rank = 40,
+       .make_ps = [](const PolicyOptions& o, const PsContext& ctx) -> Result<Ptr> {
+         QS_RETURN_IF_ERROR(need_positive(o.partition_size, "--partition-size", "bytescheduler"));
+         QS_RETURN_IF_ERROR(need_positive(o.credit_size, "--credit-size", "bytescheduler"));
+         return Ptr(new CreditScheduler("bytescheduler", ctx, o.partition_size, o.credit_size, o.startup_time));
+       }},
+      {.name = "mercury-nopreempt", .summary = "packets, FIFO", .knobs = {"packet_size", "split_threshold"},
+       .rank = 60, .make_ps = mercury(false)},
+      {.name = "mercury", .summary = "packets by priority (preemption at packet granularity)",
+       .knobs = {"packet_size", "split_threshold"}, .rank = 70, .make_ps = mercury(true)},
+  };
+  return r.add(std::move(knobs), std::move(policies));
 }
 
 }  // namespace qs

@@ -20,6 +20,7 @@
 
 #include "allreduce_plans.h"
 #include "allreduce_policies.h"
+#include "knob_table.h"
 #include "quicksilver/core/check.h"
 
 namespace qs {
@@ -294,6 +295,18 @@ class UsByte final : public AllReducePolicy {
 
 std::unique_ptr<AllReducePolicy> make_usbyte(const AllReduceContext& ctx, const PolicyOptions& o) {
   return std::make_unique<UsByte>(ctx, o);
+}
+
+Status register_usbyte(PolicyRegistry& r) {
+  return r.add({}, {{.name = "usbyte", .architecture = Architecture::kAllReduce,
+                     .summary = "unequal blocks in a non-sequential plan order, credit window",
+                     .knobs = {"partition_size", "credit_size", "startup_time"}, .rank = 70,
+                     .make_allreduce = [](const PolicyOptions& o, const AllReduceContext& ctx)
+                         -> Result<std::unique_ptr<AllReducePolicy>> {
+                       QS_RETURN_IF_ERROR(need_positive(o.partition_size, "--partition-size", "usbyte"));
+                       QS_RETURN_IF_ERROR(need_positive(o.credit_size, "--credit-size", "usbyte"));
+                       return make_usbyte(ctx, o);
+                     }}});
 }
 
 }  // namespace qs

@@ -1,6 +1,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "quicksilver/policy/registry.h"
 #include "quicksilver/transport/sender.h"
 #include "runtime_internal.h"
 
@@ -60,11 +61,10 @@ std::uint64_t profile_hash(const Profile& p) {
 }
 
 std::uint64_t config_hash(const JobOptions& job) {
-  const PolicyOptions& o = job.policy_options;
-  std::ostringstream s;
-  s << job.policy << '|' << o.packet_size << '|' << o.partition_size << '|' << o.credit_size << '|'
-    << o.slice_size << '|' << o.split_threshold << '|' << job.iterations;
-  return transport::fnv1a64(s.str());
+  // Every hashed knob of the registry's table (quicksilver/policy/registry.h), so that a
+  // knob added there cannot be left out here.
+  return transport::fnv1a64(job.policy + "|iterations=" + std::to_string(job.iterations) + "|" +
+                            hashed_knob_text(job.policy_options));
 }
 
 transport::HelloBody hello_body(const JobOptions& job) {
@@ -82,8 +82,9 @@ std::string hello_mismatch(const transport::HelloBody& a, const transport::Hello
   }
   if (a.profile_hash != b.profile_hash) return "profile differs (hash mismatch)";
   if (a.config_hash != b.config_hash) {
-    return "policy configuration differs (policy, packet/partition/credit/slice size, split "
-           "threshold or iterations; hash mismatch)";
+    // The hello carries one hash: it tells that the configurations differ, not where.
+    return "policy configuration differs (one of: policy, iterations, " + hashed_knob_names() +
+           "; hash mismatch)";
   }
   return {};
 }

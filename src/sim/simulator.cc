@@ -37,4 +37,14 @@ Result<SimResult> simulate(const Profile& profile, const std::string& policy,
   }
 }
 
+Result<std::vector<ResultRow>> simulate(const Job& job) {
+  std::vector<ResultRow> rows;
+  for (const std::string& p : job.policies) {
+    auto r = simulate(job.profile, p, job.policy_options, job.cluster, job.sim);
+    if (!r) return r.status().with_context(p);
+    rows.push_back(ResultRow{std::move(*r), std::nullopt});
+  }
+  return rows;
+}
+
 }  // namespace qs

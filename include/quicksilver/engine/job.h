@@ -1,7 +1,8 @@
 // The configuration of a training job that both engines run: the cluster (hosts, links,
 // all-reduce model, compute speeds) and the run (iterations, warm-up, statistic, seed).
 // One type for the simulator and the runtime, so that a run and its prediction are
-// configured by the same object.
+// configured by the same object. Job bundles them with the profile, the policies and their
+// knobs: what `simulate` and `run_cluster` (include/quicksilver/runtime/launcher.h) take.
 #pragma once
 
 #include <cstdint>
@@ -13,10 +14,13 @@
 #include "quicksilver/core/bandwidth_schedule.h"
 #include "quicksilver/core/status.h"
 #include "quicksilver/core/units.h"
+#include "quicksilver/model/profile.h"
+#include "quicksilver/policy/options.h"
+#include "quicksilver/policy/registry.h"
 
 namespace qs {
 
-enum class Architecture { kPs, kAllReduce };
+// Architecture (kPs, kAllReduce) is the registry's (quicksilver/policy/registry.h).
 // MG-WFBP Table II algorithms.
 enum class AllReduceAlgorithm { kRing, kTree, kRecursiveDoubling, kRecursiveHalvingDoubling };
 
@@ -70,6 +74,15 @@ struct SimOptions {
   // Checks, at every iteration's end and for every worker, that each gradient byte was
   // pushed exactly once and pulled exactly once. Costs time; tests turn it on.
   bool verify_bytes = false;
+};
+
+// Everything a simulate or run invocation needs, validated (the CLI builds it from flags).
+struct Job {
+  Profile profile;
+  std::vector<std::string> policies;  // run one after another, each on the same cluster
+  PolicyOptions policy_options;
+  ClusterConfig cluster;
+  SimOptions sim;
 };
 
 }  // namespace qs

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,13 @@ struct SimResult {
 };
 
 using RunResult = SimResult;
+
+// One row of a report: a policy's result and, for a measured run, the simulator's
+// prediction of the same configuration.
+struct ResultRow {
+  SimResult result;
+  std::optional<SimResult> predicted;
+};
 
 // Median of v[skip..] (the mean of the two middle values for an even count); of the last
 // element when skip >= v.size(). Precondition: !v.empty().

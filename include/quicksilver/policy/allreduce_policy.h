@@ -126,11 +126,12 @@ class AllReducePolicy {
   virtual std::vector<std::string> report() const { return {}; }
 };
 
-// The policies available on the all-reduce architecture, in display order:
-// oracle wfbp synceasgd mgwfbp mgwfbp-opt ddp bytescheduler usbyte deft.
-const std::vector<std::string>& allreduce_policy_names();
+// The policies available on the all-reduce architecture, in display order (built-in:
+// oracle wfbp synceasgd mgwfbp mgwfbp-opt ddp bytescheduler usbyte deft).
+std::vector<std::string> allreduce_policy_names();
 
-// Builds the (per-job, all workers identical) policy. Errors: unknown name, a name that
+// Builds the (per-job, all workers identical) policy through the registry
+// (include/quicksilver/policy/registry.h). Errors: unknown name, a name that
 // exists only for the parameter-server architecture, invalid options.
 Result<std::unique_ptr<AllReducePolicy>> make_allreduce_policy(std::string_view name,
                                                                const PolicyOptions& options,

@@ -1,6 +1,14 @@
-// PolicyOptions: every scheduler knob in one options struct, each with the default its
-// paper or reference system uses (STYLE.md practice 6). The CLI fills it from flags; tests
-// shrink sizes to reach multi-packet and multi-partition paths on tiny profiles.
+// PolicyOptions: every scheduler knob, as the aggregate of one options struct per policy
+// (or per architecture, for the knobs all policies of it share), each field with the
+// default its paper or reference system uses (STYLE.md practice 6). Tests shrink sizes to
+// reach multi-packet and multi-partition paths on tiny profiles.
+//
+// Each struct's knob table (flag, unit, help, whether it scales on the emulated cluster,
+// whether it is hashed into the runtime's hello) is declared once, beside the policy that
+// reads it, and registered in include/quicksilver/policy/registry.h; the CLI flags, the
+// launcher's child arguments and scaling, the configuration hash and the docs' knob tables
+// are generated from it. A field here without a table entry is a bug (a registry test
+// checks every field's default against its entry).
 #pragma once
 
 #include <cstdint>
@@ -9,38 +17,43 @@
 
 namespace qs {
 
-struct PolicyOptions {
-  // mercury / mercury-nopreempt: transport packet payload (Mercury IV-C; paper uses ~16-32 KB).
+// Parameter-server placement, shared by every PS policy (table: src/policy/layout.cc).
+struct PlacementOptions {
+  // Tensors of at least this many bytes are split over all servers.
+  Bytes split_threshold = 1 * kMiB;
+};
+
+// User-level schedulers (p3, bytescheduler, usbyte, prophet; table: src/policy/ps_policies.cc).
+struct StartupOptions {
+  // Scheduling startup time paid by every partition / slice / block that a user-level
+  // scheduler hands to the communication library (Mercury III-A: engine core scheduling,
+  // library pre-processing; "less than 1 ms"). The message-level acknowledgement delay is
+  // not part of it: the engines model acknowledgements as messages that take the latency.
+  TimeNs startup_time = 200 * kNsPerUs;
+};
+
+// mercury / mercury-nopreempt (table: src/policy/ps_policies.cc).
+struct MercuryOptions {
+  // Transport packet payload (Mercury IV-C; the paper uses ~16-32 KB).
   Bytes packet_size = 32 * kKiB;
-  // bytescheduler: partition size and credit window. (4 MB, 20 MB) is the optimum the
-  // Mercury paper (Fig. 4) found for VGG-16 at 10 Gbps; the tuner searches both.
+};
+
+// bytescheduler (both architectures) and usbyte (table: src/policy/ps_policies.cc).
+struct ByteSchedulerOptions {
+  // Partition size and credit window. (4 MB, 20 MB) is the optimum the Mercury paper
+  // (Fig. 4) found for VGG-16 at 10 Gbps; the tuner searches both.
   Bytes partition_size = 4'000'000;
   Bytes credit_size = 20'000'000;
-  // p3: slice size. P3 (Jayarajan et al., SysML'19) slices at 50,000 parameters (fp32).
+};
+
+// p3 (table: src/policy/ps_policies.cc).
+struct P3Options {
+  // Slice size. P3 (Jayarajan et al., SysML'19) slices at 50,000 parameters (fp32).
   Bytes slice_size = 200'000;
-  // User-level scheduling startup time paid by every partition / slice / block that a
-  // user-level scheduler hands to the communication library (Mercury III-A: engine core
-  // scheduling, library pre-processing; "less than 1 ms"). The message-level
-  // acknowledgement delay is not part of it: the engines model acknowledgements as
-  // messages that take the link latency.
-  TimeNs startup_time = 200 * kNsPerUs;
-  // Parameter servers: tensors of at least this many bytes are split over all servers.
-  Bytes split_threshold = 1 * kMiB;
+};
 
-  // ---- all-reduce policies ----
-  // ddp: PyTorch DistributedDataParallel bucket_cap_mb = 25 (MiB) and the smaller first
-  // bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB).
-  Bytes ddp_bucket_size = 25 * kMiB;
-  Bytes ddp_first_bucket_size = 1 * kMiB;
-  // deft: link speed ratio mu (DeFT III-C) and the Preserver's epsilon (IV-C). deft_mu = 0
-  // means "measured": the ratio of the two links' modelled collective times.
-  double deft_mu = 1.65;
-  double deft_epsilon = 0.01;
-  int deft_max_retries = 10;
-  // Random seed for policies that draw (DeFT's Preserver loss model).
-  std::uint64_t seed = 1;
-
-  // ---- prophet (Prophet, ICPP'21, Algorithm 1; docs/policies-ps.md) ----
+// prophet (Prophet, ICPP'21, Algorithm 1; docs/policies-ps.md; table: src/policy/prophet.cc).
+struct ProphetOptions {
   // The unit Prophet's block assembler works on. Prophet runs inside BytePS, which cuts
   // every tensor into partitions of BYTEPS_PARTITION_BYTES (default 4,096,000 B); a block
   // is a run of whole partitions (paper 2.3: "only two partitions of gradient 1 can be
@@ -54,28 +67,58 @@ struct PolicyOptions {
   // idles for want of a window that fits a whole partition, at the price of the last
   // partition of a block running into the next step by less than its own E.
   bool prophet_allow_overrun = false;
+};
 
-  // ---- all-reduce policies (continued; appended) ----
-  // deft: initial partition size (III-D, "default to 6,500,000" parameters = 26 MB fp32),
+// ddp (table: src/policy/allreduce_policies.cc): PyTorch DistributedDataParallel
+// bucket_cap_mb = 25 (MiB) and the smaller first bucket
+// (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB).
+struct DdpOptions {
+  Bytes ddp_bucket_size = 25 * kMiB;
+  Bytes ddp_first_bucket_size = 1 * kMiB;
+};
+
+// deft (table: src/policy/deft.cc).
+struct DeftOptions {
+  // Link speed ratio mu (DeFT III-C) and the Preserver's epsilon (IV-C). deft_mu = 0
+  // means "measured": the ratio of the two links' modelled collective times.
+  double deft_mu = 1.65;
+  double deft_epsilon = 0.01;
+  int deft_max_retries = 10;
+  // Initial partition size (III-D, "default to 6,500,000" parameters = 26 MB fp32),
   // before US-Byte's re-partition and the knapsack-capacity constraint.
   Bytes deft_partition_size = 26'000'000;
-  // deft: knapsacks with at most this many items are also solved exactly (and the exact
-  // answer is used); the greedy's losses are reported. 0 = greedy only (the paper).
+  // Knapsacks with at most this many items are also solved exactly (and the exact answer
+  // is used); the greedy's losses are reported. 0 = greedy only (the paper).
   int deft_exact_max_items = 12;
-  // deft Preserver (IV-C3): each retry multiplies every knapsack capacity by (1 + step).
+  // Preserver (IV-C3): each retry multiplies every knapsack capacity by (1 + step).
   double deft_capacity_step = 0.1;
-  // deft Preserver: iterations of the dry run that yields the batch-size sequence.
+  // Preserver: iterations of the dry run that yields the batch-size sequence.
   int deft_horizon = 16;
-  // deft Preserver loss model (IV-C2, Yin et al.'s random walk with rebound): the start
-  // state s_A, the objective S*, the learning rate eta, and the per-sample gradient mean
-  // mu and deviation sigma. Defaults reproduce Table V's setting (s_A ~ 0.21, S* = 0,
-  // eta = 0.01) with mu and sigma chosen so that Table V's sequence (B, 2B, B over N = 4)
-  // gives its ratio, ~0.993 (docs/policies-allreduce.md).
+  // Preserver loss model (IV-C2, Yin et al.'s random walk with rebound): the start state
+  // s_A, the objective S*, the learning rate eta, and the per-sample gradient mean mu and
+  // deviation sigma. Defaults reproduce Table V's setting (s_A ~ 0.21, S* = 0, eta = 0.01)
+  // with mu and sigma chosen so that Table V's sequence (B, 2B, B over N = 4) gives its
+  // ratio, ~0.993 (docs/policies-allreduce.md).
   double deft_loss_s0 = 0.2103;
   double deft_loss_target = 0.0;
   double deft_lr = 0.01;
   double deft_loss_mu = 0.144;
   double deft_loss_sigma = 40.0;
+};
+
+// The aggregate every engine hands to a policy's factory: a policy reads its own struct's
+// fields (and the shared ones it names in its registration).
+struct PolicyOptions : PlacementOptions,
+                       StartupOptions,
+                       MercuryOptions,
+                       ByteSchedulerOptions,
+                       P3Options,
+                       ProphetOptions,
+                       DdpOptions,
+                       DeftOptions {
+  // Random seed for policies that draw (DeFT's Preserver loss model). Not a knob: the
+  // job's --seed sets it.
+  std::uint64_t seed = 1;
 };
 
 }  // namespace qs

@@ -100,14 +100,16 @@ class PsPolicy {
 // call it on every push, so a faulty policy is an error naming what is wrong.
 Status check_push_unit(const PushUnit& u, const TensorLayout& layout, const Placement& placement);
 
-// The names of all policies (DESIGN.md), in display order.
-const std::vector<std::string>& all_policy_names();
-// The PS-architecture ones: oracle wfbp mercury mercury-nopreempt p3 tictac bytescheduler prophet.
-const std::vector<std::string>& ps_policy_names();
+// The names of all registered policies (include/quicksilver/policy/registry.h): the PS ones,
+// then those only on all-reduce.
+std::vector<std::string> all_policy_names();
+// The PS-architecture ones, in display order (built-in: oracle wfbp p3 tictac bytescheduler
+// prophet mercury-nopreempt mercury).
+std::vector<std::string> ps_policy_names();
 bool is_known_policy(std::string_view name);
 
-// Builds one worker's policy. Errors: unknown name (listing the known ones), a name that
-// exists only for all-reduce, invalid options (e.g. packet_size 0).
+// Builds one worker's policy through the registry. Errors: unknown name (listing the
+// known ones), a name that exists only for all-reduce, invalid options (e.g. packet_size 0).
 Result<std::unique_ptr<PsPolicy>> make_ps_policy(std::string_view name,
                                                  const PolicyOptions& options,
                                                  const PsContext& context);

@@ -29,6 +29,11 @@ Result<SimResult> simulate(const Profile& profile, const std::string& policy,
 // The all-reduce cost T_ar(M) = a + b*M for `cluster` (MG-WFBP eq. 4, Table II): from
 // allreduce_a/allreduce_b when set, else from the algorithm, latency (alpha), bandwidth
 // (beta) and reduction rate (gamma) at time 0.
+// Simulates every policy of `job` in turn, each on job.cluster with job.sim: one row per
+// policy (no prediction: the result is the prediction). Errors: the first policy that
+// fails, its message prefixed with the policy's name ("mercury: ...").
+Result<std::vector<ResultRow>> simulate(const Job& job);
+
 AllReduceCost allreduce_cost(const ClusterConfig& cluster);
 // Least-squares fit of a and b to measured "SIZE TIME" lines (units allowed: "4MiB 3.2ms").
 Result<AllReduceCost> fit_allreduce_cost(const std::string& path);

@@ -1,0 +1,135 @@
+// The policy registry: every scheduling policy's name, architecture, factory and knobs, in
+// one table that everything else is generated from: the CLI's flags and --help, the
+// arguments the launcher passes to its child processes, the launcher's scaling of byte
+// sizes, the runtime's configuration hash, and the knob tables in docs/ (`quicksilver
+// policies --markdown`).
+//
+// Built-in policies register from their own source files (one line each in
+// src/policy/registry.cc); a policy outside the library (a test, an experiment) registers
+// itself with register_policy() before the first simulation or run. The registry is built
+// once, on first use, and only grows afterwards: lookups never see an entry change.
+// Thread safety: every function here may be called from any thread; register_policy()
+// while another thread simulates is allowed but pointless (register first).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "quicksilver/core/status.h"
+#include "quicksilver/policy/allreduce_policy.h"
+#include "quicksilver/policy/options.h"
+#include "quicksilver/policy/ps_policy.h"
+
+namespace qs {
+
+enum class Architecture { kPs, kAllReduce };
+
+enum class KnobType { kBytes, kTime, kInt, kDouble, kBool };
+
+// One knob: a field of PolicyOptions (in fact of one policy's own options struct) and how
+// it is spelt, documented, validated, scaled and hashed.
+struct Knob {
+  std::string name;  // the field's name, e.g. "packet_size"
+  std::string flag;  // the command-line flag, e.g. "--packet-size"
+  KnobType type = KnobType::kBytes;
+  std::string help;  // one line, without the default (generated)
+  // A byte size that the launcher scales with the tensor sizes when it scales an emulated
+  // cluster down (partitions, slices, buckets: their counts stay the paper's). Mercury's
+  // packet is a transport parameter and does not scale.
+  bool scales = false;
+  // Part of the runtime's configuration hash: nodes whose values differ refuse each other.
+  bool hashed = true;
+  // Where the value lives: a PolicyOptions member of the knob's type (kBytes and kTime:
+  // std::int64_t; kInt: int; kDouble: double; kBool: bool).
+  std::variant<std::int64_t PolicyOptions::*, int PolicyOptions::*, double PolicyOptions::*,
+               bool PolicyOptions::*>
+      field;
+  // Validation beyond parsing: accepts(value) false -> "<flag> <requirement>". Null: any
+  // value the parser takes (sizes: > 0 always; times: >= 0 always).
+  bool (*accepts)(double) = nullptr;
+  const char* requirement = "";
+
+  // The unit shown in docs: "bytes", "time", "integer", "number", "flag".
+  std::string_view unit() const;
+  // The value as an exact command-line argument ("32768B", "200000ns", "12", "1.65";
+  // bools "true"/"false"): parse() of it gives the same value back.
+  std::string format(const PolicyOptions& o) const;
+  // The value for people (help, docs): "32KiB", "200us", "1.65", "false".
+  std::string display(const PolicyOptions& o) const;
+  // Parses `text` (a command-line value) into `o`. Errors name the flag.
+  Status parse(std::string_view text, PolicyOptions* o) const;
+  // Byte knobs only: reads / writes the value.
+  std::int64_t get_int(const PolicyOptions& o) const;
+  void set_int(PolicyOptions* o, std::int64_t v) const;
+  bool get_bool(const PolicyOptions& o) const;
+};
+
+using PsFactory = std::function<Result<std::unique_ptr<PsPolicy>>(const PolicyOptions&, const PsContext&)>;
+using AllReduceFactory =
+    std::function<Result<std::unique_ptr<AllReducePolicy>>(const PolicyOptions&, const AllReduceContext&)>;
+
+// One policy on one architecture (a name may exist on both: wfbp, bytescheduler, oracle).
+struct PolicySpec {
+  std::string name;
+  Architecture architecture = Architecture::kPs;
+  std::string summary;             // one line for the docs table
+  std::vector<std::string> knobs;  // names of the knobs it reads (registered by whoever owns them)
+  // Position in listings (`--policy all`, the docs); equal ranks keep registration order.
+  int rank = 1000;
+  PsFactory make_ps;               // set for kPs
+  AllReduceFactory make_allreduce;  // set for kAllReduce
+};
+
+// The read side of the registry. Pointers it returns stay valid for the process.
+class PolicyRegistry {
+ public:
+  // The entry for `name` on `architecture`; null when there is none.
+  const PolicySpec* find(std::string_view name, Architecture architecture) const;
+  // The knob named `name` (the field's name); null when there is none.
+  const Knob* find_knob(std::string_view name) const;
+  // Policies of one architecture by rank; all names (PS first, then all-reduce-only ones).
+  std::vector<std::string> names(Architecture architecture) const;
+  std::vector<std::string> all_names() const;
+  bool is_known(std::string_view name) const;
+  // Every knob, in registration order (the order of flags and docs rows).
+  std::vector<const Knob*> knobs() const;
+  // Policies (of any architecture) whose spec lists knob `name`, by rank.
+  std::vector<std::string> policies_using(std::string_view knob) const;
+
+  // Adds knobs first (each name once), then the policy (each (name, architecture) once;
+  // its knobs must exist). Errors: a duplicate or a knob the spec lists but nobody added.
+  Status add(std::vector<Knob> knobs, std::vector<PolicySpec> policies);
+
+  PolicyRegistry();
+  ~PolicyRegistry();
+  PolicyRegistry(const PolicyRegistry&) = delete;
+  PolicyRegistry& operator=(const PolicyRegistry&) = delete;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The process's registry, built with the built-in policies on first use.
+const PolicyRegistry& policy_registry();
+// Registers a policy (and the knobs it owns) from outside the library. Typical use, at
+// namespace scope in the policy's own file:
+//   const bool kRegistered = qs::register_policy({spec}).is_ok();
+Status register_policy(std::vector<PolicySpec> policies, std::vector<Knob> knobs = {});
+
+// The text the runtime's configuration hash is taken of: every hashed knob as
+// "name=value" (Knob::format), in registration order, '|'-separated.
+std::string hashed_knob_text(const PolicyOptions& o);
+// The names of the hashed knobs, comma-separated (the hello mismatch message).
+std::string hashed_knob_names();
+
+// Markdown tables of the knobs read by the policies of `architecture` (flag, field,
+// default, unit, scales, hashed, policies, meaning), as docs/policies-*.md embed them.
+std::string knob_markdown(Architecture architecture);
+
+}  // namespace qs

@@ -1,0 +1,95 @@
+// The local launcher: runs a Job on a real cluster of processes on this machine (one
+// `quicksilver server` per parameter server, one `quicksilver worker` per worker, over
+// loopback or in network namespaces with tc-shaped links), collects each worker's report,
+// and puts the simulator's prediction of the same configuration beside each measurement.
+// The library call behind `quicksilver run`; the Python module calls it too.
+//
+// Emulated clusters scale bandwidth and tensor sizes down by one factor (two cores cannot
+// move the paper's 10 Gbit/s per host), keeping every communication/compute ratio; the
+// knobs the policy registry marks `scales` scale with them (quicksilver/policy/registry.h).
+//
+// Thread safety: one run_cluster at a time per process (children, namespaces, and, with
+// catch_signals, the SIGINT/SIGTERM handlers are the process's).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "quicksilver/core/status.h"
+#include "quicksilver/core/units.h"
+#include "quicksilver/engine/job.h"
+#include "quicksilver/engine/result.h"
+#include "quicksilver/runtime/runtime.h"
+
+namespace qs {
+
+struct LaunchOptions {
+  // The quicksilver executable the children run (`server`/`worker` subcommands).
+  // Required; the CLI passes "/proc/self/exe".
+  std::string executable;
+  // One network namespace per host, links shaped with tc (needs root); else loopback,
+  // each connection paced (SO_MAX_PACING_RATE).
+  bool netns = false;
+  // Bandwidth and tensor sizes scaled by this factor, in (0, 1]; 0 = automatic (hosts at
+  // most 4 Gbit/s / (N + M)).
+  double scale = 0;
+  std::string congestion = "cubic";  // TCP congestion control of every data socket
+  // runtime::JobOptions::commit_window of every node. Must be >= 0.
+  TimeNs commit_window = 100 * kNsPerUs;
+  TimeNs timeout = 300 * kNsPerSec;  // per policy, from the first child's start
+  // Continue with the next policy when one fails (else stop at the first failure).
+  bool keep_going = false;
+  // Fault injection (tests): this worker dies abruptly at the start of this iteration.
+  int kill_worker = -1;
+  int kill_at_iteration = 1;
+  // SIGINT/SIGTERM stop the run (children killed, namespaces removed) instead of the
+  // process; the previous handlers are restored at the end.
+  bool catch_signals = true;
+  // Progress messages as they happen: a policy's failure ("mercury: ..."), a warning.
+  // Also collected in ClusterRunResult::messages. May be empty.
+  std::function<void(std::string_view)> log;
+};
+
+struct ClusterRunResult {
+  // The job as run: bandwidth, schedule, profile and scaling knobs scaled by `scale`.
+  Job job;
+  // One row per policy that ran to completion, in job order: measured (iteration times:
+  // per iteration the slowest worker's; link utilisation: the median worker's, relative
+  // to the goodput) and the simulator's prediction at the goodput.
+  std::vector<ResultRow> rows;
+  // workers[i]: rows[i]'s per-worker reports, worker 0 first.
+  std::vector<std::vector<runtime::WorkerReport>> workers;
+  // Policies that failed, each with why (the run stops at the first unless keep_going).
+  std::vector<std::pair<std::string, Status>> failures;
+  double scale = 1;
+  // The links' measured TCP goodput as a fraction of the nominal rate (netns: iperf3);
+  // none on loopback (paced payload: 1 by construction).
+  std::optional<double> goodput_fraction;
+  bool interrupted = false;  // a signal stopped the run (catch_signals)
+  // Everything `log` was given, in order.
+  std::vector<std::string> messages;
+  // "measured (...; bandwidth and tensor sizes scaled by ..., ...)": what the measurement
+  // is, for a table's title.
+  std::string describe() const;
+};
+
+// Runs every policy of `job` (PS architecture) on a local cluster, one after another.
+// "oracle" moves no byte and fails like an unknown policy would: leave it out. Errors (nothing ran): invalid job or options for a real cluster (message
+// names the flag: --architecture, --latency, --bandwidth-trace, --congestion, --scale),
+// no temporary directory, no namespaces. A policy's failure is not an error: it is in
+// `failures`.
+Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& options);
+
+// `p` with every tensor's element count scaled by `scale` (at least 1 element each).
+Profile scale_profile(const Profile& p, double scale);
+// Every byte knob the registry marks `scales`, scaled by `scale` (a multiple of 4 bytes,
+// at least 4).
+void scale_policy_options(PolicyOptions* o, double scale);
+// The knob arguments a child process gets: "--flag value" for every registered knob (a
+// bool knob: its flag alone, when set), exact (Knob::format).
+std::vector<std::string> knob_arguments(const PolicyOptions& o);
+
+}  // namespace qs

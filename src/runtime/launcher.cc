@@ -1,0 +1,586 @@
+// The local launcher (quicksilver/runtime/launcher.h): child processes, network
+// namespaces and shapers, scaling, the children's reports, the prediction.
+#include "quicksilver/runtime/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <csignal>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "quicksilver/policy/registry.h"
+#include "quicksilver/runtime/netns.h"
+#include "quicksilver/runtime/report_codec.h"
+#include "quicksilver/sim/simulator.h"
+#include "quicksilver/transport/socket.h"
+
+namespace qs {
+namespace {
+
+// Set by SIGINT/SIGTERM while run_cluster runs with catch_signals (a signal handler can
+// only reach a global); read by the loops that wait on children.
+volatile std::sig_atomic_t g_interrupted = 0;  // see above
+void on_signal(int) { g_interrupted = 1; }
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  int out = -1, err = -1;
+  std::string out_text, err_text;
+  bool running = false;
+  int status = 0;
+};
+
+// fork + exec of `exe args`, optionally inside a network namespace.
+Result<Child> spawn(const std::string& name, const std::string& exe, const std::vector<std::string>& args,
+                    const std::string& netns) {
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return io_error("pipe failed");
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    close(out[0]);
+    close(out[1]);
+    return io_error("pipe failed");
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+    return io_error("fork failed");
+  }
+  if (pid == 0) {
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the launcher
+    if (getppid() == 1) _exit(125);     // the launcher died before prctl
+    if (!netns.empty()) {
+      Status s = runtime::NetnsCluster::enter(netns);
+      if (!s.is_ok()) {
+        dprintf(2, "%s\n", s.message().c_str());
+        _exit(126);
+      }
+    }
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(exe.c_str()));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(exe.c_str(), argv.data());
+    dprintf(2, "cannot execute %s\n", exe.c_str());
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  Child c;
+  c.name = name;
+  c.pid = pid;
+  c.out = out[0];
+  c.err = err[0];
+  c.running = true;
+  return c;
+}
+
+void close_pipes(Child& c) {
+  if (c.out >= 0) close(c.out);
+  if (c.err >= 0) close(c.err);
+  c.out = c.err = -1;
+}
+
+void kill_all(std::vector<Child>& children) {
+  for (Child& c : children) {
+    if (c.running) kill(c.pid, SIGTERM);
+    close_pipes(c);
+  }
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (Child& c : children) {
+    while (c.running) {
+      pid_t r = waitpid(c.pid, &c.status, WNOHANG);
+      if (r == c.pid) {
+        c.running = false;
+      } else if (std::chrono::steady_clock::now() > until) {
+        kill(c.pid, SIGKILL);
+        waitpid(c.pid, &c.status, 0);
+        c.running = false;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  }
+}
+
+// Reads whatever is available on the children's pipes for up to `ms`.
+void pump(std::vector<Child>& children, int ms) {
+  std::vector<pollfd> fds;
+  std::vector<std::string*> bufs;
+  for (Child& c : children) {
+    if (c.out >= 0) { fds.push_back({c.out, POLLIN, 0}); bufs.push_back(&c.out_text); }
+    if (c.err >= 0) { fds.push_back({c.err, POLLIN, 0}); bufs.push_back(&c.err_text); }
+  }
+  if (fds.empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return;
+  }
+  if (poll(fds.data(), fds.size(), ms) <= 0) return;
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    char buf[4096];
+    ssize_t n = read(fds[i].fd, buf, sizeof buf);
+    if (n > 0) {
+      bufs[i]->append(buf, static_cast<std::size_t>(n));
+    } else {
+      for (Child& c : children) {
+        if (c.out == fds[i].fd) { close(c.out); c.out = -1; }
+        if (c.err == fds[i].fd) { close(c.err); c.err = -1; }
+      }
+    }
+  }
+}
+
+void reap(std::vector<Child>& children) {
+  for (Child& c : children) {
+    if (c.running && waitpid(c.pid, &c.status, WNOHANG) == c.pid) c.running = false;
+  }
+}
+
+std::string last_line(const std::string& s) {
+  std::string t = s;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  auto nl = t.rfind('\n');
+  return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
+bool failed(const Child& c) { return !c.running && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0); }
+
+std::string describe_exit(const Child& c) {
+  if (WIFSIGNALED(c.status)) return "killed by signal " + std::to_string(WTERMSIG(c.status));
+  return "exit status " + std::to_string(WEXITSTATUS(c.status));
+}
+
+
+// LaunchOptions::log plus the collected messages; called from the shaper thread too.
+class Logger {
+ public:
+  Logger(const std::function<void(std::string_view)>& sink, std::vector<std::string>* out) : sink_(sink), out_(out) {}
+  void operator()(const std::string& message) {
+    std::lock_guard lock(mu_);
+    out_->push_back(message);
+    if (sink_) sink_(message);
+  }
+
+ private:
+  std::mutex mu_;
+  const std::function<void(std::string_view)>& sink_;
+  std::vector<std::string>* out_;  // guarded by mu_
+};
+
+struct PolicyRun {
+  ResultRow row;
+  std::vector<runtime::WorkerReport> workers;
+};
+
+// The arguments every child of one policy's run shares: the job, its knobs, the transport.
+std::vector<std::string> job_args(const Job& job, const std::string& profile_path, const std::string& policy,
+                                  const LaunchOptions& f) {
+  std::vector<std::string> args = {"--model", profile_path, "--policy", policy, "--workers",
+                                   std::to_string(job.cluster.workers), "--servers", std::to_string(job.cluster.servers),
+                                   "--iterations", std::to_string(job.sim.iterations), "--warmup",
+                                   std::to_string(job.sim.warmup), "--bandwidth",
+                                   std::to_string(job.cluster.bandwidth.bits_per_second) + "bps", "--seed",
+                                   std::to_string(job.sim.seed), "--congestion", f.congestion, "--commit-window",
+                                   std::to_string(f.commit_window) + "ns"};
+  for (std::string& a : knob_arguments(job.policy_options)) args.push_back(std::move(a));
+  return args;
+}
+
+// Runs one policy on the local cluster; returns the measured row (with the prediction).
+Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const LaunchOptions& f,
+                             runtime::NetnsCluster* cluster, double goodput_ratio, const std::string& profile_path,
+                             Logger& log) {
+  const std::string& exe = f.executable;
+  const TimeNs timeout = f.timeout;
+  const int n = job.cluster.workers, m = job.cluster.servers;
+  std::vector<std::string> base = job_args(job, profile_path, policy, f);
+  std::vector<Child> children;
+  auto cleanup = [&] { kill_all(children); };
+  // Servers: hosts 0..M-1.
+  std::vector<std::string> addrs;
+  for (int s = 0; s < m; ++s) {
+    std::vector<std::string> a = {"server", "--server-id", std::to_string(s)};
+    a.insert(a.end(), base.begin(), base.end());
+    if (!cluster) {
+      // Loopback has no shaper: each server paces each of its N connections at B / N,
+      // each worker each of its M at B / M (SO_MAX_PACING_RATE), approximating a NIC.
+      a.push_back("--pacing-rate");
+      a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second / n) + "bps");
+    }
+    const std::string host = cluster ? cluster->address(s) : "127.0.0.1";
+    a.push_back("--listen");
+    a.push_back(host + (cluster ? ":7100" : ":0"));
+    auto c = spawn("server " + std::to_string(s), exe, a, cluster ? cluster->namespace_name(s) : "");
+    if (!c) {
+      cleanup();
+      return c.status();
+    }
+    children.push_back(std::move(*c));
+  }
+  // Learn each server's address from its first line.
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::nanoseconds(timeout);
+  for (int s = 0; s < m; ++s) {
+    while (children[static_cast<std::size_t>(s)].out_text.find('\n') == std::string::npos) {
+      pump(children, 50);
+      reap(children);
+      if (failed(children[static_cast<std::size_t>(s)]) || std::chrono::steady_clock::now() > deadline || g_interrupted) {
+        const Child& c = children[static_cast<std::size_t>(s)];
+        std::string why = g_interrupted ? "interrupted" : c.running ? "no address before the timeout" : describe_exit(c) + ": " + last_line(c.err_text);
+        cleanup();
+        return unavailable("server " + std::to_string(s) + ": " + why);
+      }
+    }
+    const std::string& line = children[static_cast<std::size_t>(s)].out_text;
+    addrs.push_back(line.substr(std::string("listening ").size(), line.find('\n') - std::string("listening ").size()));
+  }
+  std::string connect;
+  for (const auto& a : addrs) connect += (connect.empty() ? "" : ",") + a;
+  for (int w = 0; w < n; ++w) {
+    std::vector<std::string> a = {"worker", "--worker-id", std::to_string(w), "--connect", connect, "--json"};
+    a.insert(a.end(), base.begin(), base.end());
+    const double factor = job.cluster.compute_factor.empty() ? 1.0 : job.cluster.compute_factor[static_cast<std::size_t>(w)];
+    if (f.kill_worker >= 0 && f.kill_worker == w) {
+      a.push_back("--die-at-iteration");
+      a.push_back(std::to_string(f.kill_at_iteration));
+    }
+    a.push_back("--slowdown");
+    a.push_back(std::to_string(factor));
+    if (!cluster) {
+      a.push_back("--pacing-rate");
+      a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second / m) + "bps");
+    }
+    a.push_back("--nic-rate");
+    a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second) + "bps");
+    if (job.sim.record_trace) {
+      // The worker writes its own Chrome trace there too; the launcher takes the spans
+      // from the report line.
+      a.push_back("--trace");
+      a.push_back((std::filesystem::path(profile_path).parent_path() / ("worker" + std::to_string(w) + ".trace.json")).string());
+    }
+    auto c = spawn("worker " + std::to_string(w), exe, a, cluster ? cluster->namespace_name(m + w) : "");
+    if (!c) {
+      cleanup();
+      return c.status();
+    }
+    children.push_back(std::move(*c));
+  }
+  // Dynamic scenarios: apply the bandwidth schedule to every host's shaper over time,
+  // from its first rate. Time 0 is when the workers start, not their first backward
+  // pass (the rendezvous, tens of milliseconds, comes first); the prediction is shifted
+  // by the difference (below).
+  std::mutex shaper_mu;
+  std::condition_variable shaper_cv;
+  bool stop_shaper = false;  // guarded by shaper_mu
+  std::thread shaper;
+  TimeNs shaper_start = -1;  // steady clock (CLOCK_MONOTONIC), as the workers' reports
+  if (cluster && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
+    Status st = cluster->set_rate_all(job.cluster.schedule->segments()[0].rate);
+    if (!st.is_ok()) {
+      cleanup();
+      return st.with_context("setting the trace's first rate");
+    }
+    const auto t_start = std::chrono::steady_clock::now();
+    shaper_start = std::chrono::duration_cast<std::chrono::nanoseconds>(t_start.time_since_epoch()).count();
+    shaper = std::thread([&, t0 = t_start] {
+      const auto& segs = job.cluster.schedule->segments();
+      std::unique_lock lock(shaper_mu);
+      for (std::size_t i = 1; i < segs.size(); ++i) {
+        // Wakes at the segment's start (or at once when the run ends).
+        if (shaper_cv.wait_until(lock, t0 + std::chrono::nanoseconds(segs[i].start), [&] { return stop_shaper; })) break;
+        Status c = cluster->set_rate_all(segs[i].rate);
+        if (!c.is_ok()) log("changing the rate: " + c.message());
+      }
+    });
+  }
+  struct JoinShaper {
+    std::mutex* mu;
+    std::condition_variable* cv;
+    bool* stop;
+    std::thread* t;
+    ~JoinShaper() {
+      {
+        std::lock_guard lock(*mu);
+        *stop = true;
+      }
+      cv->notify_all();
+      if (t->joinable()) t->join();
+    }
+  } join_shaper{&shaper_mu, &shaper_cv, &stop_shaper, &shaper};
+  // Wait for every process; the first failure stops the run. Once every worker has
+  // finished, the servers get a short grace period to leave on their own.
+  std::optional<std::chrono::steady_clock::time_point> workers_done;
+  while (true) {
+    pump(children, 50);
+    reap(children);
+    bool workers_running = false;
+    for (int w = 0; w < n; ++w) workers_running |= children[static_cast<std::size_t>(m + w)].running;
+    if (!workers_running && !workers_done) workers_done = std::chrono::steady_clock::now();
+    if (workers_done && std::chrono::steady_clock::now() - *workers_done > std::chrono::seconds(10)) {
+      std::string hung;
+      for (int s = 0; s < m; ++s) {
+        if (children[static_cast<std::size_t>(s)].running) hung += (hung.empty() ? "" : ", ") + std::to_string(s);
+      }
+      if (!hung.empty()) {
+        cleanup();
+        return unavailable("server(s) " + hung + " did not exit within 10 s after every worker finished");
+      }
+    }
+    for (const Child& c : children) {
+      if (failed(c)) {
+        std::string msg = c.name + " failed (" + describe_exit(c) + "): " + last_line(c.err_text);
+        cleanup();
+        return unavailable(msg);
+      }
+    }
+    bool all_done = true;
+    for (const Child& c : children) all_done &= !c.running && c.out < 0 && c.err < 0;
+    if (all_done) break;
+    if (g_interrupted) {
+      cleanup();
+      return unavailable("interrupted");
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::string who;
+      for (const Child& c : children) if (c.running) who += (who.empty() ? "" : ", ") + c.name;
+      cleanup();
+      return unavailable("timed out after " + format_time(timeout) + " waiting for " + who);
+    }
+  }
+  // Collect the workers' reports.
+  PolicyRun run;
+  SimResult& r = run.row.result;
+  r.policy = policy;
+  std::vector<runtime::WorkerReport>& reports = run.workers;
+  for (int w = 0; w < n; ++w) {
+    const Child& c = children[static_cast<std::size_t>(m + w)];
+    auto rep = runtime::report_from_json(last_line(c.out_text));
+    if (!rep) return internal_error(c.name + " printed no report: " + last_line(c.out_text));
+    reports.push_back(std::move(*rep));
+  }
+  // Iteration k of the cluster ends when its slowest worker's does.
+  for (const runtime::WorkerReport& rep : reports) {
+    const auto& times = rep.iteration_times;
+    if (r.iteration_times.empty()) r.iteration_times.assign(times.size(), 0);
+    for (std::size_t k = 0; k < times.size() && k < r.iteration_times.size(); ++k) {
+      r.iteration_times[k] = std::max(r.iteration_times[k], times[k]);
+    }
+  }
+  const runtime::WorkerReport& w0 = reports[0];
+  // Every worker's uplink (each one's median over its steady iterations): the median
+  // worker, so that one worker's noisy iterations do not decide the figure.
+  std::vector<double> util;
+  for (const runtime::WorkerReport& rep : reports) util.push_back(rep.uplink_utilisation);
+  std::sort(util.begin(), util.end());
+  const std::size_t mid = util.size() / 2;
+  r.link_utilisation = util.size() % 2 == 1 ? util[mid] : (util[mid - 1] + util[mid]) / 2;
+  r.bytes_pushed_per_iteration = w0.bytes_pushed_per_iteration;
+  r.messages_per_iteration = w0.units_per_iteration;
+  if (job.sim.record_trace) {
+    for (const runtime::WorkerReport& rep : reports) r.trace.insert(r.trace.end(), rep.trace.begin(), rep.trace.end());
+  }
+  for (const runtime::WorkerReport& rep : reports) {
+    r.notes.push_back("worker " + std::to_string(rep.worker_id) + ": " + std::to_string(rep.iterations_verified) +
+                      " iterations verified exact, uplink " + std::to_string(rep.uplink_gbps).substr(0, 5) +
+                      " Gbps, urgent-packet delay p50/p99 " + format_time(rep.urgent_delay_p50) + "/" +
+                      format_time(rep.urgent_delay_p99) + ", " + rep.congestion_control + ", push end by " +
+                      rep.push_end);
+  }
+  if (r.iteration_times.empty()) return internal_error("the workers reported no iteration");
+  finish_result(job.profile, job.cluster, job.sim, &r);
+  // The prediction: the simulator on the same (scaled) configuration, at the goodput the
+  // links really offer (iperf3 on the same shaped link; tc's rate counts Ethernet frames,
+  // of which TCP payload is about 1448 / 1514). Loopback pacing counts payload already.
+  // The utilisation is likewise relative to that goodput.
+  if (cluster) r.link_utilisation /= goodput_ratio;
+  ClusterConfig predicted_cluster = job.cluster;
+  if (cluster) {
+    const double goodput = goodput_ratio;
+    predicted_cluster.bandwidth.bits_per_second = std::llround(job.cluster.bandwidth.bits_per_second * goodput);
+    if (predicted_cluster.schedule) predicted_cluster.schedule = predicted_cluster.schedule->scaled(goodput);
+  }
+  if (predicted_cluster.schedule && shaper_start >= 0) {
+    // The simulator's time 0 is the first backward pass: the rate the first worker to
+    // start computing met then is the prediction's first rate.
+    TimeNs first = 0;
+    for (const runtime::WorkerReport& rep : reports) {
+      const TimeNs t = rep.first_backward_at;
+      if (t > 0 && (first == 0 || t < first)) first = t;
+    }
+    if (first > shaper_start) predicted_cluster.schedule = predicted_cluster.schedule->shifted(first - shaper_start);
+  }
+  auto pred = simulate(job.profile, policy, job.policy_options, predicted_cluster, job.sim);
+  if (pred) run.row.predicted = std::move(*pred);
+  return run;
+}
+
+
+}  // namespace
+
+Profile scale_profile(const Profile& p, double scale) {
+  Profile q = p;
+  for (LayerSpec& l : q.layers) {
+    for (TensorSpec& t : l.tensors) {
+      t.elements = std::max<std::int64_t>(1, std::llround(static_cast<double>(t.elements) * scale));
+    }
+  }
+  return q;
+}
+
+void scale_policy_options(PolicyOptions* o, double scale) {
+  for (const Knob* k : policy_registry().knobs()) {
+    if (!k->scales) continue;
+    const Bytes b = k->get_int(*o);
+    k->set_int(o, std::max<Bytes>(4, std::llround(static_cast<double>(b) * scale) / 4 * 4));
+  }
+}
+
+std::vector<std::string> knob_arguments(const PolicyOptions& o) {
+  std::vector<std::string> args;
+  for (const Knob* k : policy_registry().knobs()) {
+    if (k->type == KnobType::kBool) {
+      if (k->get_bool(o)) args.push_back(k->flag);
+    } else {
+      args.push_back(k->flag);
+      args.push_back(k->format(o));
+    }
+  }
+  return args;
+}
+
+std::string ClusterRunResult::describe() const {
+  return std::string("measured (") +
+         (goodput_fraction ? "network namespaces, tc-shaped links, iperf3 goodput " +
+                                 std::to_string(*goodput_fraction * 100).substr(0, 4) + "% of the rate"
+                           : std::string("loopback, paced")) +
+         "; bandwidth and tensor sizes scaled by " + std::to_string(scale).substr(0, 6) +
+         ", communication/compute ratios kept)";
+}
+
+Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
+  if (job.cluster.architecture != Architecture::kPs) {
+    return invalid_argument("--architecture: the runtime runs the parameter-server architecture");
+  }
+  if (f.executable.empty()) return invalid_argument("LaunchOptions::executable: no quicksilver executable given");
+  if (f.commit_window < 0) return invalid_argument("--commit-window must be >= 0");
+  if (!f.netns && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
+    return invalid_argument("--bandwidth-trace needs --netns (loopback has no shaper to change)");
+  }
+  if (job.cluster.latency > 0) {
+    return invalid_argument("--latency: no delay emulation (this kernel has no netem); use 0");
+  }
+  QS_RETURN_IF_ERROR(transport::check_congestion_available(f.congestion).with_context("--congestion"));
+  if (job.cluster.schedule) {
+    const auto& segs = job.cluster.schedule->segments();
+    for (std::size_t i = 1; i < segs.size(); ++i) {
+      // Each change reaches every shaper in microseconds (netlink), but the shapers hold
+      // 1 ms of burst and 2 ms of queue: a rate held for less than a few of those is not one.
+      if (segs[i].start - segs[i - 1].start < 10 * kNsPerMs) {
+        return invalid_argument(
+            "--bandwidth-trace: rate changes less than 10 ms apart are finer than the "
+            "shapers' 1 ms burst and 2 ms queue can follow");
+      }
+    }
+  }
+  if (f.scale < 0 || f.scale > 1) return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");
+  ClusterRunResult out;
+  Logger log(f.log, &out.messages);
+  double scale = f.scale;
+  if (scale == 0) {
+    // Two cores move about 4 Gbit/s of shaped veth traffic in total (measured: errors
+    // against the simulator grow past that), so hosts get 4 Gbit/s / (N + M) each, at most.
+    const double per_host = 4e9 / (job.cluster.workers + job.cluster.servers);
+    scale = std::min(1.0, per_host / static_cast<double>(job.cluster.bandwidth.bits_per_second));
+  }
+  // Scale bandwidth and sizes together: every communication/compute ratio is kept, and
+  // so are the counts of user-level units (partitions, slices, blocks: each pays its
+  // startup time) and the placement. Mercury's packet size is a transport parameter and
+  // is kept as it is (a 1.6 KB packet would measure per-packet overhead, not scheduling).
+  job.profile = scale_profile(job.profile, scale);
+  scale_policy_options(&job.policy_options, scale);
+  job.cluster.bandwidth.bits_per_second = std::llround(job.cluster.bandwidth.bits_per_second * scale);
+  if (job.cluster.schedule) job.cluster.schedule = job.cluster.schedule->scaled(scale);
+  out.scale = scale;
+  std::string tmpl = (std::filesystem::temp_directory_path() / "qs-run-XXXXXX").string();
+  if (mkdtemp(tmpl.data()) == nullptr) return io_error("cannot create a temporary directory");
+  struct RemoveTmp {
+    std::filesystem::path path;
+    ~RemoveTmp() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } remove_tmp{tmpl};
+  const std::string profile_path = (remove_tmp.path / "profile.json").string();
+  QS_RETURN_IF_ERROR(save_profile(job.profile, profile_path));
+  g_interrupted = 0;
+  struct sigaction old_int {}, old_term {};
+  if (f.catch_signals) {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  struct RestoreSignals {
+    bool active;
+    struct sigaction *old_int, *old_term;
+    ~RestoreSignals() {
+      if (!active) return;
+      sigaction(SIGINT, old_int, nullptr);
+      sigaction(SIGTERM, old_term, nullptr);
+    }
+  } restore_signals{f.catch_signals, &old_int, &old_term};
+  std::unique_ptr<runtime::NetnsCluster> cluster;
+  double goodput_ratio = 1448.0 / 1514.0;
+  if (f.netns) {
+    runtime::NetnsOptions no;
+    no.hosts = job.cluster.workers + job.cluster.servers;
+    no.rate = job.cluster.bandwidth;
+    no.congestion = f.congestion;
+    auto c = runtime::NetnsCluster::create(no);
+    if (!c) return c.status().with_context("--netns");
+    cluster = std::move(*c);
+    auto g = runtime::measure_goodput(*cluster, job.cluster.servers, 0, f.congestion);
+    if (g) {
+      goodput_ratio = static_cast<double>(g->bits_per_second) / static_cast<double>(job.cluster.bandwidth.bits_per_second);
+    } else {
+      log("no iperf3 goodput (" + g.status().message() + "); assuming 1448/1514 of the rate");
+    }
+    out.goodput_fraction = goodput_ratio;
+  }
+  for (const std::string& p : job.policies) {
+    auto run = run_policy(job, p, f, cluster.get(), goodput_ratio, profile_path, log);
+    if (!run) {
+      log(p + ": " + run.status().message());
+      out.failures.emplace_back(p, run.status());
+      if (!f.keep_going || g_interrupted) break;
+      continue;
+    }
+    out.rows.push_back(std::move(run->row));
+    out.workers.push_back(std::move(run->workers));
+  }
+  out.interrupted = g_interrupted != 0;
+  if (cluster) {
+    Status down = cluster->teardown();
+    if (!down.is_ok()) log("removing the namespaces: " + down.message());
+  }
+  out.job = std::move(job);
+  return out;
+}
+
+}  // namespace qs
