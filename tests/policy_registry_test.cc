@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "quicksilver/policy/registry.h"
-#include "quicksilver/runtime/launcher.h"
+#include "quicksilver/launch/launcher.h"
 #include "quicksilver/runtime/runtime.h"
 #include "quicksilver/sim/simulator.h"
 #include "test_profiles.h"

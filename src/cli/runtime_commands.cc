@@ -5,7 +5,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "quicksilver/runtime/launcher.h"
+#include "quicksilver/launch/launcher.h"
 #include "quicksilver/runtime/rendezvous.h"
 #include "quicksilver/runtime/report_codec.h"
 #include "quicksilver/runtime/runtime.h"

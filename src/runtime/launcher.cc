@@ -1,6 +1,6 @@
-// The local launcher (quicksilver/runtime/launcher.h): child processes, network
+// The local launcher (quicksilver/launch/launcher.h): child processes, network
 // namespaces and shapers, scaling, the children's reports, the prediction.
-#include "quicksilver/runtime/launcher.h"
+#include "quicksilver/launch/launcher.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,5 +1,5 @@
 // The worker's report as one line of JSON: what `quicksilver worker --json` prints and the
-// launcher (quicksilver/runtime/launcher.h) reads back from each child process. One codec
+// launcher (quicksilver/launch/launcher.h) reads back from each child process. One codec
 // for both ends, so that a field added to WorkerReport is written and read in one place.
 #pragma once
 
