@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "quicksilver/core/check.h"
 #include "quicksilver/core/rng.h"
+#include "quicksilver/core/text_table.h"
 
 namespace qs {
 
@@ -22,26 +22,15 @@ BandwidthSchedule::BandwidthSchedule(std::vector<Segment> segments)
 Result<BandwidthSchedule> BandwidthSchedule::parse_trace(const std::string& text,
                                                          const std::string& source) {
   std::vector<Segment> segs;
-  std::istringstream in(text);
-  std::string line;
-  int lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
-    std::istringstream fields(line);
-    std::string ts, rs, extra;
-    if (!(fields >> ts)) continue;  // blank
-    const std::string where = source + ":" + std::to_string(lineno);
-    if (!(fields >> rs) || (fields >> extra)) {
-      return invalid_argument(where + ": expected 'TIME RATE' (e.g. '5s 2Gbps')");
-    }
-    auto t = parse_time(ts);
-    if (!t) return t.status().with_context(where);
-    auto r = parse_rate(rs);
-    if (!r) return r.status().with_context(where);
-    if (segs.empty() && *t != 0) return invalid_argument(where + ": the first time must be 0");
+  QS_ASSIGN_OR_RETURN(auto lines, parse_two_columns(text, source, "'TIME RATE' (e.g. '5s 2Gbps')"));
+  for (const TwoColumnLine& l : lines) {
+    auto t = parse_time(l.first);
+    if (!t) return t.status().with_context(l.where);
+    auto r = parse_rate(l.second);
+    if (!r) return r.status().with_context(l.where);
+    if (segs.empty() && *t != 0) return invalid_argument(l.where + ": the first time must be 0");
     if (!segs.empty() && *t <= segs.back().start) {
-      return invalid_argument(where + ": times must strictly increase");
+      return invalid_argument(l.where + ": times must strictly increase");
     }
     segs.push_back({*t, *r});
   }
@@ -50,11 +39,8 @@ Result<BandwidthSchedule> BandwidthSchedule::parse_trace(const std::string& text
 }
 
 Result<BandwidthSchedule> BandwidthSchedule::load_trace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return not_found(path + ": cannot open bandwidth trace");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_trace(ss.str(), path);
+  QS_ASSIGN_OR_RETURN(auto text, read_text_file(path, "bandwidth trace"));
+  return parse_trace(text, path);
 }
 
 Result<BandwidthSchedule> BandwidthSchedule::parse_random(const std::string& spec,

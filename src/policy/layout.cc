@@ -49,6 +49,14 @@ Placement::Placement(const TensorLayout& layout, int servers, Bytes split_thresh
   }
 }
 
+const Slice* Placement::owning_slice(const Chunk& c, int server) const {
+  if (c.tensor < 0 || c.tensor >= static_cast<TensorId>(slices_.size()) || c.offset < 0 || c.length < 0) return nullptr;
+  for (const Slice& s : slices_[static_cast<std::size_t>(c.tensor)]) {
+    if (s.server == server && c.offset >= s.chunk.offset && c.end() <= s.chunk.end()) return &s;
+  }
+  return nullptr;
+}
+
 int Placement::server_of(TensorId id, Bytes offset) const {
   for (const Slice& s : slices(id)) {
     if (offset >= s.chunk.offset && offset < s.chunk.end()) return s.server;

@@ -159,11 +159,7 @@ Status check_push_unit(const PushUnit& u, const TensorLayout& layout, const Plac
   if (u.server < 0 || u.server >= placement.num_servers()) {
     return internal_error("policy pushed to unknown server " + std::to_string(u.server));
   }
-  bool owned = false;
-  for (const Slice& s : placement.slices(u.chunk.tensor)) {
-    owned |= s.server == u.server && u.chunk.offset >= s.chunk.offset && u.chunk.end() <= s.chunk.end();
-  }
-  if (!owned) return internal_error("policy pushed a unit that straddles servers or leaves its tensor");
+  if (placement.owning_slice(u.chunk, u.server) == nullptr) return internal_error("policy pushed a unit that straddles servers or leaves its tensor");
   if (u.priority < 0 || u.priority > layout.num_tensors()) {
     return internal_error("policy priority " + std::to_string(u.priority) + " out of range");
   }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include <map>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "quicksilver/core/check.h"
@@ -35,10 +36,6 @@ struct Server::Impl final : transport::FrameHandler {
     int pulls_left = 0;
     float* sum = nullptr;    // into accum_[slot]
   };
-  struct Owned {
-    std::uint64_t offset, length;
-    std::size_t base;  // float index into the accumulation buffer
-  };
   struct Peer {  // per worker connection state
     std::unique_ptr<Connection> conn;
     std::int64_t last_iteration = -1;  // highest iteration pushed so far
@@ -62,14 +59,13 @@ struct Server::Impl final : transport::FrameHandler {
     QS_ASSIGN_OR_RETURN(loop, transport::EventLoop::create());
     QS_ASSIGN_OR_RETURN(listener, transport::listen_tcp(opts.listen.host, opts.listen.port));
     QS_ASSIGN_OR_RETURN(port, transport::local_port(listener.get()));
-    // Owned byte ranges (Placement), packed into one float buffer per iteration parity.
-    owned.resize(static_cast<std::size_t>(jl.layout.num_tensors()));
+    // Owned byte ranges (Placement), packed into one float buffer per iteration parity:
+    // the float index of each of this server's slices, keyed by the slice.
     std::size_t floats = 0;
     for (const TensorInfo& t : jl.layout.tensors()) {
       for (const Slice& s : jl.placement.slices(t.id)) {
         if (s.server != opts.server_id) continue;
-        owned[static_cast<std::size_t>(t.id)].push_back(
-            Owned{static_cast<std::uint64_t>(s.chunk.offset), static_cast<std::uint64_t>(s.chunk.length), floats});
+        slice_base.emplace(&s, floats);
         floats += static_cast<std::size_t>(s.chunk.length / 4);
       }
     }
@@ -194,10 +190,9 @@ struct Server::Impl final : transport::FrameHandler {
     rules.max_iteration = static_cast<std::uint32_t>(p.last_iteration + 1);
     QS_RETURN_IF_ERROR(transport::validate_data_header(h, rules));
     // The bytes must be this server's (Placement).
-    const Owned* own = nullptr;
-    for (const Owned& o : owned[h.tensor]) {
-      if (h.offset >= o.offset && h.offset + h.length <= o.offset + o.length) own = &o;
-    }
+    const Slice* own = jl.placement.owning_slice(
+        Chunk{static_cast<TensorId>(h.tensor), static_cast<Bytes>(h.offset), static_cast<Bytes>(h.length)},
+        opts.server_id);
     if (own == nullptr) {
       return transport::header_error(HeaderField::kOffset,
                                      "bytes [" + std::to_string(h.offset) + ", " +
@@ -238,7 +233,7 @@ struct Server::Impl final : transport::FrameHandler {
       u.length = h.length;
       u.priority = h.priority;
       u.iteration = h.iteration;
-      u.sum = accum[slot].data() + own->base + (h.offset - own->offset) / 4;
+      u.sum = accum[slot].data() + slice_base.at(own) + (static_cast<Bytes>(h.offset) - own->chunk.offset) / 4;
       std::fill(u.sum, u.sum + h.length / 4, 0.0f);
       it = map.emplace(key, u).first;
       ++live[slot];
@@ -406,7 +401,7 @@ struct Server::Impl final : transport::FrameHandler {
   int port = 0;
   std::unique_ptr<transport::Sender> sender;
   transport::DataRules rules;
-  std::vector<std::vector<Owned>> owned;       // by tensor
+  std::unordered_map<const Slice*, std::size_t> slice_base;  // this server's slices: first float in accum
   std::vector<float> accum[2];                 // by iteration parity
   std::map<std::pair<TensorId, std::uint64_t>, Unit> units[2];  // live units by parity
   std::int64_t slot_iteration[2] = {-1, -1};

@@ -14,12 +14,11 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
-#include <fstream>
 #include <queue>
-#include <sstream>
 
 #include "engines.h"
 #include "quicksilver/core/check.h"
+#include "quicksilver/core/text_table.h"
 #include "quicksilver/engine/training_loop.h"
 #include "sim_clock.h"
 
@@ -204,24 +203,14 @@ AllReduceCost allreduce_cost(const ClusterConfig& c) {
 }
 
 Result<AllReduceCost> fit_allreduce_cost(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return not_found(path + ": cannot open");
+  QS_ASSIGN_OR_RETURN(auto text, read_text_file(path, ""));
+  QS_ASSIGN_OR_RETURN(auto lines, parse_two_columns(text, path, "'SIZE TIME'"));
   std::vector<std::pair<double, double>> pts;  // (bytes, ns)
-  std::string line;
-  int lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (auto h = line.find('#'); h != std::string::npos) line.resize(h);
-    std::istringstream ss(line);
-    std::string size_s, time_s, extra;
-    if (!(ss >> size_s)) continue;
-    if (!(ss >> time_s) || (ss >> extra)) {
-      return invalid_argument(path + ":" + std::to_string(lineno) + ": expected 'SIZE TIME'");
-    }
-    auto size = parse_size(size_s);
-    if (!size) return size.status().with_context(path + ":" + std::to_string(lineno));
-    auto t = parse_time(time_s);
-    if (!t) return t.status().with_context(path + ":" + std::to_string(lineno));
+  for (const TwoColumnLine& l : lines) {
+    auto size = parse_size(l.first);
+    if (!size) return size.status().with_context(l.where);
+    auto t = parse_time(l.second);
+    if (!t) return t.status().with_context(l.where);
     pts.emplace_back(static_cast<double>(*size), static_cast<double>(*t));
   }
   if (pts.size() < 2) return invalid_argument(path + ": need at least two (size, time) pairs");

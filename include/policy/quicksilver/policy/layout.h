@@ -75,6 +75,11 @@ class Placement {
   const std::vector<Slice>& slices(TensorId id) const { return slices_[static_cast<std::size_t>(id)]; }
   // Server owning byte `offset` of tensor `id`.
   int server_of(TensorId id, Bytes offset) const;
+  // The slice of tensor `id` that `server` owns and that holds all of `c` (c.tensor ==
+  // id); null when no single slice of that server does (the range straddles servers,
+  // belongs to another one, or leaves the tensor). The policies' check and the server's
+  // validation of every push ask this one question.
+  const Slice* owning_slice(const Chunk& c, int server) const;
   Bytes server_bytes(int server) const { return load_[static_cast<std::size_t>(server)]; }
 
  private:
