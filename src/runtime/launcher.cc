@@ -386,9 +386,7 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   // worker, so that one worker's noisy iterations do not decide the figure.
   std::vector<double> util;
   for (const runtime::WorkerReport& rep : reports) util.push_back(rep.uplink_utilisation);
-  std::sort(util.begin(), util.end());
-  const std::size_t mid = util.size() / 2;
-  r.link_utilisation = util.size() % 2 == 1 ? util[mid] : (util[mid - 1] + util[mid]) / 2;
+  r.link_utilisation = steady_median(util, 0);
   r.bytes_pushed_per_iteration = w0.bytes_pushed_per_iteration;
   r.messages_per_iteration = w0.units_per_iteration;
   if (job.sim.record_trace) {
