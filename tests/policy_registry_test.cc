@@ -18,7 +18,7 @@
 namespace qs {
 namespace {
 
-// ---- the worked example of docs/adding-a-policy.md: one class, one registration ----
+// ---- the worked example of docs/architecture.md ("Adding a policy"): one class, one registration ----
 
 // largest-first: holds a backward pass's gradients until the last layer's is ready, then
 // sends the largest units first (a toy: it ignores urgency entirely).

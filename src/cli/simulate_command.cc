@@ -27,7 +27,7 @@ std::string knob_scope(const Knob& k) {
   return s;
 }
 
-// One flag per registered knob (include/quicksilver/policy/registry.h), in table order.
+// One flag per registered knob (include/policy/quicksilver/policy/registry.h), in table order.
 void add_knob_flags(CLI::App* app, SimFlags* f) {
   const PolicyOptions defaults;
   for (const Knob* k : policy_registry().knobs()) {

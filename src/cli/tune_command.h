@@ -1,5 +1,5 @@
 // Private to the CLI: `quicksilver tune`, the simulation-driven search of bytescheduler's
-// partition and credit sizes (or p3's slice size), see include/quicksilver/sim/tuner.h.
+// partition and credit sizes (or p3's slice size), see include/sim/quicksilver/sim/tuner.h.
 #pragma once
 
 #include <CLI/CLI.hpp>

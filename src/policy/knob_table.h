@@ -1,5 +1,5 @@
 // Private to the policy layer: what a policy's source file needs to declare its knobs and
-// register itself (include/quicksilver/policy/registry.h), and the one registration
+// register itself (include/policy/quicksilver/policy/registry.h), and the one registration
 // function each built-in policy file defines.
 #pragma once
 

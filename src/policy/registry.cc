@@ -1,4 +1,4 @@
-// The policy registry (include/quicksilver/policy/registry.h): the built-in policies'
+// The policy registry (include/policy/quicksilver/policy/registry.h): the built-in policies'
 // registration, the knob codecs, and the lookups the factories go through.
 #include "quicksilver/policy/registry.h"
 

@@ -2,7 +2,7 @@
 // all-reduce model, compute speeds) and the run (iterations, warm-up, statistic, seed).
 // One type for the simulator and the runtime, so that a run and its prediction are
 // configured by the same object. Job bundles them with the profile, the policies and their
-// knobs: what `simulate` and `run_cluster` (include/quicksilver/launch/launcher.h) take.
+// knobs: what `simulate` and `run_cluster` (include/launch/quicksilver/launch/launcher.h) take.
 #pragma once
 
 #include <cstdint>

@@ -131,7 +131,7 @@ class AllReducePolicy {
 std::vector<std::string> allreduce_policy_names();
 
 // Builds the (per-job, all workers identical) policy through the registry
-// (include/quicksilver/policy/registry.h). Errors: unknown name, a name that
+// (include/policy/quicksilver/policy/registry.h). Errors: unknown name, a name that
 // exists only for the parameter-server architecture, invalid options.
 Result<std::unique_ptr<AllReducePolicy>> make_allreduce_policy(std::string_view name,
                                                                const PolicyOptions& options,

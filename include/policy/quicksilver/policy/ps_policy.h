@@ -100,7 +100,7 @@ class PsPolicy {
 // call it on every push, so a faulty policy is an error naming what is wrong.
 Status check_push_unit(const PushUnit& u, const TensorLayout& layout, const Placement& placement);
 
-// The names of all registered policies (include/quicksilver/policy/registry.h): the PS ones,
+// The names of all registered policies (include/policy/quicksilver/policy/registry.h): the PS ones,
 // then those only on all-reduce.
 std::vector<std::string> all_policy_names();
 // The PS-architecture ones, in display order (built-in: oracle wfbp p3 tictac bytescheduler
