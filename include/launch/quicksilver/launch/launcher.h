@@ -77,8 +77,10 @@ struct ClusterRunResult {
 };
 
 // Runs every policy of `job` (PS architecture) on a local cluster, one after another.
-// "oracle" moves no byte and fails like an unknown policy would: leave it out. Errors (nothing ran): invalid job or options for a real cluster (message
-// names the flag: --architecture, --latency, --bandwidth-trace, --congestion, --scale),
+// "oracle" moves no byte: its workers run the compute chain alone (`quicksilver run` leaves
+// it out; its figure is the simulator's). Errors (nothing ran): invalid job or options for
+// a real cluster (message names the flag: --architecture, --latency, --bandwidth-trace,
+// --congestion, --scale),
 // no temporary directory, no namespaces. A policy's failure is not an error: it is in
 // `failures`.
 Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& options);
