@@ -166,11 +166,14 @@ void TrainingLoop::try_forward(int l, bool was_blocked) {
     ar_->on_forward_start(l, now, *ar_sink_);
   }
   exchange_.flush();
-  // The forward starts when its parameters were complete (or its gate opened), or when
-  // the previous step ended, whichever is later.
+  // The forward starts when its gate opened, or when the previous step ended, whichever is
+  // later. A per-layer gate opened when the layer's sums were complete (which an emulated
+  // GPU may learn late, after its wake-up); any other gate, when it was found open, which
+  // is now if the forward had to wait for it.
+  const bool per_layer = ps_ != nullptr || ar_->forward_gate() == ForwardGate::kPerLayer;
   const TimeNs ready = ready_at_[static_cast<std::size_t>(l)];
-  compute_.run(ComputeStep{Pass::kForward, l, iteration_}, ready >= 0 ? ready : (was_blocked ? now : 0),
-               [this](TimeNs end) { on_forward_done(end); });
+  const TimeNs earliest = per_layer ? std::max<TimeNs>(ready, 0) : (was_blocked ? now : 0);
+  compute_.run(ComputeStep{Pass::kForward, l, iteration_}, earliest, [this](TimeNs end) { on_forward_done(end); });
 }
 
 void TrainingLoop::on_forward_done(TimeNs end) {

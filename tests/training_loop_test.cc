@@ -1,0 +1,268 @@
+// The one training loop (engine/training_loop.h) against its contract, with scripted
+// seams: a plain Timer, the emulated GPU, and an Exchange whose deliveries the test
+// decides. What a new Compute or Exchange may rely on is checked here, apart from the
+// simulator's and the runtime's own implementations.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "quicksilver/engine/training_loop.h"
+#include "test_profiles.h"
+
+namespace qs {
+namespace {
+
+using testing::layer;
+
+// Callbacks in (time, scheduling order).
+class ScriptTimer final : public Timer {
+ public:
+  TimeNs now() const override { return now_; }
+  void schedule_at(TimeNs when, Callback fn) override { q_.emplace(std::make_pair(std::max(when, now_), seq_++), std::move(fn)); }
+  // Runs callbacks up to and including `until`.
+  void run_until(TimeNs until) {
+    while (!q_.empty() && q_.begin()->first.first <= until) {
+      auto node = q_.extract(q_.begin());
+      now_ = node.key().first;
+      node.mapped()();
+    }
+    now_ = std::max(now_, until);
+  }
+  void run_all() { run_until(kTimeNever / 2); }
+
+ private:
+  std::map<std::pair<TimeNs, std::uint64_t>, Callback> q_;
+  std::uint64_t seq_ = 0;
+  TimeNs now_ = 0;
+};
+
+// Pushes each layer's tensor whole to server 0 when its gradient is ready, with a startup
+// delay for layer 0's (the most urgent one).
+class WholeTensors final : public PsPolicy {
+ public:
+  explicit WholeTensors(const TensorLayout& l, TimeNs startup = 0) : layout_(l), startup_(startup) {}
+  std::string_view name() const override { return "whole-tensors"; }
+  QueueDiscipline discipline() const override { return QueueDiscipline::kPriority; }
+  void on_gradient_ready(int l, TimeNs, PushSink& out) override {
+    const TensorInfo& t = layout_.tensor(layout_.first_tensor(l));
+    out.push(PushUnit{Chunk{t.id, 0, t.bytes}, 0, t.id}, l == 0 ? startup_ : 0);
+  }
+  std::vector<std::int64_t> estimates;  // bandwidth estimates received, bit/s
+  void on_bandwidth_estimate(Rate r, TimeNs) override { estimates.push_back(r.bits_per_second); }
+
+ private:
+  const TensorLayout& layout_;
+  TimeNs startup_;
+};
+
+// Records what it is handed; the test delivers acknowledgements and pulls.
+class ScriptExchange final : public Exchange {
+ public:
+  explicit ScriptExchange(const Placement& p) : placement_(p) {}
+  void push(const PushUnit& u) override { queued.push_back(u); }
+  void flush() override { ++flushes; }
+  Status check(const PushUnit& u) const override {
+    if (reject_tensor == u.chunk.tensor) return internal_error("tensor " + std::to_string(u.chunk.tensor) + " refused");
+    return Status::ok();
+  }
+  Traffic take_traffic(TimeNs) override {
+    Traffic t = traffic;
+    traffic = {};
+    return t;
+  }
+  const Placement& placement_;
+  std::vector<PushUnit> queued;
+  int flushes = 0;
+  TensorId reject_tensor = -1;
+  Traffic traffic;
+};
+
+Profile two_layers() {
+  Profile p;
+  p.name = "two";
+  p.batch_size = 1;
+  p.layers = {layer("a", 1000, 2000, 400), layer("b", 3000, 4000, 800)};
+  return p;
+}
+
+struct Rig {
+  Profile profile = two_layers();
+  TensorLayout layout{profile};
+  Placement placement{layout, 1};
+  ScriptTimer timer;
+  EmulatedCompute gpu{profile, 1.0, timer};
+  ScriptExchange exchange{placement};
+};
+
+TEST(TrainingLoop, ForwardOfALayerWaitsForItsOwnSumsAndStartsWhenTheyArrived) {
+  Rig r;
+  WholeTensors policy(r.layout);
+  LoopOptions o;
+  o.iterations = 1;
+  TrainingLoop loop(r.profile, r.layout, policy, r.timer, r.gpu, r.exchange, o);
+  loop.start();
+  // Backward: layer b (4 us), then layer a (2 us); each hands its unit over at its end.
+  r.timer.run_until(6000);
+  ASSERT_EQ(r.exchange.queued.size(), 2u);
+  EXPECT_EQ(r.exchange.queued[0].chunk.tensor, 1);
+  EXPECT_EQ(r.exchange.queued[1].chunk.tensor, 0);
+  EXPECT_GE(r.exchange.flushes, 2);  // once per policy callback
+  EXPECT_TRUE(loop.blocked());       // forward of layer a waits: nothing pulled
+  EXPECT_EQ(loop.layer(), 0);
+  // Layer b's sum first: layer a still waits.
+  r.timer.run_until(7000);
+  loop.on_pulled(r.exchange.queued[0], 7000);
+  EXPECT_TRUE(loop.blocked());
+  // Layer a's sum at 9 us: its forward (1 us) starts then, b's (3 us) follows: 13 us.
+  r.timer.run_until(9000);
+  loop.on_pulled(r.exchange.queued[1], 9000);
+  EXPECT_FALSE(loop.blocked());
+  r.timer.run_all();
+  ASSERT_TRUE(loop.finished());
+  ASSERT_TRUE(loop.error().is_ok()) << loop.error().to_string();
+  EXPECT_EQ(loop.records()[0].time, 13000);
+}
+
+TEST(TrainingLoop, StartupDelayHandsTheUnitOverLaterAndFlushesOnItsOwn) {
+  Rig r;
+  WholeTensors policy(r.layout, /*startup=*/500);
+  LoopOptions o;
+  o.iterations = 1;
+  TrainingLoop loop(r.profile, r.layout, policy, r.timer, r.gpu, r.exchange, o);
+  loop.start();
+  r.timer.run_until(6000);
+  ASSERT_EQ(r.exchange.queued.size(), 1u);  // layer a's unit waits out its startup
+  const int flushes = r.exchange.flushes;
+  r.timer.run_until(6500);
+  ASSERT_EQ(r.exchange.queued.size(), 2u);
+  EXPECT_EQ(r.exchange.flushes, flushes + 1);
+  EXPECT_TRUE(loop.all_ready_handed());
+}
+
+TEST(TrainingLoop, WhilePushingUtilisationAndTheBandwidthMonitor) {
+  Rig r;
+  WholeTensors policy(r.layout);
+  LoopOptions o;
+  o.iterations = 2;
+  TrainingLoop loop(r.profile, r.layout, policy, r.timer, r.gpu, r.exchange, o);
+  loop.start();
+  r.timer.run_until(6000);
+  EXPECT_TRUE(loop.pushing());  // some ready gradient is not yet on the wire
+  // Everything handed over was on the wire at 6.5 us: pushing ran from 4 us (b's
+  // gradient ready) to 6.5 us.
+  loop.on_drained(6500);
+  EXPECT_FALSE(loop.pushing());
+  r.exchange.traffic = Traffic{1200, 2, 1250, 2000, 0};  // bytes, units, wire bytes, busy
+  loop.on_pulled(r.exchange.queued[0], 7000);
+  loop.on_pulled(r.exchange.queued[1], 7000);
+  r.timer.run_until(20000);
+  ASSERT_EQ(loop.records().size(), 1u);
+  const IterationRecord& rec = loop.records()[0];
+  EXPECT_EQ(rec.pushing, 2500);
+  EXPECT_DOUBLE_EQ(rec.utilisation, 2000.0 / 2500.0);
+  EXPECT_DOUBLE_EQ(rec.gbps, 8.0 * 1250 / 2500);
+  EXPECT_EQ(rec.traffic.bytes, 1200);
+  // The next iteration's policy hears the monitor: 1250 bytes over 2 us = 5 Gbit/s.
+  ASSERT_EQ(policy.estimates.size(), 1u);
+  EXPECT_EQ(policy.estimates[0], 5'000'000'000);
+}
+
+TEST(TrainingLoop, AUnitTheExchangeRefusesStopsTheLoopNamingThePolicy) {
+  Rig r;
+  WholeTensors policy(r.layout);
+  r.exchange.reject_tensor = 1;
+  LoopOptions o;
+  o.iterations = 1;
+  Status seen;
+  o.failed = [&](const Status& s) { seen = s; };
+  TrainingLoop loop(r.profile, r.layout, policy, r.timer, r.gpu, r.exchange, o);
+  loop.start();
+  r.timer.run_all();
+  ASSERT_FALSE(loop.error().is_ok());
+  EXPECT_NE(loop.error().to_string().find("whole-tensors"), std::string::npos) << loop.error().to_string();
+  EXPECT_NE(loop.error().to_string().find("tensor 1 refused"), std::string::npos);
+  EXPECT_EQ(seen.to_string(), loop.error().to_string());
+  EXPECT_TRUE(r.exchange.queued.empty());  // never handed over
+  EXPECT_FALSE(loop.finished());
+}
+
+TEST(TrainingLoop, PullingMoreThanALayerHoldsIsAnError) {
+  Rig r;
+  WholeTensors policy(r.layout);
+  LoopOptions o;
+  o.iterations = 1;
+  TrainingLoop loop(r.profile, r.layout, policy, r.timer, r.gpu, r.exchange, o);
+  loop.start();
+  r.timer.run_until(6000);
+  loop.on_pulled(r.exchange.queued[0], 6000);
+  loop.on_pulled(r.exchange.queued[0], 6000);
+  EXPECT_NE(loop.error().to_string().find("pulled more bytes than it has"), std::string::npos);
+}
+
+// All-reduce: under kAfterAll the first forward waits for every collective of the
+// iteration; the hooks see each iteration end and the training end.
+class TwoBuckets final : public AllReducePolicy {
+ public:
+  explicit TwoBuckets(const TensorLayout& l) : layout_(l) {}
+  std::string_view name() const override { return "two-buckets"; }
+  ForwardGate forward_gate() const override { return ForwardGate::kAfterAll; }
+  void on_gradient_ready(int l, TimeNs, CollectiveSink& out) override {
+    const TensorInfo& t = layout_.tensor(layout_.first_tensor(l));
+    CollectiveBucket b;
+    b.chunks = {Chunk{t.id, 0, t.bytes}};
+    b.first_iteration = b.last_iteration = it_;
+    b.id = next_id_++;
+    out.all_reduce(b, 0);
+  }
+  void on_iteration_start(std::int64_t it, TimeNs, CollectiveSink&) override { it_ = it; }
+
+ private:
+  const TensorLayout& layout_;
+  std::int64_t it_ = 0;
+  std::uint64_t next_id_ = 0;
+};
+
+class ScriptCollectives final : public Exchange {
+ public:
+  void all_reduce(const CollectiveBucket& b) override { issued.push_back(b); }
+  void flush() override {}
+  Status check(const CollectiveBucket&) const override { return Status::ok(); }
+  Traffic take_traffic(TimeNs) override { return Traffic{0, 0, 0, 300, 600}; }
+  std::vector<CollectiveBucket> issued;
+};
+
+TEST(TrainingLoop, AfterAllGateWaitsForEveryCollectiveOfTheIteration) {
+  Profile p = two_layers();
+  TensorLayout layout(p);
+  ScriptTimer timer;
+  EmulatedCompute gpu(p, 1.0, timer);
+  ScriptCollectives links;
+  TwoBuckets policy(layout);
+  LoopOptions o;
+  o.iterations = 1;
+  int ended = 0, finished = 0;
+  o.iteration_ended = [&](std::int64_t) { ++ended; };
+  o.finished = [&] { ++finished; };
+  TrainingLoop loop(p, layout, policy, timer, gpu, links, o);
+  loop.start();
+  timer.run_until(6000);
+  ASSERT_EQ(links.issued.size(), 2u);
+  loop.on_collective_done(links.issued[1]);  // layer a's: the first forward's own layer
+  EXPECT_TRUE(loop.blocked());               // kAfterAll: b's is still running
+  timer.run_until(8000);
+  loop.on_collective_done(links.issued[0]);
+  EXPECT_FALSE(loop.blocked());
+  timer.run_all();
+  ASSERT_TRUE(loop.finished());
+  EXPECT_EQ(loop.records()[0].time, 8000 + 1000 + 3000);
+  EXPECT_DOUBLE_EQ(loop.records()[0].utilisation, 0.5);  // busy over the collectives' window
+  EXPECT_EQ(ended, 1);
+  EXPECT_EQ(finished, 1);
+  EXPECT_TRUE(loop.check_complete().is_ok()) << loop.check_complete().to_string();
+}
+
+}  // namespace
+}  // namespace qs
