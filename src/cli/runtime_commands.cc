@@ -212,6 +212,10 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
                   "Scale bandwidth and tensor sizes by this factor (0: automatic, hosts at most 4 Gbps / (N + M))");
   app->add_option("--congestion", f->congestion, "TCP congestion control")->capture_default_str();
   add_commit_window_flag(app, &f->commit_window);
+  app->add_option("--rto-min", f->rto_min,
+                  "--netns: every host route's minimum TCP retransmission timeout, e.g. 5ms as datacenters "
+                  "configure it (0ms: the kernel's 200 ms)")
+      ->capture_default_str();
   app->add_option("--timeout", f->timeout, "Give up on a policy's run after this long")->capture_default_str();
   app->add_flag("--keep-going", f->keep_going, "Continue with the next policy when one fails");
   app->add_option("--kill-worker", f->kill_worker, "Testing: this worker dies abruptly...")->group("");
@@ -239,6 +243,9 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   auto cw = parse_time(f.commit_window);  // refuses < 0
   if (!cw) return fail("quicksilver", cw.status().with_context("--commit-window"));
   o.commit_window = *cw;
+  auto rto = parse_time(f.rto_min);
+  if (!rto) return fail("quicksilver", rto.status().with_context("--rto-min"));
+  o.rto_min = *rto;
   if (f.scale < 0 || f.scale > 1) return fail("quicksilver", "--scale must be in (0, 1] (or 0 for automatic)");
   o.log = [](std::string_view m) { std::cerr << "quicksilver run: " << m << "\n"; };
   auto run = qs::run_cluster(std::move(*job), o);

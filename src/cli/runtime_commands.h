@@ -30,6 +30,7 @@ struct RunFlags {
   double scale = 0;             // 0 = automatic (hosts at most 4 Gbps / (N + M))
   std::string congestion = "cubic";
   std::string commit_window = "100us";
+  std::string rto_min = "0ms";  // --netns: every route's minimum retransmission timeout
   std::string timeout = "300s";
   bool keep_going = false;
   int kill_worker = -1;         // testing: this worker dies abruptly...

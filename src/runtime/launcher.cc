@@ -466,6 +466,7 @@ std::string ClusterRunResult::describe() const {
          (goodput_fraction ? "network namespaces, tc-shaped links, iperf3 goodput " +
                                  std::to_string(*goodput_fraction * 100).substr(0, 4) + "% of the rate"
                            : std::string("loopback, paced")) +
+         (rto_min > 0 ? "; route rto_min " + format_time(rto_min) : std::string()) +
          "; bandwidth and tensor sizes scaled by " + std::to_string(scale).substr(0, 6) +
          ", communication/compute ratios kept)";
 }
@@ -476,6 +477,10 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   }
   if (f.executable.empty()) return invalid_argument("LaunchOptions::executable: no quicksilver executable given");
   if (f.commit_window < 0) return invalid_argument("--commit-window must be >= 0");
+  if (f.rto_min < 0 || f.rto_min > 60 * kNsPerSec) return invalid_argument("--rto-min must be in 0..60s");
+  if (f.rto_min > 0 && !f.netns) {
+    return invalid_argument("--rto-min needs --netns (the routes of the machine itself are not changed)");
+  }
   if (!f.netns && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
     return invalid_argument("--bandwidth-trace needs --netns (loopback has no shaper to change)");
   }
@@ -514,6 +519,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   job.cluster.bandwidth.bits_per_second = std::llround(job.cluster.bandwidth.bits_per_second * scale);
   if (job.cluster.schedule) job.cluster.schedule = job.cluster.schedule->scaled(scale);
   out.scale = scale;
+  out.rto_min = f.netns ? f.rto_min : 0;
   std::string tmpl = (std::filesystem::temp_directory_path() / "qs-run-XXXXXX").string();
   if (mkdtemp(tmpl.data()) == nullptr) return io_error("cannot create a temporary directory");
   struct RemoveTmp {
@@ -550,6 +556,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     no.hosts = job.cluster.workers + job.cluster.servers;
     no.rate = job.cluster.bandwidth;
     no.congestion = f.congestion;
+    no.rto_min = f.rto_min;
     auto c = runtime::NetnsCluster::create(no);
     if (!c) return c.status().with_context("--netns");
     cluster = std::move(*c);

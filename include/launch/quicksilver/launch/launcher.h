@@ -37,6 +37,9 @@ struct LaunchOptions {
   // most 4 Gbit/s / (N + M)).
   double scale = 0;
   std::string congestion = "cubic";  // TCP congestion control of every data socket
+  // netns only: every host route's minimum retransmission timeout (NetnsOptions::rto_min;
+  // 0: the kernel's 200 ms). Whole milliseconds.
+  TimeNs rto_min = 0;
   // runtime::JobOptions::commit_window of every node. Must be >= 0.
   TimeNs commit_window = 100 * kNsPerUs;
   TimeNs timeout = 300 * kNsPerSec;  // per policy, from the first child's start
@@ -65,6 +68,7 @@ struct ClusterRunResult {
   // Policies that failed, each with why (the run stops at the first unless keep_going).
   std::vector<std::pair<std::string, Status>> failures;
   double scale = 1;
+  TimeNs rto_min = 0;  // LaunchOptions::rto_min as run (0: the kernel's default)
   // The links' measured TCP goodput as a fraction of the nominal rate (netns: iperf3);
   // none on loopback (paced payload: 1 by construction).
   std::optional<double> goodput_fraction;

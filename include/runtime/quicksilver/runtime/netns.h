@@ -30,6 +30,12 @@ struct NetnsOptions {
   // list is kept in /run/quicksilver-allowed-cc and put back by the last cluster to go, or
   // by the next run's cleanup_stale() after a crash.
   std::string congestion = "cubic";
+  // The minimum retransmission timeout of every host's route (the route metric rto_min,
+  // as datacenters configure it; Linux's own floor is 200 ms). 0: the kernel's default.
+  // A lost tail segment of a burst (incast at a shaper's queue) waits at least this long,
+  // so on a link whose round trip is well under a millisecond the default turns one loss
+  // into a 200 ms stall.
+  TimeNs rto_min = 0;
   // Name tag; default "qs<pid>". Must be at most 8 characters (interface names are
   // limited to 15).
   std::string tag;
