@@ -112,6 +112,26 @@ TEST(AllReduceProperty, EveryByteOnceAndOptimumNeverLoses) {
       ASSERT_TRUE(r.is_ok()) << name << " trial " << trial << ": " << r.status().to_string();
       t[name] = r->iteration_time;
     }
+    // The model: every layer of a random profile is learnable, so MG-WFBP's merge problem
+    // is the profile's backward times and bytes (paper order: entry i is layer i), and a
+    // static policy's iteration is its merge set's end of the last all-reduce (never
+    // before the backward end) plus the forward pass.
+    MergeProblem mp;
+    mp.cost = allreduce_cost(c);
+    TimeNs backward = 0, forward = 0;
+    for (const LayerSpec& l : p.layers) {
+      mp.tb.push_back(l.backward);
+      mp.bytes.push_back(l.bytes());
+      backward += l.backward;
+      forward += l.update + l.forward;
+    }
+    auto model = [&](const MergeSet& m) { return std::max(backward, merge_finish_time(mp, m)) + forward; };
+    MergeSet all(p.layers.size(), true);
+    all[0] = false;
+    EXPECT_EQ(t["wfbp"], model(MergeSet(p.layers.size(), false))) << trial;
+    EXPECT_EQ(t["synceasgd"], model(all)) << trial;
+    EXPECT_EQ(t["mgwfbp"], model(mgwfbp_algorithm1(mp))) << trial;
+    EXPECT_EQ(t["mgwfbp-opt"], model(optimal_merge(mp))) << trial;
     EXPECT_LE(t["mgwfbp-opt"], t["wfbp"]) << trial;
     EXPECT_LE(t["mgwfbp-opt"], t["synceasgd"]) << trial;
     EXPECT_LE(t["mgwfbp-opt"], t["mgwfbp"]) << trial;

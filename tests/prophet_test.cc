@@ -37,9 +37,9 @@ class RecordingSink final : public PushSink {
 
 // A profile, its layout and placement, and one worker's prophet policy.
 struct Harness {
-  Harness(Profile p, PolicyOptions o, int servers = 1, Rate bw = Rate::gbps(8))
+  Harness(Profile p, PolicyOptions o, int servers = 1, Rate bw = Rate::gbps(8), double compute_factor = 1.0)
       : profile(std::move(p)), layout(profile), placement(layout, servers, o.split_threshold) {
-    PsContext ctx{&profile, &layout, &placement, 1, servers, bw, 0};
+    PsContext ctx{&profile, &layout, &placement, 1, servers, bw, 0, compute_factor};
     auto made = make_ps_policy("prophet", o, ctx);
     EXPECT_TRUE(made.is_ok()) << made.status().to_string();
     policy = std::move(*made);
@@ -158,6 +158,22 @@ TEST(ProphetBlock, Line7AdmitsAPartitionThatEndsExactlyAtTheNextStep) {
   // The block's startup counts against the window.
   EXPECT_EQ(block_size(2 * kMs, 1), 1u);
   EXPECT_EQ(block_size(2 * kMs + 500 * kNsPerUs, 500 * kNsPerUs), 2u);
+}
+
+// The window is the worker's own time for the next backward: the profile's times its
+// compute factor (issue 14: Prophet planned with the unscaled profile while the worker's
+// GPU ran scaled, so a factor of 0.76 made every window 1/0.76 = 1.32 times too long).
+TEST(ProphetBlock, WindowsAreTheWorkersScaledBackwardTimes) {
+  auto block_at = [](double factor) {
+    Harness h(window_profile(3 * kMs), options(0), 1, Rate::gbps(8), factor);
+    h.policy->on_iteration_start(0, 0, h.sink);
+    h.policy->on_gradient_ready(1, 1 * kMs, h.sink);
+    return h.sink.take().size();
+  };
+  EXPECT_EQ(block_at(1.0), 3u);   // A = 3 ms: three 1 ms partitions
+  EXPECT_EQ(block_at(0.5), 1u);   // A = 1.5 ms
+  EXPECT_EQ(block_at(0.76), 2u);  // A = 2.28 ms
+  EXPECT_EQ(block_at(2.0), 3u);   // A = 6 ms, and only three partitions
 }
 
 TEST(ProphetBlock, NothingFitsSoEverythingWaitsForTheForwardPhase) {
@@ -324,6 +340,36 @@ TEST(ProphetSim, ResNet50EveryByteOnceOnManyServers) {
   auto bs = simulate(*p, "bytescheduler", {}, c, s);
   ASSERT_TRUE(bs.is_ok());
   EXPECT_LT(r->iteration_time, bs->iteration_time);
+}
+
+// A compute factor is the same job as a profile whose times are already scaled: the
+// worker's GPU and Prophet's plan must both see the scaled times (the Prophet Table 2
+// reproduction runs the K80 profile at --compute-factor 0.76).
+TEST(ProphetSim, AComputeFactorIsTheSameJobAsAScaledProfile) {
+  auto p = load_model("resnet50", "k80", 64);
+  ASSERT_TRUE(p.is_ok());
+  constexpr double kFactor = 0.76;
+  Profile scaled = *p;
+  for (LayerSpec& l : scaled.layers) {
+    l.backward = scale_time(l.backward, kFactor);
+    l.forward = scale_time(l.update + l.forward, kFactor);  // the GPU runs update + forward as one step
+    l.update = 0;
+  }
+  for (double gbps : {1.0, 2.0, 5.0}) {
+    ClusterConfig c;
+    c.workers = 3;
+    c.servers = 3;
+    c.bandwidth = Rate::gbps(gbps);
+    SimOptions s;
+    s.iterations = 4;
+    s.verify_bytes = true;
+    auto plain = simulate(scaled, "prophet", {}, c, s);
+    ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
+    c.compute_factor.assign(3, kFactor);
+    auto factored = simulate(*p, "prophet", {}, c, s);
+    ASSERT_TRUE(factored.is_ok()) << factored.status().to_string();
+    EXPECT_EQ(factored->iteration_times, plain->iteration_times) << gbps << " Gbps";
+  }
 }
 
 TEST(ProphetSim, RandomProfilesHeterogeneousWorkersAndVaryingBandwidth) {

@@ -46,7 +46,7 @@ def fig14(rows):
     for i, variant in enumerate(["40gbps", "cr-matched"]):
         for ax, model in zip(axes[i], ["resnet101", "vgg19", "gpt2"]):
             for pol, style in [("oracle", "k--"), ("ddp", "o-"), ("bytescheduler", "s-"), ("usbyte", "^-"),
-                               ("deft", "D-"), ("deft-1link", "d:")]:
+                               ("deft", "D-"), ("deft-exact", "x--"), ("deft-1link", "d:")]:
                 pts = [(int(r["workers"]), float(r["speedup"])) for r in rows
                        if r["variant"] == variant and r["model"] == model and r["policy"] == pol]
                 label = {"oracle": "linear", "ddp": "PyTorch DDP"}.get(pol, pol)

@@ -381,7 +381,7 @@ EmulatedCompute::EmulatedCompute(const Profile& profile, double factor, Timer& t
 TimeNs EmulatedCompute::duration(const ComputeStep& step) const {
   const LayerSpec& spec = profile_.layers[static_cast<std::size_t>(step.layer)];
   const TimeNs t = step.pass == Pass::kBackward ? spec.backward : spec.update + spec.forward;
-  return factor_ == 1.0 ? t : static_cast<TimeNs>(static_cast<double>(t) * factor_ + 0.5);
+  return scale_time(t, factor_);
 }
 
 void EmulatedCompute::run(const ComputeStep& step, TimeNs earliest, Done done) {

@@ -13,10 +13,14 @@
 //  - Two links (III-C): two knapsacks, the second (slower link) with 1/mu of the capacity in
 //    first-link time; the paper's greedy (smaller knapsack first, longer items first), and
 //    an exact search where the instance is small (the greedy's losses are counted).
-//  - Preserver (IV-C): a dry run on the model gives the update sequence's batch sizes; the
-//    random-walk loss model of Yin et al. compares it with fixed-batch training; outside
-//    [1 - epsilon, 1 + epsilon] every capacity is raised and the solver reruns (at most
-//    deft_max_retries times).
+//  - Preserver (IV-C): a dry run gives the update sequence's batch sizes: the policy itself
+//    driven on the job's model (profile times scaled by the compute factor, each link
+//    running one collective at a time at a + bM, the stages' gates), so that it certifies
+//    the schedule the engine executes, collectives that spill past their stage included.
+//    The random-walk loss model of Yin et al. compares one period of it with fixed-batch
+//    training; outside [1 - epsilon, 1 + epsilon] every capacity is raised and the solver
+//    reruns (at most deft_max_retries times). With the default constants the loss model
+//    is a fixed rule: at most one skipped update per period (docs/policies-allreduce.md).
 //
 // Deliberate choices where the paper is silent:
 //  - The knapsacks pool computation time and ignore dependencies (as the paper intends), so
@@ -520,10 +524,42 @@ std::vector<std::string> DeftPolicy::report() const {
 
 namespace {
 
-class RecordingSink final : public CollectiveSink {
+// The links of the dry run: each runs one collective at a time in the order issued (DeFT's
+// links are FIFO), T = a + bM on its own cost, as the engine's AllReduceLinks do.
+class DryRunLinks final : public CollectiveSink {
  public:
-  void all_reduce(const CollectiveBucket& b, TimeNs) override { issued.push_back(b); }
-  std::vector<CollectiveBucket> issued;
+  explicit DryRunLinks(const std::vector<AllReduceCost>& costs) : costs_(costs), free_(costs.size(), 0) {}
+  void all_reduce(const CollectiveBucket& b, TimeNs delay) override {
+    Bytes bytes = 0;
+    for (const Chunk& c : b.chunks) bytes += c.length;
+    const std::size_t l = static_cast<std::size_t>(b.link);
+    free_[l] = std::max(free_[l], now_ + delay) + costs_[l].time(bytes);
+    done_.emplace(std::pair{free_[l], seq_++}, b);
+  }
+  void set_now(TimeNs now) { now_ = now; }
+  TimeNs now() const { return now_; }
+  bool idle() const { return done_.empty(); }
+  // Reports every collective that ends by `t` (in end order) and moves the clock to `t`.
+  void run_until(TimeNs t, DeftPolicy& p) {
+    while (!done_.empty() && done_.begin()->first.first <= t) complete_next(p);
+    now_ = std::max(now_, t);
+  }
+  // Reports the next collective to end, moving the clock to its end.
+  void complete_next(DeftPolicy& p) {
+    auto it = done_.begin();
+    now_ = std::max(now_, it->first.first);
+    const CollectiveBucket b = it->second;
+    done_.erase(it);
+    p.on_collective_done(b, now_, *this);
+  }
+
+ private:
+  std::vector<AllReduceCost> costs_;
+  std::vector<TimeNs> free_;
+  // (end, issue order) -> collective: a strict order, the issue order breaking ties.
+  std::map<std::pair<TimeNs, std::uint64_t>, CollectiveBucket> done_;
+  std::uint64_t seq_ = 0;
+  TimeNs now_ = 0;
 };
 
 }  // namespace
@@ -532,35 +568,46 @@ std::vector<int> deft_dry_run(const AllReduceContext& ctx, const PolicyOptions& 
                               const std::vector<Block>& buckets, double capacity_scale, int iterations) {
   DeftPolicy p(ctx, o, buckets, capacity_scale);
   const IterationModel m = IterationModel::from(ctx);
-  RecordingSink sink;
-  TimeNs now = 0;
-  auto complete = [&]() {
-    std::vector<CollectiveBucket> done;
-    done.swap(sink.issued);
-    for (const CollectiveBucket& b : done) p.on_collective_done(b, now, sink);
-  };
+  DryRunLinks links(ctx.links);
+  const int layers = ctx.layout->num_layers();
   for (int i = 0; i < iterations; ++i) {
-    complete();
-    p.on_iteration_start(i, now, sink);
-    for (int l = ctx.layout->num_layers() - 1; l >= 0; --l) {
-      p.on_gradient_ready(l, now + m.ready[static_cast<std::size_t>(l)], sink);
+    // The backward waits for the policy's gate (a stage starts once everything issued
+    // before the previous stage began is reduced), as TrainingLoop::try_backward.
+    while (!p.backward_ready() && !links.idle()) links.complete_next(p);
+    const TimeNs start = links.now();
+    p.on_iteration_start(i, start, links);
+    for (int l = layers - 1; l >= 0; --l) {
+      const TimeNs t = start + m.ready[static_cast<std::size_t>(l)];
+      links.run_until(t, p);
+      p.on_gradient_ready(l, t, links);
     }
-    now += m.backward_end;
-    complete();
-    p.on_forward_start(0, now, sink);
-    now += m.forward_total();
+    links.run_until(start + m.backward_end, p);
+    // The forward stage waits for its gate too (TrainingLoop::try_forward), then runs.
+    while (!p.forward_ready(0) && !links.idle()) links.complete_next(p);
+    p.on_forward_start(0, links.now(), links);
+    links.run_until(links.now() + m.forward_total(), p);
   }
-  complete();
+  while (!links.idle()) links.complete_next(p);
   std::vector<int> ks;
-  for (const DeftUpdate& u : p.updates()) ks.push_back(static_cast<int>(u.last - u.first + 1));
+  std::int64_t covered = 0;
+  for (const DeftUpdate& u : p.updates()) {
+    ks.push_back(static_cast<int>(u.last - u.first + 1));
+    covered = std::max(covered, u.last + 1);
+  }
+  // Iterations no update has applied by the horizon are, at the least, one more merged
+  // update: a schedule that stops updating must not pass for one that updates rarely.
+  if (covered < iterations) ks.push_back(static_cast<int>(iterations - covered));
   return ks;
 }
 
 std::vector<int> batch_cycle(const std::vector<int>& ks) {
+  // The shortest period p that repeats over the whole second half (the first half is the
+  // warm-up): ks[j] == ks[j - p] for every j there. Comparing only the last period with
+  // the one before it would judge ... 1 2 2 1 2 2 as [2], a skip fewer than it has.
   const std::size_t n = ks.size();
   for (std::size_t p = 1; 2 * p <= n; ++p) {
     bool periodic = true;
-    for (std::size_t j = 0; j < p && periodic; ++j) periodic = ks[n - 1 - j] == ks[n - 1 - j - p];
+    for (std::size_t j = std::max(p, n - n / 2); j < n && periodic; ++j) periodic = ks[j] == ks[j - p];
     if (periodic) return std::vector<int>(ks.end() - static_cast<std::ptrdiff_t>(p), ks.end());
   }
   return std::vector<int>(ks.begin() + static_cast<std::ptrdiff_t>(n / 2), ks.end());
@@ -615,9 +662,10 @@ Status register_deft(PolicyRegistry& r) {
       knob("deft_partition_size", "--deft-partition-size", KnobType::kBytes, "bucket partition size (III-D)",
            &DeftOptions::deft_partition_size),
       knob("deft_exact_max_items", "--deft-exact-items", KnobType::kInt,
-           "solve knapsacks of at most this many buckets exactly", &DeftOptions::deft_exact_max_items,
+           "also solve knapsacks of at most this many buckets exactly (0: the paper's greedy only)",
+           &DeftOptions::deft_exact_max_items,
            [](double v) { return v >= 0 && v <= 30; }, "must be in 0..30"),
-      knob("deft_max_retries", "--deft-max-retries", KnobType::kInt, "Preserver: capacity raises at most",
+      knob("deft_max_retries", "--deft-max-retries", KnobType::kInt, "Preserver: capacity raises at most (0: the Preserver off)",
            &DeftOptions::deft_max_retries, [](double v) { return v >= 0 && v <= 100; }, "must be in 0..100"),
       knob("deft_capacity_step", "--deft-capacity-step", KnobType::kDouble,
            "Preserver: each retry multiplies the knapsack capacities by 1 + this", &DeftOptions::deft_capacity_step,

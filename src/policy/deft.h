@@ -53,6 +53,12 @@ class DeftPolicy final : public AllReducePolicy {
   int greedy_losses() const { return greedy_losses_; }
   int knapsacks_solved() const { return knapsacks_; }
   double mu() const { return mu_; }
+  // The Preserver's outcome: E_OB / E_OD over the cycle it judged, the capacity raises it
+  // took and the capacity multiplier the policy runs with.
+  double preserver_ratio() const { return ratio_; }
+  int preserver_retries() const { return retries_; }
+  double capacity_scale() const { return scale_; }
+  const std::vector<int>& preserver_cycle() const { return cycle_; }
   // Set by make_deft: the Preserver's outcome, for the report.
   void set_preserver(int retries, double ratio, std::vector<int> cycle) {
     retries_ = retries, ratio_ = ratio, cycle_ = std::move(cycle);
@@ -123,10 +129,14 @@ class DeftPolicy final : public AllReducePolicy {
 };
 
 // The batch-size multiples of DeFT's updates over `iterations` iterations of a dry run on
-// the model (every collective completes by the end of its stage), after a warm-up.
+// the model: the compute chain from the profile (scaled by ctx.compute_factor), each link
+// one collective at a time at its a + bM (ctx.links), the policy's stage gates; the
+// schedule the all-reduce engine executes on a constant bandwidth, up to the order of
+// events at equal times.
 std::vector<int> deft_dry_run(const AllReduceContext& ctx, const PolicyOptions& o,
                               const std::vector<Block>& buckets, double capacity_scale, int iterations);
-// The shortest repeating cycle at the end of `ks` (the whole tail if none repeats).
+// The shortest cycle that repeats over the second half of `ks` (its second half if none
+// does).
 std::vector<int> batch_cycle(const std::vector<int>& ks);
 // III-D: DeFT's buckets for this job (partition, US-Byte re-partition, capacity constraint).
 std::vector<Block> deft_buckets(const AllReduceContext& ctx, const PolicyOptions& o, int* split);

@@ -13,7 +13,8 @@
 //   line 1   at every iteration start, E for each partition from the latest bandwidth
 //            estimate B (PsContext::bandwidth, then on_bandwidth_estimate(): Prophet's
 //            Network Bandwidth Monitor, section 4.2); c^(i) and A^(i) from the profile's
-//            backward times (the Training Job Profiler).
+//            backward times (the Training Job Profiler) times this worker's compute factor
+//            (PsContext::compute_factor): the profiler measures the GPU the job runs on.
 //   line 5-11 backward phase: when a step of the stepwise pattern is generated, assemble
 //            ready partitions in priority order (line 10) into one block while the next
 //            one still fits: T_used + E^(q) <= A (line 7, Constraint 11), starting at
@@ -105,7 +106,10 @@ class Prophet final : public PsPolicy {
     }
     // A step closes when the next layer to compute takes time; a zero-time layer below
     // generates its gradient at this same instant, so wait for it.
-    const TimeNs window = ctx_.profile->layers[static_cast<std::size_t>(layer - 1)].backward;
+    // The window is this worker's time for that backward: the profile's, scaled by its
+    // compute factor, as its GPU runs it.
+    const TimeNs window =
+        scale_time(ctx_.profile->layers[static_cast<std::size_t>(layer - 1)].backward, ctx_.compute_factor);
     if (window == 0) return;
     assemble_block(window, now, out);
   }
@@ -180,6 +184,7 @@ Result<std::unique_ptr<PsPolicy>> make_prophet_policy(const PolicyOptions& optio
   }
   if (options.startup_time < 0) return invalid_argument("--startup-time must be >= 0");
   if (context.bandwidth.bits_per_second <= 0) return invalid_argument("prophet needs a positive bandwidth");
+  if (!(context.compute_factor >= 0)) return invalid_argument("prophet needs a compute factor >= 0");
   return std::unique_ptr<PsPolicy>(new Prophet(options, context));
 }
 

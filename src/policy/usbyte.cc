@@ -24,14 +24,6 @@
 #include "quicksilver/core/check.h"
 
 namespace qs {
-namespace {
-
-TimeNs scaled(TimeNs t, double f) {
-  return f == 1.0 ? t : static_cast<TimeNs>(static_cast<double>(t) * f + 0.5);
-}
-
-}  // namespace
-
 IterationModel IterationModel::from(const AllReduceContext& ctx) {
   IterationModel m;
   const Profile& p = *ctx.profile;
@@ -42,10 +34,10 @@ IterationModel IterationModel::from(const AllReduceContext& ctx) {
   TimeNs t = 0;
   for (int l = n - 1; l >= 0; --l) {
     const LayerSpec& s = p.layers[static_cast<std::size_t>(l)];
-    m.backward[static_cast<std::size_t>(l)] = scaled(s.backward, ctx.compute_factor);
+    m.backward[static_cast<std::size_t>(l)] = scale_time(s.backward, ctx.compute_factor);
     t += m.backward[static_cast<std::size_t>(l)];
     m.ready[static_cast<std::size_t>(l)] = t;
-    m.forward[static_cast<std::size_t>(l)] = scaled(s.update + s.forward, ctx.compute_factor);
+    m.forward[static_cast<std::size_t>(l)] = scale_time(s.update + s.forward, ctx.compute_factor);
   }
   m.backward_end = t;
   m.cost = ctx.links.at(0);

@@ -24,8 +24,10 @@ struct JobLayout {
       : layout(job.profile), placement(layout, job.servers, job.policy_options.split_threshold) {}
   TensorLayout layout;
   Placement placement;
-  PsContext context(const JobOptions& job) const {
-    return PsContext{&job.profile, &layout, &placement, job.workers, job.servers, job.bandwidth, 0};
+  // The policy context of a node whose compute runs at `compute_factor` times the profile
+  // (a worker's WorkerOptions::compute_factor; 1 for a server, which computes nothing).
+  PsContext context(const JobOptions& job, double compute_factor) const {
+    return PsContext{&job.profile, &layout, &placement, job.workers, job.servers, job.bandwidth, 0, compute_factor};
   }
 };
 

@@ -54,7 +54,7 @@ struct Server::Impl final : transport::FrameHandler {
                               std::to_string(opts.job.servers) + ")");
     }
     QS_ASSIGN_OR_RETURN(auto policy, make_ps_policy(opts.job.policy, opts.job.policy_options,
-                                                    jl.context(opts.job)));
+                                                    jl.context(opts.job, 1.0)));
     discipline = policy->server_discipline();
     QS_ASSIGN_OR_RETURN(loop, transport::EventLoop::create());
     QS_ASSIGN_OR_RETURN(listener, transport::listen_tcp(opts.listen.host, opts.listen.port));

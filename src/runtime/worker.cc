@@ -59,7 +59,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
                               std::to_string(job.servers) + " servers");
     }
     if (!(opts.compute_factor >= 0)) return invalid_argument("compute factor must be >= 0");
-    QS_ASSIGN_OR_RETURN(policy, make_ps_policy(job.policy, job.policy_options, jl.context(job)));
+    QS_ASSIGN_OR_RETURN(policy, make_ps_policy(job.policy, job.policy_options, jl.context(job, opts.compute_factor)));
     QS_ASSIGN_OR_RETURN(loop, transport::EventLoop::create());
     const int priorities = jl.layout.num_tensors() + 1;
     sender = std::make_unique<transport::Sender>(send_order(policy->discipline()), priorities, *loop);

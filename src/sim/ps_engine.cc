@@ -286,10 +286,13 @@ Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy_
                               const SimOptions& opts) {
   const TensorLayout layout(profile);
   const Placement placement(layout, cluster.servers, popts.split_threshold);
-  const PsContext ctx{&profile, &layout, &placement, cluster.workers, cluster.servers,
-                      cluster.link_schedule().rate_at(0), cluster.latency};
+  auto factor_of = [&](int w) {
+    return cluster.compute_factor.empty() ? 1.0 : cluster.compute_factor[static_cast<std::size_t>(w)];
+  };
   std::vector<std::unique_ptr<PsPolicy>> policies;
   for (int w = 0; w < cluster.workers; ++w) {
+    const PsContext ctx{&profile, &layout, &placement, cluster.workers, cluster.servers,
+                        cluster.link_schedule().rate_at(0), cluster.latency, factor_of(w)};
     QS_ASSIGN_OR_RETURN(auto p, make_ps_policy(policy_name, popts, ctx));
     policies.push_back(std::move(p));
   }
@@ -300,7 +303,7 @@ Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy_
   std::vector<std::unique_ptr<EmulatedCompute>> gpus;
   std::vector<std::unique_ptr<TrainingLoop>> loops;
   for (int w = 0; w < cluster.workers; ++w) {
-    const double factor = cluster.compute_factor.empty() ? 1.0 : cluster.compute_factor[static_cast<std::size_t>(w)];
+    const double factor = factor_of(w);
     PsNetwork::Port& port = net.add_port(policies[static_cast<std::size_t>(w)]->discipline());
     if (opts.record_trace) port.record(&result.trace);
     gpus.push_back(std::make_unique<EmulatedCompute>(

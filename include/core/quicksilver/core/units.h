@@ -29,6 +29,13 @@ inline constexpr Bytes kGiB = 1024 * kMiB;
 // a + b, saturating at kTimeNever (times never wrap into the past). Precondition: b >= 0.
 constexpr TimeNs add_saturated(TimeNs a, TimeNs b) { return a > kTimeNever - b ? kTimeNever : a + b; }
 
+// `t` times a compute slowdown `factor`, rounded to the nearest ns. The one rounding rule
+// of the emulated GPU (engine/compute.h) and of every policy that plans with its times, so
+// that a plan and the compute it plans for agree to the ns.
+constexpr TimeNs scale_time(TimeNs t, double factor) {
+  return factor == 1.0 ? t : static_cast<TimeNs>(static_cast<double>(t) * factor + 0.5);
+}
+
 constexpr double to_ms(TimeNs t) { return static_cast<double>(t) / 1e6; }
 constexpr double to_us(TimeNs t) { return static_cast<double>(t) / 1e3; }
 constexpr double to_sec(TimeNs t) { return static_cast<double>(t) / 1e9; }

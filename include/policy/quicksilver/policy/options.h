@@ -116,8 +116,9 @@ struct PolicyOptions : PlacementOptions,
                        ProphetOptions,
                        DdpOptions,
                        DeftOptions {
-  // Random seed for policies that draw (DeFT's Preserver loss model). Not a knob: the
-  // job's --seed sets it.
+  // Random seed for a policy that draws. None does today: DeFT's Preserver computes the
+  // loss model's expectation in closed form and draws nothing. Not a knob: the job's
+  // --seed sets it.
   std::uint64_t seed = 1;
 };
 

@@ -62,6 +62,11 @@ struct PsContext {
   int servers = 1;
   Rate bandwidth{10'000'000'000};  // nominal NIC rate; on_bandwidth_estimate() updates it
   TimeNs latency = 0;              // one-way per-message latency
+  // This worker's compute slowdown: its GPU runs every profiled time times this factor
+  // (EmulatedCompute, ClusterConfig::compute_factor, WorkerOptions::compute_factor), so a
+  // policy that plans with the profile's times (Prophet's windows) scales them by it
+  // (scale_time). Workers may differ: each worker's policy gets its own.
+  double compute_factor = 1.0;
 };
 
 class PsPolicy {
