@@ -103,3 +103,33 @@ TEST(TbfLink, KernelRefusalIsReported) {
 
 }  // namespace
 }  // namespace qs::runtime
+
+namespace qs::runtime {
+namespace {
+
+// `--rto-min`: every host's route carries the metric; without it the route has none (the
+// kernel's 200 ms floor).
+TEST(NetnsRoutes, RtoMinIsSetOnEveryHostRouteOnlyWhenAsked) {
+  if (Status s = NetnsCluster::available(); !s.is_ok()) GTEST_SKIP() << s.message();
+  for (TimeNs rto : {TimeNs{0}, 5 * kNsPerMs}) {
+    NetnsOptions o;
+    o.hosts = 2;
+    o.rate = Rate::mbps(500);
+    o.rto_min = rto;
+    o.tag = "qsr" + std::to_string(getpid() % 100000);
+    auto c = NetnsCluster::create(o);
+    ASSERT_TRUE(c.is_ok()) << c.status().message();
+    for (int h = 0; h < 2; ++h) {
+      std::string out;
+      ASSERT_TRUE(run_command({"ip", "-n", (*c)->namespace_name(h), "route", "show"}, &out).is_ok());
+      if (rto > 0) {
+        EXPECT_NE(out.find("rto_min lock 5ms"), std::string::npos) << out;
+      } else {
+        EXPECT_EQ(out.find("rto_min"), std::string::npos) << out;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qs::runtime
