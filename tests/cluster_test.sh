@@ -40,6 +40,7 @@ check_run loopback --policy mercury,wfbp,p3,bytescheduler,tictac,mercury-nopreem
 import json; d = json.load(open('$tmp/j')); r = d['results'][0]
 assert r['iteration_ms'] > 0 and 'predicted_iteration_ms' in r and 'relative_error' in r, r
 assert 'goodput_fraction' not in d['config'], d['config']  # loopback: paced, nothing measured
+assert 0 <= r['cpu_idle'] <= 1, r  # the machine's CPU headroom during the run
 # --trace: each worker's measured timeline above the simulator's, same span names.
 ev = json.load(open('$tmp/rt.json'))['traceEvents']
 names = {e['pid']: e['args']['name'] for e in ev if e.get('name') == 'process_name'}

@@ -8,6 +8,9 @@
 namespace qs::cli {
 namespace {
 
+// Below this idle fraction of the machine's CPU a measured run is flagged as CPU-bound.
+constexpr double kCpuBoundIdle = 0.10;
+
 std::string config_line(const Job& job) {
   const ClusterConfig& c = job.cluster;
   std::string s = job.profile.name + ", batch " + std::to_string(job.profile.batch_size) + ", " +
@@ -38,9 +41,11 @@ void print_table(const Job& job, const std::vector<Row>& rows, const std::string
               std::string(statistic_name(job.sim.statistic)).c_str(),
               job.sim.iterations - job.sim.warmup, job.sim.warmup);
   const bool with_pred = !rows.empty() && rows.front().predicted.has_value();
+  const bool with_cpu = !rows.empty() && rows.front().result.cpu_idle >= 0;
   std::printf("%-18s %12s %12s %10s %10s %12s", "policy", "iteration", "samples/s", "scaling",
               "link util", "GPU idle");
   if (with_pred) std::printf(" %12s %8s", "predicted", "error");
+  if (with_cpu) std::printf(" %9s", "CPU idle");
   std::printf("\n");
   for (const Row& row : rows) {
     const SimResult& r = row.result;
@@ -51,7 +56,15 @@ void print_table(const Job& job, const std::vector<Row>& rows, const std::string
       std::printf(" %10.3fms %+7.1f%%", to_ms(row.predicted->iteration_time),
                   100.0 * rel_error(r, *row.predicted));
     }
+    if (with_cpu) std::printf(" %8.1f%%", 100.0 * std::max(0.0, r.cpu_idle));
     std::printf("\n");
+  }
+  for (const Row& row : rows) {
+    if (row.result.cpu_idle >= 0 && row.result.cpu_idle < kCpuBoundIdle) {
+      std::printf("  %s: CPU-bound: the machine was %.1f%% idle during this run (below %.0f%%), so the "
+                  "figure measures this machine's scheduler as much as the policy\n",
+                  row.result.policy.c_str(), 100.0 * row.result.cpu_idle, 100.0 * kCpuBoundIdle);
+    }
   }
   for (const Row& row : rows) {
     for (const std::string& n : row.result.notes) std::printf("  %s: %s\n", row.result.policy.c_str(), n.c_str());
@@ -77,8 +90,12 @@ void print_json(const Job& job, const std::vector<Row>& rows, std::optional<doub
                 {"events", r.events},
                 {"notes", r.notes}};
   };
+  auto with_cpu = [](json j, const SimResult& r) {
+    if (r.cpu_idle >= 0) j["cpu_idle"] = r.cpu_idle;
+    return j;
+  };
   for (const Row& row : rows) {
-    json j = one(row.result);
+    json j = with_cpu(one(row.result), row.result);
     if (row.predicted) {
       j["predicted_iteration_ms"] = to_ms(row.predicted->iteration_time);
       j["relative_error"] = rel_error(row.result, *row.predicted);

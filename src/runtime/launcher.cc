@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -202,6 +203,22 @@ std::vector<std::string> job_args(const Job& job, const std::string& profile_pat
 }
 
 // Runs one policy on the local cluster; returns the measured row (with the prediction).
+// The machine's CPU time so far, in clock ticks (the first line of /proc/stat): idle
+// (idle + iowait) and total. Zeros where /proc is not readable.
+struct CpuTicks {
+  std::uint64_t idle = 0, total = 0;
+};
+CpuTicks cpu_ticks() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  CpuTicks t;
+  if (!(in >> cpu) || cpu != "cpu") return t;
+  std::uint64_t v[8] = {};
+  for (int i = 0; i < 8 && (in >> v[i]); ++i) t.total += v[i];
+  t.idle = v[3] + v[4];
+  return t;
+}
+
 Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const LaunchOptions& f,
                              runtime::NetnsCluster* cluster, double goodput_ratio, const std::string& profile_path,
                              Logger& log) {
@@ -209,6 +226,7 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   const TimeNs timeout = f.timeout;
   const int n = job.cluster.workers, m = job.cluster.servers;
   std::vector<std::string> base = job_args(job, profile_path, policy, f);
+  const CpuTicks cpu_before = cpu_ticks();
   std::vector<Child> children;
   auto cleanup = [&] { kill_all(children); };
   // Servers: hosts 0..M-1.
@@ -366,6 +384,10 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   PolicyRun run;
   SimResult& r = run.row.result;
   r.policy = policy;
+  if (const CpuTicks cpu_after = cpu_ticks(); cpu_after.total > cpu_before.total) {
+    r.cpu_idle = static_cast<double>(cpu_after.idle - cpu_before.idle) /
+                 static_cast<double>(cpu_after.total - cpu_before.total);
+  }
   std::vector<runtime::WorkerReport>& reports = run.workers;
   for (int w = 0; w < n; ++w) {
     const Child& c = children[static_cast<std::size_t>(m + w)];

@@ -33,6 +33,10 @@ struct SimResult {
   std::uint64_t events = 0;
   std::vector<TraceSpan> trace;
   std::vector<std::string> notes;  // policy-specific reports (e.g. DeFT's update frequency)
+  // Measured runs: the fraction of the machine's CPU time that was idle while the run ran
+  // (every core, /proc/stat), so that a reader sees whether the emulation had headroom.
+  // -1: not measured (the simulator).
+  double cpu_idle = -1;
 };
 
 using RunResult = SimResult;
