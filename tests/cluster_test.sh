@@ -41,6 +41,9 @@ import json; d = json.load(open('$tmp/j')); r = d['results'][0]
 assert r['iteration_ms'] > 0 and 'predicted_iteration_ms' in r and 'relative_error' in r, r
 assert 'goodput_fraction' not in d['config'], d['config']  # loopback: paced, nothing measured
 assert 0 <= r['cpu_idle'] <= 1, r  # the machine's CPU headroom during the run
+# What TCP repaired, per iteration over every host (timeouts: on kernels that count them).
+assert len(r['retransmits_per_iteration']) == 4 and min(r['retransmits_per_iteration']) >= 0, r
+assert len(r.get('timeouts_per_iteration', [0] * 4)) == 4, r
 # --trace: each worker's measured timeline above the simulator's, same span names.
 ev = json.load(open('$tmp/rt.json'))['traceEvents']
 names = {e['pid']: e['args']['name'] for e in ev if e.get('name') == 'process_name'}

@@ -46,6 +46,8 @@ void print_table(const Job& job, const std::vector<Row>& rows, const std::string
               "link util", "GPU idle");
   if (with_pred) std::printf(" %12s %8s", "predicted", "error");
   if (with_cpu) std::printf(" %9s", "CPU idle");
+  const bool with_rto = !rows.empty() && !rows.front().result.timeouts.empty();
+  if (with_rto) std::printf(" %6s", "RTOs");
   std::printf("\n");
   for (const Row& row : rows) {
     const SimResult& r = row.result;
@@ -57,6 +59,11 @@ void print_table(const Job& job, const std::vector<Row>& rows, const std::string
                   100.0 * rel_error(r, *row.predicted));
     }
     if (with_cpu) std::printf(" %8.1f%%", 100.0 * std::max(0.0, r.cpu_idle));
+    if (with_rto) {
+      std::int64_t rtos = 0;
+      for (std::int64_t t : r.timeouts) rtos += t;
+      std::printf(" %6lld", static_cast<long long>(rtos));
+    }
     std::printf("\n");
   }
   for (const Row& row : rows) {
@@ -92,6 +99,8 @@ void print_json(const Job& job, const std::vector<Row>& rows, std::optional<doub
   };
   auto with_cpu = [](json j, const SimResult& r) {
     if (r.cpu_idle >= 0) j["cpu_idle"] = r.cpu_idle;
+    if (!r.retransmits.empty()) j["retransmits_per_iteration"] = r.retransmits;
+    if (!r.timeouts.empty()) j["timeouts_per_iteration"] = r.timeouts;
     return j;
   };
   for (const Row& row : rows) {

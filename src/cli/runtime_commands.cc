@@ -3,6 +3,7 @@
 #include "runtime_commands.h"
 
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "quicksilver/launch/launcher.h"
@@ -155,6 +156,10 @@ int run_server_role(const RoleFlags& f) {
   }
   Status s = (*server)->run();
   if (!s.is_ok()) return fail("quicksilver server " + std::to_string(f.id), s, 1);
+  // The launcher reads this last line: what TCP repaired on this server's connections.
+  const runtime::Server::Repairs& rep = (*server)->repairs();
+  std::cout << nlohmann::json{{"server", f.id}, {"retransmits", rep.retransmits}, {"timeouts", rep.timeouts}}.dump()
+            << std::endl;
   return 0;
 }
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -403,6 +404,27 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
       r.iteration_times[k] = std::max(r.iteration_times[k], times[k]);
     }
   }
+  // What TCP repaired, per iteration, over every host: the workers' reports and each
+  // server's last line (a server whose line is missing or malformed adds nothing).
+  auto add_repairs = [](std::vector<std::int64_t>* sum, const std::vector<std::int64_t>& v) {
+    if (sum->size() < v.size()) sum->resize(v.size(), 0);
+    for (std::size_t k = 0; k < v.size(); ++k) (*sum)[k] += v[k];
+  };
+  bool timeouts_known = true;
+  for (const runtime::WorkerReport& rep : reports) {
+    add_repairs(&r.retransmits, rep.retransmits);
+    add_repairs(&r.timeouts, rep.timeouts);
+    timeouts_known &= !rep.timeouts.empty();
+  }
+  for (int s = 0; s < m; ++s) {
+    try {
+      const auto j = nlohmann::json::parse(last_line(children[static_cast<std::size_t>(s)].out_text));
+      add_repairs(&r.retransmits, j.at("retransmits").get<std::vector<std::int64_t>>());
+      add_repairs(&r.timeouts, j.at("timeouts").get<std::vector<std::int64_t>>());
+    } catch (const std::exception&) {
+    }
+  }
+  if (!timeouts_known) r.timeouts.clear();  // the kernel does not count them
   const runtime::WorkerReport& w0 = reports[0];
   // Every worker's uplink (each one's median over its steady iterations): the median
   // worker, so that one worker's noisy iterations do not decide the figure.

@@ -24,6 +24,8 @@ std::string report_to_json(const WorkerReport& r) {
               {"queue_delay_ns", {r.queue_delay_p50, r.queue_delay_p99, r.queue_delay_max}},
               {"urgent_delay_ns", {r.urgent_delay_p50, r.urgent_delay_p99, r.urgent_delay_max}},
               {"iterations_verified", r.iterations_verified},
+              {"retransmits", r.retransmits},
+              {"timeouts", r.timeouts},
               {"first_backward_ns", r.first_backward_at},
               {"trace", trace}}
       .dump();
@@ -52,6 +54,8 @@ Result<WorkerReport> report_from_json(std::string_view line) {
     r.urgent_delay_p99 = u.at(1).get<TimeNs>();
     r.urgent_delay_max = u.at(2).get<TimeNs>();
     r.iterations_verified = j.value("iterations_verified", 0);
+    r.retransmits = j.value("retransmits", std::vector<std::int64_t>());
+    r.timeouts = j.value("timeouts", std::vector<std::int64_t>());
     r.first_backward_at = j.value("first_backward_ns", TimeNs{0});
     if (j.contains("trace")) {
       for (const json& e : j.at("trace")) {

@@ -103,12 +103,37 @@ struct Server::Impl final : transport::FrameHandler {
     });
     schedule_watchdog();
     Status s = loop->run([this] { return finished(); });
+    note_repairs(std::max<std::int64_t>(slot_iteration[0], slot_iteration[1]));
     // Closing every connection makes the remaining peers fail fast instead of waiting.
     for (Peer& p : peers) {
       if (p.conn && !p.conn->closed()) p.conn->close(s.is_ok() ? Status::ok() : s, !s.is_ok());
     }
     pending.clear();
     return s;
+  }
+
+  // Attributes what TCP repaired since the last call to `iteration` (< 0: nothing yet).
+  void note_repairs(std::int64_t iteration) {
+    transport::TcpRepairs now;
+    bool timeouts = true;
+    for (const Peer& p : peers) {
+      if (!p.conn || p.conn->closed()) continue;
+      auto r = transport::tcp_repairs(p.conn->fd());
+      if (!r.is_ok()) continue;
+      now.retransmitted_segments += r->retransmitted_segments;
+      if (r->timeouts < 0) timeouts = false;
+      now.timeouts = std::max<std::int64_t>(now.timeouts, 0) + std::max<std::int64_t>(r->timeouts, 0);
+    }
+    if (iteration >= 0) {
+      const auto k = static_cast<std::size_t>(iteration);
+      if (repairs.retransmits.size() <= k) repairs.retransmits.resize(k + 1, 0);
+      repairs.retransmits[k] += std::max<std::int64_t>(0, now.retransmitted_segments - repairs_seen.retransmitted_segments);
+      if (timeouts) {
+        if (repairs.timeouts.size() <= k) repairs.timeouts.resize(k + 1, 0);
+        repairs.timeouts[k] += std::max<std::int64_t>(0, now.timeouts - repairs_seen.timeouts);
+      }
+    }
+    repairs_seen = now;
   }
 
   bool finished() const {
@@ -208,6 +233,7 @@ struct Server::Impl final : transport::FrameHandler {
                                          std::to_string(slot_iteration[slot]) + " is unfinished");
       }
       slot_iteration[slot] = h.iteration;
+      note_repairs(static_cast<std::int64_t>(h.iteration) - 1);
     }
     auto& map = units[slot];
     const auto key = std::make_pair(static_cast<TensorId>(h.tensor), h.offset);
@@ -405,6 +431,8 @@ struct Server::Impl final : transport::FrameHandler {
   std::vector<float> accum[2];                 // by iteration parity
   std::map<std::pair<TensorId, std::uint64_t>, Unit> units[2];  // live units by parity
   std::int64_t slot_iteration[2] = {-1, -1};
+  Server::Repairs repairs;            // per iteration (note_repairs)
+  transport::TcpRepairs repairs_seen{0, 0};  // the connections' totals at the last note
   std::int64_t live[2] = {0, 0};
   std::vector<Peer> peers;                     // by worker id
   std::map<int, std::unique_ptr<Connection>> pending;  // before hello, by temporary index
@@ -423,6 +451,7 @@ Result<std::unique_ptr<Server>> Server::create(ServerOptions options) {
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
+const Server::Repairs& Server::repairs() const { return impl_->repairs; }
 int Server::port() const { return impl_->port; }
 Status Server::run() { return impl_->run(); }
 void Server::request_stop(const std::string& why) { impl_->loop->request_stop(why); }

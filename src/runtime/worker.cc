@@ -149,6 +149,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     // Training.
     last_rx = loop->now();
     bytes_at_start = bytes_written();
+    (void)take_repairs();  // the baseline: what the rendezvous needed does not count
     schedule_watchdog();
     training->start();
     QS_RETURN_IF_ERROR(loop->run([this] { return finished && all_flushed(); }));
@@ -195,7 +196,28 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     return false;
   }
 
+  // What TCP repaired on this worker's connections since the last call.
+  transport::TcpRepairs take_repairs() {
+    transport::TcpRepairs now{0, 0};
+    bool timeouts = true;
+    for (const auto& c : conns) {
+      if (c->closed()) continue;
+      auto r = transport::tcp_repairs(c->fd());
+      if (!r.is_ok()) continue;
+      now.retransmitted_segments += r->retransmitted_segments;
+      if (r->timeouts < 0) timeouts = false;
+      now.timeouts += std::max<std::int64_t>(r->timeouts, 0);
+    }
+    const transport::TcpRepairs delta{now.retransmitted_segments - repairs_seen.retransmitted_segments,
+                                      timeouts ? now.timeouts - repairs_seen.timeouts : -1};
+    repairs_seen = now;
+    return delta;
+  }
+
   void iteration_ended(std::int64_t it) {
+    const transport::TcpRepairs r = take_repairs();
+    retransmits.push_back(std::max<std::int64_t>(0, r.retransmitted_segments));
+    if (r.timeouts >= 0) timeouts.push_back(r.timeouts);
     for (const transport::QueueSample& q : sender->take_samples()) {
       if (it < opts.warmup && it + 1 < opts.job.iterations) continue;
       delays.push_back(q.delay);
@@ -443,6 +465,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     r.urgent_delay_p99 = transport::percentile(urgent_delays, 99);
     r.urgent_delay_max = transport::percentile(urgent_delays, 100);
     r.iterations_verified = known ? known->iterations_verified() : 0;
+    r.retransmits = retransmits;
+    r.timeouts = timeouts;
     // The measured timeline, time 0 = the first backward pass (as in the simulator).
     r.first_backward_at = training->first_backward_at();
     for (TraceSpan& s : trace) {
@@ -488,6 +512,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   Bytes bytes_pushed = 0;
   std::int64_t units_pushed = 0;
   std::vector<TimeNs> delays, urgent_delays;
+  transport::TcpRepairs repairs_seen{0, 0};         // the connections' totals at the last look
+  std::vector<std::int64_t> retransmits, timeouts;  // per iteration
 };
 
 Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

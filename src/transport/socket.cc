@@ -129,6 +129,29 @@ Result<std::int64_t> unacknowledged_bytes(int fd) {
   return std::int64_t{n};
 }
 
+Result<TcpRepairs> tcp_repairs(int fd) {
+  // Read as bytes at the kernel ABI's offsets (uapi linux/tcp.h, append-only): the libc
+  // and kernel headers here predate tcpi_total_rto, and a struct that ends earlier would
+  // pad differently. tcpi_total_retrans is at 100 (u32); after tcpi_snd_wnd (228) come
+  // tcpi_rcv_wnd (232), tcpi_rehash (236), tcpi_total_rto (240, u16).
+  constexpr std::size_t kTotalRetrans = 100, kTotalRto = 240;
+  unsigned char buf[512] = {};
+  socklen_t len = sizeof buf;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, buf, &len) != 0) return errno_status("getsockopt(TCP_INFO)", errno);
+  TcpRepairs r;
+  if (len >= kTotalRetrans + 4) {
+    std::uint32_t v;
+    std::memcpy(&v, buf + kTotalRetrans, sizeof v);
+    r.retransmitted_segments = v;
+  }
+  if (len >= kTotalRto + 2) {
+    std::uint16_t v;
+    std::memcpy(&v, buf + kTotalRto, sizeof v);
+    r.timeouts = v;
+  }
+  return r;
+}
+
 Status enable_tx_timestamps(int fd) {
   const int flags = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_ID |
                     SOF_TIMESTAMPING_OPT_TSONLY;

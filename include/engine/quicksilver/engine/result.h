@@ -37,6 +37,10 @@ struct SimResult {
   // (every core, /proc/stat), so that a reader sees whether the emulation had headroom.
   // -1: not measured (the simulator).
   double cpu_idle = -1;
+  // Measured runs: what TCP repaired per iteration, summed over every host: retransmitted
+  // segments, and retransmission timeouts (empty where the kernel does not count them,
+  // before Linux 6.7). Empty for the simulator.
+  std::vector<std::int64_t> retransmits, timeouts;
 };
 
 using RunResult = SimResult;

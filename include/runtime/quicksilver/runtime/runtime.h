@@ -112,6 +112,9 @@ struct WorkerReport {
   TimeNs queue_delay_p50 = 0, queue_delay_p99 = 0, queue_delay_max = 0;
   TimeNs urgent_delay_p50 = 0, urgent_delay_p99 = 0, urgent_delay_max = 0;
   int iterations_verified = 0;     // iterations whose every pulled element was checked
+  // What TCP repaired on this worker's connections (its pushes), per iteration:
+  // retransmitted segments, and retransmission timeouts (empty on kernels before 6.7).
+  std::vector<std::int64_t> retransmits, timeouts;
   // When the first backward pass began, on the loop's clock (CLOCK_MONOTONIC, the same in
   // every process of one machine): where the simulator's time 0 falls.
   TimeNs first_backward_at = 0;
@@ -148,6 +151,15 @@ class Server {
   int port() const;
   // Serves until all N workers said bye (OK) or a failure. Blocks.
   Status run();
+  // After run(): what TCP repaired on this server's connections (its acknowledgements and
+  // pulls: the incast direction), per iteration: retransmitted segments and
+  // retransmission timeouts (timeouts empty on kernels before 6.7). A server learns that
+  // iteration k is over when the first push of k + 1 arrives, so a repair near that
+  // boundary may be counted in the neighbouring iteration.
+  struct Repairs {
+    std::vector<std::int64_t> retransmits, timeouts;
+  };
+  const Repairs& repairs() const;
   void request_stop(const std::string& why);
 
  private:

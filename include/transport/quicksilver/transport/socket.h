@@ -67,6 +67,15 @@ Result<std::string> congestion_of(int fd);
 // unsent plus in flight).
 Result<std::int64_t> unacknowledged_bytes(int fd);
 
+// What a connection's TCP has had to repair so far (TCP_INFO): segments retransmitted
+// (tcpi_total_retrans), and retransmission timeouts (tcpi_total_rto, Linux 6.7 and later;
+// -1 on an older kernel). Both only grow; take differences.
+struct TcpRepairs {
+  std::int64_t retransmitted_segments = 0;
+  std::int64_t timeouts = -1;
+};
+Result<TcpRepairs> tcp_repairs(int fd);
+
 // Transmit timestamps: when written bytes left this host (the driver's software timestamp,
 // taken after the qdisc, so after any tc shaper's queue), as the simulator's "on the wire".
 // enable_tx_timestamps asks for one (SO_TIMESTAMPING: TX_SOFTWARE, OPT_ID, OPT_TSONLY) for
