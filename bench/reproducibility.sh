@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Does the emulated cluster give the same answer run after run? (issue 16, point 5)
+# Every PS policy on the e2e scenarios (bench/e2e.sh), RUNS independent runs each: every
+# run builds its own cluster (4 workers, 4 servers, network namespaces, tc-shaped links),
+# measures the iperf3 goodput and runs the policies. Per scenario and policy it prints
+# the median (min to max) of the iteration time, its spread (max / min), the link
+# utilisation, the prediction error, the retransmission timeouts over all hosts and
+# the machine's CPU idle share. It then checks the issue's targets: Mercury's spread at
+# most 1.10, its utilisation median at least 95 % and minimum at least 92 % (constant-rate
+# scenarios), and every prediction within 10 %.
+# Extra arguments go to every `quicksilver run` (e.g. --rto-min 5ms), so settings can be
+# compared with one command each.
+# Needs root. Usage: bash bench/reproducibility.sh [build/quicksilver] [runs] [run flags...]
+#   (about 4 minutes per run of all scenarios on this project's machine)
+set -euo pipefail
+qs=${1:-build/quicksilver}
+runs=${2:-5}
+shift $(( $# > 2 ? 2 : $# ))
+extra=("$@")
+policies=wfbp,p3,tictac,bytescheduler,prophet,mercury-nopreempt,mercury
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+scenarios=(
+  "vgg16 10Gbps 6"
+  "vgg16 25Gbps 6"
+  "resnet50 10Gbps 6"
+  "resnet50 25Gbps 6"
+  "alexnet 10Gbps 4"
+  "alexnet 25Gbps 4"
+)
+for r in $(seq "$runs"); do
+  for s in "${scenarios[@]}"; do
+    read -r model bw iters <<< "$s"
+    "$qs" run --netns --model "$model" --policy "$policies" --workers 4 --servers 4 --bandwidth "$bw" \
+      --iterations "$iters" --timeout 300s --keep-going --json "${extra[@]}" > "$tmp/$model-$bw-$r.json" || true
+  done
+  "$qs" run --netns --model resnet50 --policy "$policies" --workers 4 --servers 4 --bandwidth 10Gbps \
+    --bandwidth-trace random:1Gbps:10Gbps:500ms:7 --iterations 16 --statistic mean --timeout 300s --keep-going \
+    --json "${extra[@]}" > "$tmp/resnet50-dynamic-$r.json" || true
+done
+python3 - "$tmp" "$runs" "${extra[*]:-}" <<'EOF'
+import json, statistics, sys, glob, os
+tmp, runs, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+scen = ["vgg16-10Gbps", "vgg16-25Gbps", "resnet50-10Gbps", "resnet50-25Gbps", "alexnet-10Gbps",
+        "alexnet-25Gbps", "resnet50-dynamic"]
+print(f"Every PS policy, 4 workers + 4 servers, {runs} independent runs each (median (min to max))"
+      + (f"; run flags: {extra}" if extra else ""))
+print()
+print("| scenario | policy | iteration (ms) | spread | link utilisation | prediction error | RTOs | CPU idle |")
+print("|---|---|---|---|---|---|---|---|")
+failures, missing = [], []
+for sc in scen:
+    rows = {}
+    for r in range(1, runs + 1):
+        path = f"{tmp}/{sc}-{r}.json"
+        try:
+            d = json.load(open(path))
+        except Exception:
+            missing.append(f"{sc} run {r}")
+            continue
+        for res in d["results"]:
+            rows.setdefault(res["policy"], []).append(res)
+    for pol, rs in rows.items():
+        it = [x["iteration_ms"] for x in rs]
+        ut = [x["link_utilisation"] for x in rs]
+        er = [x["relative_error"] for x in rs]
+        rto = [sum(x.get("timeouts_per_iteration", [])) for x in rs]
+        idle = [x.get("cpu_idle", -1) for x in rs]
+        spread = max(it) / min(it)
+        cell = lambda v, f: f"{f(statistics.median(v))} ({f(min(v))} to {f(max(v))})"
+        print(f"| {sc} | {pol} | {cell(it, lambda x: f'{x:.1f}')} | {spread:.2f} "
+              f"| {cell(ut, lambda x: f'{100 * x:.1f} %')} | {cell(er, lambda x: f'{100 * x:+.1f} %')} "
+              f"| {sum(rto)} | {100 * statistics.median(idle):.0f} % |")
+        if pol == "mercury":
+            if spread > 1.10: failures.append(f"{sc}: mercury's spread {spread:.2f} > 1.10")
+            # Utilisation is relative to the nominal rate's goodput: not a target under a
+            # changing rate.
+            if sc.endswith("dynamic"): continue
+            if statistics.median(ut) < 0.95: failures.append(f"{sc}: mercury's utilisation median {100 * statistics.median(ut):.1f} % < 95 %")
+            if min(ut) < 0.92: failures.append(f"{sc}: mercury's utilisation minimum {100 * min(ut):.1f} % < 92 %")
+        if abs(statistics.median(er)) > 0.10:
+            failures.append(f"{sc}: {pol}'s prediction error median {100 * statistics.median(er):+.1f} % is outside 10 %")
+print()
+for m in missing: print(f"missing: {m} (the run failed)")
+print(f"targets: {len(failures)} missed")
+for f in failures: print(f"  {f}")
+EOF
