@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-pytest python3-numpy python3-matplotlib
   iproute2 iperf3
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -69,6 +69,54 @@ expect_ok simulate --model resnet50 --policy mercury --iterations 4 --statistic 
 grep -q "mean of 3 iterations after 1 warm-up" "$tmp/out" && ok || bad "table title does not say mean: $(head -1 "$tmp/out")"
 expect_error "--statistic: 'average' is neither median nor mean" simulate --policy wfbp --statistic average
 python3 -c "import json; d=json.load(open('$tmp/t.json')); assert d['traceEvents']" && ok || bad "trace"
+
+# Bad input is exit 2 with one line, never 3, never unbounded (issue 15, point 3).
+# expect_bad "needle" args...: exit status exactly 2, one line on stderr holding needle,
+# within 20 seconds.
+expect_bad() {
+  local needle=$1; shift
+  timeout 20 "$qs" "$@" > "$tmp/out" 2> "$tmp/err" < /dev/null; local rc=$?
+  if [ $rc -ne 2 ]; then bad "quicksilver $* exited $rc (want 2): $(head -c 300 "$tmp/err")"; return; fi
+  if [ "$(wc -l < "$tmp/err")" -ne 1 ]; then bad "quicksilver $*: not one line: $(cat "$tmp/err")"; return; fi
+  grep -qF -- "$needle" "$tmp/err" && ok || bad "quicksilver $*: stderr lacks '$needle': $(cat "$tmp/err")"
+}
+echo '{"layers": [{"name": "fc", "forward_ms": 1e400, "backward_ms": 1, "tensors": [{"name": "w", "elements": 3}]}]}' > "$tmp/huge.json"
+expect_bad "not valid JSON" simulate --model "$tmp/huge.json" --policy wfbp
+echo '{"layers": [{"name": "fc", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": 1e400}]}]}' > "$tmp/huge2.json"
+expect_bad "not valid JSON" simulate --model "$tmp/huge2.json" --policy wfbp
+latin1=$(printf '%s/caf\351.json' "$tmp")
+echo '{"layers": [{"name": "fc", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": 1024}]}]}' > "$latin1"
+expect_ok simulate --model "$latin1" --policy wfbp --json --iterations 2
+python3 -c "import json; d=json.load(open('$tmp/out')); assert d['config']['model'] == 'caf?', d['config']" && ok || bad "non-UTF-8 profile name in --json"
+before=$(ls -d /tmp/qs-run-* 2>/dev/null | wc -l)
+expect_ok run --model "$latin1" --policy wfbp --workers 1 --servers 1 --iterations 2 --json
+after=$(ls -d /tmp/qs-run-* 2>/dev/null | wc -l)
+[ "$after" -le "$before" ] && ok || bad "run left a qs-run-* directory behind"
+expect_bad "--scale must be in (0, 1]" run --model vgg16 --policy mercury --scale nan
+expect_bad "--scale must be in (0, 1]" run --model vgg16 --policy mercury --scale -0.5
+expect_bad "a scaled link needs at least 1Mbps" run --model vgg16 --policy mercury --scale 1e-9
+expect_bad "--workers must be in 1..64" coordinator --listen 127.0.0.1:0 --workers 2000000000
+expect_bad "--servers must be in 1..1024" coordinator --listen 127.0.0.1:0 --servers 2000000000
+expect_bad "--servers must be in 1..1024" run --model vgg16 --policy mercury --servers 1025
+expect_bad "at most 128 processes" run --model vgg16 --policy mercury --servers 100 --workers 64
+expect_bad "--workers must be in 1..64" worker --worker-id 0 --connect 127.0.0.1:1 --policy mercury --workers 65
+expect_bad "not a regular file" simulate --model /dev/zero --policy wfbp
+expect_bad "not a regular file" simulate --policy wfbp --bandwidth-trace /dev/zero
+expect_bad "not a regular file" simulate --policy wfbp --allreduce-fit /dev/zero --architecture allreduce
+mkfifo "$tmp/fifo"
+expect_bad "not a regular file" simulate --model "$tmp/fifo" --policy wfbp
+expect_bad "not a regular file" simulate --policy wfbp --bandwidth-trace "$tmp/fifo"
+head -c $((65 * 1024 * 1024)) /dev/zero > "$tmp/big.json"
+expect_bad "larger than the limit of 64 MiB" simulate --model "$tmp/big.json" --policy wfbp
+rm -f "$tmp/big.json"
+expect_bad "--packet-size 1B cuts vgg16" simulate --policy mercury --packet-size 1B
+expect_bad "the limit is 1048576 per worker" simulate --policy bytescheduler --partition-size 1B
+expect_bad "--slice-size 1B" simulate --policy p3 --slice-size 1B
+expect_bad "--prophet-partition-size 1B" simulate --policy prophet --prophet-partition-size 1B
+expect_bad "--deft-partition-size 1B" simulate --architecture allreduce --policy deft --deft-partition-size 1B
+expect_bad "over all workers" simulate --policy mercury --workers 4096
+expect_bad "--packet-size 1B" run --model vgg16 --policy mercury --packet-size 1B
+expect_bad "--deft-exact-items must be in 0..20" simulate --architecture allreduce --policy deft --deft-exact-items 25
 "$qs" bogus-command > /dev/null 2>&1; [ $? -ne 0 ] && ok || bad "unknown subcommand accepted"
 
 echo "$pass passed, $fail failed"

@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <fstream>
 #include <set>
 
 #include "quicksilver/core/bandwidth_schedule.h"
@@ -7,6 +11,7 @@
 #include "quicksilver/core/priority_fifo.h"
 #include "quicksilver/core/rng.h"
 #include "quicksilver/core/status.h"
+#include "quicksilver/core/text_table.h"
 #include "quicksilver/core/units.h"
 
 namespace qs {
@@ -66,6 +71,40 @@ TEST(Units, FormatsHumanReadable) {
   EXPECT_EQ(format_time(1'500'000), "1.5ms");
   EXPECT_EQ(format_size(32 * 1024), "32KiB");
   EXPECT_EQ(format_rate(Rate::gbps(10)), "10Gbps");
+}
+
+TEST(TextFile, ReadsARegularFileWithinTheBound) {
+  const std::string path = ::testing::TempDir() + "/qs_text_file.txt";
+  std::ofstream(path) << "0s 1Gbps\n";
+  auto t = read_text_file(path, "trace");
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  EXPECT_EQ(*t, "0s 1Gbps\n");
+  auto small = read_text_file(path, "trace", 4);
+  EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(small.status().message().find("larger than the limit"), std::string::npos);
+  std::remove(path.c_str());
+  EXPECT_EQ(read_text_file(path, "trace").status().code(), StatusCode::kNotFound);
+}
+
+TEST(TextFile, RefusesDevicesFifosAndDirectoriesWithoutReading) {
+  auto dev = read_text_file("/dev/zero", "profile");
+  EXPECT_EQ(dev.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(dev.status().message().find("not a regular file (profile)"), std::string::npos);
+  const std::string fifo = ::testing::TempDir() + "/qs_text_fifo";
+  std::remove(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(read_text_file(fifo, "trace").status().message().find("not a regular file"), std::string::npos);
+  std::remove(fifo.c_str());
+  EXPECT_NE(read_text_file("/", "trace").status().message().find("is a directory"), std::string::npos);
+}
+
+TEST(TextFile, Utf8CheckAndSanitise) {
+  EXPECT_TRUE(is_valid_utf8("caf\xc3\xa9"));
+  EXPECT_FALSE(is_valid_utf8("caf\xe9"));
+  EXPECT_FALSE(is_valid_utf8("\xc0\xaf"));          // overlong
+  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));      // a surrogate
+  EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));  // above U+10FFFF
+  EXPECT_EQ(sanitize_utf8("caf\xe9.x\xc3\xa9"), "caf?.x\xc3\xa9");
 }
 
 TEST(Status, CarriesCodeMessageAndContext) {

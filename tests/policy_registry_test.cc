@@ -195,9 +195,29 @@ TEST(KnobTable, ValidationNamesTheFlag) {
   const PolicyRegistry& reg = policy_registry();
   EXPECT_THAT(reg.find_knob("packet_size")->parse("0KiB", &o).message(), ::testing::HasSubstr("--packet-size must be positive"));
   EXPECT_THAT(reg.find_knob("deft_epsilon")->parse("2", &o).message(), ::testing::HasSubstr("--deft-epsilon must be in (0, 1)"));
-  EXPECT_THAT(reg.find_knob("deft_exact_max_items")->parse("31", &o).message(),
-              ::testing::HasSubstr("--deft-exact-items must be in 0..30"));
+  EXPECT_THAT(reg.find_knob("deft_exact_max_items")->parse("21", &o).message(),
+              ::testing::HasSubstr("--deft-exact-items must be in 0..20"));
   EXPECT_THAT(reg.find_knob("startup_time")->parse("fast", &o).message(), ::testing::HasSubstr("--startup-time"));
+}
+
+TEST(KnobTable, UnitBudgetBoundsUnitsPerIteration) {
+  Profile p;
+  p.name = "m";
+  p.layers.push_back(LayerSpec{.name = "l", .forward = 1, .backward = 1, .tensors = {{"t", 1 << 20, 4}}});  // 4 MiB
+  PolicyOptions o;
+  EXPECT_TRUE(check_unit_budget(p, "mercury", Architecture::kPs, o, 4).is_ok());
+  o.packet_size = 2;  // 2 Mi units per worker
+  const Status s = check_unit_budget(p, "mercury", Architecture::kPs, o, 1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("--packet-size 2B cuts m's"));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("the limit is 1048576 per worker"));
+  o.packet_size = 4;  // 1 Mi units per worker: fits one worker, not 8 (8 Mi over all)
+  EXPECT_TRUE(check_unit_budget(p, "mercury", Architecture::kPs, o, 1).is_ok());
+  EXPECT_THAT(check_unit_budget(p, "mercury", Architecture::kPs, o, 8).message(),
+              ::testing::HasSubstr("the limit is 4194304 over all workers"));
+  // wfbp reads no cutting knob; an unknown policy is the caller's to report.
+  EXPECT_TRUE(check_unit_budget(p, "wfbp", Architecture::kPs, o, 8).is_ok());
+  EXPECT_TRUE(check_unit_budget(p, "nope", Architecture::kPs, o, 8).is_ok());
 }
 
 TEST(KnobTable, ScalingTouchesOnlyScalingKnobs) {

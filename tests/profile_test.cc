@@ -59,6 +59,22 @@ TEST(Profile, SaveThenLoadRoundTrips) {
 
 TEST(Profile, RejectsInvalidJson) { expect_error("{\"layers\": [", {"p.json", "not valid JSON"}); }
 
+TEST(Profile, NumbersBeyondDoubleAreBadInputNotExceptions) {
+  expect_error(R"({"layers": [{"name": "a", "forward_ms": 1e400, "backward_ms": 1,
+                  "tensors": [{"name": "w", "elements": 3}]}]})",
+               {"p.json", "not valid JSON", "1e400"});
+}
+
+TEST(Profile, NamesMustBeUtf8AndFileNamesAreSanitised) {
+  auto p = profile_from_json(R"({"layers": [{"name": "a", "forward_ms": 1, "backward_ms": 1,
+                                "tensors": [{"name": "w", "elements": 3}]}]})",
+                             "caf\xe9.json", "caf\xe9");
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(p->name, "caf?");
+  p->layers[0].name = "\xff";
+  EXPECT_NE(validate_profile(*p).message().find(": name must be UTF-8"), std::string::npos);
+}
+
 TEST(Profile, RejectsNonObject) { expect_error("[1, 2]", {"JSON object"}); }
 
 TEST(Profile, RejectsZeroLayers) { expect_error(R"({"layers": []})", {"at least one layer"}); }

@@ -125,7 +125,10 @@ void print_json(const Job& job, const std::vector<Row>& rows, std::optional<doub
                  {"warmup", job.sim.warmup},
                  {"statistic", statistic_name(job.sim.statistic)}};
   if (goodput) config["goodput_fraction"] = *goodput;
-  std::cout << json{{"results", results}, {"config", config}, {"seed", job.sim.seed}}.dump(1) << "\n";
+  // replace: a name that is not UTF-8 (a profile built by a caller) prints, with U+FFFD.
+  std::cout << json{{"results", results}, {"config", config}, {"seed", job.sim.seed}}.dump(
+                   1, ' ', false, json::error_handler_t::replace)
+            << "\n";
 }
 
 }  // namespace qs::cli

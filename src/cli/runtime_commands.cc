@@ -80,6 +80,7 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
     if (!r) return r.status().with_context("--pacing-rate");
     o.socket.max_pacing_rate = static_cast<std::int64_t>(r->bytes_per_second());
   }
+  QS_RETURN_IF_ERROR(runtime::validate_job(o));  // bad input is exit 2, before any socket
   return o;
 }
 
@@ -251,7 +252,6 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   auto rto = parse_time(f.rto_min);
   if (!rto) return fail("quicksilver", rto.status().with_context("--rto-min"));
   o.rto_min = *rto;
-  if (f.scale < 0 || f.scale > 1) return fail("quicksilver", "--scale must be in (0, 1] (or 0 for automatic)");
   o.log = [](std::string_view m) { std::cerr << "quicksilver run: " << m << "\n"; };
   auto run = qs::run_cluster(std::move(*job), o);
   if (!run) return fail("quicksilver run", run.status());

@@ -41,7 +41,7 @@ Status write_chrome_trace(const std::vector<SimResult>& results, const std::stri
   json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
   std::ofstream out(path, std::ios::trunc);
   if (!out) return io_error(path + ": cannot open trace file for writing");
-  out << doc.dump() << "\n";
+  out << doc.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
   if (!out) return io_error(path + ": write failed");
   return Status::ok();
 }

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "quicksilver/core/text_table.h"
+
 namespace qs {
 
 Bytes LayerSpec::bytes() const {
@@ -53,6 +55,7 @@ std::string layer_ref(std::size_t i, const std::string& name) {
 }  // namespace
 
 Status validate_profile(const Profile& p, const ProfileLimits& limits) {
+  if (!is_valid_utf8(p.name)) return invalid_argument("name must be UTF-8");
   if (p.batch_size <= 0) return invalid_argument("batch_size must be a positive integer");
   if (p.layers.empty()) return invalid_argument("layers: a profile needs at least one layer");
   if (p.num_layers() > limits.max_layers) {
@@ -66,6 +69,7 @@ Status validate_profile(const Profile& p, const ProfileLimits& limits) {
     const LayerSpec& l = p.layers[i];
     const std::string ref = layer_ref(i, l.name);
     if (l.name.empty()) return invalid_argument(ref + ": name must be a non-empty string");
+    if (!is_valid_utf8(l.name)) return invalid_argument(ref + ": name must be UTF-8");
     const std::pair<const char*, TimeNs> times[] = {
         {"forward_ms", l.forward}, {"backward_ms", l.backward}, {"update_ms", l.update}};
     for (const auto& [field, t] : times) {
@@ -79,7 +83,9 @@ Status validate_profile(const Profile& p, const ProfileLimits& limits) {
     for (std::size_t j = 0; j < l.tensors.size(); ++j) {
       const TensorSpec& t = l.tensors[j];
       const std::string tref = ref + ": tensors[" + std::to_string(j) + "]";
-      if (t.name.empty()) return invalid_argument(tref + ".name must be a non-empty string");
+      if (t.name.empty() || !is_valid_utf8(t.name)) {
+        return invalid_argument(tref + ".name must be a non-empty UTF-8 string");
+      }
       if (t.elements <= 0) return invalid_argument(tref + ".elements must be > 0");
       if (t.elements > limits.max_tensor_elements) {
         return invalid_argument(tref + ".elements " + std::to_string(t.elements) +
@@ -211,15 +217,23 @@ Result<Profile> profile_from_json(const std::string& text, const std::string& so
                                   const std::string& default_name) {
   json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
-    // Re-parse with exceptions only to obtain the position for the message.
+    // Re-parse with exceptions only to obtain the position for the message. Every
+    // json::exception counts: a number beyond double's range (1e400) is an out_of_range.
     try {
       [[maybe_unused]] json unused = json::parse(text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
       return invalid_argument(source + ": not valid JSON: " + e.what());
     }
     return invalid_argument(source + ": not valid JSON");
   }
-  auto r = parse(doc, default_name);
+  Result<Profile> r = internal_error("unreachable");
+  try {
+    r = parse(doc, sanitize_utf8(default_name));
+  } catch (const json::exception& e) {
+    // parse() checks every type before reading it; this is a backstop for the library's
+    // own refusals, reported as bad input rather than a crash.
+    return invalid_argument(source + ": " + e.what());
+  }
   if (!r.is_ok()) return r.status().with_context(source);
   return r;
 }
@@ -249,15 +263,8 @@ std::string profile_to_json(const Profile& p) {
 }
 
 Result<Profile> load_profile(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return not_found(path + ": no such file");
-  if (std::filesystem::is_directory(path, ec)) return invalid_argument(path + ": is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return io_error(path + ": cannot open for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return io_error(path + ": read failed");
-  return profile_from_json(ss.str(), path, std::filesystem::path(path).stem().string());
+  QS_ASSIGN_OR_RETURN(std::string text, read_text_file(path, "profile", kMaxProfileFileBytes));
+  return profile_from_json(text, path, std::filesystem::path(path).stem().string());
 }
 
 Status save_profile(const Profile& p, const std::string& path) {

@@ -664,7 +664,7 @@ Status register_deft(PolicyRegistry& r) {
       knob("deft_exact_max_items", "--deft-exact-items", KnobType::kInt,
            "also solve knapsacks of at most this many buckets exactly (0: the paper's greedy only)",
            &DeftOptions::deft_exact_max_items,
-           [](double v) { return v >= 0 && v <= 30; }, "must be in 0..30"),
+           [](double v) { return v >= 0 && v <= 20; }, "must be in 0..20"),
       knob("deft_max_retries", "--deft-max-retries", KnobType::kInt, "Preserver: capacity raises at most (0: the Preserver off)",
            &DeftOptions::deft_max_retries, [](double v) { return v >= 0 && v <= 100; }, "must be in 0..100"),
       knob("deft_capacity_step", "--deft-capacity-step", KnobType::kDouble,
@@ -685,6 +685,7 @@ Status register_deft(PolicyRegistry& r) {
   };
   // The partitions and buckets are byte sizes of the model's tensors.
   knobs[2].scales = true;
+  knobs[2].cuts = true;
   std::vector<std::string> names;
   for (const Knob& k : knobs) names.push_back(k.name);
   return r.add(std::move(knobs), {{.name = "deft", .architecture = Architecture::kAllReduce,

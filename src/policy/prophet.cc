@@ -191,7 +191,7 @@ Result<std::unique_ptr<PsPolicy>> make_prophet_policy(const PolicyOptions& optio
 Status register_prophet(PolicyRegistry& r) {
   return r.add(
       {{.name = "prophet_partition_size", .flag = "--prophet-partition-size", .type = KnobType::kBytes,
-        .help = "partition size blocks are assembled from (BytePS's)", .scales = true,
+        .help = "partition size blocks are assembled from (BytePS's)", .scales = true, .cuts = true,
         .field = knob_field(&ProphetOptions::prophet_partition_size)},
        {.name = "prophet_allow_overrun", .flag = "--prophet-overrun", .type = KnobType::kBool,
         .help = "let a block's last partition overrun its window (Alg. 1 line 7's other reading)",

@@ -170,13 +170,14 @@ Status register_ps_policies(PolicyRegistry& r) {
   using Ptr = std::unique_ptr<PsPolicy>;
   std::vector<Knob> knobs = {
       {.name = "packet_size", .flag = "--packet-size", .type = KnobType::kBytes,
-       .help = "packet payload", .field = knob_field(&MercuryOptions::packet_size)},
+       .help = "packet payload", .cuts = true, .field = knob_field(&MercuryOptions::packet_size)},
       {.name = "partition_size", .flag = "--partition-size", .type = KnobType::kBytes,
-       .help = "partition size", .scales = true, .field = knob_field(&ByteSchedulerOptions::partition_size)},
+       .help = "partition size", .scales = true, .cuts = true, .field = knob_field(&ByteSchedulerOptions::partition_size)},
       {.name = "credit_size", .flag = "--credit-size", .type = KnobType::kBytes,
        .help = "credit window", .scales = true, .field = knob_field(&ByteSchedulerOptions::credit_size)},
       {.name = "slice_size", .flag = "--slice-size", .type = KnobType::kBytes,
-       .help = "slice size (P3: 50,000 fp32 parameters)", .scales = true, .field = knob_field(&P3Options::slice_size)},
+       .help = "slice size (P3: 50,000 fp32 parameters)", .scales = true, .cuts = true,
+       .field = knob_field(&P3Options::slice_size)},
       {.name = "startup_time", .flag = "--startup-time", .type = KnobType::kTime,
        .help = "user-level startup time per partition, slice or block (Mercury III-A)",
        .field = knob_field(&StartupOptions::startup_time)},

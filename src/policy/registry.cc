@@ -358,4 +358,36 @@ Result<std::unique_ptr<AllReducePolicy>> make_allreduce_policy(std::string_view 
   return invalid_argument("unknown policy '" + std::string(name) + "' (known: " + known + ")");
 }
 
+Status check_unit_budget(const Profile& profile, std::string_view policy, Architecture architecture,
+                         const PolicyOptions& options, int workers) {
+  const PolicyRegistry& reg = policy_registry();
+  const PolicySpec* spec = reg.find(policy, architecture);
+  if (spec == nullptr) return Status::ok();
+  for (const std::string& name : spec->knobs) {
+    const Knob* k = reg.find_knob(name);
+    if (k == nullptr || !k->cuts) continue;
+    const Bytes size = k->get_int(options);
+    if (size <= 0) return invalid_argument(k->flag + " must be positive");
+    std::int64_t units = 0;
+    for (const LayerSpec& l : profile.layers) {
+      for (const TensorSpec& t : l.tensors) units += (t.bytes() + size - 1) / size;
+    }
+    const std::string what = k->flag + " " + k->display(options) + " cuts " + profile.name + "'s " +
+                             format_size(profile.total_bytes()) + " of gradients into " + std::to_string(units) +
+                             " units per iteration";
+    if (units > kMaxUnitsPerIteration) {
+      const Bytes least = (profile.total_bytes() + kMaxUnitsPerIteration - 1) / kMaxUnitsPerIteration;
+      return invalid_argument(what + "; the limit is " + std::to_string(kMaxUnitsPerIteration) +
+                              " per worker (give at least about " + format_size(least) + ")");
+    }
+    if (architecture == Architecture::kPs && units * workers > kMaxUnitsPerIterationAllWorkers) {
+      return invalid_argument(what + ", " + std::to_string(units * workers) + " over --workers " +
+                              std::to_string(workers) + "; the limit is " +
+                              std::to_string(kMaxUnitsPerIterationAllWorkers) +
+                              " over all workers (fewer workers or a larger " + k->flag + ")");
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace qs

@@ -7,9 +7,18 @@
 
 namespace qs::runtime {
 
+Status check_job_size(int workers, int servers) {
+  if (workers < 1 || workers > kMaxWorkers) {
+    return invalid_argument("--workers must be in 1.." + std::to_string(kMaxWorkers) + " for the runtime");
+  }
+  if (servers < 1 || servers > kMaxServers) {
+    return invalid_argument("--servers must be in 1.." + std::to_string(kMaxServers) + " for the runtime");
+  }
+  return Status::ok();
+}
+
 Status validate_job(const JobOptions& job) {
-  if (job.workers < 1 || job.workers > 64) return invalid_argument("workers must be in [1, 64]");
-  if (job.servers < 1 || job.servers > 1024) return invalid_argument("servers must be in [1, 1024]");
+  QS_RETURN_IF_ERROR(check_job_size(job.workers, job.servers));
   if (job.iterations < 1) return invalid_argument("iterations must be >= 1");
   QS_RETURN_IF_ERROR(validate_profile(job.profile));
   if (job.profile.num_tensors() >= 65535) {
@@ -24,6 +33,7 @@ Status validate_job(const JobOptions& job) {
     }
   }
   if (!is_known_policy(job.policy)) return invalid_argument("unknown policy '" + job.policy + "'");
+  QS_RETURN_IF_ERROR(check_unit_budget(job.profile, job.policy, Architecture::kPs, job.policy_options, job.workers));
   return Status::ok();
 }
 

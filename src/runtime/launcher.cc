@@ -520,6 +520,19 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     return invalid_argument("--architecture: the runtime runs the parameter-server architecture");
   }
   if (f.executable.empty()) return invalid_argument("LaunchOptions::executable: no quicksilver executable given");
+  // Everything below forks, creates namespaces or files: bound the job first.
+  QS_RETURN_IF_ERROR(runtime::check_job_size(job.cluster.workers, job.cluster.servers));
+  if (job.cluster.workers + job.cluster.servers > kMaxLocalProcesses) {
+    return invalid_argument("--workers " + std::to_string(job.cluster.workers) + " and --servers " +
+                            std::to_string(job.cluster.servers) + ": a local cluster runs at most " +
+                            std::to_string(kMaxLocalProcesses) + " processes (workers + servers)");
+  }
+  for (const std::string& p : job.policies) {
+    QS_RETURN_IF_ERROR(check_unit_budget(job.profile, p, Architecture::kPs, job.policy_options, job.cluster.workers)
+                           .with_context(p));
+  }
+  // Written so that NaN fails too.
+  if (!(f.scale >= 0 && f.scale <= 1)) return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");
   if (f.commit_window < 0) return invalid_argument("--commit-window must be >= 0");
   if (f.rto_min < 0 || f.rto_min > 60 * kNsPerSec) return invalid_argument("--rto-min must be in 0..60s");
   if (f.rto_min > 0 && !f.netns) {
@@ -544,7 +557,6 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
       }
     }
   }
-  if (f.scale < 0 || f.scale > 1) return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");
   ClusterRunResult out;
   Logger log(f.log, &out.messages);
   double scale = f.scale;
@@ -558,6 +570,11 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   // so are the counts of user-level units (partitions, slices, blocks: each pays its
   // startup time) and the placement. Mercury's packet size is a transport parameter and
   // is kept as it is (a 1.6 KB packet would measure per-packet overhead, not scheduling).
+  if (static_cast<double>(job.cluster.bandwidth.bits_per_second) * scale < 1e6) {
+    return invalid_argument("--scale " + std::to_string(scale) + " leaves the links " +
+                            format_rate(Rate{std::llround(job.cluster.bandwidth.bits_per_second * scale)}) +
+                            "; a scaled link needs at least 1Mbps");
+  }
   job.profile = scale_profile(job.profile, scale);
   scale_policy_options(&job.policy_options, scale);
   job.cluster.bandwidth.bits_per_second = std::llround(job.cluster.bandwidth.bits_per_second * scale);

@@ -86,7 +86,8 @@ struct Client {
 }  // namespace
 
 Result<std::unique_ptr<Coordinator>> Coordinator::create(const CoordinatorOptions& o) {
-  if (o.workers < 1 || o.servers < 1) return invalid_argument("coordinator: workers and servers must be >= 1");
+  // Bounded before anything is allocated: the tables below are per worker and per server.
+  QS_RETURN_IF_ERROR(check_job_size(o.workers, o.servers));
   QS_ASSIGN_OR_RETURN(transport::Fd fd, transport::listen_tcp(o.listen.host, o.listen.port));
   QS_ASSIGN_OR_RETURN(int port, transport::local_port(fd.get()));
   return std::unique_ptr<Coordinator>(new Coordinator(o, fd.release(), port));
@@ -165,11 +166,11 @@ Status Coordinator::run() {
         if (c.buffer.size() > kMaxLine) refuse(c, "line too long");
         continue;
       }
-      std::istringstream line(c.buffer.substr(0, nl));
-      std::string role, extra;
-      long id = -1, port = -1;
-      line >> role >> id;
-      if (role == "server" && (line >> port) && !(line >> extra)) {
+      auto request = parse_rendezvous_request(std::string_view(c.buffer).substr(0, nl));
+      const long id = request ? request->id : -1, port = request ? request->port : -1;
+      if (!request) {
+        refuse(c, request.status().message());
+      } else if (request->role == RendezvousRequest::Role::kServer) {
         if (id < 0 || id >= options_.servers) {
           refuse(c, "server id " + std::to_string(id) + " not in [0, " + std::to_string(options_.servers) + ")");
         } else if (registered[static_cast<std::size_t>(id)]) {
@@ -183,7 +184,7 @@ Status Coordinator::run() {
           (void)send_line(c.fd.get(), "ok");
           c.fd.reset();
         }
-      } else if (role == "worker" && !line.fail() && !(line >> extra)) {
+      } else {
         if (id < 0 || id >= options_.workers) {
           refuse(c, "worker id " + std::to_string(id) + " not in [0, " + std::to_string(options_.workers) + ")");
         } else if (served[static_cast<std::size_t>(id)] || waiting[static_cast<std::size_t>(id)]) {
@@ -192,8 +193,6 @@ Status Coordinator::run() {
           waiting[static_cast<std::size_t>(id)] = true;
           c.worker = static_cast<int>(id);
         }
-      } else {
-        refuse(c, "expected 'server ID PORT' or 'worker ID'");
       }
     }
   }
@@ -208,17 +207,52 @@ Status register_server(const Endpoint& coordinator, int id, int port, TimeNs tim
 
 Result<std::vector<Endpoint>> lookup_servers(const Endpoint& coordinator, int worker_id, TimeNs timeout) {
   QS_ASSIGN_OR_RETURN(std::string reply, ask(coordinator, "worker " + std::to_string(worker_id), timeout));
-  if (reply.rfind("servers ", 0) != 0) return protocol_error("coordinator answered '" + reply + "' to a look-up");
+  return parse_server_list(reply);
+}
+
+Result<RendezvousRequest> parse_rendezvous_request(std::string_view text) {
+  std::istringstream line{std::string(text)};
+  std::string role, extra;
+  RendezvousRequest r;
+  line >> role >> r.id;
+  if (role == "server" && (line >> r.port) && !(line >> extra)) {
+    r.role = RendezvousRequest::Role::kServer;
+    return r;
+  }
+  if (role == "worker" && !line.fail() && !(line >> extra)) {
+    r.role = RendezvousRequest::Role::kWorker;
+    r.port = -1;
+    return r;
+  }
+  return protocol_error("expected 'server ID PORT' or 'worker ID'");
+}
+
+Result<std::vector<Endpoint>> parse_server_list(std::string_view reply) {
+  if (reply.substr(0, 8) != "servers ") {
+    return protocol_error("coordinator answered '" + std::string(reply.substr(0, kMaxLine)) + "' to a look-up");
+  }
   std::vector<Endpoint> out;
-  std::stringstream ss(reply.substr(8));
-  for (std::string item; std::getline(ss, item, ',');) {
-    auto colon = item.rfind(':');
-    if (colon == std::string::npos) return protocol_error("coordinator sent a bad address '" + item + "'");
-    Endpoint e;
-    e.host = item.substr(0, colon);
-    e.port = std::atoi(item.c_str() + colon + 1);
-    if (e.port <= 0 || e.port > 65535) return protocol_error("coordinator sent a bad port in '" + item + "'");
-    out.push_back(e);
+  std::string_view rest = reply.substr(8);
+  while (true) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    const auto bad = [&](const char* what) {
+      return protocol_error(std::string("coordinator sent a bad ") + what + " in '" +
+                            std::string(item.substr(0, kMaxLine)) + "'");
+    };
+    const std::size_t colon = item.rfind(':');
+    if (colon == std::string_view::npos || colon == 0) return bad("address");
+    const std::string_view digits = item.substr(colon + 1);
+    int port = 0;
+    if (digits.empty() || digits.size() > 5) return bad("port");
+    for (char ch : digits) {
+      if (ch < '0' || ch > '9') return bad("port");
+      port = port * 10 + (ch - '0');
+    }
+    if (port <= 0 || port > 65535) return bad("port");
+    out.push_back(Endpoint{std::string(item.substr(0, colon)), port});
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
   }
   return out;
 }

@@ -28,7 +28,7 @@ std::string report_to_json(const WorkerReport& r) {
               {"timeouts", r.timeouts},
               {"first_backward_ns", r.first_backward_at},
               {"trace", trace}}
-      .dump();
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 Result<WorkerReport> report_from_json(std::string_view line) {

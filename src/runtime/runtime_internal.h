@@ -13,10 +13,7 @@
 
 namespace qs::runtime {
 
-// Checks options every node shares: N, M, iterations, the profile (4-byte elements only:
-// the server sums float32), policy name and options, unit sizes that fit the 32-bit
-// length field.
-Status validate_job(const JobOptions& job);
+// validate_job (runtime.h) checks the options every node shares.
 
 // The static facts derived from a job (identical on every node).
 struct JobLayout {

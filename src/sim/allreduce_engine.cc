@@ -203,7 +203,7 @@ AllReduceCost allreduce_cost(const ClusterConfig& c) {
 }
 
 Result<AllReduceCost> fit_allreduce_cost(const std::string& path) {
-  QS_ASSIGN_OR_RETURN(auto text, read_text_file(path, ""));
+  QS_ASSIGN_OR_RETURN(auto text, read_text_file(path, "all-reduce fit"));
   QS_ASSIGN_OR_RETURN(auto lines, parse_two_columns(text, path, "'SIZE TIME'"));
   std::vector<std::pair<double, double>> pts;  // (bytes, ns)
   for (const TwoColumnLine& l : lines) {

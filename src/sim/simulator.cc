@@ -5,6 +5,7 @@
 #include "engines.h"
 #include "quicksilver/core/check.h"
 #include "quicksilver/policy/ps_policy.h"
+#include "quicksilver/policy/registry.h"
 
 namespace qs {
 
@@ -27,6 +28,7 @@ Result<SimResult> simulate(const Profile& profile, const std::string& policy,
     for (const auto& n : all_policy_names()) known += (known.empty() ? "" : ", ") + n;
     return invalid_argument("unknown policy '" + policy + "' (known: " + known + ")");
   }
+  QS_RETURN_IF_ERROR(check_unit_budget(profile, policy, cluster.architecture, policy_options, cluster.workers));
   try {
     if (cluster.architecture == Architecture::kPs) {
       return simulate_ps(profile, policy, policy_options, cluster, options);

@@ -26,6 +26,10 @@
 
 namespace qs {
 
+// A local cluster runs one process per host on this machine: at most this many (workers +
+// servers), within runtime::kMaxWorkers and kMaxServers, checked before anything starts.
+inline constexpr int kMaxLocalProcesses = 128;
+
 struct LaunchOptions {
   // The quicksilver executable the children run (`server`/`worker` subcommands).
   // Required; the CLI passes "/proc/self/exe".

@@ -58,7 +58,7 @@ struct ProfileLimits {
 };
 
 // Checks every field; the error names the field and the layer ("layer 3 'fc1':
-// tensors[0].elements must be > 0").
+// tensors[0].elements must be > 0"). Names must be non-empty, well-formed UTF-8.
 Status validate_profile(const Profile& p, const ProfileLimits& limits = {});
 
 // JSON (format of DESIGN.md). Unknown fields are ignored. `source` names the input in
@@ -67,6 +67,13 @@ Status validate_profile(const Profile& p, const ProfileLimits& limits = {});
 Result<Profile> profile_from_json(const std::string& text, const std::string& source = "<string>",
                                   const std::string& default_name = "profile");
 std::string profile_to_json(const Profile& p);
+// A profile file is at most this long (the largest zoo profile is ~20 KiB); a device, a
+// FIFO or a larger file is refused before it is read.
+inline constexpr std::int64_t kMaxProfileFileBytes = std::int64_t{64} << 20;  // 64 MiB
+// Reads and parses the profile file at `path` (a regular file of at most
+// kMaxProfileFileBytes). Errors: not_found when there is no such file; invalid_argument
+// naming the file and the field otherwise. A profile without "name" is named after the
+// file's stem (bytes that are not UTF-8 become '?').
 Result<Profile> load_profile(const std::string& path);
 Status save_profile(const Profile& p, const std::string& path);
 

@@ -44,6 +44,9 @@ struct Knob {
   bool scales = false;
   // Part of the runtime's configuration hash: nodes whose values differ refuse each other.
   bool hashed = true;
+  // A byte size that cuts the gradients into units (packets, partitions, slices): an
+  // iteration has about (model bytes / value) of them, which check_unit_budget bounds.
+  bool cuts = false;
   // Where the value lives: a PolicyOptions member of the knob's type (kBytes and kTime:
   // std::int64_t; kInt: int; kDouble: double; kBool: bool).
   std::variant<std::int64_t PolicyOptions::*, int PolicyOptions::*, double PolicyOptions::*,
@@ -121,6 +124,20 @@ const PolicyRegistry& policy_registry();
 // namespace scope in the policy's own file:
 //   const bool kRegistered = qs::register_policy({spec}).is_ok();
 Status register_policy(std::vector<PolicySpec> policies, std::vector<Knob> knobs = {});
+
+// Units (packets, partitions, slices) per iteration are bounded before a simulation or a
+// run starts: every unit is an event in the simulator and a frame in the runtime, so a
+// 1-byte packet would run for hours and hold gigabytes. Per worker, and (PS, where every
+// worker is simulated) over all workers. Measured on 2 cores: 16 Mi units over all workers
+// took 28 s and 1.4 GB per two iterations, hence 4 Mi (4.5 s and 350 MB).
+inline constexpr std::int64_t kMaxUnitsPerIteration = std::int64_t{1} << 20;           // 1,048,576
+inline constexpr std::int64_t kMaxUnitsPerIterationAllWorkers = std::int64_t{1} << 22;  // 4,194,304
+// Checks `policy` (on `architecture`) with `options` on `profile` and `workers` against
+// those bounds, counting each tensor's units for every knob the policy reads that `cuts`.
+// Errors name the knob, its value, the count and the bound; an unknown policy is OK here
+// (the caller reports it).
+Status check_unit_budget(const Profile& profile, std::string_view policy, Architecture architecture,
+                         const PolicyOptions& options, int workers);
 
 // The text the runtime's configuration hash is taken of: every hashed knob as
 // "name=value" (Knob::format), in registration order, '|'-separated.

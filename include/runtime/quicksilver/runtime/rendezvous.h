@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "quicksilver/core/status.h"
@@ -43,6 +44,22 @@ class Coordinator {
   int fd_;
   int port_;
 };
+
+// The protocol's lines, parsed without I/O (the coordinator, the clients and the fuzz
+// target fuzz/rendezvous_fuzz.cc go through these).
+struct RendezvousRequest {
+  enum class Role { kServer, kWorker };
+  Role role = Role::kWorker;
+  long id = -1;    // not range-checked here: the coordinator knows N and M
+  long port = -1;  // kServer only
+};
+// "server <id> <port>" or "worker <id>" (no newline; fields separated by whitespace).
+// Errors: kProtocolError "expected 'server ID PORT' or 'worker ID'".
+Result<RendezvousRequest> parse_rendezvous_request(std::string_view line);
+// The coordinator's reply to a look-up, "servers <host:port>,..." (no newline): the
+// addresses in order, each port in 1..65535 and each host non-empty. Errors: kProtocolError
+// naming the reply or the bad address.
+Result<std::vector<Endpoint>> parse_server_list(std::string_view reply);
 
 // Registers server `id`, listening on `port`, with the coordinator (retrying until
 // `timeout` passes).

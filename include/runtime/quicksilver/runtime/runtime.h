@@ -41,6 +41,14 @@ struct Endpoint {
   int port = 0;
 };
 
+// The runtime's job sizes, checked by every runtime entry point (server, worker,
+// coordinator, the local launcher) before any work: a server sums N workers' pushes on one
+// thread (N) and a worker keeps a connection per server (M, within the open-file limit).
+inline constexpr int kMaxWorkers = 64;
+inline constexpr int kMaxServers = 1024;
+// "--workers must be in 1..64" / "--servers must be in 1..1024", or OK.
+Status check_job_size(int workers, int servers);
+
 // What every node of a job must agree on (hashed into the hello).
 struct JobOptions {
   Profile profile;
@@ -64,6 +72,12 @@ struct JobOptions {
   TimeNs connect_timeout = 10 * kNsPerSec;  // rendezvous deadline
   TimeNs peer_timeout = 10 * kNsPerSec;     // longest silence while waiting on peers
 };
+
+// Checks a job before any node starts: sizes (check_job_size), the profile (float32
+// tensors, at most 65534 of them), the policy, and its units per iteration
+// (check_unit_budget). Server::create and run_worker call it; callers that want bad input
+// reported before they start anything (the CLI) call it first. Errors name the field.
+Status validate_job(const JobOptions& job);
 
 struct WorkerOptions {
   JobOptions job;

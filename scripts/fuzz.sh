@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/, clang, ASan + UBSan) into ./build-fuzz and runs each
+# for SECONDS (default 30) from its committed seed corpus (fuzz/corpus/<target>/; new
+# inputs go to build-fuzz/corpus/<target>/, the repository stays clean). Prints the
+# executions of each target and "N passed, N failed"; fails when any target crashed,
+# leaked, timed out or ran out of memory (the input is kept in build-fuzz/artifacts/).
+# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-30}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(wire_fuzz connection_fuzz rendezvous_fuzz profile_fuzz bandwidth_trace_fuzz)
+mkdir -p build-fuzz
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+  -DQS_FUZZ=ON -DQS_BUILD_TESTS=OFF -DQS_BUILD_BENCH=OFF > build-fuzz/configure.log 2>&1 \
+  || { cat build-fuzz/configure.log; exit 1; }
+cmake --build build-fuzz -j "$(nproc)" --target qs_fuzzers > build-fuzz/build.log 2>&1 \
+  || { tail -50 build-fuzz/build.log; exit 1; }
+mkdir -p build-fuzz/artifacts
+pass=0; fail=0
+for t in "${targets[@]}"; do
+  work=build-fuzz/corpus/$t
+  mkdir -p "$work"
+  log=build-fuzz/$t.log
+  rc=0
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    "build-fuzz/fuzz/$t" "$work" "fuzz/corpus/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="build-fuzz/artifacts/$t-" > "$log" 2>&1 || rc=$?
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 || true)
+  if [ $rc -eq 0 ]; then
+    pass=$((pass + 1))
+    echo "fuzz: $t: ${execs:-?} executions in ${seconds}s, ${cov:-cov: ?}, no crash"
+  else
+    fail=$((fail + 1))
+    echo "fuzz: $t: FAILED (exit $rc) after ${execs:-?} executions; artifacts in build-fuzz/artifacts/"
+    grep -E "ERROR|SUMMARY|runtime error|check failed|Test unit written" "$log" | head -8 | sed 's/^/  /'
+  fi
+done
+echo "fuzz: $pass passed, $fail failed"
+[ $fail -eq 0 ]

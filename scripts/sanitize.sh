@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The test suite under sanitizers (issue 15, point 5):
+#   asan: AddressSanitizer + UndefinedBehaviorSanitizer (-fno-sanitize-recover=all: any
+#         finding fails), every test of CTest, built into ./build-asan (tests only);
+#   tsan: ThreadSanitizer, the threaded transport and runtime tests (transport_test,
+#         runtime_test: event loops, posts across threads, clusters of nodes on threads),
+#         built into ./build-tsan.
+# Usage: scripts/sanitize.sh [asan|tsan|all]   (default all). Prints each runner's summary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}
+jobs=$(nproc)
+
+configure() {  # configure DIR FLAGS...
+  local dir=$1 flags=$2
+  mkdir -p "$dir"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQS_BUILD_BENCH=OFF \
+    -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
+    > "$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }
+}
+
+if [ "$what" = asan ] || [ "$what" = all ]; then
+  configure build-asan "-fsanitize=address,undefined -fno-sanitize-recover=all"
+  cmake --build build-asan -j "$jobs" > build-asan/build.log 2>&1 || { tail -50 build-asan/build.log; exit 1; }
+  echo "sanitize: AddressSanitizer + UndefinedBehaviorSanitizer, the whole suite"
+  # pipefail: ctest's status survives the tail (which keeps the summary and any failure).
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+     ctest --output-on-failure --timeout 900 -j 2 2>&1 | tail -40)
+fi
+
+if [ "$what" = tsan ] || [ "$what" = all ]; then
+  configure build-tsan "-fsanitize=thread"
+  cmake --build build-tsan -j "$jobs" --target transport_test runtime_test > build-tsan/build.log 2>&1 \
+    || { tail -50 build-tsan/build.log; exit 1; }
+  echo "sanitize: ThreadSanitizer, transport_test and runtime_test"
+  for t in transport_test runtime_test; do
+    # halt_on_error: a race fails the run; setarch -R: TSan's shadow memory needs the
+    # classic address layout on kernels with high mmap randomisation.
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 setarch "$(uname -m)" -R "build-tsan/tests/$t" --gtest_brief=1 \
+      > "build-tsan/$t.log" 2>&1 || { tail -60 "build-tsan/$t.log"; echo "sanitize: tsan: $t FAILED"; exit 1; }
+    echo "sanitize: tsan: $t: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "build-tsan/$t.log" | tr '\n' ' ')"
+  done
+fi
