@@ -59,7 +59,7 @@ for who in ['mercury measured worker 0', 'mercury measured worker 2', 'mercury p
 start=$(date +%s)
 "$qs" run --policy mercury "${common[@]}" --kill-worker 1 --kill-at-iteration 1 > "$tmp/out" 2> "$tmp/err"; rc=$?
 took=$(( $(date +%s) - start ))
-[ $rc -ne 0 ] && grep -q "worker 1" "$tmp/err" && [ $took -lt 30 ] && ok || bad "dying worker: rc $rc after ${took}s: $(cat "$tmp/err")"
+[ $rc -ne 0 ] && grep -q "worker 1 failed" "$tmp/err" && [ $took -lt 30 ] && ok || bad "dying worker: rc $rc after ${took}s: $(cat "$tmp/err")"
 
 # Rendezvous through a coordinator: servers on ephemeral ports register, workers look up.
 cjob=(--model "$tmp/small.json" --policy mercury --workers 2 --servers 2 --iterations 3)
@@ -106,7 +106,7 @@ assert 0 < d['results'][0]['link_utilisation'] < 1.2, d['results'][0]
   printf '0s 1Gbps\n100ms 300Mbps\n300ms 1Gbps\n' > "$tmp/trace.txt"
   check_run netns-dynamic --netns --policy mercury --bandwidth-trace "$tmp/trace.txt" "${common[@]}"
   "$qs" run --netns --policy mercury "${common[@]}" --kill-worker 2 --kill-at-iteration 2 > "$tmp/out" 2> "$tmp/err"; rc=$?
-  [ $rc -ne 0 ] && grep -q "worker 2" "$tmp/err" && ok || bad "netns dying worker: rc $rc: $(cat "$tmp/err")"
+  [ $rc -ne 0 ] && grep -q "worker 2 failed" "$tmp/err" && ok || bad "netns dying worker: rc $rc: $(cat "$tmp/err")"
   left=$(ip netns list | grep -c "^qs[0-9]*h" || true)
   [ "$left" -le "$before" ] && ok || bad "namespaces left behind: $(ip netns list)"
 else

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <chrono>
@@ -161,6 +162,41 @@ std::string last_line(const std::string& s) {
 }
 
 bool failed(const Child& c) { return !c.running && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0); }
+
+// The child a failure message says was lost ("... lost worker 2 ..."), or null.
+const Child* lost_peer(const std::vector<Child>& children, const Child& c) {
+  const std::string msg = last_line(c.err_text);
+  const auto p = msg.find("lost ");
+  if (p == std::string::npos) return nullptr;
+  const std::string_view rest = std::string_view(msg).substr(p + 5);
+  for (const Child& o : children) {
+    if (&o != &c && rest.starts_with(o.name) &&
+        (rest.size() == o.name.size() || !std::isdigit(static_cast<unsigned char>(rest[o.name.size()])))) {
+      return &o;
+    }
+  }
+  return nullptr;
+}
+
+// The root cause among the failed children: from the first failure, follow each "lost
+// <peer>" to that peer while it failed too; where the chain ends is the failure the others
+// are consequences of (a process that died, not one that lost a peer). Null: none failed.
+// Array order alone would blame whichever victim sits first (issue 15, point 6).
+const Child* root_failure(const std::vector<Child>& children) {
+  const Child* at = nullptr;
+  for (const Child& c : children) {
+    if (failed(c)) {
+      at = &c;
+      break;
+    }
+  }
+  for (std::size_t hops = 0; at != nullptr && hops < children.size(); ++hops) {
+    const Child* next = lost_peer(children, *at);
+    if (next == nullptr || !failed(*next)) break;
+    at = next;
+  }
+  return at;
+}
 
 std::string describe_exit(const Child& c) {
   if (WIFSIGNALED(c.status)) return "killed by signal " + std::to_string(WTERMSIG(c.status));
@@ -360,12 +396,22 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
         return unavailable("server(s) " + hung + " did not exit within 10 s after every worker finished");
       }
     }
-    for (const Child& c : children) {
-      if (failed(c)) {
-        std::string msg = c.name + " failed (" + describe_exit(c) + "): " + last_line(c.err_text);
-        cleanup();
-        return unavailable(msg);
+    if (const Child* first = root_failure(children)) {
+      // The peer this failure lost may still be on its way out: a moment to let it exit
+      // and say why, so that the root cause is reported rather than its first victim.
+      for (int i = 0; i < 20; ++i) {
+        const Child* lost = lost_peer(children, *root_failure(children));
+        if (lost == nullptr || !lost->running) break;
+        pump(children, 50);
+        reap(children);
       }
+      first = root_failure(children);
+      std::string msg = first->name + " failed (" + describe_exit(*first) + "): " + last_line(first->err_text);
+      if (const Child* lost = lost_peer(children, *first); lost != nullptr && lost->running) {
+        msg += " (" + lost->name + " was still running)";
+      }
+      cleanup();
+      return unavailable(msg);
     }
     bool all_done = true;
     for (const Child& c : children) all_done &= !c.running && c.out < 0 && c.err < 0;
