@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -43,19 +44,19 @@ class ScriptTimer final : public Timer {
 // delay for layer 0's (the most urgent one).
 class WholeTensors final : public PsPolicy {
  public:
-  explicit WholeTensors(const TensorLayout& l, TimeNs startup = 0) : layout_(l), startup_(startup) {}
+  explicit WholeTensors(const TensorLayout& l) : layout_(l) {}
+  TimeNs startup = 0;  // layer 0's user-level startup delay
   std::string_view name() const override { return "whole-tensors"; }
   QueueDiscipline discipline() const override { return QueueDiscipline::kPriority; }
   void on_gradient_ready(int l, TimeNs, PushSink& out) override {
     const TensorInfo& t = layout_.tensor(layout_.first_tensor(l));
-    out.push(PushUnit{Chunk{t.id, 0, t.bytes}, 0, t.id}, l == 0 ? startup_ : 0);
+    out.push(PushUnit{Chunk{t.id, 0, t.bytes}, 0, t.id}, l == 0 ? startup : 0);
   }
   std::vector<std::int64_t> estimates;  // bandwidth estimates received, bit/s
   void on_bandwidth_estimate(Rate r, TimeNs) override { estimates.push_back(r.bits_per_second); }
 
  private:
   const TensorLayout& layout_;
-  TimeNs startup_;
 };
 
 // Records what it is handed; the test delivers acknowledgements and pulls.
@@ -88,6 +89,7 @@ Profile two_layers() {
   return p;
 }
 
+// The two-layer job, one worker's loop over scripted seams, started by start().
 struct Rig {
   Profile profile = two_layers();
   TensorLayout layout{profile};
@@ -95,15 +97,21 @@ struct Rig {
   ScriptTimer timer;
   EmulatedCompute gpu{profile, 1.0, timer};
   ScriptExchange exchange{placement};
+  WholeTensors policy{layout};
+  LoopOptions options;
+  std::unique_ptr<TrainingLoop> loop;
+
+  TrainingLoop& start(int iterations) {
+    options.iterations = iterations;
+    loop = std::make_unique<TrainingLoop>(profile, layout, policy, timer, gpu, exchange, options);
+    loop->start();
+    return *loop;
+  }
 };
 
 TEST(TrainingLoop, ForwardOfALayerWaitsForItsOwnSumsAndStartsWhenTheyArrived) {
   Rig r;
-  WholeTensors policy(r.layout);
-  LoopOptions o;
-  o.iterations = 1;
-  TrainingLoop loop(r.profile, r.layout, policy, r.timer, r.gpu, r.exchange, o);
-  loop.start();
+  TrainingLoop& loop = r.start(1);
   // Backward: layer b (4 us), then layer a (2 us); each hands its unit over at its end.
   r.timer.run_until(6000);
   ASSERT_EQ(r.exchange.queued.size(), 2u);
@@ -128,11 +136,8 @@ TEST(TrainingLoop, ForwardOfALayerWaitsForItsOwnSumsAndStartsWhenTheyArrived) {
 
 TEST(TrainingLoop, StartupDelayHandsTheUnitOverLaterAndFlushesOnItsOwn) {
   Rig r;
-  WholeTensors policy(r.layout, /*startup=*/500);
-  LoopOptions o;
-  o.iterations = 1;
-  TrainingLoop loop(r.profile, r.layout, policy, r.timer, r.gpu, r.exchange, o);
-  loop.start();
+  r.policy.startup = 500;
+  TrainingLoop& loop = r.start(1);
   r.timer.run_until(6000);
   ASSERT_EQ(r.exchange.queued.size(), 1u);  // layer a's unit waits out its startup
   const int flushes = r.exchange.flushes;
@@ -144,11 +149,7 @@ TEST(TrainingLoop, StartupDelayHandsTheUnitOverLaterAndFlushesOnItsOwn) {
 
 TEST(TrainingLoop, WhilePushingUtilisationAndTheBandwidthMonitor) {
   Rig r;
-  WholeTensors policy(r.layout);
-  LoopOptions o;
-  o.iterations = 2;
-  TrainingLoop loop(r.profile, r.layout, policy, r.timer, r.gpu, r.exchange, o);
-  loop.start();
+  TrainingLoop& loop = r.start(2);
   r.timer.run_until(6000);
   EXPECT_TRUE(loop.pushing());  // some ready gradient is not yet on the wire
   // Everything handed over was on the wire at 6.5 us: pushing ran from 4 us (b's
@@ -166,20 +167,16 @@ TEST(TrainingLoop, WhilePushingUtilisationAndTheBandwidthMonitor) {
   EXPECT_DOUBLE_EQ(rec.gbps, 8.0 * 1250 / 2500);
   EXPECT_EQ(rec.traffic.bytes, 1200);
   // The next iteration's policy hears the monitor: 1250 bytes over 2 us = 5 Gbit/s.
-  ASSERT_EQ(policy.estimates.size(), 1u);
-  EXPECT_EQ(policy.estimates[0], 5'000'000'000);
+  ASSERT_EQ(r.policy.estimates.size(), 1u);
+  EXPECT_EQ(r.policy.estimates[0], 5'000'000'000);
 }
 
 TEST(TrainingLoop, AUnitTheExchangeRefusesStopsTheLoopNamingThePolicy) {
   Rig r;
-  WholeTensors policy(r.layout);
   r.exchange.reject_tensor = 1;
-  LoopOptions o;
-  o.iterations = 1;
   Status seen;
-  o.failed = [&](const Status& s) { seen = s; };
-  TrainingLoop loop(r.profile, r.layout, policy, r.timer, r.gpu, r.exchange, o);
-  loop.start();
+  r.options.failed = [&](const Status& s) { seen = s; };
+  TrainingLoop& loop = r.start(1);
   r.timer.run_all();
   ASSERT_FALSE(loop.error().is_ok());
   EXPECT_NE(loop.error().to_string().find("whole-tensors"), std::string::npos) << loop.error().to_string();
@@ -191,11 +188,7 @@ TEST(TrainingLoop, AUnitTheExchangeRefusesStopsTheLoopNamingThePolicy) {
 
 TEST(TrainingLoop, PullingMoreThanALayerHoldsIsAnError) {
   Rig r;
-  WholeTensors policy(r.layout);
-  LoopOptions o;
-  o.iterations = 1;
-  TrainingLoop loop(r.profile, r.layout, policy, r.timer, r.gpu, r.exchange, o);
-  loop.start();
+  TrainingLoop& loop = r.start(1);
   r.timer.run_until(6000);
   loop.on_pulled(r.exchange.queued[0], 6000);
   loop.on_pulled(r.exchange.queued[0], 6000);
