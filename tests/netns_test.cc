@@ -38,7 +38,11 @@ class Netns : public ::testing::Test {
     NetnsOptions o;
     o.hosts = 2;
     o.rate = Rate::mbps(500);
-    o.tag = "qst" + std::to_string(getpid() % 100000);
+    // A tag of its own per test: a veth of the previous test's cluster may outlive its
+    // namespace for a moment (the kernel deletes it asynchronously).
+    static int next = 0;
+    tag_ = "qst" + std::to_string(getpid() % 10000) + static_cast<char>('a' + next++ % 26);
+    o.tag = tag_;
     auto c = NetnsCluster::create(o);
     ASSERT_TRUE(c.is_ok()) << c.status().message();
     cluster_ = std::move(*c);
@@ -46,7 +50,8 @@ class Netns : public ::testing::Test {
   // Uplink (in the host's namespace) and downlink (bridge side, here) of host h.
   std::string uplink(int h) { return qdisc(cluster_->namespace_name(h), tag() + "v" + std::to_string(h)); }
   std::string downlink(int h) { return qdisc("", tag() + "p" + std::to_string(h)); }
-  std::string tag() { return "qst" + std::to_string(getpid() % 100000); }
+  const std::string& tag() const { return tag_; }
+  std::string tag_;
   std::unique_ptr<NetnsCluster> cluster_;
 };
 
@@ -116,7 +121,7 @@ TEST(NetnsRoutes, RtoMinIsSetOnEveryHostRouteOnlyWhenAsked) {
     o.hosts = 2;
     o.rate = Rate::mbps(500);
     o.rto_min = rto;
-    o.tag = "qsr" + std::to_string(getpid() % 100000);
+    o.tag = "qsr" + std::to_string(getpid() % 10000) + (rto > 0 ? "b" : "a");  // one tag per cluster
     auto c = NetnsCluster::create(o);
     ASSERT_TRUE(c.is_ok()) << c.status().message();
     for (int h = 0; h < 2; ++h) {
