@@ -44,6 +44,7 @@ expect_error "--commit-window" run --model vgg16 --policy mercury --commit-windo
 expect_error "--commit-window: '-1us': a time cannot be negative" worker --worker-id 0 --connect 127.0.0.1:1 --policy mercury --commit-window -1us
 expect_error "no delay emulation" run --model vgg16 --policy mercury --latency 1ms
 expect_error "--rto-min needs --netns" run --model vgg16 --policy mercury --rto-min 5ms
+expect_error "--quickack needs --netns" run --model vgg16 --policy mercury --quickack
 expect_error "--rto-min" run --netns --model vgg16 --policy mercury --rto-min soon
 printf '0s 10Gbps\n5ms 2Gbps\n' > "$tmp/fast.txt"
 expect_error "rate changes less than 10 ms apart" run --netns --model vgg16 --policy mercury --bandwidth-trace "$tmp/fast.txt"

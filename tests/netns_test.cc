@@ -112,15 +112,16 @@ TEST(TbfLink, KernelRefusalIsReported) {
 namespace qs::runtime {
 namespace {
 
-// `--rto-min`: every host's route carries the metric; without it the route has none (the
-// kernel's 200 ms floor).
-TEST(NetnsRoutes, RtoMinIsSetOnEveryHostRouteOnlyWhenAsked) {
+// `--rto-min` and `--quickack`: every host's route carries the metrics asked for, and
+// none otherwise (the kernel's 200 ms floor, delayed acknowledgements).
+TEST(NetnsRoutes, RtoMinAndQuickackAreSetOnEveryHostRouteOnlyWhenAsked) {
   if (Status s = NetnsCluster::available(); !s.is_ok()) GTEST_SKIP() << s.message();
   for (TimeNs rto : {TimeNs{0}, 5 * kNsPerMs}) {
     NetnsOptions o;
     o.hosts = 2;
     o.rate = Rate::mbps(500);
     o.rto_min = rto;
+    o.quickack = rto == 0;
     o.tag = "qsr" + std::to_string(getpid() % 10000) + (rto > 0 ? "b" : "a");  // one tag per cluster
     auto c = NetnsCluster::create(o);
     ASSERT_TRUE(c.is_ok()) << c.status().message();
@@ -129,8 +130,10 @@ TEST(NetnsRoutes, RtoMinIsSetOnEveryHostRouteOnlyWhenAsked) {
       ASSERT_TRUE(run_command({"ip", "-n", (*c)->namespace_name(h), "route", "show"}, &out).is_ok());
       if (rto > 0) {
         EXPECT_NE(out.find("rto_min lock 5ms"), std::string::npos) << out;
+        EXPECT_EQ(out.find("quickack"), std::string::npos) << out;
       } else {
         EXPECT_EQ(out.find("rto_min"), std::string::npos) << out;
+        EXPECT_NE(out.find("quickack 1"), std::string::npos) << out;
       }
     }
   }

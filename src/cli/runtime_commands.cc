@@ -222,6 +222,8 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
                   "--netns: every host route's minimum TCP retransmission timeout, e.g. 5ms as datacenters "
                   "configure it (0ms: the kernel's 200 ms)")
       ->capture_default_str();
+  app->add_flag("--quickack", f->quickack,
+                "--netns: every host route acknowledges each segment at once (no delayed acknowledgements)");
   app->add_option("--timeout", f->timeout, "Give up on a policy's run after this long")->capture_default_str();
   app->add_flag("--keep-going", f->keep_going, "Continue with the next policy when one fails");
   app->add_option("--kill-worker", f->kill_worker, "Testing: this worker dies abruptly...")->group("");
@@ -252,6 +254,7 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   auto rto = parse_time(f.rto_min);
   if (!rto) return fail("quicksilver", rto.status().with_context("--rto-min"));
   o.rto_min = *rto;
+  o.quickack = f.quickack;
   o.log = [](std::string_view m) { std::cerr << "quicksilver run: " << m << "\n"; };
   auto run = qs::run_cluster(std::move(*job), o);
   if (!run) return fail("quicksilver run", run.status());

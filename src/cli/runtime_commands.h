@@ -31,6 +31,7 @@ struct RunFlags {
   std::string congestion = "cubic";
   std::string commit_window = "100us";
   std::string rto_min = "0ms";  // --netns: every route's minimum retransmission timeout
+  bool quickack = false;        // --netns: every route acknowledges at once
   std::string timeout = "300s";
   bool keep_going = false;
   int kill_worker = -1;         // testing: this worker dies abruptly...

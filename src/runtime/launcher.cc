@@ -557,6 +557,7 @@ std::string ClusterRunResult::describe() const {
                                  std::to_string(*goodput_fraction * 100).substr(0, 4) + "% of the rate"
                            : std::string("loopback, paced")) +
          (rto_min > 0 ? "; route rto_min " + format_time(rto_min) : std::string()) +
+         (quickack ? "; route quickack" : "") +
          "; bandwidth and tensor sizes scaled by " + std::to_string(scale).substr(0, 6) +
          ", communication/compute ratios kept)";
 }
@@ -583,6 +584,9 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   if (f.rto_min < 0 || f.rto_min > 60 * kNsPerSec) return invalid_argument("--rto-min must be in 0..60s");
   if (f.rto_min > 0 && !f.netns) {
     return invalid_argument("--rto-min needs --netns (the routes of the machine itself are not changed)");
+  }
+  if (f.quickack && !f.netns) {
+    return invalid_argument("--quickack needs --netns (the routes of the machine itself are not changed)");
   }
   if (!f.netns && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
     return invalid_argument("--bandwidth-trace needs --netns (loopback has no shaper to change)");
@@ -627,6 +631,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   if (job.cluster.schedule) job.cluster.schedule = job.cluster.schedule->scaled(scale);
   out.scale = scale;
   out.rto_min = f.netns ? f.rto_min : 0;
+  out.quickack = f.netns && f.quickack;
   std::string tmpl = (std::filesystem::temp_directory_path() / "qs-run-XXXXXX").string();
   if (mkdtemp(tmpl.data()) == nullptr) return io_error("cannot create a temporary directory");
   struct RemoveTmp {
@@ -664,6 +669,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     no.rate = job.cluster.bandwidth;
     no.congestion = f.congestion;
     no.rto_min = f.rto_min;
+    no.quickack = f.quickack;
     auto c = runtime::NetnsCluster::create(no);
     if (!c) return c.status().with_context("--netns");
     cluster = std::move(*c);

@@ -193,11 +193,19 @@ Status NetnsCluster::build() {
     QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "addr", "add", address(h) + "/16", "dev", vh}));
     QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "link", "set", vh, "up"}));
     QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "link", "set", "lo", "up"}));
-    if (options_.rto_min > 0) {
-      // The connected route again, with the metric (ip prints and takes it in ms).
-      const std::string ms = std::to_string(std::max<TimeNs>(1, (options_.rto_min + kNsPerMs - 1) / kNsPerMs)) + "ms";
-      QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "route", "replace", "10.213.0.0/16", "dev", vh, "proto",
-                                      "kernel", "scope", "link", "src", address(h), "rto_min", ms}));
+    if (options_.rto_min > 0 || options_.quickack) {
+      // The connected route again, with the metrics (ip prints and takes rto_min in ms).
+      std::vector<std::string> argv = {"ip", "-n", ns, "route", "replace", "10.213.0.0/16", "dev", vh, "proto",
+                                       "kernel", "scope", "link", "src", address(h)};
+      if (options_.rto_min > 0) {
+        argv.push_back("rto_min");
+        argv.push_back(std::to_string(std::max<TimeNs>(1, (options_.rto_min + kNsPerMs - 1) / kNsPerMs)) + "ms");
+      }
+      if (options_.quickack) {
+        argv.push_back("quickack");
+        argv.push_back("1");
+      }
+      QS_RETURN_IF_ERROR(run_command(argv));
     }
     QS_RETURN_IF_ERROR(shape(ns, vh));  // uplink: shapers_[2h]
     QS_RETURN_IF_ERROR(shape("", vb));  // downlink: shapers_[2h + 1]

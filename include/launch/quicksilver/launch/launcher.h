@@ -44,6 +44,8 @@ struct LaunchOptions {
   // netns only: every host route's minimum retransmission timeout (NetnsOptions::rto_min;
   // 0: the kernel's 200 ms). Whole milliseconds.
   TimeNs rto_min = 0;
+  // netns only: every host route acknowledges at once (NetnsOptions::quickack).
+  bool quickack = false;
   // runtime::JobOptions::commit_window of every node. Must be >= 0.
   TimeNs commit_window = 100 * kNsPerUs;
   TimeNs timeout = 300 * kNsPerSec;  // per policy, from the first child's start
@@ -73,6 +75,7 @@ struct ClusterRunResult {
   std::vector<std::pair<std::string, Status>> failures;
   double scale = 1;
   TimeNs rto_min = 0;  // LaunchOptions::rto_min as run (0: the kernel's default)
+  bool quickack = false;  // LaunchOptions::quickack as run
   // The links' measured TCP goodput as a fraction of the nominal rate (netns: iperf3);
   // none on loopback (paced payload: 1 by construction).
   std::optional<double> goodput_fraction;

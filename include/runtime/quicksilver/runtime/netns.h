@@ -36,6 +36,10 @@ struct NetnsOptions {
   // so on a link whose round trip is well under a millisecond the default turns one loss
   // into a 200 ms stall.
   TimeNs rto_min = 0;
+  // Every host's route with the quickack metric: acknowledge every segment at once
+  // instead of delaying acknowledgements (up to 40-200 ms). A locked rto_min also caps the
+  // delayed-acknowledgement timer, so this tells the two effects apart.
+  bool quickack = false;
   // Name tag; default "qs<pid>". Must be at most 8 characters (interface names are
   // limited to 15).
   std::string tag;
