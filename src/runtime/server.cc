@@ -114,26 +114,19 @@ struct Server::Impl final : transport::FrameHandler {
 
   // Attributes what TCP repaired since the last call to `iteration` (< 0: nothing yet).
   void note_repairs(std::int64_t iteration) {
-    transport::TcpRepairs now;
-    bool timeouts = true;
+    std::vector<int> fds;
     for (const Peer& p : peers) {
-      if (!p.conn || p.conn->closed()) continue;
-      auto r = transport::tcp_repairs(p.conn->fd());
-      if (!r.is_ok()) continue;
-      now.retransmitted_segments += r->retransmitted_segments;
-      if (r->timeouts < 0) timeouts = false;
-      now.timeouts = std::max<std::int64_t>(now.timeouts, 0) + std::max<std::int64_t>(r->timeouts, 0);
+      if (p.conn && !p.conn->closed()) fds.push_back(p.conn->fd());
     }
-    if (iteration >= 0) {
-      const auto k = static_cast<std::size_t>(iteration);
-      if (repairs.retransmits.size() <= k) repairs.retransmits.resize(k + 1, 0);
-      repairs.retransmits[k] += std::max<std::int64_t>(0, now.retransmitted_segments - repairs_seen.retransmitted_segments);
-      if (timeouts) {
-        if (repairs.timeouts.size() <= k) repairs.timeouts.resize(k + 1, 0);
-        repairs.timeouts[k] += std::max<std::int64_t>(0, now.timeouts - repairs_seen.timeouts);
-      }
+    const transport::TcpRepairs d = repairs_counter.take(fds);
+    if (iteration < 0) return;
+    const auto k = static_cast<std::size_t>(iteration);
+    if (repairs.retransmits.size() <= k) repairs.retransmits.resize(k + 1, 0);
+    repairs.retransmits[k] += d.retransmitted_segments;
+    if (d.timeouts >= 0) {
+      if (repairs.timeouts.size() <= k) repairs.timeouts.resize(k + 1, 0);
+      repairs.timeouts[k] += d.timeouts;
     }
-    repairs_seen = now;
   }
 
   bool finished() const {
@@ -432,7 +425,7 @@ struct Server::Impl final : transport::FrameHandler {
   std::map<std::pair<TensorId, std::uint64_t>, Unit> units[2];  // live units by parity
   std::int64_t slot_iteration[2] = {-1, -1};
   Server::Repairs repairs;            // per iteration (note_repairs)
-  transport::TcpRepairs repairs_seen{0, 0};  // the connections' totals at the last note
+  transport::RepairCounter repairs_counter;  // what TCP repaired since the last note
   std::int64_t live[2] = {0, 0};
   std::vector<Peer> peers;                     // by worker id
   std::map<int, std::unique_ptr<Connection>> pending;  // before hello, by temporary index

@@ -198,25 +198,16 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
 
   // What TCP repaired on this worker's connections since the last call.
   transport::TcpRepairs take_repairs() {
-    transport::TcpRepairs now{0, 0};
-    bool timeouts = true;
+    std::vector<int> fds;
     for (const auto& c : conns) {
-      if (c->closed()) continue;
-      auto r = transport::tcp_repairs(c->fd());
-      if (!r.is_ok()) continue;
-      now.retransmitted_segments += r->retransmitted_segments;
-      if (r->timeouts < 0) timeouts = false;
-      now.timeouts += std::max<std::int64_t>(r->timeouts, 0);
+      if (!c->closed()) fds.push_back(c->fd());
     }
-    const transport::TcpRepairs delta{now.retransmitted_segments - repairs_seen.retransmitted_segments,
-                                      timeouts ? now.timeouts - repairs_seen.timeouts : -1};
-    repairs_seen = now;
-    return delta;
+    return repairs_counter.take(fds);
   }
 
   void iteration_ended(std::int64_t it) {
     const transport::TcpRepairs r = take_repairs();
-    retransmits.push_back(std::max<std::int64_t>(0, r.retransmitted_segments));
+    retransmits.push_back(r.retransmitted_segments);
     if (r.timeouts >= 0) timeouts.push_back(r.timeouts);
     for (const transport::QueueSample& q : sender->take_samples()) {
       if (it < opts.warmup && it + 1 < opts.job.iterations) continue;
@@ -512,7 +503,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   Bytes bytes_pushed = 0;
   std::int64_t units_pushed = 0;
   std::vector<TimeNs> delays, urgent_delays;
-  transport::TcpRepairs repairs_seen{0, 0};         // the connections' totals at the last look
+  transport::RepairCounter repairs_counter;         // what TCP repaired since the last look
   std::vector<std::int64_t> retransmits, timeouts;  // per iteration
 };
 

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -150,6 +151,22 @@ Result<TcpRepairs> tcp_repairs(int fd) {
     r.timeouts = v;
   }
   return r;
+}
+
+TcpRepairs RepairCounter::take(const std::vector<int>& fds) {
+  TcpRepairs now{0, 0};
+  bool timeouts = true;
+  for (int fd : fds) {
+    auto r = tcp_repairs(fd);
+    if (!r.is_ok()) continue;
+    now.retransmitted_segments += r->retransmitted_segments;
+    if (r->timeouts < 0) timeouts = false;
+    now.timeouts += std::max<std::int64_t>(r->timeouts, 0);
+  }
+  const TcpRepairs delta{std::max<std::int64_t>(0, now.retransmitted_segments - seen_.retransmitted_segments),
+                         timeouts ? std::max<std::int64_t>(0, now.timeouts - seen_.timeouts) : -1};
+  seen_ = now;
+  return delta;
 }
 
 Status enable_tx_timestamps(int fd) {
