@@ -9,6 +9,7 @@ packages=(
   python3 python3-pytest python3-numpy python3-matplotlib
   iproute2 iperf3
   clang libclang-rt-14-dev
+  libgloo-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -7,6 +7,8 @@
 #include <sstream>
 
 #include "quicksilver/launch/launcher.h"
+#include "quicksilver/runtime/collective.h"
+#include "quicksilver/runtime/store.h"
 #include "quicksilver/runtime/rendezvous.h"
 #include "quicksilver/runtime/report_codec.h"
 #include "quicksilver/runtime/runtime.h"
@@ -53,9 +55,6 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
   if (job.policies.size() != 1 || f.sim.policy == "all") {
     return invalid_argument("--policy: a server or worker runs exactly one policy");
   }
-  if (job.cluster.architecture != Architecture::kPs) {
-    return invalid_argument("--architecture: the runtime runs the parameter-server architecture");
-  }
   runtime::JobOptions o;
   o.profile = std::move(job.profile);
   o.policy = job.policies[0];
@@ -80,7 +79,9 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
     if (!r) return r.status().with_context("--pacing-rate");
     o.socket.max_pacing_rate = static_cast<std::int64_t>(r->bytes_per_second());
   }
-  QS_RETURN_IF_ERROR(runtime::validate_job(o));  // bad input is exit 2, before any socket
+  // Bad input is exit 2, before any socket.
+  QS_RETURN_IF_ERROR(job.cluster.architecture == Architecture::kPs ? runtime::validate_job(o)
+                                                                   : runtime::validate_collective_job(o));
   return o;
 }
 
@@ -94,6 +95,9 @@ TimeNs o_timeout(const RoleFlags& f) {
 }  // namespace
 
 void add_coordinator_flags(CLI::App* app, CoordinatorFlags* f) {
+  app->add_option("--architecture", f->architecture,
+                  "ps (servers register, workers look them up) or allreduce (the gloo rendezvous store)")
+      ->capture_default_str();
   app->add_option("--listen", f->listen, "HOST:PORT to listen on")->capture_default_str();
   app->add_option("--workers", f->workers, "Number of workers of the job")->capture_default_str();
   app->add_option("--servers", f->servers, "Number of servers of the job")->capture_default_str();
@@ -105,6 +109,17 @@ int run_coordinator(const CoordinatorFlags& f) {
   auto timeout = parse_time(f.timeout);
   if (!ep) return fail("quicksilver coordinator", ep.status());
   if (!timeout) return fail("quicksilver coordinator", timeout.status().with_context("--timeout"));
+  if (f.architecture == "allreduce") {
+    auto store = runtime::StoreServer::create(*ep, f.workers, *timeout);
+    if (!store) return fail("quicksilver coordinator", store.status());
+    std::cout << "listening " << ep->host << ":" << (*store)->port() << std::endl;
+    Status s = (*store)->run();
+    if (!s.is_ok()) return fail("quicksilver", s, 1);
+    return 0;
+  }
+  if (f.architecture != "ps") {
+    return fail("quicksilver coordinator", invalid_argument("--architecture must be ps or allreduce"));
+  }
   runtime::CoordinatorOptions o{*ep, f.workers, f.servers, *timeout};
   auto c = runtime::Coordinator::create(o);
   if (!c) return fail("quicksilver coordinator", c.status());
@@ -131,9 +146,83 @@ void add_worker_flags(CLI::App* app, RoleFlags* f) {
   app->add_option("--slowdown", f->compute_factor, "Compute slowdown of this worker (1 = profile times)");
   app->add_option("--nic-rate", f->nic_rate, "This host's NIC rate, for the utilisation figure");
   app->add_option("--die-at-iteration", f->die_at_iteration, "Testing: exit abruptly at this iteration")->group("");
+  app->add_option("--link", f->links,
+                  "--architecture allreduce: this host's address on a link (repeat for DeFT's second link; "
+                  "default 127.0.0.1, and 127.0.0.2 with --second-link)");
+  app->add_option("--gloo-algorithm", f->gloo_algorithm,
+                  "--architecture allreduce: gloo's algorithm: ring, ring-chunked, halving-doubling, bcube "
+                  "(default: from --allreduce, ring or rhd)");
 }
 
+namespace {
+
+// gloo's algorithm for a worker: --gloo-algorithm, else the simulator's --allreduce where
+// gloo has it.
+Result<runtime::GlooAlgorithm> gloo_algorithm(const RoleFlags& f) {
+  if (!f.gloo_algorithm.empty()) return runtime::parse_gloo_algorithm(f.gloo_algorithm);
+  if (f.sim.allreduce == "ring") return runtime::GlooAlgorithm::kRing;
+  if (f.sim.allreduce == "rhd") return runtime::GlooAlgorithm::kHalvingDoubling;
+  return invalid_argument("--allreduce " + f.sim.allreduce +
+                          ": gloo has no such algorithm; use ring or rhd, or --gloo-algorithm");
+}
+
+int run_collective_role(const RoleFlags& f, runtime::JobOptions job) {
+  const std::string who = "quicksilver worker " + std::to_string(f.id);
+  runtime::CollectiveOptions o;
+  o.job = std::move(job);
+  o.rank = f.id;
+  o.compute_factor = f.compute_factor;
+  o.warmup = f.sim.warmup;
+  o.die_at_iteration = f.die_at_iteration;
+  o.record_trace = !f.sim.trace.empty();
+  auto algo = gloo_algorithm(f);
+  if (!algo) return fail("quicksilver worker", algo.status());
+  o.algorithm = *algo;
+  if (f.coordinator.empty()) return fail("quicksilver worker", "--architecture allreduce needs --coordinator HOST:PORT");
+  if (!f.servers.empty()) return fail("quicksilver worker", "--connect: an all-reduce job has no servers");
+  auto coord = parse_endpoint(f.coordinator, "--coordinator");
+  if (!coord) return fail("quicksilver worker", coord.status());
+  o.store = *coord;
+  const bool second = f.sim.second_link != 0;
+  if (f.links.empty()) {
+    o.links = {"127.0.0.1"};
+    if (second) o.links.push_back("127.0.0.2");
+  } else {
+    o.links = f.links;
+  }
+  if (o.links.size() != (second ? 2u : 1u)) {
+    return fail("quicksilver worker", invalid_argument("--link: give " + std::string(second ? "two addresses (--second-link)" : "one address")));
+  }
+  if (!runtime::have_gloo()) return fail("quicksilver worker", invalid_argument("this quicksilver was built without gloo"));
+  auto report = runtime::run_collective_worker(o);
+  if (!report) return fail(who, report.status(), 1);
+  if (!f.sim.trace.empty()) {
+    SimResult measured;
+    measured.policy = report->policy + " measured";
+    measured.trace = report->trace;
+    Status s = write_chrome_trace({measured}, f.sim.trace);
+    if (!s.is_ok()) return fail(who, s.with_context("--trace"), 1);
+  }
+  if (f.sim.json) {
+    std::cout << runtime::report_to_json(*report) << std::endl;
+  } else {
+    std::cout << report->to_string() << std::endl;
+    for (std::size_t l = 0; l < report->allreduce_fit.size(); ++l) {
+      const AllReduceCost& c = report->allreduce_fit[l];
+      std::cout << "link " << l << " all-reduce fit: a = " << format_time(c.a) << ", b = " << c.b_ns_per_byte
+                << " ns/B (" << 8.0 / c.b_ns_per_byte << " Gbit/s)" << std::endl;
+    }
+    for (const std::string& n : report->notes) std::cout << n << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
 int run_server_role(const RoleFlags& f) {
+  if (f.sim.architecture != "ps") {
+    return fail("quicksilver server", invalid_argument("--architecture: servers exist in the ps architecture only"));
+  }
   auto job = make_job_options(f);
   if (!job) return fail("quicksilver server", job.status());
   auto ep = parse_endpoint(f.listen, "--listen");
@@ -167,6 +256,7 @@ int run_server_role(const RoleFlags& f) {
 int run_worker_role(const RoleFlags& f) {
   auto job = make_job_options(f);
   if (!job) return fail("quicksilver worker", job.status());
+  if (f.sim.architecture == "allreduce") return run_collective_role(f, std::move(*job));
   runtime::WorkerOptions o;
   o.job = std::move(*job);
   o.worker_id = f.id;
@@ -225,6 +315,9 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
   app->add_flag("--quickack", f->quickack,
                 "--netns: every host route acknowledges each segment at once (no delayed acknowledgements)");
   app->add_option("--timeout", f->timeout, "Give up on a policy's run after this long")->capture_default_str();
+  app->add_option("--gloo-algorithm", f->gloo_algorithm,
+                  "--architecture allreduce: gloo's algorithm: ring, ring-chunked, halving-doubling, bcube "
+                  "(default: from --allreduce, ring or rhd)");
   app->add_flag("--keep-going", f->keep_going, "Continue with the next policy when one fails");
   app->add_option("--kill-worker", f->kill_worker, "Testing: this worker dies abruptly...")->group("");
   app->add_option("--kill-at-iteration", f->kill_at_iteration, "...at this iteration")->group("");
@@ -255,6 +348,11 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   if (!rto) return fail("quicksilver", rto.status().with_context("--rto-min"));
   o.rto_min = *rto;
   o.quickack = f.quickack;
+  if (!f.gloo_algorithm.empty()) {
+    auto a = runtime::parse_gloo_algorithm(f.gloo_algorithm);
+    if (!a) return fail("quicksilver", a.status());
+  }
+  o.gloo_algorithm = f.gloo_algorithm;
   o.log = [](std::string_view m) { std::cerr << "quicksilver run: " << m << "\n"; };
   auto run = qs::run_cluster(std::move(*job), o);
   if (!run) return fail("quicksilver run", run.status());

@@ -22,6 +22,10 @@ struct RoleFlags {
   std::string pacing_rate;      // SO_MAX_PACING_RATE per connection
   std::string commit_window = "100us";  // JobOptions::commit_window
   int die_at_iteration = -1;    // worker: testing aid, exit abruptly at this iteration
+  // All-reduce workers: this host's address on each link (one per link, in order), and
+  // gloo's algorithm (default: from --allreduce).
+  std::vector<std::string> links;
+  std::string gloo_algorithm;
 };
 
 struct RunFlags {
@@ -36,9 +40,11 @@ struct RunFlags {
   bool keep_going = false;
   int kill_worker = -1;         // testing: this worker dies abruptly...
   int kill_at_iteration = 1;    // ...at this iteration
+  std::string gloo_algorithm;   // --architecture allreduce: gloo's algorithm
 };
 
 struct CoordinatorFlags {
+  std::string architecture = "ps";  // allreduce: serve the gloo rendezvous store
   std::string listen = "0.0.0.0:7000";
   int workers = 4;
   int servers = 4;

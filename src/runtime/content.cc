@@ -113,15 +113,23 @@ void fill_gradient(float* dst, std::int64_t count, std::int64_t first, int worke
 
 Status check_sum(const float* sum, std::int64_t count, std::int64_t first, int workers,
                  std::int64_t iteration, TensorId tensor) {
+  return check_sum(sum, count, first, workers, iteration, iteration, tensor);
+}
+
+Status check_sum(const float* sum, std::int64_t count, std::int64_t first, int workers,
+                 std::int64_t first_iteration, std::int64_t last_iteration, TensorId tensor) {
   float base = 0;
-  for (int w = 0; w < workers; ++w) base += value_base(w, iteration, tensor);
-  const auto n = static_cast<float>(workers);
+  for (std::int64_t it = first_iteration; it <= last_iteration; ++it) {
+    for (int w = 0; w < workers; ++w) base += value_base(w, it, tensor);
+  }
+  const auto n = static_cast<float>(workers) * static_cast<float>(last_iteration - first_iteration + 1);
   for (std::int64_t k = 0; k < count; ++k) {
     const float want = base + n * static_cast<float>((first + k) & 255);
     if (sum[k] != want) {
-      return internal_error("wrong sum: iteration " + std::to_string(iteration) + " tensor " +
-                            std::to_string(tensor) + " element " + std::to_string(first + k) +
-                            " is " + std::to_string(sum[k]) + ", expected " + std::to_string(want));
+      return internal_error("wrong sum: iteration " + std::to_string(first_iteration) +
+                            (last_iteration != first_iteration ? ".." + std::to_string(last_iteration) : "") +
+                            " tensor " + std::to_string(tensor) + " element " + std::to_string(first + k) + " is " +
+                            std::to_string(sum[k]) + ", expected " + std::to_string(want));
     }
   }
   return Status::ok();

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "quicksilver/policy/registry.h"
+#include "quicksilver/runtime/collective.h"
 #include "quicksilver/runtime/netns.h"
 #include "quicksilver/runtime/report_codec.h"
 #include "quicksilver/sim/simulator.h"
@@ -235,6 +236,13 @@ std::vector<std::string> job_args(const Job& job, const std::string& profile_pat
                                    std::to_string(job.cluster.bandwidth.bits_per_second) + "bps", "--seed",
                                    std::to_string(job.sim.seed), "--congestion", f.congestion, "--commit-window",
                                    std::to_string(f.commit_window) + "ns"};
+  if (job.cluster.architecture == Architecture::kAllReduce) {
+    args.insert(args.end(), {"--architecture", "allreduce"});
+    if (job.cluster.second_link_slowdown != 0) {
+      args.insert(args.end(), {"--second-link", std::to_string(job.cluster.second_link_slowdown)});
+    }
+    if (!f.gloo_algorithm.empty()) args.insert(args.end(), {"--gloo-algorithm", f.gloo_algorithm});
+  }
   for (std::string& a : knob_arguments(job.policy_options)) args.push_back(std::move(a));
   return args;
 }
@@ -261,26 +269,36 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
                              Logger& log) {
   const std::string& exe = f.executable;
   const TimeNs timeout = f.timeout;
-  const int n = job.cluster.workers, m = job.cluster.servers;
+  const int n = job.cluster.workers;
+  const int m = job.cluster.architecture == Architecture::kAllReduce ? 1 : job.cluster.servers;  // + the coordinator
   std::vector<std::string> base = job_args(job, profile_path, policy, f);
   const CpuTicks cpu_before = cpu_ticks();
   std::vector<Child> children;
   auto cleanup = [&] { kill_all(children); };
-  // Servers: hosts 0..M-1.
+  const bool allreduce = job.cluster.architecture == Architecture::kAllReduce;
+  // Servers (hosts 0..M-1), or the all-reduce job's coordinator (host 0: the gloo
+  // rendezvous store; it leaves once every worker's contexts are connected).
   std::vector<std::string> addrs;
   for (int s = 0; s < m; ++s) {
-    std::vector<std::string> a = {"server", "--server-id", std::to_string(s)};
-    a.insert(a.end(), base.begin(), base.end());
-    if (!cluster) {
-      // Loopback has no shaper: each server paces each of its N connections at B / N,
-      // each worker each of its M at B / M (SO_MAX_PACING_RATE), approximating a NIC.
-      a.push_back("--pacing-rate");
-      a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second / n) + "bps");
-    }
+    std::vector<std::string> a;
     const std::string host = cluster ? cluster->address(s) : "127.0.0.1";
-    a.push_back("--listen");
-    a.push_back(host + (cluster ? ":7100" : ":0"));
-    auto c = spawn("server " + std::to_string(s), exe, a, cluster ? cluster->namespace_name(s) : "");
+    if (allreduce) {
+      a = {"coordinator", "--architecture", "allreduce", "--workers", std::to_string(n), "--listen", host + ":0",
+           "--timeout", std::to_string(timeout) + "ns"};
+    } else {
+      a = {"server", "--server-id", std::to_string(s)};
+      a.insert(a.end(), base.begin(), base.end());
+      if (!cluster) {
+        // Loopback has no shaper: each server paces each of its N connections at B / N,
+        // each worker each of its M at B / M (SO_MAX_PACING_RATE), approximating a NIC.
+        a.push_back("--pacing-rate");
+        a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second / n) + "bps");
+      }
+      a.push_back("--listen");
+      a.push_back(host + (cluster ? ":7100" : ":0"));
+    }
+    auto c = spawn((allreduce ? "coordinator" : "server ") + (allreduce ? std::string() : std::to_string(s)), exe, a,
+                   cluster ? cluster->namespace_name(s) : "");
     if (!c) {
       cleanup();
       return c.status();
@@ -298,7 +316,7 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
         const Child& c = children[static_cast<std::size_t>(s)];
         std::string why = g_interrupted ? "interrupted" : c.running ? "no address before the timeout" : describe_exit(c) + ": " + last_line(c.err_text);
         cleanup();
-        return unavailable("server " + std::to_string(s) + ": " + why);
+        return unavailable(c.name + ": " + why);
       }
     }
     const std::string& line = children[static_cast<std::size_t>(s)].out_text;
@@ -307,7 +325,18 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   std::string connect;
   for (const auto& a : addrs) connect += (connect.empty() ? "" : ",") + a;
   for (int w = 0; w < n; ++w) {
-    std::vector<std::string> a = {"worker", "--worker-id", std::to_string(w), "--connect", connect, "--json"};
+    std::vector<std::string> a = {"worker", "--worker-id", std::to_string(w), "--json"};
+    if (allreduce) {
+      a.insert(a.end(), {"--coordinator", connect});
+      const std::string host = cluster ? cluster->address(m + w) : "127.0.0.1";
+      a.insert(a.end(), {"--link", host});
+      if (job.cluster.second_link_slowdown != 0) {
+        // Loopback: a second address of its own (127.0.0.2), through the same kernel.
+        a.insert(a.end(), {"--link", cluster ? cluster->address(m + w) : "127.0.0.2"});
+      }
+    } else {
+      a.insert(a.end(), {"--connect", connect});
+    }
     a.insert(a.end(), base.begin(), base.end());
     const double factor = job.cluster.compute_factor.empty() ? 1.0 : job.cluster.compute_factor[static_cast<std::size_t>(w)];
     if (f.kill_worker >= 0 && f.kill_worker == w) {
@@ -316,7 +345,7 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
     }
     a.push_back("--slowdown");
     a.push_back(std::to_string(factor));
-    if (!cluster) {
+    if (!cluster && !allreduce) {
       a.push_back("--pacing-rate");
       a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second / m) + "bps");
     }
@@ -483,11 +512,26 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
     for (const runtime::WorkerReport& rep : reports) r.trace.insert(r.trace.end(), rep.trace.begin(), rep.trace.end());
   }
   for (const runtime::WorkerReport& rep : reports) {
+    if (allreduce) {
+      r.notes.push_back("worker " + std::to_string(rep.worker_id) + ": " + std::to_string(rep.iterations_verified) +
+                        " iterations verified exact, " + rep.congestion_control);
+      continue;
+    }
     r.notes.push_back("worker " + std::to_string(rep.worker_id) + ": " + std::to_string(rep.iterations_verified) +
                       " iterations verified exact, uplink " + std::to_string(rep.uplink_gbps).substr(0, 5) +
                       " Gbps, urgent-packet delay p50/p99 " + format_time(rep.urgent_delay_p50) + "/" +
                       format_time(rep.urgent_delay_p99) + ", " + rep.congestion_control + ", push end by " +
                       rep.push_end);
+  }
+  if (allreduce) {
+    // The fit every worker measured at start-up (the same on all) and the policy's report.
+    for (std::size_t l = 0; l < w0.allreduce_fit.size(); ++l) {
+      const AllReduceCost& c = w0.allreduce_fit[l];
+      r.notes.push_back("link " + std::to_string(l) + " all-reduce fit: a = " + format_time(c.a) + ", b = " +
+                        std::to_string(c.b_ns_per_byte).substr(0, 7) + " ns/B (" +
+                        std::to_string(8.0 / c.b_ns_per_byte).substr(0, 5) + " Gbit/s)");
+    }
+    r.notes.insert(r.notes.end(), w0.notes.begin(), w0.notes.end());
   }
   if (r.iteration_times.empty()) return internal_error("the workers reported no iteration");
   finish_result(job.profile, job.cluster, job.sim, &r);
@@ -497,7 +541,15 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   // The utilisation is likewise relative to that goodput.
   if (cluster) r.link_utilisation /= goodput_ratio;
   ClusterConfig predicted_cluster = job.cluster;
-  if (cluster) {
+  if (allreduce && !w0.allreduce_fit.empty()) {
+    // All-reduce: the simulator charges the collectives the runtime measured itself.
+    predicted_cluster.allreduce_a = w0.allreduce_fit[0].a;
+    predicted_cluster.allreduce_b_ns_per_byte = w0.allreduce_fit[0].b_ns_per_byte;
+    if (w0.allreduce_fit.size() > 1) {
+      predicted_cluster.second_link_slowdown =
+          std::max(1.0, w0.allreduce_fit[1].b_ns_per_byte / w0.allreduce_fit[0].b_ns_per_byte);
+    }
+  } else if (cluster) {
     const double goodput = goodput_ratio;
     predicted_cluster.bandwidth.bits_per_second = std::llround(job.cluster.bandwidth.bits_per_second * goodput);
     if (predicted_cluster.schedule) predicted_cluster.schedule = predicted_cluster.schedule->scaled(goodput);
@@ -555,7 +607,9 @@ std::string ClusterRunResult::describe() const {
   return std::string("measured (") +
          (goodput_fraction ? "network namespaces, tc-shaped links, iperf3 goodput " +
                                  std::to_string(*goodput_fraction * 100).substr(0, 4) + "% of the rate"
-                           : std::string("loopback, paced")) +
+                           : std::string(job.cluster.architecture == Architecture::kAllReduce
+                                             ? "loopback, gloo unpaced: the all-reduce fit is this machine's"
+                                             : "loopback, paced")) +
          (rto_min > 0 ? "; route rto_min " + format_time(rto_min) : std::string()) +
          (quickack ? "; route quickack" : "") +
          "; bandwidth and tensor sizes scaled by " + std::to_string(scale).substr(0, 6) +
@@ -563,8 +617,12 @@ std::string ClusterRunResult::describe() const {
 }
 
 Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
-  if (job.cluster.architecture != Architecture::kPs) {
-    return invalid_argument("--architecture: the runtime runs the parameter-server architecture");
+  const bool allreduce = job.cluster.architecture == Architecture::kAllReduce;
+  if (allreduce && !runtime::have_gloo()) {
+    return invalid_argument("--architecture allreduce: this quicksilver was built without gloo (libgloo-dev)");
+  }
+  if (allreduce && f.netns && job.cluster.second_link_slowdown != 0) {
+    return invalid_argument("--second-link with --netns: the emulated cluster has one link per host so far");
   }
   if (f.executable.empty()) return invalid_argument("LaunchOptions::executable: no quicksilver executable given");
   // Everything below forks, creates namespaces or files: bound the job first.
@@ -575,7 +633,8 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
                             std::to_string(kMaxLocalProcesses) + " processes (workers + servers)");
   }
   for (const std::string& p : job.policies) {
-    QS_RETURN_IF_ERROR(check_unit_budget(job.profile, p, Architecture::kPs, job.policy_options, job.cluster.workers)
+    QS_RETURN_IF_ERROR(check_unit_budget(job.profile, p, job.cluster.architecture, job.policy_options,
+                                         job.cluster.workers)
                            .with_context(p));
   }
   // Written so that NaN fails too.
@@ -613,7 +672,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   if (scale == 0) {
     // Two cores move about 4 Gbit/s of shaped veth traffic in total (measured: errors
     // against the simulator grow past that), so hosts get 4 Gbit/s / (N + M) each, at most.
-    const double per_host = 4e9 / (job.cluster.workers + job.cluster.servers);
+    const double per_host = 4e9 / (job.cluster.workers + (allreduce ? 0 : job.cluster.servers));
     scale = std::min(1.0, per_host / static_cast<double>(job.cluster.bandwidth.bits_per_second));
   }
   // Scale bandwidth and sizes together: every communication/compute ratio is kept, and
@@ -665,7 +724,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   double goodput_ratio = 1448.0 / 1514.0;
   if (f.netns) {
     runtime::NetnsOptions no;
-    no.hosts = job.cluster.workers + job.cluster.servers;
+    no.hosts = job.cluster.workers + (allreduce ? 1 : job.cluster.servers);
     no.rate = job.cluster.bandwidth;
     no.congestion = f.congestion;
     no.rto_min = f.rto_min;
@@ -673,7 +732,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     auto c = runtime::NetnsCluster::create(no);
     if (!c) return c.status().with_context("--netns");
     cluster = std::move(*c);
-    auto g = runtime::measure_goodput(*cluster, job.cluster.servers, 0, f.congestion);
+    auto g = runtime::measure_goodput(*cluster, allreduce ? 1 : job.cluster.servers, 0, f.congestion);
     if (g) {
       goodput_ratio = static_cast<double>(g->bits_per_second) / static_cast<double>(job.cluster.bandwidth.bits_per_second);
     } else {

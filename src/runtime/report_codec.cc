@@ -9,6 +9,8 @@ using nlohmann::json;
 std::string report_to_json(const WorkerReport& r) {
   json it = json::array();
   for (TimeNs t : r.iteration_times) it.push_back(t);
+  json fit = json::array();
+  for (const AllReduceCost& c : r.allreduce_fit) fit.push_back({c.a, c.b_ns_per_byte});
   json trace = json::array();
   for (const TraceSpan& s : r.trace) trace.push_back({s.track, s.start, s.end, s.name});
   return json{{"worker", r.worker_id},
@@ -27,6 +29,8 @@ std::string report_to_json(const WorkerReport& r) {
               {"retransmits", r.retransmits},
               {"timeouts", r.timeouts},
               {"first_backward_ns", r.first_backward_at},
+              {"allreduce_fit", fit},
+              {"notes", r.notes},
               {"trace", trace}}
       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -57,6 +61,12 @@ Result<WorkerReport> report_from_json(std::string_view line) {
     r.retransmits = j.value("retransmits", std::vector<std::int64_t>());
     r.timeouts = j.value("timeouts", std::vector<std::int64_t>());
     r.first_backward_at = j.value("first_backward_ns", TimeNs{0});
+    if (j.contains("allreduce_fit")) {
+      for (const json& c : j.at("allreduce_fit")) {
+        r.allreduce_fit.push_back(AllReduceCost{c.at(0).get<TimeNs>(), c.at(1).get<double>()});
+      }
+    }
+    r.notes = j.value("notes", std::vector<std::string>());
     if (j.contains("trace")) {
       for (const json& e : j.at("trace")) {
         r.trace.push_back(TraceSpan{r.worker_id, e.at(0).get<int>(), e.at(1).get<TimeNs>(), e.at(2).get<TimeNs>(),

@@ -5,15 +5,29 @@
 #include <memory>
 #include <string>
 
+#include "quicksilver/engine/timer.h"
 #include "quicksilver/policy/layout.h"
 #include "quicksilver/policy/ps_policy.h"
 #include "quicksilver/runtime/runtime.h"
+#include "quicksilver/transport/event_loop.h"
 #include "quicksilver/transport/sender.h"
 #include "quicksilver/transport/wire.h"
 
 namespace qs::runtime {
 
 // validate_job (runtime.h) checks the options every node shares.
+
+// The runtime's Timer (the training loop's first seam): the node's event loop
+// (CLOCK_MONOTONIC).
+class LoopTimer final : public Timer {
+ public:
+  explicit LoopTimer(transport::EventLoop& loop) : loop_(loop) {}
+  TimeNs now() const override { return loop_.now(); }
+  void schedule_at(TimeNs when, Callback fn) override { loop_.schedule_at(when, std::move(fn)); }
+
+ private:
+  transport::EventLoop& loop_;
+};
 
 // The static facts derived from a job (identical on every node).
 struct JobLayout {
@@ -44,6 +58,9 @@ void fill_gradient(float* dst, std::int64_t count, std::int64_t first_index, int
 // first wrong element.
 Status check_sum(const float* sum, std::int64_t count, std::int64_t first_index, int workers,
                  std::int64_t iteration, TensorId tensor);
+// The same for a sum over iterations first..last (an all-reduce bucket that merged them).
+Status check_sum(const float* sum, std::int64_t count, std::int64_t first_index, int workers,
+                 std::int64_t first_iteration, std::int64_t last_iteration, TensorId tensor);
 
 // dst[i] += src[i] for i < n (vectorised). src may be unaligned.
 void add_floats(float* dst, const std::byte* src, std::size_t n);

@@ -21,20 +21,6 @@ using transport::Header;
 using transport::HeaderField;
 using transport::PayloadTarget;
 
-namespace {
-
-// The runtime's Timer: the node's event loop (CLOCK_MONOTONIC).
-class LoopTimer final : public Timer {
- public:
-  explicit LoopTimer(transport::EventLoop& loop) : loop_(loop) {}
-  TimeNs now() const override { return loop_.now(); }
-  void schedule_at(TimeNs when, Callback fn) override { loop_.schedule_at(when, std::move(fn)); }
-
- private:
-  transport::EventLoop& loop_;
-};
-
-}  // namespace
 
 // The worker's Exchange is the TCP transport: Impl implements it, and the frame handler
 // that feeds its acknowledgements and pulls back to the loop.

@@ -46,6 +46,9 @@ struct LaunchOptions {
   TimeNs rto_min = 0;
   // netns only: every host route acknowledges at once (NetnsOptions::quickack).
   bool quickack = false;
+  // --architecture allreduce: gloo's algorithm for every worker (empty: from the job's
+  // --allreduce, ring or rhd).
+  std::string gloo_algorithm;
   // runtime::JobOptions::commit_window of every node. Must be >= 0.
   TimeNs commit_window = 100 * kNsPerUs;
   TimeNs timeout = 300 * kNsPerSec;  // per policy, from the first child's start

@@ -30,6 +30,7 @@
 #include "quicksilver/core/trace_span.h"
 #include "quicksilver/core/units.h"
 #include "quicksilver/model/profile.h"
+#include "quicksilver/policy/allreduce_policy.h"
 #include "quicksilver/policy/options.h"
 #include "quicksilver/runtime/tensors.h"
 #include "quicksilver/transport/socket.h"
@@ -138,6 +139,10 @@ struct WorkerReport {
   // gradients being ready until every ready byte is acknowledged), track 2 the downlink
   // ("pull <tensor>": one per pulled frame, from its header to its last byte).
   std::vector<TraceSpan> trace;
+  // All-reduce workers (collective.h): each link's T_ar(M) = a + b*M as fitted at
+  // start-up (MG-WFBP II-D), the same on every worker; and the policy's report lines.
+  std::vector<AllReduceCost> allreduce_fit;
+  std::vector<std::string> notes;
   std::string to_string() const;
 };
 

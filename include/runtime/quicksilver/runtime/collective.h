@@ -1,0 +1,76 @@
+// The all-reduce runtime (issue 13; MG-WFBP, DeFT and the all-reduce baselines for real):
+// N workers, each running the one training loop (engine/training_loop.h) over
+//   - its node's event loop as the Timer,
+//   - the GPU emulated from the profile (or a real one, torch/) as the Compute,
+//   - gloo collectives as the Exchange: one gloo context per link over TCP, each driven by
+//     a thread that runs one collective at a time (MG-WFBP's link model), in the order,
+//     grouping and timing the policy decides, while compute runs alongside.
+// The policies are the simulator's (policy/allreduce_policy.h), built after a start-up
+// calibration: every worker times its own all-reduce over a size sweep on each link, the
+// workers average the times (so that every one fits the same numbers) and fit
+// T_ar(M) = a + b*M by least squares, as MG-WFBP does (its section II-D); DeFT's second
+// link's slowdown mu is b1 / b0 of the two fits.
+//
+// Agreement: gloo matches collectives by the order in which ranks call them, but a policy
+// may issue buckets in an order that depends on timing (a credit window refilled by
+// completions). The workers therefore agree on each link's order as Horovod's coordinator
+// does: every worker reports each bucket it issued to worker 0 (a 16-byte message on a
+// control context); worker 0 runs, on each link, the earliest bucket that every worker
+// has issued and tells the others which one (another 16 bytes) before it starts it.
+// Buckets are matched across workers by their content (iterations and chunks), not by the
+// policy's id.
+//
+// Rendezvous: the contexts find each other through a store served by the job's
+// coordinator (quicksilver/runtime/store.h).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "quicksilver/core/status.h"
+#include "quicksilver/policy/allreduce_policy.h"
+#include "quicksilver/runtime/runtime.h"
+
+namespace qs::runtime {
+
+// gloo's all-reduce algorithms (`--allreduce-algorithm`).
+enum class GlooAlgorithm { kRing, kRingChunked, kHalvingDoubling, kBcube };
+// "ring", "ring-chunked", "halving-doubling", "bcube".
+Result<GlooAlgorithm> parse_gloo_algorithm(std::string_view name);
+std::string_view gloo_algorithm_name(GlooAlgorithm a);
+// Whether this build has the all-reduce runtime (QS_WITH_GLOO).
+bool have_gloo();
+
+// Checks a job for the all-reduce runtime before anything starts: workers, iterations, the
+// profile (float32 tensors), the policy (one of the all-reduce architecture's) and its
+// collectives per iteration. Errors name the field.
+Status validate_collective_job(const JobOptions& job);
+
+struct CollectiveOptions {
+  // The job: profile, policy and its knobs, workers (servers ignored), iterations,
+  // bandwidth (the nominal rate, for the utilisation figure), connect and peer timeouts.
+  JobOptions job;
+  int rank = 0;
+  Endpoint store;  // the coordinator's store
+  // One address of this host per link, in link order: each link's gloo context binds
+  // there (one subnet per link: the connecting side does not bind, routing picks the
+  // interface). One entry, or two for DeFT's second link.
+  std::vector<std::string> links = {"127.0.0.1"};
+  GlooAlgorithm algorithm = GlooAlgorithm::kRing;
+  double compute_factor = 1.0;
+  // The gradient and sum buffers; nullptr: known content, every sum checked exactly.
+  TensorSource* tensors = nullptr;
+  bool verify = true;
+  int warmup = 1;
+  bool record_trace = false;
+  // Calibration: each size of the sweep is timed this many times (the median counts).
+  int calibration_repeats = 5;
+  // Fault injection (tests): exit abruptly at the start of this iteration (-1: never).
+  int die_at_iteration = -1;
+};
+
+// Runs one worker to the end of training. Blocks. The report's all-reduce fields carry the
+// fitted costs (AllReduceCost per link) and the policy's notes.
+Result<WorkerReport> run_collective_worker(const CollectiveOptions& options);
+
+}  // namespace qs::runtime

@@ -1,0 +1,734 @@
+// The all-reduce worker (quicksilver/runtime/collective.h): the one training loop over the
+// node's event loop (Timer), the emulated GPU (Compute) and gloo (Exchange).
+//
+// Threads: the loop thread runs the training loop, the policy and every listener call;
+// one thread per link runs that link's collectives, one at a time; on worker 0 a control
+// thread collects the other workers' "issued" reports. The link threads touch the tensor
+// buffers only for the chunks of the bucket they run, which the loop does not write
+// meanwhile (see Staging).
+#include <gloo/allreduce.h>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/barrier.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "quicksilver/core/check.h"
+#include "quicksilver/engine/training_loop.h"
+#include "quicksilver/runtime/collective.h"
+#include "quicksilver/runtime/store.h"
+#include "quicksilver/transport/clock.h"
+#include "runtime_internal.h"
+
+namespace qs::runtime {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+TimeNs mono_now() { return transport::SteadyClock::instance().now(); }
+std::chrono::milliseconds to_ms_duration(TimeNs t) { return std::chrono::milliseconds(std::max<TimeNs>(1, t / kNsPerMs)); }
+
+// gloo's rendezvous store over the coordinator's (store.h). gloo reports a store failure
+// by exception; ours carry the coordinator's message.
+class CoordinatorStore final : public gloo::rendezvous::Store {
+ public:
+  CoordinatorStore(StoreClient& client, TimeNs timeout) : client_(client), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Status s = client_.set(key, std::string_view(data.data(), data.size()));
+    if (!s.is_ok()) throw std::runtime_error(s.message());
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto v = client_.get(key, timeout_);
+    if (!v) throw std::runtime_error(v.status().message());
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, to_ms_duration(timeout_)); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    for (const std::string& k : keys) {
+      auto v = client_.get(k, static_cast<TimeNs>(timeout.count()) * kNsPerMs);
+      if (!v) throw std::runtime_error(v.status().message());
+    }
+  }
+
+ private:
+  StoreClient& client_;
+  TimeNs timeout_;
+};
+
+// A bucket's identity across workers: its iterations and chunks. Not the policy's id
+// (local), nor its link: DeFT assigns links from the links' backlog at the moment, which
+// differs between workers by a little; worker 0's choice of link is the one that runs.
+std::uint64_t bucket_key(const CollectiveBucket& b) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(static_cast<std::uint64_t>(b.first_iteration));
+  mix(static_cast<std::uint64_t>(b.last_iteration));
+  for (const Chunk& c : b.chunks) {
+    mix(static_cast<std::uint64_t>(c.tensor));
+    mix(static_cast<std::uint64_t>(c.offset));
+    mix(static_cast<std::uint64_t>(c.length));
+  }
+  return h;
+}
+
+std::string describe(const CollectiveBucket& b) {
+  return "bucket #" + std::to_string(b.id) + " (iteration " + std::to_string(b.first_iteration) +
+         (b.last_iteration != b.first_iteration ? ".." + std::to_string(b.last_iteration) : "") + ", " +
+         std::to_string(b.chunks.size()) + " chunks, " + format_size(b.bytes()) + ", link " + std::to_string(b.link) + ")";
+}
+
+// The 16-byte control message: a report (worker -> 0: "I issued KEY on LINK") or a
+// decision (0 -> worker: "run KEY next on LINK").
+struct ControlMessage {
+  std::uint64_t key = 0;
+  std::int32_t link = 0;
+  std::int32_t kind = 0;
+};
+constexpr std::uint64_t kReportSlot = 1;
+constexpr std::uint64_t kDecisionSlot = 16;  // + link
+
+
+}  // namespace
+
+namespace {
+
+// Runs one in-place float32 sum all-reduce of `count` elements at `data` on `ctx`.
+void gloo_allreduce(const std::shared_ptr<gloo::Context>& ctx, GlooAlgorithm algo, float* data, std::size_t count) {
+  if (count == 0) return;
+  switch (algo) {
+    case GlooAlgorithm::kRing:
+    case GlooAlgorithm::kBcube: {
+      gloo::AllreduceOptions o(ctx);
+      o.setOutput(data, count);
+      o.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
+      o.setAlgorithm(algo == GlooAlgorithm::kRing ? gloo::AllreduceOptions::Algorithm::RING
+                                                  : gloo::AllreduceOptions::Algorithm::BCUBE);
+      gloo::allreduce(o);
+      return;
+    }
+    case GlooAlgorithm::kRingChunked: {
+      gloo::AllreduceRingChunked<float> a(ctx, {data}, static_cast<int>(count));
+      a.run();
+      return;
+    }
+    case GlooAlgorithm::kHalvingDoubling: {
+      gloo::AllreduceHalvingDoubling<float> a(ctx, {data}, static_cast<int>(count));
+      a.run();
+      return;
+    }
+  }
+}
+
+// Least squares of time (ns) on size (bytes): T = a + b*M (MG-WFBP II-D).
+AllReduceCost fit_line(const std::vector<double>& sizes, const std::vector<double>& times) {
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const double n = static_cast<double>(sizes.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    sx += sizes[i], sy += times[i], sxx += sizes[i] * sizes[i], sxy += sizes[i] * times[i];
+  }
+  const double den = n * sxx - sx * sx;
+  double b = den > 0 ? (n * sxy - sx * sy) / den : 0.0;
+  b = std::max(b, 1e-6);
+  const double a = std::max(0.0, (sy - b * sx) / n);
+  return AllReduceCost{static_cast<TimeNs>(a + 0.5), b};
+}
+
+}  // namespace
+
+// ---- the worker ----
+
+struct CollectiveWorker final : Exchange {
+  explicit CollectiveWorker(CollectiveOptions o) : opts(std::move(o)), layout(opts.job.profile) {}
+  ~CollectiveWorker() override { stop_threads(); }
+
+  // ---- set-up ----
+  Status init() {
+    const JobOptions& job = opts.job;
+    QS_RETURN_IF_ERROR(check_job_size(job.workers, 1));
+    if (opts.rank < 0 || opts.rank >= job.workers) {
+      return invalid_argument("worker id " + std::to_string(opts.rank) + " not in [0, " + std::to_string(job.workers) + ")");
+    }
+    if (opts.links.empty() || opts.links.size() > 2) return invalid_argument("an all-reduce worker has one or two links");
+    if (!(opts.compute_factor >= 0)) return invalid_argument("compute factor must be >= 0");
+    if (opts.calibration_repeats < 1) return invalid_argument("calibration repeats must be >= 1");
+    QS_ASSIGN_OR_RETURN(loop, transport::EventLoop::create());
+    source = opts.tensors;
+    if (source == nullptr) {
+      // Its per-layer check is the PS loop's; buckets are checked here, per chunk.
+      known = std::make_unique<KnownContent>(job.profile, opts.rank, job.workers, opts.verify);
+      source = known.get();
+    }
+    buffers = source->tensors();
+    QS_RETURN_IF_ERROR(check_registry(buffers, layout));
+    return Status::ok();
+  }
+
+  std::string name() const { return "worker " + std::to_string(opts.rank); }
+
+  // Every context of this worker: the control context and one per link, through the
+  // coordinator's store. gloo throws on failure.
+  Status connect() {
+    const JobOptions& job = opts.job;
+    QS_ASSIGN_OR_RETURN(store_client, StoreClient::connect(opts.store, job.connect_timeout));
+    CoordinatorStore store(*store_client, job.connect_timeout);
+    auto make = [&](const std::string& prefix, const std::string& host) {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = host;
+      auto dev = gloo::transport::tcp::CreateDevice(attr);
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(opts.rank, job.workers);
+      ctx->setTimeout(to_ms_duration(job.peer_timeout));
+      gloo::rendezvous::PrefixStore ps(prefix, store);
+      ctx->connectFullMesh(ps, dev);
+      return std::pair{ctx, dev};
+    };
+    try {
+      auto [c, d] = make("control", opts.links[0]);
+      control = c;
+      devices.push_back(d);
+      for (std::size_t l = 0; l < opts.links.size(); ++l) {
+        auto [lc, ld] = make("link" + std::to_string(l), opts.links[l]);
+        links.emplace_back(std::make_unique<Link>());
+        links.back()->ctx = lc;
+        devices.push_back(ld);
+      }
+    } catch (const std::exception& e) {
+      return unavailable(name() + ": gloo rendezvous failed: " + e.what());
+    }
+    return store_client->done(opts.rank).with_context(name());
+  }
+
+  // Times this link's all-reduce over a size sweep; every worker returns the same fit.
+  Result<AllReduceCost> calibrate(int li) {
+    Link& link = *links[static_cast<std::size_t>(li)];
+    const Bytes total = layout.total_bytes();
+    // From 4 KiB up to the model (at most 8 MiB and ~50 ms at the nominal rate): the
+    // sizes the policies' buckets take.
+    const double rate = opts.job.bandwidth.bytes_per_second();
+    Bytes top = std::min<Bytes>(8 * kMiB, std::max<Bytes>(64 * kKiB, total));
+    if (rate > 0) top = std::min<Bytes>(top, std::max<Bytes>(64 * kKiB, static_cast<Bytes>(rate * 0.05)));
+    std::vector<double> sizes;
+    for (Bytes s = 4 * kKiB; s < top; s *= 4) sizes.push_back(static_cast<double>(s));
+    sizes.push_back(static_cast<double>(top));
+    std::vector<float> data(static_cast<std::size_t>(top / 4), 1.0f);
+    std::vector<double> medians;
+    try {
+      gloo_allreduce(link.ctx, opts.algorithm, data.data(), 1024);  // warm-up: connections, buffers
+      for (double s : sizes) {
+        std::vector<TimeNs> t;
+        for (int r = 0; r < opts.calibration_repeats; ++r) {
+          const TimeNs t0 = mono_now();
+          gloo_allreduce(link.ctx, opts.algorithm, data.data(), static_cast<std::size_t>(s / 4));
+          t.push_back(mono_now() - t0);
+        }
+        std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+        medians.push_back(static_cast<double>(t[t.size() / 2]));
+      }
+      // Every worker fits the same numbers: the mean of the workers' medians.
+      gloo::AllreduceOptions o(link.ctx);
+      o.setOutput(medians.data(), medians.size());
+      o.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<double>));
+      gloo::allreduce(o);
+    } catch (const std::exception& e) {
+      return unavailable(name() + ": calibrating link " + std::to_string(li) + ": " + e.what());
+    }
+    for (double& m : medians) m /= opts.job.workers;
+    return fit_line(sizes, medians);
+  }
+
+  // The slowest worker's compute factor (every collective waits for it).
+  Result<double> slowest_factor() {
+    double f = opts.compute_factor;
+    try {
+      gloo::AllreduceOptions o(control);
+      o.setOutput(&f, 1);
+      o.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::max<double>));
+      gloo::allreduce(o);
+    } catch (const std::exception& e) {
+      return unavailable(name() + ": " + e.what());
+    }
+    return f;
+  }
+
+  Status build() {
+    const JobOptions& job = opts.job;
+    AllReduceContext ctx;
+    ctx.profile = &job.profile;
+    ctx.layout = &layout;
+    ctx.workers = job.workers;
+    for (int li = 0; li < static_cast<int>(links.size()); ++li) {
+      QS_ASSIGN_OR_RETURN(AllReduceCost c, calibrate(li));
+      fits.push_back(c);
+    }
+    ctx.links = fits;
+    QS_ASSIGN_OR_RETURN(ctx.compute_factor, slowest_factor());
+    QS_ASSIGN_OR_RETURN(policy, make_allreduce_policy(job.policy, job.policy_options, ctx));
+    staged = policy->forward_gate() == ForwardGate::kPolicy;
+    timer = std::make_unique<LoopTimer>(*loop);
+    gpu = std::make_unique<EmulatedCompute>(
+        job.profile, opts.compute_factor, *timer,
+        opts.record_trace ? SpanRecorder(&trace, opts.rank, 0, false) : SpanRecorder(),
+        [this](const ComputeStep& s) { source->on_backward(s.layer, s.iteration); });
+    compute = std::make_unique<SnapshotCompute>(*this, *gpu);
+    LoopOptions lo;
+    lo.iterations = job.iterations;
+    lo.before_backward = [this](std::int64_t it) {
+      if (it == opts.die_at_iteration) {
+        std::fprintf(stderr, "%s died at iteration %lld (fault injection)\n", name().c_str(), static_cast<long long>(it));
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+      return true;
+    };
+    lo.failed = [this](const Status& s) { loop->fail(s.with_context(name())); };
+    training = std::make_unique<TrainingLoop>(job.profile, layout, *policy, *timer, *compute, *this, std::move(lo));
+    reduced.assign(static_cast<std::size_t>(job.iterations), 0);
+    verified.assign(static_cast<std::size_t>(job.iterations), 0);
+    return Status::ok();
+  }
+
+  // ---- staging: under DeFT's delayed updates a bucket of iteration i may run after the
+  // backward of i + 1 rewrote the gradients, so each layer's gradients are copied when its
+  // backward ends, per iteration, and freed once every byte of that iteration is reduced.
+  class SnapshotCompute final : public Compute {
+   public:
+    SnapshotCompute(CollectiveWorker& w, Compute& inner) : w_(w), inner_(inner) {}
+    void run(const ComputeStep& step, TimeNs earliest, Done done) override {
+      if (step.pass != Pass::kBackward || !w_.staged) return inner_.run(step, earliest, std::move(done));
+      inner_.run(step, earliest, [this, step, done = std::move(done)](TimeNs end) {
+        w_.snapshot(step.layer, step.iteration);
+        done(end);
+      });
+    }
+
+   private:
+    CollectiveWorker& w_;
+    Compute& inner_;
+  };
+
+  std::vector<float>& stage(std::int64_t it) {
+    std::lock_guard lock(mu);
+    auto& s = stages[it];
+    if (!s) s = std::make_unique<std::vector<float>>(static_cast<std::size_t>(layout.total_bytes() / 4));
+    return *s;
+  }
+
+  void snapshot(int layer, std::int64_t it) {
+    std::vector<float>& s = stage(it);
+    for (TensorId t = layout.first_tensor(layer); t < layout.end_tensor(layer); ++t) {
+      const TensorBuffer& b = buffers[static_cast<std::size_t>(t)];
+      std::memcpy(s.data() + base_of(t), b.gradient, static_cast<std::size_t>(b.elements) * sizeof(float));
+    }
+  }
+
+  std::size_t base_of(TensorId t) {
+    if (bases.empty()) {
+      std::size_t at = 0;
+      for (const TensorInfo& ti : layout.tensors()) {
+        bases.push_back(at);
+        at += static_cast<std::size_t>(ti.bytes / 4);
+      }
+    }
+    return bases[static_cast<std::size_t>(t)];
+  }
+
+  // ---- the Exchange (loop thread) ----
+  void all_reduce(const CollectiveBucket& b) override {
+    const std::uint64_t key = bucket_key(b);
+    ++outstanding;
+    {
+      std::lock_guard lock(mu);
+      links[static_cast<std::size_t>(b.link)]->queue.push_back(Entry{b, key});
+    }
+    cv.notify_all();
+    if (opts.rank != 0 && opts.job.workers > 1) report(key, b.link);
+  }
+  void flush() override {}
+  Status check(const CollectiveBucket& b) const override {
+    if (b.link < 0 || b.link >= static_cast<int>(links.size())) {
+      return internal_error("policy used link " + std::to_string(b.link) + " of " + std::to_string(links.size()));
+    }
+    for (const Chunk& c : b.chunks) {
+      if (c.offset % 4 != 0 || c.length % 4 != 0) {
+        return internal_error("a chunk of tensor " + std::to_string(c.tensor) + " is not float32-aligned");
+      }
+    }
+    return Status::ok();
+  }
+  Traffic take_traffic(TimeNs) override {
+    Traffic t{bytes, messages, static_cast<std::uint64_t>(bytes), busy,
+              span_first >= 0 && span_last > span_first ? span_last - span_first : 0};
+    span_first = -1;
+    span_last = busy = 0;
+    bytes = 0;
+    messages = 0;
+    return t;
+  }
+
+  // Tells worker 0 that this worker issued `key` (loop thread).
+  void report(std::uint64_t key, int link) {
+    report_msg = ControlMessage{key, link, 1};
+    try {
+      if (!report_buf) report_buf = control->createUnboundBuffer(&report_msg, sizeof report_msg);
+      report_buf->send(0, kReportSlot);
+      report_buf->waitSend(to_ms_duration(opts.job.peer_timeout));
+    } catch (const std::exception& e) {
+      loop->fail(unavailable(name() + ": lost worker 0 (reporting a bucket): " + e.what()));
+    }
+  }
+
+  // A collective ended (posted to the loop thread by a link thread).
+  void completed(int li, const CollectiveBucket& b, TimeNs t0, TimeNs t1, Status verify) {
+    if (!verify.is_ok()) return loop->fail(verify.with_context(name()));
+    --outstanding;
+    last_done = mono_now();
+    const Bytes m = b.bytes();
+    if (li == 0) {
+      if (span_first < 0) span_first = t0;
+      span_last = std::max(span_last, t1);
+      busy += t1 - t0;
+    }
+    bytes += m;
+    ++messages;
+    if (opts.record_trace) {
+      SpanRecorder(&trace, opts.rank, li + 1, false)
+          .add(t0, t1, "ar #" + std::to_string(b.id) + " it " + std::to_string(b.first_iteration) +
+                           (b.last_iteration != b.first_iteration ? "-" + std::to_string(b.last_iteration) : "") + " " +
+                           format_size(m));
+    }
+    for (std::int64_t it = b.first_iteration; it <= b.last_iteration; ++it) {
+      auto& r = reduced[static_cast<std::size_t>(it)];
+      r += m;
+      if (opts.verify && opts.tensors == nullptr) verified[static_cast<std::size_t>(it)] += m;
+      if (staged && r == layout.total_bytes()) {
+        std::lock_guard lock(mu);
+        stages.erase(it);
+      }
+    }
+    on_done_listener->on_collective_done(b);
+  }
+
+  // ---- link threads ----
+  struct Entry {
+    CollectiveBucket bucket;
+    std::uint64_t key;
+  };
+  struct Link {
+    std::shared_ptr<gloo::Context> ctx;
+    std::deque<Entry> queue;  // guarded by mu
+    std::thread thread;
+    std::unique_ptr<gloo::transport::UnboundBuffer> decision_buf;
+    ControlMessage decision{};
+    std::vector<float> data;  // the bucket being reduced (link thread only)
+  };
+
+  void link_thread(int li) {
+    Link& link = *links[static_cast<std::size_t>(li)];
+    const bool leader = opts.rank == 0;
+    const int n = opts.job.workers;
+    try {
+      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends;
+      ControlMessage out{};
+      if (leader && n > 1) sends.push_back(control->createUnboundBuffer(&out, sizeof out));
+      while (true) {
+        Entry e;
+        if (leader) {
+          // The earliest bucket every worker has issued.
+          std::unique_lock lock(mu);
+          std::deque<Entry>::iterator pick;
+          cv.wait(lock, [&] {
+            if (stopping) return true;
+            pick = std::find_if(link.queue.begin(), link.queue.end(), [&](const Entry& q) {
+              auto r = reports.find(q.key);
+              return n == 1 || (r != reports.end() && r->second >= n - 1);
+            });
+            return pick != link.queue.end();
+          });
+          if (stopping) return;
+          e = std::move(*pick);
+          link.queue.erase(pick);
+          reports.erase(e.key);
+          lock.unlock();
+          out = ControlMessage{e.key, li, 2};
+          for (int r = 1; r < n; ++r) {
+            sends[0]->send(r, kDecisionSlot + static_cast<std::uint64_t>(li));
+            sends[0]->waitSend(to_ms_duration(opts.job.peer_timeout));
+          }
+        } else {
+          link.decision_buf->recv(0, kDecisionSlot + static_cast<std::uint64_t>(li));
+          // No deadline here: a link may idle for a long compute phase; the loop's
+          // watchdog detects a stall, and a dead worker 0 closes the pair at once.
+          if (!link.decision_buf->waitRecv(nullptr, std::chrono::hours(24))) return;  // aborted: stopping
+          const std::uint64_t key = link.decision.key;
+          std::unique_lock lock(mu);
+          std::deque<Entry>::iterator pick;
+          std::deque<Entry>* from = nullptr;
+          const bool found = cv.wait_for(lock, std::chrono::nanoseconds(opts.job.peer_timeout), [&] {
+            for (auto& other : links) {
+              pick = std::find_if(other->queue.begin(), other->queue.end(), [&](const Entry& q) { return q.key == key; });
+              if (pick != other->queue.end()) {
+                from = &other->queue;
+                return true;
+              }
+            }
+            return stopping;
+          });
+          if (stopping) return;
+          if (!found) {
+            throw std::runtime_error(
+                "worker 0 runs a bucket this worker never issued within the peer timeout (the policy cut "
+                "different buckets on different workers)");
+          }
+          e = std::move(*pick);
+          from->erase(pick);
+        }
+        run_bucket(li, link, e.bucket);
+      }
+    } catch (const std::exception& ex) {
+      if (stopping) return;
+      Status s = unavailable("link " + std::to_string(li) + ": " + ex.what());
+      loop->post([this, s] { loop->fail(s.with_context(name())); });
+    }
+  }
+
+  void run_bucket(int li, Link& link, const CollectiveBucket& b) {
+    const Bytes m = b.bytes();
+    link.data.resize(static_cast<std::size_t>(m / 4));
+    float* out = link.data.data();
+    // Gather: this worker's gradients, summed over the bucket's iterations.
+    for (const Chunk& c : b.chunks) {
+      const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
+      if (staged) {
+        std::fill(out, out + count, 0.0f);
+        for (std::int64_t it = b.first_iteration; it <= b.last_iteration; ++it) {
+          const float* src;
+          {
+            std::lock_guard lock(mu);
+            auto s = stages.find(it);
+            if (s == stages.end()) throw std::runtime_error("no gradients staged for iteration " + std::to_string(it));
+            src = s->second->data() + base_of_locked(c.tensor) + first;
+          }
+          for (std::size_t k = 0; k < count; ++k) out[k] += src[k];
+        }
+      } else {
+        std::memcpy(out, buffers[static_cast<std::size_t>(c.tensor)].gradient + first, count * sizeof(float));
+      }
+      out += count;
+    }
+    const TimeNs t0 = mono_now();
+    try {
+      gloo_allreduce(link.ctx, opts.algorithm, link.data.data(), link.data.size());
+    } catch (const std::exception& e) {
+      throw std::runtime_error("all-reduce of " + describe(b) + ": " + e.what());
+    }
+    const TimeNs t1 = mono_now();
+    // Scatter into the sums, checking known content exactly.
+    Status verify = Status::ok();
+    const float* in = link.data.data();
+    for (const Chunk& c : b.chunks) {
+      const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
+      float* dst = buffers[static_cast<std::size_t>(c.tensor)].sum + first;
+      std::memcpy(dst, in, count * sizeof(float));
+      if (opts.verify && opts.tensors == nullptr && verify.is_ok()) {
+        verify = check_sum(dst, static_cast<std::int64_t>(count), static_cast<std::int64_t>(first), opts.job.workers,
+                           b.first_iteration, b.last_iteration, c.tensor);
+      }
+      in += count;
+    }
+    loop->post([this, li, b, t0, t1, verify] { completed(li, b, t0, t1, verify); });
+  }
+
+  std::size_t base_of_locked(TensorId t) { return bases[static_cast<std::size_t>(t)]; }
+
+  // Worker 0: the other workers' reports.
+  void control_thread() {
+    std::vector<int> others;
+    for (int r = 1; r < opts.job.workers; ++r) others.push_back(r);
+    try {
+      while (true) {
+        report_rx->recv(others, kReportSlot);
+        if (!report_rx->waitRecv(nullptr, std::chrono::hours(24))) return;  // aborted: stopping
+        {
+          std::lock_guard lock(mu);
+          ++reports[rx_msg.key];
+        }
+        cv.notify_all();
+      }
+    } catch (const std::exception& ex) {
+      if (stopping) return;
+      Status s = unavailable(std::string("control: ") + ex.what());
+      loop->post([this, s] { loop->fail(s.with_context(name())); });
+    }
+  }
+
+  void start_threads() {
+    (void)base_of(0);  // bases are built before any thread reads them
+    // The receive buffers exist before their threads start, so that stop can abort them.
+    if (opts.rank == 0 && opts.job.workers > 1) {
+      report_rx = control->createUnboundBuffer(&rx_msg, sizeof rx_msg);
+      control_rx_thread = std::thread([this] { control_thread(); });
+    }
+    for (std::size_t li = 0; li < links.size(); ++li) {
+      Link& l = *links[li];
+      if (opts.rank != 0) l.decision_buf = control->createUnboundBuffer(&l.decision, sizeof l.decision);
+      links[li]->thread = std::thread([this, li] { link_thread(static_cast<int>(li)); });
+    }
+  }
+
+  void stop_threads() {
+    {
+      std::lock_guard lock(mu);
+      if (stopping) return;
+      stopping = true;
+    }
+    cv.notify_all();
+    // Blocked receives are aborted until their thread has left (an abort before the
+    // receive began is kept by gloo for the next wait).
+    for (auto& l : links) {
+      while (l->thread.joinable()) {
+        if (l->decision_buf) l->decision_buf->abortWaitRecv();
+        l->thread.join();
+      }
+    }
+    while (control_rx_thread.joinable()) {
+      report_rx->abortWaitRecv();
+      control_rx_thread.join();
+    }
+  }
+
+  void schedule_watchdog() {
+    loop->schedule_after(std::max<TimeNs>(opts.job.peer_timeout / 4, kNsPerMs), [this] {
+      if (training->finished() && outstanding == 0) return;
+      if (outstanding > 0 && mono_now() - last_done > opts.job.peer_timeout) {
+        loop->fail(unavailable(name() + ": no collective completed for " + format_time(opts.job.peer_timeout) +
+                               " in iteration " + std::to_string(training->iteration()) + " (" +
+                               std::to_string(outstanding) + " buckets outstanding; a peer stalled)"));
+        return;
+      }
+      schedule_watchdog();
+    });
+  }
+
+  Result<WorkerReport> run() {
+    QS_RETURN_IF_ERROR(connect());
+    QS_RETURN_IF_ERROR(build());
+    start_threads();
+    last_done = mono_now();
+    schedule_watchdog();
+    on_done_listener = training.get();
+    training->start();
+    // Until the last collective (those a policy issues at the end of training) is back.
+    Status s = loop->run([this] { return training->finished() && outstanding == 0; });
+    if (s.is_ok()) s = training->check_complete().with_context(name());
+    if (s.is_ok()) {
+      // Nobody tears its contexts down while a peer still reads from them.
+      try {
+        gloo::BarrierOptions o(control);
+        gloo::barrier(o);
+      } catch (const std::exception& e) {
+        s = unavailable(name() + ": final barrier: " + e.what());
+      }
+    }
+    stop_threads();
+    if (!s.is_ok()) return s;
+    return make_report();
+  }
+
+  WorkerReport make_report() const {
+    WorkerReport r;
+    r.worker_id = opts.rank;
+    r.policy = opts.job.policy;
+    r.congestion_control = "gloo " + std::string(gloo_algorithm_name(opts.algorithm));
+    r.push_end = "collective";
+    std::vector<double> util;
+    for (const IterationRecord& rec : training->records()) {
+      r.iteration_times.push_back(rec.time);
+      util.push_back(rec.utilisation);
+    }
+    std::vector<TimeNs> steady(r.iteration_times.begin() + std::min<std::ptrdiff_t>(opts.warmup, static_cast<std::ptrdiff_t>(r.iteration_times.size()) - 1),
+                               r.iteration_times.end());
+    std::sort(steady.begin(), steady.end());
+    r.median_iteration = steady.empty() ? 0 : steady[steady.size() / 2];
+    const IterationRecord& last = training->records().back();
+    r.bytes_pushed_per_iteration = last.traffic.bytes;
+    r.units_per_iteration = last.traffic.messages;
+    r.uplink_utilisation = steady_median(util, opts.warmup);
+    r.uplink_gbps = last.traffic.busy > 0 ? 8.0 * static_cast<double>(last.traffic.bytes) / static_cast<double>(last.traffic.busy) : 0;
+    for (std::size_t it = 0; it < verified.size(); ++it) {
+      if (verified[it] == layout.total_bytes()) ++r.iterations_verified;
+    }
+    r.first_backward_at = training->first_backward_at();
+    r.trace = trace;
+    r.allreduce_fit = fits;
+    r.notes = policy->report();
+    return r;
+  }
+
+  CollectiveOptions opts;
+  TensorLayout layout;
+  std::unique_ptr<transport::EventLoop> loop;
+  TensorSource* source = nullptr;
+  std::unique_ptr<KnownContent> known;
+  std::vector<TensorBuffer> buffers;
+  std::unique_ptr<StoreClient> store_client;
+  std::vector<std::shared_ptr<gloo::transport::Device>> devices;
+  std::shared_ptr<gloo::Context> control;
+  std::vector<std::unique_ptr<Link>> links;
+  std::vector<AllReduceCost> fits;
+  std::unique_ptr<AllReducePolicy> policy;
+  std::unique_ptr<LoopTimer> timer;
+  std::unique_ptr<EmulatedCompute> gpu;
+  std::unique_ptr<Compute> compute;
+  std::unique_ptr<TrainingLoop> training;
+  ExchangeListener* on_done_listener = nullptr;
+  bool staged = false;
+  std::vector<std::size_t> bases;
+
+  // Shared with the link and control threads.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;                                                   // guarded by mu
+  std::unordered_map<std::uint64_t, int> reports;                          // guarded by mu
+  std::map<std::int64_t, std::unique_ptr<std::vector<float>>> stages;      // guarded by mu
+  std::thread control_rx_thread;
+  std::unique_ptr<gloo::transport::UnboundBuffer> report_rx;
+  std::unique_ptr<gloo::transport::UnboundBuffer> report_buf;
+  ControlMessage report_msg{}, rx_msg{};
+
+  // Loop thread only.
+  std::int64_t outstanding = 0;
+  TimeNs last_done = 0;
+  std::vector<Bytes> reduced, verified;
+  TimeNs span_first = -1, span_last = 0, busy = 0;
+  Bytes bytes = 0;
+  std::int64_t messages = 0;
+  std::vector<TraceSpan> trace;
+};
+
+Result<WorkerReport> run_collective_worker(const CollectiveOptions& options) {
+  QS_RETURN_IF_ERROR(validate_profile(options.job.profile));
+  auto w = std::make_unique<CollectiveWorker>(options);
+  QS_RETURN_IF_ERROR(w->init());
+  return w->run();
+}
+
+}  // namespace qs::runtime

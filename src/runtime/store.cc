@@ -1,0 +1,325 @@
+#include "quicksilver/runtime/store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <map>
+
+#include "quicksilver/transport/clock.h"
+#include "quicksilver/transport/socket.h"
+
+namespace qs::runtime {
+namespace {
+
+constexpr std::size_t kMaxKey = 128;
+// "set " + key + " " + hex value.
+constexpr std::size_t kMaxLine = 4 + kMaxKey + 1 + 2 * kMaxStoreValue;
+
+TimeNs steady_now() { return transport::SteadyClock::instance().now(); }
+
+bool key_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+         c == '/' || c == ':' || c == '-';
+}
+
+Status check_key(std::string_view key) {
+  if (key.empty() || key.size() > kMaxKey) return protocol_error("store key must be 1.." + std::to_string(kMaxKey) + " characters");
+  for (char c : key) {
+    if (!key_char(c)) return protocol_error("store key has a character outside [A-Za-z0-9_./:-]");
+  }
+  return Status::ok();
+}
+
+// Writes all of `s` to a non-blocking or blocking socket before `deadline`.
+Status write_all(int fd, const std::string& s, TimeNs deadline) {
+  std::size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = ::send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (steady_now() > deadline) return unavailable("store: send timed out");
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+      continue;
+    }
+    if (n <= 0) return transport::errno_status("store send", errno);
+    done += static_cast<std::size_t>(n);
+  }
+  return Status::ok();
+}
+
+struct Client {
+  transport::Fd fd;
+  std::string in;
+  std::string waiting_for;  // a get not yet answerable
+};
+
+}  // namespace
+
+std::string hex_encode(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * bytes.size());
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+Result<std::string> hex_decode(std::string_view hex) {
+  if (hex.size() % 2 != 0) return protocol_error("store value: odd number of hex digits");
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out(hex.size() / 2, '\0');
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const int hi = digit(hex[2 * i]), lo = digit(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return protocol_error("store value: not a hex digit");
+    out[i] = static_cast<char>(hi * 16 + lo);
+  }
+  return out;
+}
+
+Result<StoreRequest> parse_store_request(std::string_view line) {
+  const std::size_t sp = line.find(' ');
+  const std::string_view verb = line.substr(0, sp);
+  const std::string_view rest = sp == std::string_view::npos ? std::string_view() : line.substr(sp + 1);
+  StoreRequest r;
+  if (verb == "set") {
+    const std::size_t sp2 = rest.find(' ');
+    if (sp2 == std::string_view::npos) return protocol_error("expected 'set KEY HEX'");
+    r.kind = StoreRequest::Kind::kSet;
+    r.key = std::string(rest.substr(0, sp2));
+    QS_RETURN_IF_ERROR(check_key(r.key));
+    const std::string_view hex = rest.substr(sp2 + 1);
+    if (hex.size() > 2 * kMaxStoreValue) {
+      return protocol_error("store value longer than " + std::to_string(kMaxStoreValue) + " bytes");
+    }
+    QS_ASSIGN_OR_RETURN(r.value, hex_decode(hex));
+    return r;
+  }
+  if (verb == "get") {
+    r.kind = StoreRequest::Kind::kGet;
+    r.key = std::string(rest);
+    QS_RETURN_IF_ERROR(check_key(r.key));
+    return r;
+  }
+  if (verb == "done") {
+    r.kind = StoreRequest::Kind::kDone;
+    if (rest.empty() || rest.size() > 6) return protocol_error("expected 'done RANK'");
+    long v = 0;
+    for (char c : rest) {
+      if (c < '0' || c > '9') return protocol_error("expected 'done RANK'");
+      v = v * 10 + (c - '0');
+    }
+    r.rank = v;
+    return r;
+  }
+  return protocol_error("expected 'set KEY HEX', 'get KEY' or 'done RANK'");
+}
+
+// ---- server ----
+
+StoreServer::StoreServer(int fd, int port, int ranks, TimeNs timeout)
+    : fd_(fd), port_(port), ranks_(ranks), timeout_(timeout) {
+  if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) wake_[0] = wake_[1] = -1;
+}
+
+StoreServer::~StoreServer() {
+  for (int fd : {fd_, wake_[0], wake_[1]}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+Result<std::unique_ptr<StoreServer>> StoreServer::create(const Endpoint& listen, int ranks, TimeNs timeout) {
+  QS_RETURN_IF_ERROR(check_job_size(ranks, 1));
+  QS_ASSIGN_OR_RETURN(transport::Fd fd, transport::listen_tcp(listen.host, listen.port));
+  QS_ASSIGN_OR_RETURN(int port, transport::local_port(fd.get()));
+  return std::unique_ptr<StoreServer>(new StoreServer(fd.release(), port, ranks, timeout));
+}
+
+void StoreServer::request_stop() {
+  if (wake_[1] >= 0) (void)!::write(wake_[1], "x", 1);
+}
+
+Status StoreServer::run() {
+  const TimeNs deadline = steady_now() + timeout_;
+  std::map<std::string, std::string, std::less<>> values;
+  std::size_t value_bytes = 0;
+  std::vector<bool> done(static_cast<std::size_t>(ranks_), false);
+  int done_count = 0;
+  std::vector<Client> clients;
+  auto refuse = [&](Client& c, const std::string& why) {
+    (void)write_all(c.fd.get(), "error " + why + "\n", steady_now() + kNsPerSec);
+    c.fd.reset();
+  };
+  auto answer = [&](Client& c, const std::string& line) {
+    if (!write_all(c.fd.get(), line + "\n", steady_now() + 5 * kNsPerSec).is_ok()) c.fd.reset();
+  };
+  bool stopped = false;
+  while (done_count < ranks_ && !stopped) {
+    if (steady_now() > deadline) {
+      std::string missing;
+      for (int r = 0; r < ranks_; ++r) {
+        if (!done[static_cast<std::size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      return unavailable("coordinator: timed out before rank(s) " + missing + " finished the rendezvous");
+    }
+    // Answer the gets whose key is there by now.
+    for (Client& c : clients) {
+      if (!c.fd.valid() || c.waiting_for.empty()) continue;
+      if (auto it = values.find(c.waiting_for); it != values.end()) {
+        c.waiting_for.clear();
+        answer(c, "value " + hex_encode(it->second));
+      }
+    }
+    std::erase_if(clients, [](const Client& c) { return !c.fd.valid(); });
+    std::vector<pollfd> fds{{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    for (const Client& c : clients) fds.push_back({c.fd.get(), POLLIN, 0});
+    const int r = ::poll(fds.data(), fds.size(), 200);
+    if (r < 0 && errno != EINTR) return transport::errno_status("coordinator poll", errno);
+    if (r <= 0) continue;
+    if (fds[1].revents & POLLIN) stopped = true;
+    if (fds[0].revents & POLLIN) {
+      while (true) {
+        auto a = transport::accept_tcp(fd_);
+        if (!a.is_ok()) break;  // EMFILE and friends: the next poll retries
+        if (!a->valid()) break;
+        if (clients.size() >= kMaxStoreClients) {
+          Client extra{std::move(*a), "", ""};
+          refuse(extra, "too many connections");
+          continue;
+        }
+        clients.push_back(Client{std::move(*a), "", ""});
+      }
+    }
+    for (std::size_t i = 2; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Client& c = clients[i - 2];
+      char buf[16384];
+      const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) {
+        c.fd.reset();
+        continue;
+      }
+      c.in.append(buf, static_cast<std::size_t>(n));
+      while (c.fd.valid() && c.waiting_for.empty()) {
+        const std::size_t nl = c.in.find('\n');
+        if (nl == std::string::npos) {
+          if (c.in.size() > kMaxLine) refuse(c, "line too long");
+          break;
+        }
+        auto req = parse_store_request(std::string_view(c.in).substr(0, nl));
+        c.in.erase(0, nl + 1);
+        if (!req) {
+          refuse(c, req.status().message());
+          break;
+        }
+        switch (req->kind) {
+          case StoreRequest::Kind::kSet: {
+            auto it = values.find(req->key);
+            const std::size_t old = it == values.end() ? 0 : it->second.size();
+            if (it == values.end() && values.size() >= kMaxStoreKeys) {
+              refuse(c, "store full (" + std::to_string(kMaxStoreKeys) + " keys)");
+              break;
+            }
+            if (value_bytes - old + req->value.size() > kMaxStoreBytes) {
+              refuse(c, "store full (" + std::to_string(kMaxStoreBytes) + " bytes)");
+              break;
+            }
+            value_bytes = value_bytes - old + req->value.size();
+            values[req->key] = std::move(req->value);
+            answer(c, "ok");
+            break;
+          }
+          case StoreRequest::Kind::kGet:
+            c.waiting_for = req->key;  // answered at the top of the loop once set
+            break;
+          case StoreRequest::Kind::kDone:
+            if (req->rank < 0 || req->rank >= ranks_) {
+              refuse(c, "rank " + std::to_string(req->rank) + " not in [0, " + std::to_string(ranks_) + ")");
+              break;
+            }
+            if (!done[static_cast<std::size_t>(req->rank)]) {
+              done[static_cast<std::size_t>(req->rank)] = true;
+              ++done_count;
+            }
+            answer(c, "ok");
+            break;
+        }
+      }
+    }
+  }
+  if (done_count < ranks_) return unavailable("coordinator: stopped before every rank finished the rendezvous");
+  return Status::ok();
+}
+
+// ---- client ----
+
+Result<std::unique_ptr<StoreClient>> StoreClient::connect(const Endpoint& server, TimeNs timeout) {
+  auto fd = transport::connect_tcp(server.host, server.port, steady_now() + timeout);
+  if (!fd) return fd.status().with_context("coordinator " + server.host + ":" + std::to_string(server.port));
+  return std::unique_ptr<StoreClient>(new StoreClient(fd->release()));
+}
+
+StoreClient::~StoreClient() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::string> StoreClient::request(const std::string& line, TimeNs timeout) {
+  const TimeNs deadline = steady_now() + timeout;
+  QS_RETURN_IF_ERROR(write_all(fd_, line + "\n", deadline));
+  while (true) {
+    if (const std::size_t nl = buffer_.find('\n'); nl != std::string::npos) {
+      std::string reply = buffer_.substr(0, nl);
+      buffer_.erase(0, nl + 1);
+      if (reply.rfind("error ", 0) == 0) return unavailable("coordinator: " + reply.substr(6));
+      return reply;
+    }
+    if (buffer_.size() > kMaxLine) return protocol_error("coordinator: reply too long");
+    const TimeNs left = deadline - steady_now();
+    if (left <= 0) return unavailable("coordinator: no answer before the rendezvous deadline");
+    pollfd p{fd_, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<TimeNs>(left / kNsPerMs + 1, 1000)));
+    if (r < 0 && errno != EINTR) return transport::errno_status("poll", errno);
+    if (r <= 0) continue;
+    char buf[16384];
+    const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) return transport::errno_status("recv from the coordinator", errno);
+    if (n == 0) return unavailable("the coordinator closed the connection");
+    buffer_.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+Status StoreClient::set(std::string_view key, std::string_view value) {
+  QS_RETURN_IF_ERROR(check_key(key));
+  if (value.size() > kMaxStoreValue) return invalid_argument("store value longer than " + std::to_string(kMaxStoreValue));
+  QS_ASSIGN_OR_RETURN(std::string reply, request("set " + std::string(key) + " " + hex_encode(value), 30 * kNsPerSec));
+  if (reply != "ok") return protocol_error("coordinator answered '" + reply.substr(0, 80) + "' to a set");
+  return Status::ok();
+}
+
+Result<std::string> StoreClient::get(std::string_view key, TimeNs timeout) {
+  QS_RETURN_IF_ERROR(check_key(key));
+  QS_ASSIGN_OR_RETURN(std::string reply, request("get " + std::string(key), timeout));
+  if (reply.rfind("value ", 0) != 0) return protocol_error("coordinator answered '" + reply.substr(0, 80) + "' to a get");
+  return hex_decode(std::string_view(reply).substr(6));
+}
+
+Status StoreClient::done(int rank) {
+  QS_ASSIGN_OR_RETURN(std::string reply, request("done " + std::to_string(rank), 30 * kNsPerSec));
+  if (reply != "ok") return protocol_error("coordinator answered '" + reply.substr(0, 80) + "' to done");
+  return Status::ok();
+}
+
+}  // namespace qs::runtime
