@@ -633,6 +633,12 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
                             std::to_string(kMaxLocalProcesses) + " processes (workers + servers)");
   }
   for (const std::string& p : job.policies) {
+    if (allreduce) {
+      const auto names = allreduce_policy_names();
+      if (std::find(names.begin(), names.end(), p) == names.end()) {
+        return invalid_argument("--policy: '" + p + "' is not an all-reduce policy");
+      }
+    }
     QS_RETURN_IF_ERROR(check_unit_budget(job.profile, p, job.cluster.architecture, job.policy_options,
                                          job.cluster.workers)
                            .with_context(p));

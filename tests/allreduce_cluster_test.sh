@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Real multi-process runs of the all-reduce runtime (gloo): `quicksilver run --architecture
+# allreduce` on loopback and in network namespaces (root only), the separate-process
+# set-up of real hosts (coordinator + workers), a dead worker, and bad input. Every worker
+# checks every reduced element exactly.
+set -u
+qs=${QS_BIN:?set QS_BIN to the quicksilver binary}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+pass=0; fail=0
+ok() { pass=$((pass+1)); }
+bad() { echo "FAIL: $*"; fail=$((fail+1)); }
+
+cat > "$tmp/small.json" <<'JSON'
+{"name": "small", "batch_size": 8, "layers": [
+ {"name": "c1", "forward_ms": 1.0, "backward_ms": 2.0, "tensors": [{"name": "c1.w", "elements": 20000}, {"name": "c1.b", "elements": 64}]},
+ {"name": "c2", "forward_ms": 1.5, "backward_ms": 3.0, "tensors": [{"name": "c2.w", "elements": 90000}]},
+ {"name": "f1", "forward_ms": 0.5, "backward_ms": 1.0, "tensors": [{"name": "f1.w", "elements": 300000}, {"name": "f1.b", "elements": 500}]},
+ {"name": "f2", "forward_ms": 0.2, "backward_ms": 0.4, "tensors": [{"name": "f2.w", "elements": 5000}]}
+]}
+JSON
+common=(--architecture allreduce --model "$tmp/small.json" --iterations 4 --bandwidth 1Gbps --scale 1
+        --partition-size 256KB --timeout 60s)
+
+if ! "$qs" run "${common[@]}" --workers 1 --policy wfbp > /dev/null 2> "$tmp/err" && grep -q "without gloo" "$tmp/err"; then
+  echo "skipped: built without gloo"; exit 0
+fi
+
+# Every policy but DeFT on 3 workers: one row each, every iteration verified on every worker.
+policies=wfbp,synceasgd,mgwfbp,mgwfbp-opt,ddp,bytescheduler,usbyte
+if "$qs" run "${common[@]}" --workers 3 --policy $policies > "$tmp/out" 2> "$tmp/err"; then
+  for p in ${policies//,/ }; do
+    grep -q "^$p " "$tmp/out" || bad "loopback: no row for $p"
+  done
+  verified=$(grep -c "4 iterations verified exact" "$tmp/out")
+  [ "$verified" -eq 21 ] && ok || bad "loopback: $verified of 21 worker reports verified every iteration"
+  grep -q "all-reduce fit: a = " "$tmp/out" && ok || bad "loopback: no all-reduce fit printed"
+else
+  bad "loopback run failed: $(tail -3 "$tmp/err")"
+fi
+
+# DeFT with its second link (one worker: see docs/runtime.md on DeFT's agreement).
+if "$qs" run "${common[@]}" --workers 1 --policy deft --second-link 2 --json > "$tmp/out" 2> "$tmp/err"; then
+  grep -q '"link 1 all-reduce fit' "$tmp/out" && ok || bad "deft: no second link fit"
+else
+  bad "deft run failed: $(tail -3 "$tmp/err")"
+fi
+
+# Real hosts: a coordinator and two separate workers.
+"$qs" coordinator --architecture allreduce --workers 2 --listen 127.0.0.1:0 --timeout 60s > "$tmp/coord" 2>&1 &
+cpid=$!
+for _ in $(seq 50); do grep -q listening "$tmp/coord" && break; sleep 0.1; done
+addr=$(sed -n 's/^listening //p' "$tmp/coord")
+role=(worker --architecture allreduce --model "$tmp/small.json" --workers 2 --iterations 3 --policy mgwfbp
+      --coordinator "$addr" --json)
+"$qs" "${role[@]}" --worker-id 0 > "$tmp/w0" 2>&1 & w0=$!
+"$qs" "${role[@]}" --worker-id 1 > "$tmp/w1" 2>&1 & w1=$!
+wait $w0 && wait $w1 && wait $cpid && grep -q '"iterations_verified":3' "$tmp/w0" && grep -q '"iterations_verified":3' "$tmp/w1" \
+  && ok || bad "separate processes: $(tail -2 "$tmp/w0" "$tmp/w1" "$tmp/coord")"
+
+# A worker that dies: the run fails within the peer timeout and names it.
+start=$(date +%s)
+"$qs" run "${common[@]/#4/6}" --workers 3 --policy wfbp --kill-worker 1 --kill-at-iteration 2 \
+  > "$tmp/out" 2> "$tmp/err"; rc=$?
+took=$(( $(date +%s) - start ))
+[ $rc -eq 1 ] && grep -q "worker 1" "$tmp/err" && [ $took -lt 40 ] && ok \
+  || bad "dead worker: rc $rc after ${took}s: $(tail -2 "$tmp/err")"
+pgrep -f "$tmp/" > /dev/null && bad "processes left behind" || ok
+
+# Bad input: exit 2 with one line.
+expect2() {
+  local what=$1; shift
+  "$qs" "$@" > /dev/null 2> "$tmp/err"; local rc=$?
+  [ $rc -eq 2 ] && ok || bad "$what: exit $rc ($(head -1 "$tmp/err"))"
+}
+expect2 "no coordinator" worker --architecture allreduce --model "$tmp/small.json" --worker-id 0 --policy wfbp
+expect2 "bad algorithm" run "${common[@]}" --workers 2 --policy wfbp --gloo-algorithm nope
+expect2 "ps policy" run "${common[@]}" --workers 2 --policy mercury
+expect2 "server in allreduce" server --architecture allreduce --server-id 0 --model "$tmp/small.json" --policy wfbp
+
+# Network namespaces with tc-shaped links (root only).
+if [ "$(id -u)" -eq 0 ] && command -v tc > /dev/null; then
+  if "$qs" run "${common[@]}" --netns --workers 2 --policy wfbp,mgwfbp > "$tmp/out" 2> "$tmp/err"; then
+    [ "$(grep -c "4 iterations verified exact" "$tmp/out")" -eq 4 ] && ok || bad "netns: not every iteration verified"
+  else
+    bad "netns run failed: $(tail -3 "$tmp/err")"
+  fi
+  ip netns list | grep -q "^qs" && bad "netns: namespaces left behind" || ok
+fi
+
+echo "allreduce_cluster_test: $pass passed, $fail failed"
+[ $fail -eq 0 ]
