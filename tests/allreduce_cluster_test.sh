@@ -38,9 +38,10 @@ else
   bad "loopback run failed: $(tail -3 "$tmp/err")"
 fi
 
-# DeFT with its second link (one worker: see docs/runtime.md on DeFT's agreement).
-if "$qs" run "${common[@]}" --workers 1 --policy deft --second-link 2 --json > "$tmp/out" 2> "$tmp/err"; then
-  grep -q '"link 1 all-reduce fit' "$tmp/out" && ok || bad "deft: no second link fit"
+# DeFT with its second link on 3 workers (workers 1 and 2 replay worker 0's decisions).
+if "$qs" run "${common[@]}" --workers 3 --policy deft --second-link 2 > "$tmp/out" 2> "$tmp/err"; then
+  grep -q 'link 1 all-reduce fit' "$tmp/out" && ok || bad "deft: no second link fit"
+  [ "$(grep -c "4 iterations verified exact" "$tmp/out")" -eq 3 ] && ok || bad "deft: not every iteration verified"
 else
   bad "deft run failed: $(tail -3 "$tmp/err")"
 fi

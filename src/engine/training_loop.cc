@@ -284,6 +284,12 @@ void TrainingLoop::on_collective_done(const CollectiveBucket& b) {
   try_backward();
 }
 
+void TrainingLoop::recheck_gates() {
+  if (!error_.is_ok() || finished()) return;
+  if (blocked_ && !backward_ && gate_open(layer_)) try_forward(layer_, true);
+  try_backward();
+}
+
 void TrainingLoop::on_drained(TimeNs at) {
   if (pending_since_ >= 0 && handed_bytes_ >= ready_bytes_) end_pending(at);
 }

@@ -21,6 +21,8 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
+#include <tuple>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -153,6 +155,173 @@ AllReduceCost fit_line(const std::vector<double>& sizes, const std::vector<doubl
 
 }  // namespace
 
+
+// ---- replicating a policy whose decisions depend on timing ----
+//
+// DeFT (ForwardGate::kPolicy) decides its knapsacks from the links' backlog at the moment,
+// so two workers may cut different buckets (one merges iteration i into i+1, the other
+// does not), which no ordering can reconcile. Worker 0's policy therefore decides for all:
+// it records every input it receives (the callback, its arguments and worker 0's time),
+// and every other worker feeds the same inputs, in the same order and with the same
+// times, to a replica of the policy, each input once the worker has reached the same
+// point itself (its own backward of that layer, its own completion of that bucket). The
+// replicas make exactly worker 0's decisions (the policies are deterministic state
+// machines), and each worker's gates follow worker 0's schedule.
+
+enum RecordKind : std::int32_t {
+  kIterationStart = 1, kGradientReady, kForwardStart, kCollectiveDone, kTrainingEnd, kEndOfStream
+};
+struct PolicyRecord {
+  std::int32_t kind = 0;
+  std::int32_t layer = 0;
+  std::int64_t iteration = 0;
+  std::int64_t now = 0;
+  std::uint64_t id = 0;  // kCollectiveDone: the bucket's id (the same on every replica)
+};
+struct RecordBatch {
+  std::int64_t count = 0;
+  PolicyRecord records[64];
+};
+constexpr std::uint64_t kReplicaSlot = 8;
+
+// Worker 0: its policy, every input recorded.
+class RecordingPolicy final : public AllReducePolicy {
+ public:
+  RecordingPolicy(std::unique_ptr<AllReducePolicy> real, std::function<void(const PolicyRecord&)> emit)
+      : real_(std::move(real)), emit_(std::move(emit)) {}
+  std::string_view name() const override { return real_->name(); }
+  bool communicates() const override { return real_->communicates(); }
+  ForwardGate forward_gate() const override { return real_->forward_gate(); }
+  LinkDiscipline discipline() const override { return real_->discipline(); }
+  void on_iteration_start(std::int64_t it, TimeNs now, CollectiveSink& out) override {
+    iteration_ = it;
+    emit_({kIterationStart, 0, it, now, 0});
+    real_->on_iteration_start(it, now, out);
+  }
+  void on_gradient_ready(int layer, TimeNs now, CollectiveSink& out) override {
+    emit_({kGradientReady, layer, iteration_, now, 0});
+    real_->on_gradient_ready(layer, now, out);
+  }
+  void on_forward_start(int layer, TimeNs now, CollectiveSink& out) override {
+    emit_({kForwardStart, layer, iteration_, now, 0});
+    real_->on_forward_start(layer, now, out);
+  }
+  void on_collective_done(const CollectiveBucket& b, TimeNs now, CollectiveSink& out) override {
+    emit_({kCollectiveDone, 0, 0, now, b.id});
+    real_->on_collective_done(b, now, out);
+  }
+  bool forward_ready(int layer) const override { return real_->forward_ready(layer); }
+  bool backward_ready() const override { return real_->backward_ready(); }
+  void on_training_end(TimeNs now, CollectiveSink& out) override {
+    emit_({kTrainingEnd, 0, -1, now, 0});
+    real_->on_training_end(now, out);
+  }
+  std::vector<std::string> report() const override { return real_->report(); }
+
+ private:
+  std::unique_ptr<AllReducePolicy> real_;
+  std::function<void(const PolicyRecord&)> emit_;
+  std::int64_t iteration_ = 0;
+};
+
+// Workers 1..N-1: a replica fed worker 0's inputs.
+class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
+ public:
+  ReplicaPolicy(std::unique_ptr<AllReducePolicy> real, std::function<void()> changed)
+      : real_(std::move(real)), changed_(std::move(changed)) {}
+  std::string_view name() const override { return real_->name(); }
+  bool communicates() const override { return real_->communicates(); }
+  ForwardGate forward_gate() const override { return real_->forward_gate(); }
+  LinkDiscipline discipline() const override { return real_->discipline(); }
+  // This worker's own inputs only say how far it has come.
+  void on_iteration_start(std::int64_t it, TimeNs, CollectiveSink& out) override {
+    sink_ = &out;
+    iteration_ = it;
+    reached({kIterationStart, 0, it, 0, 0});
+  }
+  void on_gradient_ready(int layer, TimeNs, CollectiveSink&) override {
+    reached({kGradientReady, layer, iteration_, 0, 0});
+  }
+  void on_forward_start(int layer, TimeNs, CollectiveSink&) override {
+    reached({kForwardStart, layer, iteration_, 0, 0});
+  }
+  void on_collective_done(const CollectiveBucket& b, TimeNs, CollectiveSink&) override {
+    reached({kCollectiveDone, 0, 0, 0, b.id});
+  }
+  void on_training_end(TimeNs, CollectiveSink&) override { reached({kTrainingEnd, 0, -1, 0, 0}); }
+  bool forward_ready(int layer) const override { return real_->forward_ready(layer); }
+  bool backward_ready() const override { return real_->backward_ready(); }
+  std::vector<std::string> report() const override { return real_->report(); }
+
+  // Worker 0's inputs, in its order (loop thread).
+  void deliver(const PolicyRecord& r) {
+    pending_.push_back(r);
+    drain();
+  }
+  // Worker 0 ended its stream and every input of it was applied.
+  bool complete() const { return ended_ && pending_.empty(); }
+
+ private:
+  using Key = std::tuple<std::int32_t, std::int32_t, std::int64_t, std::uint64_t>;
+  static Key key(const PolicyRecord& r) { return {r.kind, r.layer, r.iteration, r.id}; }
+
+  // The replica's decisions go to the loop, remembered by id for their completion.
+  void all_reduce(const CollectiveBucket& b, TimeNs delay) override {
+    issued_[b.id] = b;
+    sink_->all_reduce(b, delay);
+  }
+
+  void reached(const PolicyRecord& r) {
+    reached_.insert(key(r));
+    drain();
+  }
+
+  void drain() {
+    bool applied = false;
+    while (!pending_.empty()) {
+      const PolicyRecord r = pending_.front();
+      if (r.kind == kEndOfStream) {
+        ended_ = true;
+        pending_.pop_front();
+        continue;
+      }
+      auto at = reached_.find(key(r));
+      if (at == reached_.end()) break;  // this worker is not there yet
+      reached_.erase(at);
+      pending_.pop_front();
+      apply(r);
+      applied = true;
+    }
+    if (applied) changed_();
+  }
+
+  void apply(const PolicyRecord& r) {
+    switch (r.kind) {
+      case kIterationStart: real_->on_iteration_start(r.iteration, r.now, *this); break;
+      case kGradientReady: real_->on_gradient_ready(r.layer, r.now, *this); break;
+      case kForwardStart: real_->on_forward_start(r.layer, r.now, *this); break;
+      case kCollectiveDone: {
+        auto b = issued_.find(r.id);
+        QS_CHECK(b != issued_.end());  // this worker completed it, so its replica issued it
+        real_->on_collective_done(b->second, r.now, *this);
+        issued_.erase(b);
+        break;
+      }
+      case kTrainingEnd: real_->on_training_end(r.now, *this); break;
+      default: break;
+    }
+  }
+
+  std::unique_ptr<AllReducePolicy> real_;
+  std::function<void()> changed_;
+  CollectiveSink* sink_ = nullptr;  // the loop's (set by the first iteration start)
+  std::int64_t iteration_ = 0;
+  std::deque<PolicyRecord> pending_;
+  std::multiset<Key> reached_;
+  std::unordered_map<std::uint64_t, CollectiveBucket> issued_;
+  bool ended_ = false;
+};
+
 // ---- the worker ----
 
 struct CollectiveWorker final : Exchange {
@@ -283,6 +452,17 @@ struct CollectiveWorker final : Exchange {
     QS_ASSIGN_OR_RETURN(ctx.compute_factor, slowest_factor());
     QS_ASSIGN_OR_RETURN(policy, make_allreduce_policy(job.policy, job.policy_options, ctx));
     staged = policy->forward_gate() == ForwardGate::kPolicy;
+    if (staged && job.workers > 1) {
+      if (opts.rank == 0) {
+        policy = std::make_unique<RecordingPolicy>(std::move(policy), [this](const PolicyRecord& r) { record(r); });
+      } else {
+        auto replica = std::make_unique<ReplicaPolicy>(std::move(policy), [this] {
+          loop->post([this] { training->recheck_gates(); });
+        });
+        this->replica = replica.get();
+        policy = std::move(replica);
+      }
+    }
     timer = std::make_unique<LoopTimer>(*loop);
     gpu = std::make_unique<EmulatedCompute>(
         job.profile, opts.compute_factor, *timer,
@@ -351,6 +531,65 @@ struct CollectiveWorker final : Exchange {
     return bases[static_cast<std::size_t>(t)];
   }
 
+  // ---- replication transport: worker 0's inputs to the others, in batches ----
+  bool replicating() const { return staged && opts.job.workers > 1; }
+
+  void record(const PolicyRecord& r) {
+    {
+      std::lock_guard lock(mu);
+      records.push_back(r);
+    }
+    cv.notify_all();
+  }
+
+  void replication_sender() {
+    try {
+      while (true) {
+        bool end = false;
+        {
+          std::unique_lock lock(mu);
+          cv.wait(lock, [&] { return stopping || !records.empty(); });
+          if (records.empty()) return;  // stopping
+          send_batch.count = 0;
+          while (!records.empty() && send_batch.count < 64) {
+            end |= records.front().kind == kEndOfStream;
+            send_batch.records[send_batch.count++] = records.front();
+            records.pop_front();
+          }
+        }
+        for (int r = 1; r < opts.job.workers; ++r) {
+          replica_buf->send(r, kReplicaSlot);
+          replica_buf->waitSend(to_ms_duration(opts.job.peer_timeout));
+        }
+        if (end) return;
+      }
+    } catch (const std::exception& ex) {
+      if (stopping) return;
+      Status s = unavailable(std::string("replicating the policy: ") + ex.what());
+      loop->post([this, s] { loop->fail(s.with_context(name())); });
+    }
+  }
+
+  void replication_receiver() {
+    try {
+      while (true) {
+        replica_buf->recv(0, kReplicaSlot);
+        if (!replica_buf->waitRecv(nullptr, std::chrono::hours(24))) return;  // aborted: stopping
+        std::vector<PolicyRecord> got(recv_batch.records, recv_batch.records + std::clamp<std::int64_t>(recv_batch.count, 0, 64));
+        bool end = false;
+        for (const PolicyRecord& r : got) end |= r.kind == kEndOfStream;
+        loop->post([this, got = std::move(got)] {
+          for (const PolicyRecord& r : got) replica->deliver(r);
+        });
+        if (end) return;
+      }
+    } catch (const std::exception& ex) {
+      if (stopping) return;
+      Status s = unavailable(std::string("lost worker 0 (its policy's decisions): ") + ex.what());
+      loop->post([this, s] { loop->fail(s.with_context(name())); });
+    }
+  }
+
   // ---- the Exchange (loop thread) ----
   void all_reduce(const CollectiveBucket& b) override {
     const std::uint64_t key = bucket_key(b);
@@ -409,6 +648,8 @@ struct CollectiveWorker final : Exchange {
     }
     bytes += m;
     ++messages;
+    run_bytes += m;
+    ++run_messages;
     if (opts.record_trace) {
       SpanRecorder(&trace, opts.rank, li + 1, false)
           .add(t0, t1, "ar #" + std::to_string(b.id) + " it " + std::to_string(b.first_iteration) +
@@ -587,6 +828,11 @@ struct CollectiveWorker final : Exchange {
       report_rx = control->createUnboundBuffer(&rx_msg, sizeof rx_msg);
       control_rx_thread = std::thread([this] { control_thread(); });
     }
+    if (replicating()) {
+      replica_buf = opts.rank == 0 ? control->createUnboundBuffer(&send_batch, sizeof send_batch)
+                                   : control->createUnboundBuffer(&recv_batch, sizeof recv_batch);
+      replication_thread = std::thread([this] { opts.rank == 0 ? replication_sender() : replication_receiver(); });
+    }
     for (std::size_t li = 0; li < links.size(); ++li) {
       Link& l = *links[li];
       if (opts.rank != 0) l.decision_buf = control->createUnboundBuffer(&l.decision, sizeof l.decision);
@@ -608,6 +854,10 @@ struct CollectiveWorker final : Exchange {
         if (l->decision_buf) l->decision_buf->abortWaitRecv();
         l->thread.join();
       }
+    }
+    while (replication_thread.joinable()) {
+      if (opts.rank != 0) replica_buf->abortWaitRecv();
+      replication_thread.join();
     }
     while (control_rx_thread.joinable()) {
       report_rx->abortWaitRecv();
@@ -636,8 +886,15 @@ struct CollectiveWorker final : Exchange {
     schedule_watchdog();
     on_done_listener = training.get();
     training->start();
-    // Until the last collective (those a policy issues at the end of training) is back.
-    Status s = loop->run([this] { return training->finished() && outstanding == 0; });
+    // Until the last collective (those a policy issues at the end of training) is back,
+    // and on a replica, until worker 0's last decision was applied.
+    Status s = loop->run([this] {
+      return training->finished() && outstanding == 0 && (replica == nullptr || replica->complete());
+    });
+    if (s.is_ok() && replicating() && opts.rank == 0) {
+      record(PolicyRecord{kEndOfStream, 0, 0, 0, 0});
+      replication_thread.join();  // the sender leaves once the end is sent
+    }
     if (s.is_ok()) s = training->check_complete().with_context(name());
     if (s.is_ok()) {
       // Nobody tears its contexts down while a peer still reads from them.
@@ -668,9 +925,13 @@ struct CollectiveWorker final : Exchange {
                                r.iteration_times.end());
     std::sort(steady.begin(), steady.end());
     r.median_iteration = steady.empty() ? 0 : steady[steady.size() / 2];
+    // Per iteration on average: a collective belongs to the iteration in which it ended,
+    // which under delayed updates (DeFT) differs from worker to worker.
+    // A bucket that merged iterations is counted once: what merging saves shows here.
+    const auto iterations = static_cast<std::int64_t>(training->records().size());
+    r.bytes_pushed_per_iteration = run_bytes / iterations;
+    r.units_per_iteration = (run_messages + iterations / 2) / iterations;
     const IterationRecord& last = training->records().back();
-    r.bytes_pushed_per_iteration = last.traffic.bytes;
-    r.units_per_iteration = last.traffic.messages;
     r.uplink_utilisation = steady_median(util, opts.warmup);
     r.uplink_gbps = last.traffic.busy > 0 ? 8.0 * static_cast<double>(last.traffic.bytes) / static_cast<double>(last.traffic.busy) : 0;
     for (std::size_t it = 0; it < verified.size(); ++it) {
@@ -713,14 +974,19 @@ struct CollectiveWorker final : Exchange {
   std::unique_ptr<gloo::transport::UnboundBuffer> report_rx;
   std::unique_ptr<gloo::transport::UnboundBuffer> report_buf;
   ControlMessage report_msg{}, rx_msg{};
+  ReplicaPolicy* replica = nullptr;                 // workers 1..N-1 under a kPolicy gate
+  std::deque<PolicyRecord> records;                 // worker 0, guarded by mu
+  RecordBatch send_batch, recv_batch;
+  std::unique_ptr<gloo::transport::UnboundBuffer> replica_buf;
+  std::thread replication_thread;
 
   // Loop thread only.
   std::int64_t outstanding = 0;
   TimeNs last_done = 0;
   std::vector<Bytes> reduced, verified;
   TimeNs span_first = -1, span_last = 0, busy = 0;
-  Bytes bytes = 0;
-  std::int64_t messages = 0;
+  Bytes bytes = 0, run_bytes = 0;
+  std::int64_t messages = 0, run_messages = 0;
   std::vector<TraceSpan> trace;
 };
 

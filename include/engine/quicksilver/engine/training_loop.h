@@ -93,6 +93,11 @@ class TrainingLoop final : public ExchangeListener {
   // When the first backward pass began (time 0 of a measured timeline).
   TimeNs first_backward_at() const { return first_backward_at_; }
 
+  // Asks the forward and backward gates again: for a policy whose state changed outside
+  // the loop's callbacks (the runtime's replicated DeFT, which learns of worker 0's
+  // decisions asynchronously). Loop thread only; not from inside a policy callback.
+  void recheck_gates();
+
   // After the run (the event queue drained): the all-reduce byte accounting (every byte of
   // every iteration reduced exactly once, with verify_bytes exactly once per range).
   Status check_complete() const;
