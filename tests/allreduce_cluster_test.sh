@@ -85,6 +85,15 @@ if [ "$(id -u)" -eq 0 ] && command -v tc > /dev/null; then
   else
     bad "netns run failed: $(tail -3 "$tmp/err")"
   fi
+  # DeFT's second link: a veth of its own per host; both links' byte counters move.
+  if "$qs" run "${common[@]}" --netns --workers 2 --policy deft --second-link 2 > "$tmp/out" 2> "$tmp/err"; then
+    [ "$(grep -c "4 iterations verified exact" "$tmp/out")" -eq 2 ] && ok || bad "netns deft: not every iteration verified"
+    for l in 0 1; do
+      grep -Eq "link $l carried [1-9]" "$tmp/out" && ok || bad "netns deft: link $l carried nothing"
+    done
+  else
+    bad "netns deft run failed: $(tail -3 "$tmp/err")"
+  fi
   ip netns list | grep -q "^qs" && bad "netns: namespaces left behind" || ok
 fi
 

@@ -273,6 +273,18 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   const int m = job.cluster.architecture == Architecture::kAllReduce ? 1 : job.cluster.servers;  // + the coordinator
   std::vector<std::string> base = job_args(job, profile_path, policy, f);
   const CpuTicks cpu_before = cpu_ticks();
+  // What each link carried (netns: the bridge side's counters of every worker's veths).
+  auto link_bytes = [&](int link) -> std::uint64_t {
+    std::uint64_t sum = 0;
+    for (int w = 0; w < n; ++w) {
+      auto b = cluster->sent_bytes((job.cluster.architecture == Architecture::kAllReduce ? 1 : job.cluster.servers) + w, link);
+      if (b) sum += *b;
+    }
+    return sum;
+  };
+  const int counted_links = cluster ? (cluster->has_second_link() ? 2 : 1) : 0;
+  std::vector<std::uint64_t> bytes_before;
+  for (int l = 0; l < counted_links; ++l) bytes_before.push_back(link_bytes(l));
   std::vector<Child> children;
   auto cleanup = [&] { kill_all(children); };
   const bool allreduce = job.cluster.architecture == Architecture::kAllReduce;
@@ -332,7 +344,7 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
       a.insert(a.end(), {"--link", host});
       if (job.cluster.second_link_slowdown != 0) {
         // Loopback: a second address of its own (127.0.0.2), through the same kernel.
-        a.insert(a.end(), {"--link", cluster ? cluster->address(m + w) : "127.0.0.2"});
+        a.insert(a.end(), {"--link", cluster ? cluster->second_address(m + w) : "127.0.0.2"});
       }
     } else {
       a.insert(a.end(), {"--connect", connect});
@@ -523,6 +535,11 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
                       format_time(rep.urgent_delay_p99) + ", " + rep.congestion_control + ", push end by " +
                       rep.push_end);
   }
+  for (int l = 0; l < counted_links; ++l) {
+    const std::uint64_t sent = link_bytes(l) - bytes_before[static_cast<std::size_t>(l)];
+    r.notes.push_back("link " + std::to_string(l) + " carried " + format_size(static_cast<Bytes>(sent / n)) +
+                      " per worker (its veth's byte counter, calibration included)");
+  }
   if (allreduce) {
     // The fit every worker measured at start-up (the same on all) and the policy's report.
     for (std::size_t l = 0; l < w0.allreduce_fit.size(); ++l) {
@@ -620,9 +637,6 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   const bool allreduce = job.cluster.architecture == Architecture::kAllReduce;
   if (allreduce && !runtime::have_gloo()) {
     return invalid_argument("--architecture allreduce: this quicksilver was built without gloo (libgloo-dev)");
-  }
-  if (allreduce && f.netns && job.cluster.second_link_slowdown != 0) {
-    return invalid_argument("--second-link with --netns: the emulated cluster has one link per host so far");
   }
   if (f.executable.empty()) return invalid_argument("LaunchOptions::executable: no quicksilver executable given");
   // Everything below forks, creates namespaces or files: bound the job first.
@@ -735,6 +749,11 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     no.congestion = f.congestion;
     no.rto_min = f.rto_min;
     no.quickack = f.quickack;
+    if (allreduce && job.cluster.second_link_slowdown != 0) {
+      // DeFT's second link: a veth of its own per host, `second_link_slowdown` times slower.
+      no.second_rate.bits_per_second =
+          std::llround(static_cast<double>(job.cluster.bandwidth.bits_per_second) / job.cluster.second_link_slowdown);
+    }
     auto c = runtime::NetnsCluster::create(no);
     if (!c) return c.status().with_context("--netns");
     cluster = std::move(*c);

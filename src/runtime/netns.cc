@@ -55,6 +55,9 @@ void restore_allowed_cc_if_unused() {
 }
 
 std::string bridge_name(const std::string& tag) { return tag + "br"; }
+std::string second_bridge_name(const std::string& tag) { return tag + "bs"; }
+std::string second_veth_host(const std::string& tag, int h) { return tag + "w" + std::to_string(h); }
+std::string second_veth_bridge(const std::string& tag, int h) { return tag + "q" + std::to_string(h); }
 std::string veth_host(const std::string& tag, int h) { return tag + "v" + std::to_string(h); }
 std::string veth_bridge(const std::string& tag, int h) { return tag + "p" + std::to_string(h); }
 
@@ -153,12 +156,55 @@ std::string NetnsCluster::address(int host) const {
   return "10.213." + std::to_string(host / 250) + "." + std::to_string(host % 250 + 1);
 }
 
-Status NetnsCluster::shape(const std::string& ns, const std::string& dev) {
+std::string NetnsCluster::second_address(int host) const {
+  return "10.214." + std::to_string(host / 250) + "." + std::to_string(host % 250 + 1);
+}
+
+Result<std::uint64_t> NetnsCluster::sent_bytes(int host, int link) const {
+  const std::string dev = link == 0 ? veth_bridge(options_.tag, host) : second_veth_bridge(options_.tag, host);
+  std::ifstream in("/sys/class/net/" + dev + "/statistics/rx_bytes");
+  std::uint64_t v = 0;
+  if (!(in >> v)) return io_error("cannot read the byte counter of " + dev);
+  return v;
+}
+
+Status NetnsCluster::shape(const std::string& ns, const std::string& dev, Rate rate,
+                           std::vector<std::unique_ptr<TbfLink>>* into) {
   auto link = TbfLink::open(ns, dev);
   if (!link.is_ok()) return link.status();
-  QS_RETURN_IF_ERROR(link->set(tbf_params(options_.rate, options_.rate), true));
-  shapers_.push_back(std::make_unique<TbfLink>(std::move(*link)));
+  QS_RETURN_IF_ERROR(link->set(tbf_params(rate, rate), true));
+  into->push_back(std::make_unique<TbfLink>(std::move(*link)));
   return Status::ok();
+}
+
+// One host's link: a veth pair from its namespace to `bridge`, `address` on it, the
+// route metrics, a shaper on each side.
+Status NetnsCluster::add_link(int h, const std::string& bridge, const std::string& vh, const std::string& vb,
+                              const std::string& address, const std::string& subnet, Rate rate,
+                              std::vector<std::unique_ptr<TbfLink>>* shapers) {
+  const std::string ns = namespace_name(h);
+  QS_RETURN_IF_ERROR(run_command({"ip", "link", "add", vh, "type", "veth", "peer", "name", vb}));
+  QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", vh, "netns", ns}));
+  QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", vb, "master", bridge}));
+  QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", vb, "up"}));
+  QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "addr", "add", address + "/16", "dev", vh}));
+  QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "link", "set", vh, "up"}));
+  if (options_.rto_min > 0 || options_.quickack) {
+    // The connected route again, with the metrics (ip prints and takes rto_min in ms).
+    std::vector<std::string> argv = {"ip", "-n", ns, "route", "replace", subnet, "dev", vh, "proto",
+                                     "kernel", "scope", "link", "src", address};
+    if (options_.rto_min > 0) {
+      argv.push_back("rto_min");
+      argv.push_back(std::to_string(std::max<TimeNs>(1, (options_.rto_min + kNsPerMs - 1) / kNsPerMs)) + "ms");
+    }
+    if (options_.quickack) {
+      argv.push_back("quickack");
+      argv.push_back("1");
+    }
+    QS_RETURN_IF_ERROR(run_command(argv));
+  }
+  QS_RETURN_IF_ERROR(shape(ns, vh, rate, shapers));  // uplink: [2h]
+  return shape("", vb, rate, shapers);               // downlink: [2h + 1]
 }
 
 Status NetnsCluster::build() {
@@ -185,30 +231,18 @@ Status NetnsCluster::build() {
     const std::string ns = namespace_name(h);
     QS_RETURN_IF_ERROR(run_command({"ip", "netns", "add", ns}));
     namespaces_.push_back(ns);
-    const std::string vh = veth_host(tag, h), vb = veth_bridge(tag, h);
-    QS_RETURN_IF_ERROR(run_command({"ip", "link", "add", vh, "type", "veth", "peer", "name", vb}));
-    QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", vh, "netns", ns}));
-    QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", vb, "master", bridge_name(tag)}));
-    QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", vb, "up"}));
-    QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "addr", "add", address(h) + "/16", "dev", vh}));
-    QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "link", "set", vh, "up"}));
     QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "link", "set", "lo", "up"}));
-    if (options_.rto_min > 0 || options_.quickack) {
-      // The connected route again, with the metrics (ip prints and takes rto_min in ms).
-      std::vector<std::string> argv = {"ip", "-n", ns, "route", "replace", "10.213.0.0/16", "dev", vh, "proto",
-                                       "kernel", "scope", "link", "src", address(h)};
-      if (options_.rto_min > 0) {
-        argv.push_back("rto_min");
-        argv.push_back(std::to_string(std::max<TimeNs>(1, (options_.rto_min + kNsPerMs - 1) / kNsPerMs)) + "ms");
+    QS_RETURN_IF_ERROR(add_link(h, bridge_name(tag), veth_host(tag, h), veth_bridge(tag, h), address(h),
+                                "10.213.0.0/16", options_.rate, &shapers_));
+    if (has_second_link()) {
+      if (!second_bridge_made_) {
+        QS_RETURN_IF_ERROR(run_command({"ip", "link", "add", second_bridge_name(tag), "type", "bridge"}));
+        second_bridge_made_ = true;
+        QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", second_bridge_name(tag), "up"}));
       }
-      if (options_.quickack) {
-        argv.push_back("quickack");
-        argv.push_back("1");
-      }
-      QS_RETURN_IF_ERROR(run_command(argv));
+      QS_RETURN_IF_ERROR(add_link(h, second_bridge_name(tag), second_veth_host(tag, h), second_veth_bridge(tag, h),
+                                  second_address(h), "10.214.0.0/16", options_.second_rate, &second_shapers_));
     }
-    QS_RETURN_IF_ERROR(shape(ns, vh));  // uplink: shapers_[2h]
-    QS_RETURN_IF_ERROR(shape("", vb));  // downlink: shapers_[2h + 1]
   }
   return Status::ok();
 }
@@ -234,6 +268,7 @@ Status NetnsCluster::teardown() {
   if (torn_down_) return Status::ok();
   torn_down_ = true;
   shapers_.clear();  // their sockets pin the namespaces
+  second_shapers_.clear();
   Status first;
   for (const std::string& ns : namespaces_) {
     Status s = run_command({"ip", "netns", "del", ns});
@@ -244,6 +279,11 @@ Status NetnsCluster::teardown() {
     Status s = run_command({"ip", "link", "del", bridge_name(options_.tag)});
     if (!s.is_ok() && first.is_ok()) first = s;
     bridge_made_ = false;
+  }
+  if (second_bridge_made_) {
+    Status s = run_command({"ip", "link", "del", second_bridge_name(options_.tag)});
+    if (!s.is_ok() && first.is_ok()) first = s;
+    second_bridge_made_ = false;
   }
   restore_allowed_cc_if_unused();  // unless another live cluster still relies on it
   return first;
@@ -306,7 +346,10 @@ int NetnsCluster::cleanup_stale() {
   }
   std::sort(dead_tags.begin(), dead_tags.end());
   dead_tags.erase(std::unique(dead_tags.begin(), dead_tags.end()), dead_tags.end());
-  for (const auto& tag : dead_tags) (void)run_command({"ip", "link", "del", bridge_name(tag)});
+  for (const auto& tag : dead_tags) {
+    (void)run_command({"ip", "link", "del", bridge_name(tag)});
+    (void)run_command({"ip", "link", "del", second_bridge_name(tag)});  // absent unless it had a second link
+  }
   restore_allowed_cc_if_unused();  // a crashed run may have left the list changed
   return removed;
 }

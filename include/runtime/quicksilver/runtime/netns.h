@@ -40,6 +40,9 @@ struct NetnsOptions {
   // instead of delaying acknowledgements (up to 40-200 ms). A locked rto_min also caps the
   // delayed-acknowledgement timer, so this tells the two effects apart.
   bool quickack = false;
+  // DeFT's second link (its III-C): a second veth per host on a bridge and subnet of its
+  // own (10.214.0.0/16), shaped at this rate both ways. 0: none.
+  Rate second_rate{0};
   // Name tag; default "qs<pid>". Must be at most 8 characters (interface names are
   // limited to 15).
   std::string tag;
@@ -55,6 +58,11 @@ class NetnsCluster {
   int hosts() const { return options_.hosts; }
   std::string namespace_name(int host) const;
   std::string address(int host) const;
+  // The host's address on the second link (NetnsOptions::second_rate).
+  std::string second_address(int host) const;
+  bool has_second_link() const { return options_.second_rate.bits_per_second > 0; }
+  // Bytes the host has sent on link 0 or 1 so far (the bridge side's receive counter).
+  Result<std::uint64_t> sent_bytes(int host, int link) const;
   // Changes host's rate limit in both directions (the dynamic scenarios). Through
   // netlink sockets opened when the cluster was built: microseconds per shaper.
   Status set_rate(int host, Rate rate);
@@ -77,12 +85,17 @@ class NetnsCluster {
   Status build();
   // Installs the shaper of `dev` in namespace `ns` ("" = the launcher's) at the nominal
   // rate and keeps its netlink socket in shapers_.
-  Status shape(const std::string& ns, const std::string& dev);
+  Status shape(const std::string& ns, const std::string& dev, Rate rate,
+               std::vector<std::unique_ptr<TbfLink>>* into);
+  Status add_link(int host, const std::string& bridge, const std::string& vh, const std::string& vb,
+                  const std::string& address, const std::string& subnet, Rate rate,
+                  std::vector<std::unique_ptr<TbfLink>>* shapers);
 
   NetnsOptions options_;
   std::vector<std::string> namespaces_;  // created so far, for teardown
   std::vector<std::unique_ptr<TbfLink>> shapers_;  // host h: [2h] uplink, [2h + 1] downlink
-  bool bridge_made_ = false;
+  std::vector<std::unique_ptr<TbfLink>> second_shapers_;  // the same on the second link
+  bool bridge_made_ = false, second_bridge_made_ = false;
   bool torn_down_ = false;
 };
 
