@@ -146,6 +146,8 @@ void add_worker_flags(CLI::App* app, RoleFlags* f) {
   app->add_option("--slowdown", f->compute_factor, "Compute slowdown of this worker (1 = profile times)");
   app->add_option("--nic-rate", f->nic_rate, "This host's NIC rate, for the utilisation figure");
   app->add_option("--die-at-iteration", f->die_at_iteration, "Testing: exit abruptly at this iteration")->group("");
+  app->add_flag("--no-verify", f->no_verify,
+                "Skip the exact check of every summed element (benchmarks: the check costs a pass over the sums)");
   app->add_option("--link", f->links,
                   "--architecture allreduce: this host's address on a link (repeat for DeFT's second link; "
                   "default 127.0.0.1, and 127.0.0.2 with --second-link)");
@@ -174,6 +176,7 @@ int run_collective_role(const RoleFlags& f, runtime::JobOptions job) {
   o.compute_factor = f.compute_factor;
   o.warmup = f.sim.warmup;
   o.die_at_iteration = f.die_at_iteration;
+  o.verify = !f.no_verify;
   o.record_trace = !f.sim.trace.empty();
   auto algo = gloo_algorithm(f);
   if (!algo) return fail("quicksilver worker", algo.status());
@@ -263,6 +266,7 @@ int run_worker_role(const RoleFlags& f) {
   o.compute_factor = f.compute_factor;
   o.warmup = f.sim.warmup;
   o.die_at_iteration = f.die_at_iteration;
+  o.verify = !f.no_verify;
   o.record_trace = !f.sim.trace.empty();
   if (f.servers.empty() && f.coordinator.empty()) {
     return fail("quicksilver worker", "give --connect HOST:PORT,... or --coordinator HOST:PORT");

@@ -22,6 +22,7 @@ struct RoleFlags {
   std::string pacing_rate;      // SO_MAX_PACING_RATE per connection
   std::string commit_window = "100us";  // JobOptions::commit_window
   int die_at_iteration = -1;    // worker: testing aid, exit abruptly at this iteration
+  bool no_verify = false;       // worker: skip the exact check of every sum (benchmarks)
   // All-reduce workers: this host's address on each link (one per link, in order), and
   // gloo's algorithm (default: from --allreduce).
   std::vector<std::string> links;

@@ -636,8 +636,7 @@ struct CollectiveWorker final : Exchange {
   }
 
   // A collective ended (posted to the loop thread by a link thread).
-  void completed(int li, const CollectiveBucket& b, TimeNs t0, TimeNs t1, Status verify) {
-    if (!verify.is_ok()) return loop->fail(verify.with_context(name()));
+  void completed(int li, const CollectiveBucket& b, TimeNs t0, TimeNs t1) {
     --outstanding;
     last_done = mono_now();
     const Bytes m = b.bytes();
@@ -659,7 +658,6 @@ struct CollectiveWorker final : Exchange {
     for (std::int64_t it = b.first_iteration; it <= b.last_iteration; ++it) {
       auto& r = reduced[static_cast<std::size_t>(it)];
       r += m;
-      if (opts.verify && opts.tensors == nullptr) verified[static_cast<std::size_t>(it)] += m;
       if (staged && r == layout.total_bytes()) {
         std::lock_guard lock(mu);
         stages.erase(it);
@@ -752,6 +750,19 @@ struct CollectiveWorker final : Exchange {
   }
 
   void run_bucket(int li, Link& link, const CollectiveBucket& b) {
+    // One chunk of this iteration's gradients: reduced in place in its sum buffer (no copy
+    // at all when the caller's sum is its gradient, as PyTorch's is).
+    if (!staged && b.chunks.size() == 1) {
+      const Chunk& c = b.chunks[0];
+      const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
+      const TensorBuffer& t = buffers[static_cast<std::size_t>(c.tensor)];
+      if (t.sum != t.gradient) std::memcpy(t.sum + first, t.gradient + first, count * sizeof(float));
+      const TimeNs t0 = mono_now();
+      reduce(link, b, t.sum + first, count);
+      const TimeNs t1 = mono_now();
+      finish(li, b, t0, t1);
+      return;
+    }
     const Bytes m = b.bytes();
     link.data.resize(static_cast<std::size_t>(m / 4));
     float* out = link.data.data();
@@ -776,26 +787,47 @@ struct CollectiveWorker final : Exchange {
       out += count;
     }
     const TimeNs t0 = mono_now();
-    try {
-      gloo_allreduce(link.ctx, opts.algorithm, link.data.data(), link.data.size());
-    } catch (const std::exception& e) {
-      throw std::runtime_error("all-reduce of " + describe(b) + ": " + e.what());
-    }
+    reduce(link, b, link.data.data(), link.data.size());
     const TimeNs t1 = mono_now();
-    // Scatter into the sums, checking known content exactly.
-    Status verify = Status::ok();
+    // Scatter into the sums.
     const float* in = link.data.data();
     for (const Chunk& c : b.chunks) {
       const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
-      float* dst = buffers[static_cast<std::size_t>(c.tensor)].sum + first;
-      std::memcpy(dst, in, count * sizeof(float));
-      if (opts.verify && opts.tensors == nullptr && verify.is_ok()) {
-        verify = check_sum(dst, static_cast<std::int64_t>(count), static_cast<std::int64_t>(first), opts.job.workers,
-                           b.first_iteration, b.last_iteration, c.tensor);
-      }
+      std::memcpy(buffers[static_cast<std::size_t>(c.tensor)].sum + first, in, count * sizeof(float));
       in += count;
     }
-    loop->post([this, li, b, t0, t1, verify] { completed(li, b, t0, t1, verify); });
+    finish(li, b, t0, t1);
+  }
+
+  void reduce(Link& link, const CollectiveBucket& b, float* data, std::size_t count) {
+    try {
+      gloo_allreduce(link.ctx, opts.algorithm, data, count);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("all-reduce of " + describe(b) + ": " + e.what());
+    }
+  }
+
+  // Known content: checks every reduced element exactly (before the loop may reuse the
+  // buffers), then hands the completion to the loop.
+  void finish(int li, const CollectiveBucket& b, TimeNs t0, TimeNs t1) {
+    const bool check = opts.verify && opts.tensors == nullptr;
+    for (std::size_t i = 0; check && i < b.chunks.size(); ++i) {
+      const Chunk& c = b.chunks[i];
+      const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
+      Status s = check_sum(buffers[static_cast<std::size_t>(c.tensor)].sum + first, static_cast<std::int64_t>(count),
+                           static_cast<std::int64_t>(first), opts.job.workers, b.first_iteration, b.last_iteration,
+                           c.tensor);
+      if (!s.is_ok()) {
+        loop->post([this, s] { loop->fail(s.with_context(name())); });
+        return;
+      }
+    }
+    loop->post([this, li, b, t0, t1, check] {
+      if (check) {
+        for (std::int64_t it = b.first_iteration; it <= b.last_iteration; ++it) verified[static_cast<std::size_t>(it)] += b.bytes();
+      }
+      completed(li, b, t0, t1);
+    });
   }
 
   std::size_t base_of_locked(TensorId t) { return bases[static_cast<std::size_t>(t)]; }
