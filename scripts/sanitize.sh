@@ -3,7 +3,8 @@
 #   asan: AddressSanitizer + UndefinedBehaviorSanitizer (-fno-sanitize-recover=all: any
 #         finding fails), every test of CTest, built into ./build-asan (tests only);
 #   tsan: ThreadSanitizer, the threaded transport and runtime tests (transport_test,
-#         runtime_test: event loops, posts across threads, clusters of nodes on threads),
+#         runtime_test, collective_test: event loops, posts across threads, clusters of
+#         nodes on threads, gloo's link and control threads),
 #         built into ./build-tsan.
 # Usage: scripts/sanitize.sh [asan|tsan|all]   (default all). Prints each runner's summary.
 set -euo pipefail
@@ -11,10 +12,13 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 jobs=$(nproc)
 
+features=()  # as scripts/build.sh: the all-reduce runtime when gloo is installed
+[ -f /usr/share/cmake/Gloo/GlooConfig.cmake ] && features+=(-DQS_WITH_GLOO=ON)
+
 configure() {  # configure DIR FLAGS...
   local dir=$1 flags=$2
   mkdir -p "$dir"
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQS_BUILD_BENCH=OFF \
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQS_BUILD_BENCH=OFF "${features[@]}" \
     -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
     > "$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }
 }
@@ -30,10 +34,10 @@ fi
 
 if [ "$what" = tsan ] || [ "$what" = all ]; then
   configure build-tsan "-fsanitize=thread"
-  cmake --build build-tsan -j "$jobs" --target transport_test runtime_test > build-tsan/build.log 2>&1 \
+  cmake --build build-tsan -j "$jobs" --target transport_test runtime_test collective_test > build-tsan/build.log 2>&1 \
     || { tail -50 build-tsan/build.log; exit 1; }
-  echo "sanitize: ThreadSanitizer, transport_test and runtime_test"
-  for t in transport_test runtime_test; do
+  echo "sanitize: ThreadSanitizer, transport_test, runtime_test and collective_test"
+  for t in transport_test runtime_test collective_test; do
     # halt_on_error: a race fails the run; setarch -R: TSan's shadow memory needs the
     # classic address layout on kernels with high mmap randomisation.
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 setarch "$(uname -m)" -R "build-tsan/tests/$t" --gtest_brief=1 \

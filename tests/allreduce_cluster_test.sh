@@ -109,7 +109,14 @@ if [ "$(id -u)" -eq 0 ] && command -v tc > /dev/null; then
   else
     bad "netns deft run failed: $(tail -3 "$tmp/err")"
   fi
-  ip netns list | grep -q "^qs" && bad "netns: namespaces left behind" || ok
+  # A cluster's namespaces are named qs<launcher pid>h<host>: any whose launcher is gone
+  # was left behind (other jobs on this machine may have live ones).
+  left=""
+  for ns in $(ip netns list | sed -n 's/^\(qs[0-9]*h[0-9]*\).*/\1/p'); do
+    pid=${ns#qs}; pid=${pid%%h*}
+    kill -0 "$pid" 2> /dev/null || left="$left $ns"
+  done
+  [ -z "$left" ] && ok || bad "netns: namespaces left behind:$left"
 fi
 
 echo "allreduce_cluster_test: $pass passed, $fail failed"

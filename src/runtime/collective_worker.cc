@@ -158,9 +158,10 @@ AllReduceCost fit_line(const std::vector<double>& sizes, const std::vector<doubl
 
 // ---- replicating a policy whose decisions depend on timing ----
 //
-// DeFT (ForwardGate::kPolicy) decides its knapsacks from the links' backlog at the moment,
-// so two workers may cut different buckets (one merges iteration i into i+1, the other
-// does not), which no ordering can reconcile. Worker 0's policy therefore decides for all:
+// DeFT decides its knapsacks from the links' backlog at the moment, so two workers may
+// cut different buckets (one merges iteration i into i+1, the other does not), and
+// ByteScheduler fuses whatever was handed over since its last cycle; no agreement on
+// order can reconcile different buckets. Worker 0's policy therefore decides for all:
 // it records every input it receives (the callback, its arguments and worker 0's time),
 // and every other worker feeds the same inputs, in the same order and with the same
 // times, to a replica of the policy, each input once the worker has reached the same
@@ -452,9 +453,12 @@ struct CollectiveWorker final : Exchange {
     QS_ASSIGN_OR_RETURN(ctx.compute_factor, slowest_factor());
     QS_ASSIGN_OR_RETURN(policy, make_allreduce_policy(job.policy, job.policy_options, ctx));
     staged = policy->forward_gate() == ForwardGate::kPolicy;
-    if (staged && job.workers > 1) {
+    // Worker 0 decides for all (see "replicating a policy" above): DeFT's knapsacks and
+    // ByteScheduler's fusion both depend on when each input arrived.
+    if (job.workers > 1 && policy->communicates()) {
       if (opts.rank == 0) {
         policy = std::make_unique<RecordingPolicy>(std::move(policy), [this](const PolicyRecord& r) { record(r); });
+        recording = true;
       } else {
         auto replica = std::make_unique<ReplicaPolicy>(std::move(policy), [this] {
           loop->post([this] { training->recheck_gates(); });
@@ -532,7 +536,7 @@ struct CollectiveWorker final : Exchange {
   }
 
   // ---- replication transport: worker 0's inputs to the others, in batches ----
-  bool replicating() const { return staged && opts.job.workers > 1; }
+  bool replicating() const { return replica != nullptr || recording; }
 
   void record(const PolicyRecord& r) {
     {
@@ -1006,7 +1010,8 @@ struct CollectiveWorker final : Exchange {
   std::unique_ptr<gloo::transport::UnboundBuffer> report_rx;
   std::unique_ptr<gloo::transport::UnboundBuffer> report_buf;
   ControlMessage report_msg{}, rx_msg{};
-  ReplicaPolicy* replica = nullptr;                 // workers 1..N-1 under a kPolicy gate
+  ReplicaPolicy* replica = nullptr;                 // workers 1..N-1
+  bool recording = false;                           // worker 0
   std::deque<PolicyRecord> records;                 // worker 0, guarded by mu
   RecordBatch send_batch, recv_batch;
   std::unique_ptr<gloo::transport::UnboundBuffer> replica_buf;

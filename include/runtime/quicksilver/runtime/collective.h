@@ -18,7 +18,9 @@
 // control context); worker 0 runs, on each link, the earliest bucket that every worker
 // has issued and tells the others which one (another 16 bytes) before it starts it.
 // Buckets are matched across workers by their content (iterations and chunks), not by the
-// policy's id.
+// policy's id. And since a policy may also cut its buckets by timing (DeFT's knapsacks,
+// ByteScheduler's fusion), worker 0's policy decides for all: the others replay its
+// inputs, with its times, on replicas (collective_worker.cc).
 //
 // Rendezvous: the contexts find each other through a store served by the job's
 // coordinator (quicksilver/runtime/store.h).
