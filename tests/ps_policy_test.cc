@@ -56,6 +56,42 @@ TEST(MercuryFig2, MercuryWithoutPreemption) {
   EXPECT_EQ(iteration(mercury_fig2(), "mercury-nopreempt", o, one_to_one()), 23'500);
 }
 
+// The Mercury paper's eq. 6-7 for WFBP (issue 14 defect 4): pushes as above, but each
+// pull takes its own time from the end of its push, overlapping the others:
+// pull3 [7,11], pull2 [15,23], pull1 [17,19] (no wait for pull2);
+// fp1 [19,21] fp2 [23,25] fp3 [25,27].
+TEST(MercuryFig2, WfbpWithTheOverlappingPullsOfEq7) {
+  ClusterConfig c = one_to_one();
+  c.overlapping_pulls = true;
+  EXPECT_EQ(iteration(mercury_fig2(), "wfbp", {}, c), 27'000);
+  // Mercury's packets are pulled as they arrive anyway: eq. 7 changes nothing for it
+  // beyond the one-packet pipeline delay.
+  PolicyOptions o;
+  o.packet_size = 500;
+  EXPECT_EQ(iteration(mercury_fig2(), "mercury", o, c), 20'500);
+}
+
+// The paper's PS Ready Queue is a plain queue (IV-C); ours is served by priority unless
+// mercury_server_fifo. It matters when sums complete faster than the server's link sends
+// them: a worker twice as slow completes each sum as its copy arrives, and the server
+// then owes two pulls per arriving packet. Behind that backlog, the urgent layer 1 waits
+// under FIFO and overtakes under priority.
+TEST(MercuryServer, PriorityReadyQueueLetsUrgentSumsOvertake) {
+  ClusterConfig c = one_to_one();
+  c.workers = 2;
+  c.compute_factor = {1.0, 2.0};
+  PolicyOptions o;
+  o.packet_size = 500;
+  SimOptions so;
+  so.iterations = 6;
+  so.verify_bytes = true;
+  auto priority = simulate(mercury_fig2(), "mercury", o, c, so);
+  o.mercury_server_fifo = true;
+  auto fifo = simulate(mercury_fig2(), "mercury", o, c, so);
+  ASSERT_TRUE(priority.is_ok() && fifo.is_ok());
+  EXPECT_GT(fifo->iteration_time, priority->iteration_time);
+}
+
 // Oracle (eq. 9): 3 x (3 + 2) us.
 TEST(MercuryFig2, Oracle) { EXPECT_EQ(iteration(mercury_fig2(), "oracle", {}, one_to_one()), 15'000); }
 

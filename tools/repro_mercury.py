@@ -4,9 +4,11 @@
 Fig. 11: normalised speed (oracle / iteration) vs bandwidth, 1..40 Gbps, VGG-16 and
 BERT-Base on an RTX 3090, one worker and one PS (the model of eq. 1-2).
 Fig. 12: the minimum bandwidth at which a scheduler reaches 0.99 of the oracle (0.90 for
-BERT-Base), per model and GPU, found by bisection.
+BERT-Base), per model and GPU, found by bisection; WFBP also with the paper's eq. 7
+(overlapping pulls) and Mercury also with the paper's FIFO server Ready Queue.
 
 Usage: /usr/bin/python3 tools/repro_mercury.py [--bin build/quicksilver] [--out docs/img]
+           [--only fig11|fig12]
 Prints markdown tables; writes mercury_fig11.png and mercury_fig12.png.
 """
 import argparse
@@ -17,9 +19,19 @@ import sys
 POLICIES = ["wfbp", "p3", "tictac", "bytescheduler", "prophet", "mercury-nopreempt", "mercury"]
 
 
-def simulate(qs, model, device, gbps, policies, extra=()):
+# Fig. 12's columns: (label, policy, extra simulate flags).
+FIG12_VARIANTS = [
+    ("wfbp", "wfbp", ()),
+    ("wfbp eq. 7", "wfbp", ("--overlapping-pulls",)),
+    ("bytescheduler", "bytescheduler", ()),
+    ("mercury", "mercury", ()),
+    ("mercury FIFO ready queue", "mercury", ("--mercury-server-fifo",)),
+]
+
+
+def simulate(qs, model, device, gbps, policies, extra=(), hosts=1):
     cmd = [qs, "simulate", "--model", model, "--device", device, "--policy", ",".join(policies),
-           "--workers", "1", "--servers", "1", "--bandwidth", f"{gbps}Gbps",
+           "--workers", str(hosts), "--servers", str(hosts), "--bandwidth", f"{gbps}Gbps",
            "--iterations", "2", "--json", *extra]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return {r["policy"]: r["scaling_efficiency"] for r in json.loads(out)["results"]}
@@ -77,13 +89,13 @@ def fig11(qs, policies, out_dir):
     fig.savefig(f"{out_dir}/mercury_fig11.png", dpi=110)
 
 
-def min_bandwidth(qs, model, device, policy, target):
+def min_bandwidth(qs, model, device, policy, target, extra=()):
     lo, hi = 0.05, 400.0
-    if simulate(qs, model, device, hi, [policy])[policy] < target:
+    if simulate(qs, model, device, hi, [policy], extra)[policy] < target:
         return float("inf")
     while hi - lo > 0.02 * hi:
         mid = (lo + hi) / 2
-        if simulate(qs, model, device, round(mid, 3), [policy])[policy] >= target:
+        if simulate(qs, model, device, round(mid, 3), [policy], extra)[policy] >= target:
             hi = mid
         else:
             lo = mid
@@ -93,18 +105,21 @@ def min_bandwidth(qs, model, device, policy, target):
 def fig12(qs, policies, out_dir):
     models = ["vgg16_cifar10", "vgg16", "vgg19", "alexnet", "resnet50", "bert_base"]
     devices = ["gtx1080ti", "rtx3090", "a100"]
-    shown = [p for p in ["wfbp", "bytescheduler", "mercury"] if p in policies]
+    variants = [v for v in FIG12_VARIANTS if v[1] in policies]
+    shown = [v[0] for v in variants]
     res = {}
     print("### Fig. 12: minimum bandwidth (Gbps) to reach 0.99 of the oracle (BERT-Base: 0.90)\n")
-    print("| model | GPU | " + " | ".join(shown) + " | mercury / wfbp |")
-    print("|---|---|" + "---|" * (len(shown) + 1))
+    print("| model | GPU | " + " | ".join(shown) + " | mercury / wfbp | mercury / wfbp eq. 7 |")
+    print("|---|---|" + "---|" * (len(shown) + 2))
     for m in models:
         target = 0.90 if m == "bert_base" else 0.99
         for d in devices:
-            vals = [min_bandwidth(qs, m, d, p, target) for p in shown]
+            vals = [min_bandwidth(qs, m, d, p, target, extra) for _, p, extra in variants]
             res[(m, d)] = dict(zip(shown, vals))
-            ratio = res[(m, d)]["mercury"] / res[(m, d)]["wfbp"] if "wfbp" in shown else float("nan")
-            print(f"| {m} | {d} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {ratio:.2f} |")
+            r = res[(m, d)]
+            ratio = r["mercury"] / r["wfbp"] if "wfbp" in r else float("nan")
+            ratio7 = r["mercury"] / r["wfbp eq. 7"] if "wfbp eq. 7" in r else float("nan")
+            print(f"| {m} | {d} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {ratio:.2f} | {ratio7:.2f} |")
     print()
     try:
         import matplotlib
@@ -137,10 +152,11 @@ def main():
     ap.add_argument("--only", choices=["fig11", "fig12"])
     a = ap.parse_args()
     policies = available(a.bin)
-    if a.only != "fig12":
+    if a.only in (None, "fig11"):
         fig11(a.bin, policies, a.out)
-    if a.only != "fig11":
+    if a.only in (None, "fig12"):
         fig12(a.bin, policies, a.out)
+
 
 
 if __name__ == "__main__":

@@ -69,6 +69,9 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--allreduce-fit", f->allreduce_fit, "All-reduce: fit a and b to a file of 'SIZE TIME' lines");
   app->add_option("--second-link", f->second_link,
                   "all-reduce: add a second link this many times slower than the first (DeFT III-C; 0 = none)");
+  app->add_flag("--overlapping-pulls", f->overlapping_pulls,
+                "ps simulator: pulls overlap each other as in the Mercury paper's eq. 7, instead of queuing on "
+                "the server's uplink and the worker's downlink");
   app->add_option("--iterations", f->iterations, "Iterations to simulate (warm-up included)")->capture_default_str();
   app->add_option("--warmup", f->warmup, "Leading iterations left out of the summary")->capture_default_str();
   app->add_option("--statistic", f->statistic,
@@ -173,6 +176,7 @@ Result<Job> make_job(const SimFlags& f) {
     return invalid_argument("--second-link must be 0 (none) or a slowdown >= 1");
   }
   job.cluster.second_link_slowdown = f.second_link;
+  job.cluster.overlapping_pulls = f.overlapping_pulls;
   QS_RETURN_IF_ERROR(job.cluster.validate());
   PolicyOptions& po = job.policy_options;
   for (const Knob* k : policy_registry().knobs()) {

@@ -7,6 +7,10 @@
 // size/rate and finishes on the receiver's downlink no earlier than that, queuing behind
 // what the receiver's downlink already carries (incast serialises there). It then takes
 // the one-way latency. Acknowledgements carry no payload and take the latency only.
+//
+// Pulls queue on the server's uplink and the worker's downlink unless
+// ClusterConfig::overlapping_pulls (the Mercury paper's eq. 7: each pull takes its own
+// time from the moment its sum is complete, overlapping every other pull).
 #include <algorithm>
 #include <deque>
 #include <memory>
@@ -251,6 +255,16 @@ class PsNetwork {
     if (++a.count < cluster_.workers) return;
     s.agg.erase(a);
     // Sum complete: one pull per worker (Mercury IV-C "PS Sender").
+    if (cluster_.overlapping_pulls) {
+      // Mercury eq. 7: tau_pull = tau_push + t_pull, no pull waits for another.
+      const TimeNs now = clock_.now();
+      const TimeNs fin = schedule_.finish_time(now, u.chunk.length);
+      for (int w = 0; w < cluster_.workers; ++w) {
+        if (port(w).rec_down_.enabled()) port(w).rec_down_.add(now, fin, "pull " + std::to_string(u.chunk.tensor));
+        clock_.schedule_event(add_saturated(fin, cluster_.latency), kPullArrive, w, u);
+      }
+      return;
+    }
     for (int w = 0; w < cluster_.workers; ++w) s.out_q.push(u.priority, {w, u});
     try_send_server(u.server);
   }

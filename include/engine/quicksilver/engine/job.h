@@ -49,6 +49,12 @@ struct ClusterConfig {
   // beside NCCL). 0 = none. Otherwise every collective on it takes this factor times its
   // time on the first link (DeFT measured 1.59..1.69, Fig. 6). Must be 0 or >= 1.
   double second_link_slowdown = 0;
+  // PS simulator only (docs/simulator.md "Network model"). The runtime ignores them.
+  // Pulls as the Mercury paper's analysis models them (eq. 7, tau_pull = tau_push +
+  // t_pull): each unit's pull takes its own size / rate from the moment its sum is
+  // complete, overlapping every other pull. false (default): a server's pulls queue on
+  // its uplink and on each worker's downlink, as on a real NIC.
+  bool overlapping_pulls = false;
 
   Status validate() const;
   BandwidthSchedule link_schedule() const {

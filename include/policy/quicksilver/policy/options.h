@@ -36,6 +36,9 @@ struct StartupOptions {
 struct MercuryOptions {
   // Transport packet payload (Mercury IV-C; the paper uses ~16-32 KB).
   Bytes packet_size = 32 * kKiB;
+  // mercury: the servers send summed packets in the order their sums completed (the
+  // paper's plain Ready Queue, IV-C) instead of by priority (our default, a deviation).
+  bool mercury_server_fifo = false;
 };
 
 // bytescheduler (both architectures) and usbyte (table: src/policy/ps_policies.cc).
