@@ -92,6 +92,53 @@ TEST(MercuryServer, PriorityReadyQueueLetsUrgentSumsOvertake) {
   EXPECT_GT(fifo->iteration_time, priority->iteration_time);
 }
 
+// Per-frame cost (issue 14 defect 6). One 8000-byte layer in 1000-byte packets, 1 us of
+// backward and forward, 1 byte/ns. Free frames: push [1,9] us, the last pull one packet
+// later, 10; forward [10,11]. With a 24-byte header every frame takes 1024 ns on each
+// link: pushes end at 1 + 8.192, the last pull 1.024 later, forward to 11.216 us. With
+// 2 us of CPU per frame as well, every frame holds each link 3.024 us: pushes end at
+// 1 + 24.192, the last pull 3.024 later, forward to 29.216 us.
+TEST(FrameCost, HeaderBytesAndCpuPerFrame) {
+  Profile p;
+  p.name = "one";
+  p.batch_size = 1;
+  p.layers = {layer("l1", 1000, 1000, 8000)};
+  PolicyOptions o;
+  o.packet_size = 1000;
+  ClusterConfig c = one_to_one();
+  EXPECT_EQ(iteration(p, "mercury", o, c), 11'000);
+  c.frame_header = 24;
+  EXPECT_EQ(iteration(p, "mercury", o, c), 11'216);
+  c.frame_cpu = 2000;
+  EXPECT_EQ(iteration(p, "mercury", o, c), 29'216);
+  // One frame per tensor (wfbp) pays the header and the CPU once: push [1,11.024], pull
+  // [11.024,21.048], forward to 22.048 us.
+  EXPECT_EQ(iteration(p, "wfbp", o, c), 22'048);
+}
+
+// The packet-size trade-off of Mercury's Fig. 17: with free frames the smallest packet is
+// never slower (finer preemption, shorter pull pipeline); with a per-frame cost, 4 KiB
+// packets lose to 32 KiB ones on a communication-bound job, and 4 MiB packets lose too.
+TEST(FrameCost, SmallPacketsPayForTheirFrames) {
+  Profile p;
+  p.name = "three";
+  p.batch_size = 1;
+  p.layers = {layer("l1", 200'000, 200'000, 4 * kMiB), layer("l2", 200'000, 200'000, 16 * kMiB),
+              layer("l3", 200'000, 200'000, 8 * kMiB)};
+  ClusterConfig c = one_to_one();
+  c.bandwidth = Rate::gbps(10);
+  auto at = [&](Bytes packet) {
+    PolicyOptions o;
+    o.packet_size = packet;
+    return iteration(p, "mercury", o, c);
+  };
+  EXPECT_LE(at(4 * kKiB), at(32 * kKiB));
+  c.frame_header = 24;
+  c.frame_cpu = 1000;
+  EXPECT_GT(at(4 * kKiB), at(32 * kKiB));
+  EXPECT_GT(at(4 * kMiB), at(32 * kKiB));
+}
+
 // Oracle (eq. 9): 3 x (3 + 2) us.
 TEST(MercuryFig2, Oracle) { EXPECT_EQ(iteration(mercury_fig2(), "oracle", {}, one_to_one()), 15'000); }
 

@@ -6,10 +6,12 @@ BERT-Base on an RTX 3090, one worker and one PS (the model of eq. 1-2).
 Fig. 12: the minimum bandwidth at which a scheduler reaches 0.99 of the oracle (0.90 for
 BERT-Base), per model and GPU, found by bisection; WFBP also with the paper's eq. 7
 (overlapping pulls) and Mercury also with the paper's FIFO server Ready Queue.
+Fig. 17: Mercury's normalised speed against its packet size (4 KiB to 4 MiB), VGG-16 and
+AlexNet, 2 workers and 2 PSes, under three per-frame costs (docs/simulator.md).
 
 Usage: /usr/bin/python3 tools/repro_mercury.py [--bin build/quicksilver] [--out docs/img]
-           [--only fig11|fig12]
-Prints markdown tables; writes mercury_fig11.png and mercury_fig12.png.
+           [--only fig11|fig12|fig17]
+Prints markdown tables; writes mercury_fig11.png, mercury_fig12.png and mercury_fig17.png.
 """
 import argparse
 import json
@@ -27,6 +29,8 @@ FIG12_VARIANTS = [
     ("mercury", "mercury", ()),
     ("mercury FIFO ready queue", "mercury", ("--mercury-server-fifo",)),
 ]
+# The transport's per-frame cost, calibrated from bench/transport_bench (docs/simulator.md).
+FRAME_COST = ("--frame-header", "24B", "--frame-cpu", "1us")
 
 
 def simulate(qs, model, device, gbps, policies, extra=(), hosts=1):
@@ -145,18 +149,72 @@ def fig12(qs, policies, out_dir):
     fig.savefig(f"{out_dir}/mercury_fig12.png", dpi=110)
 
 
+FIG17_PACKETS_KIB = [4, 8, 16, 32, 64, 128, 256, 1024, 4096]
+FIG17_GBPS = [1, 3, 5, 10]
+# Per-frame costs compared in Fig. 17: free frames, and Quicksilver's transport as
+# bench/transport_bench measures it (docs/simulator.md).
+FIG17_COSTS = [("free", ()), ("ours", FRAME_COST)]
+
+
+def fig17(qs, out_dir):
+    """Mercury's speed against its packet size under three per-frame costs."""
+    data = {}
+    for model in ["vgg16", "alexnet"]:
+        for gbps in FIG17_GBPS:
+            for label, cost in FIG17_COSTS:
+                data[(model, gbps, label)] = [
+                    simulate(qs, model, "gtx1080ti", gbps, ["mercury"], ("--packet-size", f"{kib}KiB") + cost,
+                             hosts=2)["mercury"] for kib in FIG17_PACKETS_KIB]
+    print("### Fig. 17: Mercury's normalised speed (oracle / iteration) vs packet size, GTX 1080 Ti, "
+          "2 workers + 2 PSes; per-frame cost: free / ours (24 B + 1 us)\n")
+    print("| model | Gbps | frame cost | " + " | ".join(f"{k} KiB" if k < 1024 else f"{k // 1024} MiB"
+                                                         for k in FIG17_PACKETS_KIB) + " |")
+    print("|---|---|---|" + "---|" * len(FIG17_PACKETS_KIB))
+    for model in ["vgg16", "alexnet"]:
+        for gbps in FIG17_GBPS:
+            for label, _ in FIG17_COSTS:
+                cells = [f"{v:.3f}" for v in data[(model, gbps, label)]]
+                print(f"| {model} | {gbps} | {label} | " + " | ".join(cells) + " |")
+    print()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    styles = {"free": ":", "ours": "-"}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, model in zip(axes, ["vgg16", "alexnet"]):
+        for gbps, colour in zip(FIG17_GBPS, ["tab:blue", "tab:orange", "tab:green", "tab:red"]):
+            for label, _ in FIG17_COSTS:
+                ax.plot(FIG17_PACKETS_KIB, data[(model, gbps, label)], ls=styles[label], color=colour,
+                        marker="o" if label == "ours" else None, ms=3, label=f"{gbps} Gbps, {label}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(FIG17_PACKETS_KIB)
+        ax.set_xticklabels([f"{k}K" if k < 1024 else f"{k // 1024}M" for k in FIG17_PACKETS_KIB], fontsize=8)
+        ax.set_xlabel("Mercury packet size")
+        ax.set_title({"vgg16": "VGG-16", "alexnet": "AlexNet"}[model] + " (GTX 1080 Ti, 2 workers + 2 PSes)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("normalised speed (oracle / iteration)")
+    axes[1].legend(fontsize=7)
+    fig.suptitle("Mercury Fig. 17, simulated by Quicksilver")
+    fig.tight_layout()
+    fig.savefig(f"{out_dir}/mercury_fig17.png", dpi=110)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="build/quicksilver")
     ap.add_argument("--out", default="docs/img")
-    ap.add_argument("--only", choices=["fig11", "fig12"])
+    ap.add_argument("--only", choices=["fig11", "fig12", "fig17"])
     a = ap.parse_args()
     policies = available(a.bin)
     if a.only in (None, "fig11"):
         fig11(a.bin, policies, a.out)
     if a.only in (None, "fig12"):
         fig12(a.bin, policies, a.out)
-
+    if a.only in (None, "fig17"):
+        fig17(a.bin, a.out)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,13 @@ struct ClusterConfig {
   // complete, overlapping every other pull. false (default): a server's pulls queue on
   // its uplink and on each worker's downlink, as on a real NIC.
   bool overlapping_pulls = false;
+  // The transport's per-frame cost: every unit sent (push or pull) carries `frame_header`
+  // bytes on the wire beside its payload, and holds each link it crosses `frame_cpu`
+  // longer than its bytes take (the CPU a frame costs, not overlapped with the wire).
+  // 0 and 0 (default): a frame costs nothing. Calibrated from bench/transport_bench:
+  // 24 B (transport/wire.h kHeaderSize) and 1 us (docs/simulator.md).
+  Bytes frame_header = 0;
+  TimeNs frame_cpu = 0;
 
   Status validate() const;
   BandwidthSchedule link_schedule() const {
