@@ -159,9 +159,46 @@ TEST(CreditSchedulers, P3StopAndWait) {
   EXPECT_EQ(iteration(one_layer_3000_bytes(), "p3", o, one_to_one()), 9'000);
 }
 
-// The same with 100 ns latency: each slice's arrival and its acknowledgement add 100 ns
-// each; the last pull adds another 100: slice3 sent [6.4,7.4], arrives 7.5, pulled
-// [7.5,8.5], arrives 8.6, forward [8.6,9.6].
+// Issue 14 point 7: with ack_queue an acknowledgement waits behind the pull in flight on
+// the server's link and what the worker's downlink still carries, up to the cap. Two
+// workers, two servers, an 8000-byte tensor split over both, 1000-byte slices at
+// 1 byte/ns: when a slice arrives, its server is still sending the previous sum, so under
+// stop-and-wait each acknowledgement's wait delays the next slice; p3 slows down, by at
+// most the cap per slice; a cap of 0 changes nothing.
+TEST(CreditSchedulers, AcknowledgementsQueueBehindPulls) {
+  Profile p;
+  p.name = "one";
+  p.batch_size = 1;
+  p.layers = {layer("l1", 1000, 1000, 8000)};
+  PolicyOptions o;
+  o.slice_size = 1000;
+  o.startup_time = 0;
+  o.split_threshold = 1000;
+  ClusterConfig c = one_to_one();
+  c.workers = 2;
+  c.servers = 2;
+  SimOptions so;
+  so.iterations = 4;
+  so.verify_bytes = true;
+  auto run = [&]() {
+    auto r = simulate(p, "p3", o, c, so);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    return r.is_ok() ? r->iteration_time : -1;
+  };
+  const TimeNs plain = run();
+  c.ack_queue = 0;
+  EXPECT_EQ(run(), plain);
+  c.ack_queue = kNsPerMs;
+  const TimeNs queued = run();
+  EXPECT_GT(queued, plain);
+  EXPECT_LE(queued, plain + 8 * 2'000);  // at most two pulls' time per slice
+  c.ack_queue = 200;  // a cap below the backlog bounds every wait
+  const TimeNs capped = run();
+  EXPECT_GT(capped, plain);
+  EXPECT_LT(capped, queued);
+  EXPECT_LE(capped, plain + 8 * 200);
+}
+
 TEST(CreditSchedulers, P3PaysTheAcknowledgementDelay) {
   PolicyOptions o;
   o.slice_size = 1000;

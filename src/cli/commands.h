@@ -31,6 +31,7 @@ struct SimFlags {
   double second_link = 0;
   bool overlapping_pulls = false;
   std::string frame_header, frame_cpu;
+  std::string ack_queue;
   int iterations = 5;
   int warmup = 1;
   std::string statistic = "median";

@@ -78,6 +78,9 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--frame-cpu", f->frame_cpu,
                   "ps simulator: time each frame holds a link beyond its bytes (the transport's CPU per frame), "
                   "e.g. 1us (default 0)");
+  app->add_option("--ack-queue", f->ack_queue,
+                  "ps simulator: acknowledgements wait behind pulls queued on the server's uplink and the "
+                  "worker's downlink, up to this long, e.g. 2ms (default 0: latency only)");
   app->add_option("--iterations", f->iterations, "Iterations to simulate (warm-up included)")->capture_default_str();
   app->add_option("--warmup", f->warmup, "Leading iterations left out of the summary")->capture_default_str();
   app->add_option("--statistic", f->statistic,
@@ -187,6 +190,11 @@ Result<Job> make_job(const SimFlags& f) {
     auto h = parse_size(f.frame_header);
     if (!h) return h.status().with_context("--frame-header");
     job.cluster.frame_header = *h;
+  }
+  if (!f.ack_queue.empty()) {
+    auto q = parse_time(f.ack_queue);
+    if (!q) return q.status().with_context("--ack-queue");
+    job.cluster.ack_queue = *q;
   }
   if (!f.frame_cpu.empty()) {
     auto c = parse_time(f.frame_cpu);

@@ -16,6 +16,12 @@
 // Pulls queue on the server's uplink and the worker's downlink unless
 // ClusterConfig::overlapping_pulls (the Mercury paper's eq. 7: each pull takes its own
 // time from the moment its sum is complete, overlapping every other pull).
+//
+// ClusterConfig::ack_queue (default 0, off): an acknowledgement waits behind the pull the
+// server's uplink is sending and behind what the worker's downlink still carries, up to
+// this long (the standing queue of a shaper that TCP keeps full), instead of taking the
+// latency only; it does not wait for pulls the server has not started, as the runtime's
+// control frames go ahead of those (issue 14 point 7; docs/simulator.md).
 #include <algorithm>
 #include <deque>
 #include <memory>
@@ -251,8 +257,8 @@ class PsNetwork {
   }
 
   void on_server_arrive(int worker, const PushUnit& u) {
-    if (acks_) clock_.schedule_event(add_saturated(clock_.now(), cluster_.latency), kAck, worker, u);
     Server& s = *servers_[static_cast<std::size_t>(u.server)];
+    if (acks_) clock_.schedule_event(add_saturated(ack_time(s, port(worker)), cluster_.latency), kAck, worker, u);
     auto& a = s.agg.find_or_insert(key(u.chunk));
     if (a.count == 0) {
       a.length = u.chunk.length;
@@ -276,6 +282,17 @@ class PsNetwork {
     }
     for (int w = 0; w < cluster_.workers; ++w) s.out_q.push(u.priority, {w, u});
     try_send_server(u.server);
+  }
+
+  // When the server's acknowledgement of a push leaves for the worker: at once, or with
+  // ClusterConfig::ack_queue behind the pull in flight on the server's uplink and the
+  // backlog of the worker's downlink, up to ack_queue.
+  TimeNs ack_time(const Server& s, const Port& w) const {
+    const TimeNs now = clock_.now();
+    if (cluster_.ack_queue <= 0) return now;
+    const TimeNs server_backlog = std::max<TimeNs>(0, s.out.busy_until - now);
+    const TimeNs worker_backlog = std::max<TimeNs>(0, w.down_.busy_until - now);
+    return now + std::min(cluster_.ack_queue, std::max(server_backlog, worker_backlog));
   }
 
   void try_send_server(int server) {

@@ -62,6 +62,10 @@ struct ClusterConfig {
   // 24 B (transport/wire.h kHeaderSize) and 1 us (docs/simulator.md).
   Bytes frame_header = 0;
   TimeNs frame_cpu = 0;
+  // An acknowledgement waits behind the pull in flight on the server's uplink and the
+  // backlog of the worker's downlink, up to this long (0, default: it takes the latency
+  // only).
+  TimeNs ack_queue = 0;
 
   Status validate() const;
   BandwidthSchedule link_schedule() const {
