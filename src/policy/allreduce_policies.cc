@@ -202,8 +202,13 @@ std::vector<Chunk> uniform_partitions(const Chunk& whole, Bytes partition, Bytes
 // the startup and a; `--fusion-size 1B` restores that for comparison.
 // Deliberate differences: no auto-tuning (the credit and partition are knobs; `quicksilver
 // tune` searches them offline); Horovod's 5 ms cycle time is not modelled apart from the
-// startup. Buckets depend only on the order of the calls, so workers driven by the same
-// event sequence cut the same buckets in the same order.
+// startup. Buckets depend only on the order of the calls (no clock, no randomness), so
+// workers driven by the same event sequence cut the same buckets in the same order. The
+// order matters: a gradient that becomes ready before a collective completes on one
+// worker and after it on another would join different cycles. Horovod avoids that by
+// negotiating readiness through its coordinator; a runtime driving this policy must
+// likewise hand every worker's instance the same sequence (as it must for the credit
+// window's order, which had the same dependence before fusion).
 class ByteSchedulerAr final : public AllReducePolicy {
  public:
   ByteSchedulerAr(const AllReduceContext& ctx, Bytes partition, Bytes credit, Bytes fusion, TimeNs startup)
