@@ -5,6 +5,7 @@
 
 #include "policy/allreduce_plans.h"
 #include "quicksilver/core/rng.h"
+#include "quicksilver/model/zoo.h"
 #include "quicksilver/sim/simulator.h"
 #include "test_profiles.h"
 
@@ -41,6 +42,75 @@ TEST(AllReduceEngine, DdpBucketsFollowPyTorch) {
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r->messages_per_iteration, 3);
   EXPECT_EQ(r->bytes_pushed_per_iteration, p.total_bytes());
+}
+
+TEST(AllReduceEngine, ByteSchedulerFusesWhatWaitsForTheLibrary) {
+  // Five 100 KB layers, 100 us of backward each; at 1 Gbps with 4 workers one collective
+  // of 100 KB takes 300 us + 1.2 ms. The top layer's partition goes alone on the idle
+  // library; the other four are handed over while it runs and Horovod's next cycle fuses
+  // them into one collective (issue 13: ByteScheduler on Horovod keeps Tensor Fusion).
+  Profile p;
+  p.name = "five";
+  for (int l = 0; l < 5; ++l) p.layers.push_back(layer("l" + std::to_string(l), 100'000, 100'000, 100'000));
+  auto fused = simulate(p, "bytescheduler", PolicyOptions{}, allreduce_cluster(4), opts());
+  ASSERT_TRUE(fused.is_ok()) << fused.status().to_string();
+  EXPECT_EQ(fused->messages_per_iteration, 2);
+  EXPECT_EQ(fused->bytes_pushed_per_iteration, p.total_bytes());
+  // The threshold bounds a fused collective: 250 KB holds two of the four.
+  PolicyOptions o;
+  o.fusion_size = 250'000;
+  auto bounded = simulate(p, "bytescheduler", o, allreduce_cluster(4), opts());
+  ASSERT_TRUE(bounded.is_ok());
+  EXPECT_EQ(bounded->messages_per_iteration, 3);
+  // Without fusion (the model before issue 13) every partition is its own collective,
+  // and the four extra startups make the iteration longer.
+  o.fusion_size = 1;
+  auto alone = simulate(p, "bytescheduler", o, allreduce_cluster(4), opts());
+  ASSERT_TRUE(alone.is_ok());
+  EXPECT_EQ(alone->messages_per_iteration, 5);
+  EXPECT_LT(fused->iteration_time, alone->iteration_time);
+}
+
+TEST(AllReduceEngine, ByteSchedulerCutsUniformPartitions) {
+  // ByteScheduler cuts a tensor above the partition into ceil(size / partition) nearly
+  // equal pieces: 10,000 elements at a 4,000-element partition are 3334 + 3333 + 3333.
+  Profile p;
+  p.name = "one";
+  p.layers.push_back(layer("l0", 100'000, 100'000, 40'000));
+  PolicyOptions o;
+  o.partition_size = 16'000;
+  o.credit_size = 16'000;  // stop-and-wait
+  o.fusion_size = 1;
+  SimOptions so = opts(1);
+  so.record_trace = true;
+  auto r = simulate(p, "bytescheduler", o, allreduce_cluster(2), so);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->messages_per_iteration, 3);
+  std::vector<TimeNs> lengths;
+  for (const TraceSpan& s : r->trace) {
+    if (s.track == 1) lengths.push_back(s.end - s.start);
+  }
+  ASSERT_EQ(lengths.size(), 3u);
+  // T_ar = a + b*M: pieces of 13,336 and 13,332 bytes differ by 4 bytes' worth.
+  EXPECT_GT(lengths[0], lengths[1]);
+  EXPECT_EQ(lengths[1], lengths[2]);
+}
+
+TEST(AllReduceEngine, ByteSchedulerOnResNet101NeedsFewCollectives) {
+  // DeFT Fig. 14's setting: 16 A100s, 40 Gbps, alpha 20 us, 6,500,000-parameter partitions.
+  // Before issue 13 every one of ResNet-101's 314 tensors was its own collective.
+  const Profile p = *load_model("resnet101", "a100");
+  ClusterConfig c = allreduce_cluster(16, Rate::gbps(40), 20 * kNsPerUs);
+  PolicyOptions o;
+  o.partition_size = 26'000'000;
+  auto r = simulate(p, "bytescheduler", o, c, opts(6));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_LT(r->messages_per_iteration, 40);
+  o.fusion_size = 1;
+  auto alone = simulate(p, "bytescheduler", o, c, opts(6));
+  ASSERT_TRUE(alone.is_ok());
+  EXPECT_GE(alone->messages_per_iteration, 314);
+  EXPECT_LT(r->iteration_time, alone->iteration_time);
 }
 
 TEST(AllReduceEngine, SlowestWorkerGatesEveryCollective) {

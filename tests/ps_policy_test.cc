@@ -56,6 +56,89 @@ TEST(MercuryFig2, MercuryWithoutPreemption) {
   EXPECT_EQ(iteration(mercury_fig2(), "mercury-nopreempt", o, one_to_one()), 23'500);
 }
 
+// The Mercury paper's eq. 6-7 for WFBP (issue 14 defect 4): pushes as above, but each
+// pull takes its own time from the end of its push, overlapping the others:
+// pull3 [7,11], pull2 [15,23], pull1 [17,19] (no wait for pull2);
+// fp1 [19,21] fp2 [23,25] fp3 [25,27].
+TEST(MercuryFig2, WfbpWithTheOverlappingPullsOfEq7) {
+  ClusterConfig c = one_to_one();
+  c.overlapping_pulls = true;
+  EXPECT_EQ(iteration(mercury_fig2(), "wfbp", {}, c), 27'000);
+  // Mercury's packets are pulled as they arrive anyway: eq. 7 changes nothing for it
+  // beyond the one-packet pipeline delay.
+  PolicyOptions o;
+  o.packet_size = 500;
+  EXPECT_EQ(iteration(mercury_fig2(), "mercury", o, c), 20'500);
+}
+
+// The paper's PS Ready Queue is a plain queue (IV-C); ours is served by priority unless
+// mercury_server_fifo. It matters when sums complete faster than the server's link sends
+// them: a worker twice as slow completes each sum as its copy arrives, and the server
+// then owes two pulls per arriving packet. Behind that backlog, the urgent layer 1 waits
+// under FIFO and overtakes under priority.
+TEST(MercuryServer, PriorityReadyQueueLetsUrgentSumsOvertake) {
+  ClusterConfig c = one_to_one();
+  c.workers = 2;
+  c.compute_factor = {1.0, 2.0};
+  PolicyOptions o;
+  o.packet_size = 500;
+  SimOptions so;
+  so.iterations = 6;
+  so.verify_bytes = true;
+  auto priority = simulate(mercury_fig2(), "mercury", o, c, so);
+  o.mercury_server_fifo = true;
+  auto fifo = simulate(mercury_fig2(), "mercury", o, c, so);
+  ASSERT_TRUE(priority.is_ok() && fifo.is_ok());
+  EXPECT_GT(fifo->iteration_time, priority->iteration_time);
+}
+
+// Per-frame cost (issue 14 defect 6). One 8000-byte layer in 1000-byte packets, 1 us of
+// backward and forward, 1 byte/ns. Free frames: push [1,9] us, the last pull one packet
+// later, 10; forward [10,11]. With a 24-byte header every frame takes 1024 ns on each
+// link: pushes end at 1 + 8.192, the last pull 1.024 later, forward to 11.216 us. With
+// 2 us of CPU per frame as well, every frame holds each link 3.024 us: pushes end at
+// 1 + 24.192, the last pull 3.024 later, forward to 29.216 us.
+TEST(FrameCost, HeaderBytesAndCpuPerFrame) {
+  Profile p;
+  p.name = "one";
+  p.batch_size = 1;
+  p.layers = {layer("l1", 1000, 1000, 8000)};
+  PolicyOptions o;
+  o.packet_size = 1000;
+  ClusterConfig c = one_to_one();
+  EXPECT_EQ(iteration(p, "mercury", o, c), 11'000);
+  c.frame_header = 24;
+  EXPECT_EQ(iteration(p, "mercury", o, c), 11'216);
+  c.frame_cpu = 2000;
+  EXPECT_EQ(iteration(p, "mercury", o, c), 29'216);
+  // One frame per tensor (wfbp) pays the header and the CPU once: push [1,11.024], pull
+  // [11.024,21.048], forward to 22.048 us.
+  EXPECT_EQ(iteration(p, "wfbp", o, c), 22'048);
+}
+
+// The packet-size trade-off of Mercury's Fig. 17: with free frames the smallest packet is
+// never slower (finer preemption, shorter pull pipeline); with a per-frame cost, 4 KiB
+// packets lose to 32 KiB ones on a communication-bound job, and 4 MiB packets lose too.
+TEST(FrameCost, SmallPacketsPayForTheirFrames) {
+  Profile p;
+  p.name = "three";
+  p.batch_size = 1;
+  p.layers = {layer("l1", 200'000, 200'000, 4 * kMiB), layer("l2", 200'000, 200'000, 16 * kMiB),
+              layer("l3", 200'000, 200'000, 8 * kMiB)};
+  ClusterConfig c = one_to_one();
+  c.bandwidth = Rate::gbps(10);
+  auto at = [&](Bytes packet) {
+    PolicyOptions o;
+    o.packet_size = packet;
+    return iteration(p, "mercury", o, c);
+  };
+  EXPECT_LE(at(4 * kKiB), at(32 * kKiB));
+  c.frame_header = 24;
+  c.frame_cpu = 1000;
+  EXPECT_GT(at(4 * kKiB), at(32 * kKiB));
+  EXPECT_GT(at(4 * kMiB), at(32 * kKiB));
+}
+
 // Oracle (eq. 9): 3 x (3 + 2) us.
 TEST(MercuryFig2, Oracle) { EXPECT_EQ(iteration(mercury_fig2(), "oracle", {}, one_to_one()), 15'000); }
 
@@ -76,9 +159,46 @@ TEST(CreditSchedulers, P3StopAndWait) {
   EXPECT_EQ(iteration(one_layer_3000_bytes(), "p3", o, one_to_one()), 9'000);
 }
 
-// The same with 100 ns latency: each slice's arrival and its acknowledgement add 100 ns
-// each; the last pull adds another 100: slice3 sent [6.4,7.4], arrives 7.5, pulled
-// [7.5,8.5], arrives 8.6, forward [8.6,9.6].
+// Issue 14 point 7: with ack_queue an acknowledgement waits behind the pull in flight on
+// the server's link and what the worker's downlink still carries, up to the cap. Two
+// workers, two servers, an 8000-byte tensor split over both, 1000-byte slices at
+// 1 byte/ns: when a slice arrives, its server is still sending the previous sum, so under
+// stop-and-wait each acknowledgement's wait delays the next slice; p3 slows down, by at
+// most the cap per slice; a cap of 0 changes nothing.
+TEST(CreditSchedulers, AcknowledgementsQueueBehindPulls) {
+  Profile p;
+  p.name = "one";
+  p.batch_size = 1;
+  p.layers = {layer("l1", 1000, 1000, 8000)};
+  PolicyOptions o;
+  o.slice_size = 1000;
+  o.startup_time = 0;
+  o.split_threshold = 1000;
+  ClusterConfig c = one_to_one();
+  c.workers = 2;
+  c.servers = 2;
+  SimOptions so;
+  so.iterations = 4;
+  so.verify_bytes = true;
+  auto run = [&]() {
+    auto r = simulate(p, "p3", o, c, so);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    return r.is_ok() ? r->iteration_time : -1;
+  };
+  const TimeNs plain = run();
+  c.ack_queue = 0;
+  EXPECT_EQ(run(), plain);
+  c.ack_queue = kNsPerMs;
+  const TimeNs queued = run();
+  EXPECT_GT(queued, plain);
+  EXPECT_LE(queued, plain + 8 * 2'000);  // at most two pulls' time per slice
+  c.ack_queue = 200;  // a cap below the backlog bounds every wait
+  const TimeNs capped = run();
+  EXPECT_GT(capped, plain);
+  EXPECT_LT(capped, queued);
+  EXPECT_LE(capped, plain + 8 * 200);
+}
+
 TEST(CreditSchedulers, P3PaysTheAcknowledgementDelay) {
   PolicyOptions o;
   o.slice_size = 1000;

@@ -4,10 +4,14 @@
 Fig. 11: normalised speed (oracle / iteration) vs bandwidth, 1..40 Gbps, VGG-16 and
 BERT-Base on an RTX 3090, one worker and one PS (the model of eq. 1-2).
 Fig. 12: the minimum bandwidth at which a scheduler reaches 0.99 of the oracle (0.90 for
-BERT-Base), per model and GPU, found by bisection.
+BERT-Base), per model and GPU, found by bisection; WFBP also with the paper's eq. 7
+(overlapping pulls) and Mercury also with the paper's FIFO server Ready Queue.
+Fig. 17: Mercury's normalised speed against its packet size (4 KiB to 4 MiB), VGG-16 and
+AlexNet, 2 workers and 2 PSes, under three per-frame costs (docs/simulator.md).
 
 Usage: /usr/bin/python3 tools/repro_mercury.py [--bin build/quicksilver] [--out docs/img]
-Prints markdown tables; writes mercury_fig11.png and mercury_fig12.png.
+           [--only fig11|fig12|fig17]
+Prints markdown tables; writes mercury_fig11.png, mercury_fig12.png and mercury_fig17.png.
 """
 import argparse
 import json
@@ -17,9 +21,21 @@ import sys
 POLICIES = ["wfbp", "p3", "tictac", "bytescheduler", "prophet", "mercury-nopreempt", "mercury"]
 
 
-def simulate(qs, model, device, gbps, policies, extra=()):
+# Fig. 12's columns: (label, policy, extra simulate flags).
+FIG12_VARIANTS = [
+    ("wfbp", "wfbp", ()),
+    ("wfbp eq. 7", "wfbp", ("--overlapping-pulls",)),
+    ("bytescheduler", "bytescheduler", ()),
+    ("mercury", "mercury", ()),
+    ("mercury FIFO ready queue", "mercury", ("--mercury-server-fifo",)),
+]
+# The transport's per-frame cost, calibrated from bench/transport_bench (docs/simulator.md).
+FRAME_COST = ("--frame-header", "24B", "--frame-cpu", "1us")
+
+
+def simulate(qs, model, device, gbps, policies, extra=(), hosts=1):
     cmd = [qs, "simulate", "--model", model, "--device", device, "--policy", ",".join(policies),
-           "--workers", "1", "--servers", "1", "--bandwidth", f"{gbps}Gbps",
+           "--workers", str(hosts), "--servers", str(hosts), "--bandwidth", f"{gbps}Gbps",
            "--iterations", "2", "--json", *extra]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return {r["policy"]: r["scaling_efficiency"] for r in json.loads(out)["results"]}
@@ -77,13 +93,13 @@ def fig11(qs, policies, out_dir):
     fig.savefig(f"{out_dir}/mercury_fig11.png", dpi=110)
 
 
-def min_bandwidth(qs, model, device, policy, target):
+def min_bandwidth(qs, model, device, policy, target, extra=()):
     lo, hi = 0.05, 400.0
-    if simulate(qs, model, device, hi, [policy])[policy] < target:
+    if simulate(qs, model, device, hi, [policy], extra)[policy] < target:
         return float("inf")
     while hi - lo > 0.02 * hi:
         mid = (lo + hi) / 2
-        if simulate(qs, model, device, round(mid, 3), [policy])[policy] >= target:
+        if simulate(qs, model, device, round(mid, 3), [policy], extra)[policy] >= target:
             hi = mid
         else:
             lo = mid
@@ -93,18 +109,21 @@ def min_bandwidth(qs, model, device, policy, target):
 def fig12(qs, policies, out_dir):
     models = ["vgg16_cifar10", "vgg16", "vgg19", "alexnet", "resnet50", "bert_base"]
     devices = ["gtx1080ti", "rtx3090", "a100"]
-    shown = [p for p in ["wfbp", "bytescheduler", "mercury"] if p in policies]
+    variants = [v for v in FIG12_VARIANTS if v[1] in policies]
+    shown = [v[0] for v in variants]
     res = {}
     print("### Fig. 12: minimum bandwidth (Gbps) to reach 0.99 of the oracle (BERT-Base: 0.90)\n")
-    print("| model | GPU | " + " | ".join(shown) + " | mercury / wfbp |")
-    print("|---|---|" + "---|" * (len(shown) + 1))
+    print("| model | GPU | " + " | ".join(shown) + " | mercury / wfbp | mercury / wfbp eq. 7 |")
+    print("|---|---|" + "---|" * (len(shown) + 2))
     for m in models:
         target = 0.90 if m == "bert_base" else 0.99
         for d in devices:
-            vals = [min_bandwidth(qs, m, d, p, target) for p in shown]
+            vals = [min_bandwidth(qs, m, d, p, target, extra) for _, p, extra in variants]
             res[(m, d)] = dict(zip(shown, vals))
-            ratio = res[(m, d)]["mercury"] / res[(m, d)]["wfbp"] if "wfbp" in shown else float("nan")
-            print(f"| {m} | {d} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {ratio:.2f} |")
+            r = res[(m, d)]
+            ratio = r["mercury"] / r["wfbp"] if "wfbp" in r else float("nan")
+            ratio7 = r["mercury"] / r["wfbp eq. 7"] if "wfbp eq. 7" in r else float("nan")
+            print(f"| {m} | {d} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {ratio:.2f} | {ratio7:.2f} |")
     print()
     try:
         import matplotlib
@@ -130,17 +149,72 @@ def fig12(qs, policies, out_dir):
     fig.savefig(f"{out_dir}/mercury_fig12.png", dpi=110)
 
 
+FIG17_PACKETS_KIB = [4, 8, 16, 32, 64, 128, 256, 1024, 4096]
+FIG17_GBPS = [1, 3, 5, 10]
+# Per-frame costs compared in Fig. 17: free frames, and Quicksilver's transport as
+# bench/transport_bench measures it (docs/simulator.md).
+FIG17_COSTS = [("free", ()), ("ours", FRAME_COST)]
+
+
+def fig17(qs, out_dir):
+    """Mercury's speed against its packet size under three per-frame costs."""
+    data = {}
+    for model in ["vgg16", "alexnet"]:
+        for gbps in FIG17_GBPS:
+            for label, cost in FIG17_COSTS:
+                data[(model, gbps, label)] = [
+                    simulate(qs, model, "gtx1080ti", gbps, ["mercury"], ("--packet-size", f"{kib}KiB") + cost,
+                             hosts=2)["mercury"] for kib in FIG17_PACKETS_KIB]
+    print("### Fig. 17: Mercury's normalised speed (oracle / iteration) vs packet size, GTX 1080 Ti, "
+          "2 workers + 2 PSes; per-frame cost: free / ours (24 B + 1 us)\n")
+    print("| model | Gbps | frame cost | " + " | ".join(f"{k} KiB" if k < 1024 else f"{k // 1024} MiB"
+                                                         for k in FIG17_PACKETS_KIB) + " |")
+    print("|---|---|---|" + "---|" * len(FIG17_PACKETS_KIB))
+    for model in ["vgg16", "alexnet"]:
+        for gbps in FIG17_GBPS:
+            for label, _ in FIG17_COSTS:
+                cells = [f"{v:.3f}" for v in data[(model, gbps, label)]]
+                print(f"| {model} | {gbps} | {label} | " + " | ".join(cells) + " |")
+    print()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    styles = {"free": ":", "ours": "-"}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, model in zip(axes, ["vgg16", "alexnet"]):
+        for gbps, colour in zip(FIG17_GBPS, ["tab:blue", "tab:orange", "tab:green", "tab:red"]):
+            for label, _ in FIG17_COSTS:
+                ax.plot(FIG17_PACKETS_KIB, data[(model, gbps, label)], ls=styles[label], color=colour,
+                        marker="o" if label == "ours" else None, ms=3, label=f"{gbps} Gbps, {label}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(FIG17_PACKETS_KIB)
+        ax.set_xticklabels([f"{k}K" if k < 1024 else f"{k // 1024}M" for k in FIG17_PACKETS_KIB], fontsize=8)
+        ax.set_xlabel("Mercury packet size")
+        ax.set_title({"vgg16": "VGG-16", "alexnet": "AlexNet"}[model] + " (GTX 1080 Ti, 2 workers + 2 PSes)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("normalised speed (oracle / iteration)")
+    axes[1].legend(fontsize=7)
+    fig.suptitle("Mercury Fig. 17, simulated by Quicksilver")
+    fig.tight_layout()
+    fig.savefig(f"{out_dir}/mercury_fig17.png", dpi=110)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="build/quicksilver")
     ap.add_argument("--out", default="docs/img")
-    ap.add_argument("--only", choices=["fig11", "fig12"])
+    ap.add_argument("--only", choices=["fig11", "fig12", "fig17"])
     a = ap.parse_args()
     policies = available(a.bin)
-    if a.only != "fig12":
+    if a.only in (None, "fig11"):
         fig11(a.bin, policies, a.out)
-    if a.only != "fig11":
+    if a.only in (None, "fig12"):
         fig12(a.bin, policies, a.out)
+    if a.only in (None, "fig17"):
+        fig17(a.bin, a.out)
 
 
 if __name__ == "__main__":

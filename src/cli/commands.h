@@ -29,6 +29,9 @@ struct SimFlags {
   std::string compute_factor;
   std::string reduction_rate, allreduce_a, allreduce_b, allreduce_fit;
   double second_link = 0;
+  bool overlapping_pulls = false;
+  std::string frame_header, frame_cpu;
+  std::string ack_queue;
   int iterations = 5;
   int warmup = 1;
   std::string statistic = "median";

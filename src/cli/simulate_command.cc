@@ -69,6 +69,18 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--allreduce-fit", f->allreduce_fit, "All-reduce: fit a and b to a file of 'SIZE TIME' lines");
   app->add_option("--second-link", f->second_link,
                   "all-reduce: add a second link this many times slower than the first (DeFT III-C; 0 = none)");
+  app->add_flag("--overlapping-pulls", f->overlapping_pulls,
+                "ps simulator: pulls overlap each other as in the Mercury paper's eq. 7, instead of queuing on "
+                "the server's uplink and the worker's downlink");
+  app->add_option("--frame-header", f->frame_header,
+                  "ps simulator: header bytes each frame (packet, partition, slice) adds on the wire, e.g. 24B "
+                  "(default 0B)");
+  app->add_option("--frame-cpu", f->frame_cpu,
+                  "ps simulator: time each frame holds a link beyond its bytes (the transport's CPU per frame), "
+                  "e.g. 1us (default 0)");
+  app->add_option("--ack-queue", f->ack_queue,
+                  "ps simulator: acknowledgements wait behind pulls queued on the server's uplink and the "
+                  "worker's downlink, up to this long, e.g. 2ms (default 0: latency only)");
   app->add_option("--iterations", f->iterations, "Iterations to simulate (warm-up included)")->capture_default_str();
   app->add_option("--warmup", f->warmup, "Leading iterations left out of the summary")->capture_default_str();
   app->add_option("--statistic", f->statistic,
@@ -173,6 +185,22 @@ Result<Job> make_job(const SimFlags& f) {
     return invalid_argument("--second-link must be 0 (none) or a slowdown >= 1");
   }
   job.cluster.second_link_slowdown = f.second_link;
+  job.cluster.overlapping_pulls = f.overlapping_pulls;
+  if (!f.frame_header.empty()) {
+    auto h = parse_size(f.frame_header);
+    if (!h) return h.status().with_context("--frame-header");
+    job.cluster.frame_header = *h;
+  }
+  if (!f.ack_queue.empty()) {
+    auto q = parse_time(f.ack_queue);
+    if (!q) return q.status().with_context("--ack-queue");
+    job.cluster.ack_queue = *q;
+  }
+  if (!f.frame_cpu.empty()) {
+    auto c = parse_time(f.frame_cpu);
+    if (!c) return c.status().with_context("--frame-cpu");
+    job.cluster.frame_cpu = *c;
+  }
   QS_RETURN_IF_ERROR(job.cluster.validate());
   PolicyOptions& po = job.policy_options;
   for (const Knob* k : policy_registry().knobs()) {

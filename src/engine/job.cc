@@ -51,6 +51,9 @@ Status ClusterConfig::validate() const {
     return invalid_argument("all-reduce b must be >= 0");
   }
   if (allreduce_a && *allreduce_a < 0) return invalid_argument("all-reduce a must be >= 0");
+  if (frame_header < 0 || frame_header > kMiB) return invalid_argument("--frame-header must be in 0..1MiB");
+  if (frame_cpu < 0 || frame_cpu > kNsPerSec) return invalid_argument("--frame-cpu must be in 0..1s");
+  if (ack_queue < 0 || ack_queue > kNsPerSec) return invalid_argument("--ack-queue must be in 0..1s");
   return Status::ok();
 }
 

@@ -162,17 +162,57 @@ std::vector<std::vector<std::vector<Chunk>>> ddp_buckets(const AllReduceContext&
   return at;
 }
 
-// ByteScheduler (Peng et al., SOSP'19) in all-reduce mode, with the PS version's credit
-// window (credit_window.h): tensors are cut into partitions kept in the scheduler's own
-// priority queue (lowest tensor first, then FIFO); the most urgent is handed to the FIFO
-// collective library while the unfinished bytes fit in the credit (always at least one),
-// each paying the startup time. In all-reduce the acknowledgement
-// that frees credit is the collective's completion. Layer l's forward waits for its own
-// partitions only.
+// ByteScheduler's uniform cut (bytescheduler/common/bytecore.py post() and
+// pytorch/horovod_task.py _partition_tensor): a tensor larger than the partition is cut
+// into ceil(size / partition) nearly equal pieces (sizes differ by at most one element),
+// not into full partitions and a remainder; a tensor within the partition stays whole.
+std::vector<Chunk> uniform_partitions(const Chunk& whole, Bytes partition, Bytes element_size) {
+  const std::int64_t elements = whole.length / element_size;
+  const std::int64_t per = std::max<std::int64_t>(1, partition / element_size);
+  if (elements <= per) return {whole};
+  const std::int64_t n = (elements + per - 1) / per;
+  std::vector<Chunk> out;
+  out.reserve(static_cast<std::size_t>(n));
+  Bytes offset = whole.offset;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t e = elements / n + (i < elements % n ? 1 : 0);
+    out.push_back(Chunk{whole.tensor, offset, e * element_size});
+    offset += e * element_size;
+  }
+  return out;
+}
+
+// ByteScheduler (Peng et al., SOSP'19) in all-reduce mode, as it runs on Horovod (the DeFT
+// paper's baseline, Table III: "auto-tune & uniform" partitions, sequential order).
+// Two queues, as in the original:
+//  1. ByteScheduler's own (ByteCore): tensors cut into uniform partitions wait in a
+//     priority queue (lowest tensor first, then FIFO) and are handed to the communication
+//     library while the unfinished bytes fit in the credit (credit_window.h; always at
+//     least one). In all-reduce the acknowledgement that frees credit is the collective's
+//     completion.
+//  2. The library's (Horovod, which ByteScheduler's patch leaves with its Tensor Fusion
+//     on, HOROVOD_FUSION_THRESHOLD 64 MiB): Horovod's background thread performs its
+//     collectives one cycle at a time; each cycle fuses everything handed to it since the
+//     last one, in hand-over order, into collectives of at most the fusion threshold (a
+//     partition is never split), performs them back to back, and only then starts the
+//     next cycle. We model a cycle as starting when this policy's previous cycle's
+//     collectives are all done (or at once when none is outstanding), each collective
+//     paying the startup time.
+// Without (2), every partition was its own collective: 314 on ResNet-101, each paying
+// the startup and a; `--fusion-size 1B` restores that for comparison.
+// Deliberate differences: no auto-tuning (the credit and partition are knobs; `quicksilver
+// tune` searches them offline); Horovod's 5 ms cycle time is not modelled apart from the
+// startup. Buckets depend only on the order of the calls (no clock, no randomness), so
+// workers driven by the same event sequence cut the same buckets in the same order. The
+// order matters: a gradient that becomes ready before a collective completes on one
+// worker and after it on another would join different cycles. Horovod avoids that by
+// negotiating readiness through its coordinator; a runtime driving this policy must
+// likewise hand every worker's instance the same sequence (as it must for the credit
+// window's order, which had the same dependence before fusion).
 class ByteSchedulerAr final : public AllReducePolicy {
  public:
-  ByteSchedulerAr(const AllReduceContext& ctx, Bytes partition, Bytes credit, TimeNs startup)
-      : ctx_(ctx), partition_(partition), startup_(startup), window_(credit) {}
+  ByteSchedulerAr(const AllReduceContext& ctx, Bytes partition, Bytes credit, Bytes fusion, TimeNs startup)
+      : ctx_(ctx), partition_(partition), fusion_(fusion), startup_(startup), window_(credit) {}
   std::string_view name() const override { return "bytescheduler"; }
   ForwardGate forward_gate() const override { return ForwardGate::kPerLayer; }
   void on_iteration_start(std::int64_t iteration, TimeNs, CollectiveSink&) override {
@@ -182,7 +222,7 @@ class ByteSchedulerAr final : public AllReducePolicy {
     for (TensorId t = ctx_.layout->first_tensor(layer); t < ctx_.layout->end_tensor(layer); ++t) {
       const TensorInfo& info = ctx_.layout->tensor(t);
       if (info.bytes == 0) continue;
-      for (const Chunk& c : split_chunk(Chunk{t, 0, info.bytes}, partition_, info.element_size)) {
+      for (const Chunk& c : uniform_partitions(Chunk{t, 0, info.bytes}, partition_, info.element_size)) {
         CollectiveBucket b;
         b.chunks = {c};
         b.priority = t;
@@ -194,23 +234,60 @@ class ByteSchedulerAr final : public AllReducePolicy {
   }
   void on_collective_done(const CollectiveBucket& b, TimeNs, CollectiveSink& out) override {
     window_.finished(b.bytes());
+    QS_CHECK(outstanding_ > 0);
+    --outstanding_;
     dispatch(out);
+  }
+  std::vector<std::string> report() const override {
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "%.2f partitions per collective (fusion threshold %s)",
+                  collectives_ > 0 ? static_cast<double>(partitions_) / static_cast<double>(collectives_) : 0.0,
+                  format_size(fusion_).c_str());
+    return {buf};
   }
 
  private:
   void dispatch(CollectiveSink& out) {
-    window_.release([&](CollectiveBucket b) {
-      b.id = next_id_++;
-      out.all_reduce(b, startup_);
-    });
+    window_.release([&](CollectiveBucket b) { library_.push_back(std::move(b)); });
+    if (outstanding_ > 0 || library_.empty()) return;
+    // One Horovod cycle: fuse what was handed over since the last one.
+    CollectiveBucket fused;
+    auto issue = [&]() {
+      fused.id = next_id_++;
+      out.all_reduce(fused, startup_);
+      ++outstanding_;
+      ++collectives_;
+      fused = CollectiveBucket{};
+    };
+    for (CollectiveBucket& b : library_) {
+      // A collective carries one iteration's gradients (its first/last_iteration mean
+      // the same bytes of several iterations, never different bytes).
+      if (!fused.chunks.empty() &&
+          (fused.bytes() + b.bytes() > fusion_ || b.first_iteration != fused.first_iteration)) {
+        issue();
+      }
+      if (fused.chunks.empty()) {
+        fused.priority = b.priority;
+        fused.first_iteration = fused.last_iteration = b.first_iteration;
+      }
+      fused.priority = std::min(fused.priority, b.priority);
+      fused.chunks.insert(fused.chunks.end(), b.chunks.begin(), b.chunks.end());
+      ++partitions_;
+    }
+    issue();
+    library_.clear();
   }
 
   AllReduceContext ctx_;
   Bytes partition_;
+  Bytes fusion_;
   TimeNs startup_;
   CreditWindow<CollectiveBucket> window_;
+  std::vector<CollectiveBucket> library_;  // handed to the library, not yet in a cycle
+  int outstanding_ = 0;                    // this cycle's collectives not yet done
   std::uint64_t next_id_ = 0;
   std::int64_t iteration_ = 0;
+  std::int64_t collectives_ = 0, partitions_ = 0;
 };
 
 
@@ -244,6 +321,9 @@ Status register_allreduce_policies(PolicyRegistry& r) {
        .scales = true, .field = knob_field(&DdpOptions::ddp_bucket_size)},
       {.name = "ddp_first_bucket_size", .flag = "--ddp-first-bucket-size", .type = KnobType::kBytes,
        .help = "first bucket cap", .scales = true, .field = knob_field(&DdpOptions::ddp_first_bucket_size)},
+      {.name = "fusion_size", .flag = "--fusion-size", .type = KnobType::kBytes,
+       .help = "the library's tensor-fusion threshold (Horovod's; 1B: no fusion)", .scales = true,
+       .field = knob_field(&ByteSchedulerOptions::fusion_size)},
   };
   constexpr Architecture kAr = Architecture::kAllReduce;
   std::vector<PolicySpec> policies = {
@@ -272,11 +352,12 @@ Status register_allreduce_policies(PolicyRegistry& r) {
                                        format_size(o.ddp_bucket_size) + ")"}));
        }},
       {.name = "bytescheduler", .architecture = kAr, .summary = "partitions through a credit window",
-       .knobs = {"partition_size", "credit_size", "startup_time"}, .rank = 60,
+       .knobs = {"partition_size", "credit_size", "fusion_size", "startup_time"}, .rank = 60,
        .make_allreduce = [](const PolicyOptions& o, const AllReduceContext& ctx) -> Result<Ptr> {
          QS_RETURN_IF_ERROR(need_positive(o.partition_size, "--partition-size", "bytescheduler"));
          QS_RETURN_IF_ERROR(need_positive(o.credit_size, "--credit-size", "bytescheduler"));
-         return Ptr(new ByteSchedulerAr(ctx, o.partition_size, o.credit_size, o.startup_time));
+         QS_RETURN_IF_ERROR(need_positive(o.fusion_size, "--fusion-size", "bytescheduler"));
+         return Ptr(new ByteSchedulerAr(ctx, o.partition_size, o.credit_size, o.fusion_size, o.startup_time));
        }},
   };
   return r.add(std::move(knobs), std::move(policies));

@@ -88,13 +88,22 @@ class TensorLevel final : public PsPolicy {
 //
 // Packets of a tensor split over several servers are interleaved across its slices
 // (push_interleaved).
+//
+// Deviation: the paper's PS keeps summed packets in a plain "Ready Queue" (IV-C, Fig. 8)
+// that the PS Sender empties in order; by default our servers serve it by priority too
+// (server_discipline() = discipline()). mercury_server_fifo = true serves it in the
+// order the sums completed, as the paper describes (docs/reproductions.md, Fig. 12,
+// measures the difference).
 class Mercury final : public PsPolicy {
  public:
-  Mercury(const PsContext& ctx, Bytes packet_size, bool preempt)
-      : ctx_(ctx), packet_size_(packet_size), preempt_(preempt) {}
+  Mercury(const PsContext& ctx, Bytes packet_size, bool preempt, bool server_fifo)
+      : ctx_(ctx), packet_size_(packet_size), preempt_(preempt), server_fifo_(server_fifo) {}
   std::string_view name() const override { return preempt_ ? "mercury" : "mercury-nopreempt"; }
   QueueDiscipline discipline() const override {
     return preempt_ ? QueueDiscipline::kPriority : QueueDiscipline::kFifo;
+  }
+  QueueDiscipline server_discipline() const override {
+    return server_fifo_ ? QueueDiscipline::kFifo : discipline();
   }
   bool wants_acks() const override { return false; }
   void on_gradient_ready(int layer, TimeNs, PushSink& out) override {
@@ -107,6 +116,7 @@ class Mercury final : public PsPolicy {
   PsContext ctx_;
   Bytes packet_size_;
   bool preempt_;
+  bool server_fifo_;
 };
 
 // User-level partitioning with a credit window (Mercury III-A; ByteScheduler, SOSP'19):
@@ -171,6 +181,9 @@ Status register_ps_policies(PolicyRegistry& r) {
   std::vector<Knob> knobs = {
       {.name = "packet_size", .flag = "--packet-size", .type = KnobType::kBytes,
        .help = "packet payload", .cuts = true, .field = knob_field(&MercuryOptions::packet_size)},
+      {.name = "mercury_server_fifo", .flag = "--mercury-server-fifo", .type = KnobType::kBool,
+       .help = "servers send summed packets in completion order (the paper's Ready Queue), not by priority",
+       .field = knob_field(&MercuryOptions::mercury_server_fifo)},
       {.name = "partition_size", .flag = "--partition-size", .type = KnobType::kBytes,
        .help = "partition size", .scales = true, .cuts = true, .field = knob_field(&ByteSchedulerOptions::partition_size)},
       {.name = "credit_size", .flag = "--credit-size", .type = KnobType::kBytes,
@@ -185,7 +198,7 @@ Status register_ps_policies(PolicyRegistry& r) {
   auto mercury = [](bool preempt) {
     return [preempt](const PolicyOptions& o, const PsContext& ctx) -> Result<Ptr> {
       QS_RETURN_IF_ERROR(need_positive(o.packet_size, "--packet-size", preempt ? "mercury" : "mercury-nopreempt"));
-      return Ptr(new Mercury(ctx, o.packet_size, preempt));
+      return Ptr(new Mercury(ctx, o.packet_size, preempt, o.mercury_server_fifo));
     };
   };
   std::vector<PolicySpec> policies = {
@@ -215,7 +228,7 @@ Status register_ps_policies(PolicyRegistry& r) {
       {.name = "mercury-nopreempt", .summary = "packets, FIFO", .knobs = {"packet_size", "split_threshold"},
        .rank = 60, .make_ps = mercury(false)},
       {.name = "mercury", .summary = "packets by priority (preemption at packet granularity)",
-       .knobs = {"packet_size", "split_threshold"}, .rank = 70, .make_ps = mercury(true)},
+       .knobs = {"packet_size", "mercury_server_fifo", "split_threshold"}, .rank = 70, .make_ps = mercury(true)},
   };
   return r.add(std::move(knobs), std::move(policies));
 }

@@ -7,6 +7,21 @@
 // size/rate and finishes on the receiver's downlink no earlier than that, queuing behind
 // what the receiver's downlink already carries (incast serialises there). It then takes
 // the one-way latency. Acknowledgements carry no payload and take the latency only.
+//
+// Per-frame cost (ClusterConfig::frame_header, frame_cpu; docs/simulator.md): every unit
+// is one frame of the transport; it carries frame_header bytes beside its payload on both
+// links, and holds each link frame_cpu longer than its bytes take (the CPU a frame costs,
+// measured by bench/transport_bench, is not hidden behind the wire: the transport keeps
+// the kernel's queue short on purpose, DESIGN.md "Transport").
+// Pulls queue on the server's uplink and the worker's downlink unless
+// ClusterConfig::overlapping_pulls (the Mercury paper's eq. 7: each pull takes its own
+// time from the moment its sum is complete, overlapping every other pull).
+//
+// ClusterConfig::ack_queue (default 0, off): an acknowledgement waits behind the pull the
+// server's uplink is sending and behind what the worker's downlink still carries, up to
+// this long (the standing queue of a shaper that TCP keeps full), instead of taking the
+// latency only; it does not wait for pulls the server has not started, as the runtime's
+// control frames go ahead of those (issue 14 point 7; docs/simulator.md).
 #include <algorithm>
 #include <deque>
 #include <memory>
@@ -57,14 +72,16 @@ class TxQueue {
 struct Link {
   const BandwidthSchedule* schedule = nullptr;
   TimeNs busy_until = 0;
+  TimeNs frame_cpu = 0;  // added to every frame's time on this link
 
-  // Cut-through transfer of `bytes` from this link (free from `now`) to `to`: this link is
-  // busy until it serialised them; they arrive once `to` carried them too, behind what it
-  // already carries. Returns (this link's end, the arrival at the far end).
+  // Cut-through transfer of one frame of `bytes` (header included) from this link (free
+  // from `now`) to `to`: this link is busy until it serialised them; they arrive once `to`
+  // carried them too, behind what it already carries. Returns (this link's end, the
+  // arrival at the far end).
   std::pair<TimeNs, TimeNs> transfer(TimeNs now, Bytes bytes, Link& to) {
-    const TimeNs fin1 = schedule->finish_time(now, bytes);
+    const TimeNs fin1 = schedule->finish_time(now, bytes) + frame_cpu;
     const TimeNs start2 = std::max(now, to.busy_until);
-    const TimeNs fin2 = std::max(fin1, to.schedule->finish_time(start2, bytes));
+    const TimeNs fin2 = std::max(fin1, to.schedule->finish_time(start2, bytes) + to.frame_cpu);
     to.busy_until = fin2;
     busy_until = fin1;
     return {fin1, fin2};
@@ -141,6 +158,7 @@ class PsNetwork {
    public:
     Port(PsNetwork& net, int id, QueueDiscipline d, int priorities) : net_(net), id_(id), tx_(d, priorities) {
       up_.schedule = down_.schedule = &net.schedule_;
+      up_.frame_cpu = down_.frame_cpu = net.cluster_.frame_cpu;
     }
     void set_listener(ExchangeListener* l) { listener_ = l; }
     void record(std::vector<TraceSpan>* trace) {
@@ -181,6 +199,7 @@ class PsNetwork {
     for (int s = 0; s < cluster.servers; ++s) {
       auto& srv = servers_.emplace_back(std::make_unique<Server>(server_discipline, priorities));
       srv->in.schedule = srv->out.schedule = &schedule_;
+      srv->in.frame_cpu = srv->out.frame_cpu = cluster.frame_cpu;
     }
   }
 
@@ -222,7 +241,7 @@ class PsNetwork {
     if (w.up_.busy_until > now || w.tx_.empty()) return;
     PushUnit u = w.tx_.pop();
     Server& s = *servers_[static_cast<std::size_t>(u.server)];
-    const auto [fin1, fin2] = w.up_.transfer(now, u.chunk.length, s.in);
+    const auto [fin1, fin2] = w.up_.transfer(now, u.chunk.length + cluster_.frame_header, s.in);
     w.busy_ += fin1 - now;
     w.bytes_ += u.chunk.length;
     ++w.units_;
@@ -238,8 +257,8 @@ class PsNetwork {
   }
 
   void on_server_arrive(int worker, const PushUnit& u) {
-    if (acks_) clock_.schedule_event(add_saturated(clock_.now(), cluster_.latency), kAck, worker, u);
     Server& s = *servers_[static_cast<std::size_t>(u.server)];
+    if (acks_) clock_.schedule_event(add_saturated(ack_time(s, port(worker)), cluster_.latency), kAck, worker, u);
     auto& a = s.agg.find_or_insert(key(u.chunk));
     if (a.count == 0) {
       a.length = u.chunk.length;
@@ -251,8 +270,29 @@ class PsNetwork {
     if (++a.count < cluster_.workers) return;
     s.agg.erase(a);
     // Sum complete: one pull per worker (Mercury IV-C "PS Sender").
+    if (cluster_.overlapping_pulls) {
+      // Mercury eq. 7: tau_pull = tau_push + t_pull, no pull waits for another.
+      const TimeNs now = clock_.now();
+      const TimeNs fin = schedule_.finish_time(now, u.chunk.length + cluster_.frame_header) + cluster_.frame_cpu;
+      for (int w = 0; w < cluster_.workers; ++w) {
+        if (port(w).rec_down_.enabled()) port(w).rec_down_.add(now, fin, "pull " + std::to_string(u.chunk.tensor));
+        clock_.schedule_event(add_saturated(fin, cluster_.latency), kPullArrive, w, u);
+      }
+      return;
+    }
     for (int w = 0; w < cluster_.workers; ++w) s.out_q.push(u.priority, {w, u});
     try_send_server(u.server);
+  }
+
+  // When the server's acknowledgement of a push leaves for the worker: at once, or with
+  // ClusterConfig::ack_queue behind the pull in flight on the server's uplink and the
+  // backlog of the worker's downlink, up to ack_queue.
+  TimeNs ack_time(const Server& s, const Port& w) const {
+    const TimeNs now = clock_.now();
+    if (cluster_.ack_queue <= 0) return now;
+    const TimeNs server_backlog = std::max<TimeNs>(0, s.out.busy_until - now);
+    const TimeNs worker_backlog = std::max<TimeNs>(0, w.down_.busy_until - now);
+    return now + std::min(cluster_.ack_queue, std::max(server_backlog, worker_backlog));
   }
 
   void try_send_server(int server) {
@@ -262,7 +302,7 @@ class PsNetwork {
     auto [wid, u] = s.out_q.pop();
     Port& w = port(wid);
     const TimeNs start2 = std::max(now, w.down_.busy_until);
-    const auto [fin1, fin2] = s.out.transfer(now, u.chunk.length, w.down_);
+    const auto [fin1, fin2] = s.out.transfer(now, u.chunk.length + cluster_.frame_header, w.down_);
     if (w.rec_down_.enabled()) w.rec_down_.add(start2, fin2, "pull " + std::to_string(u.chunk.tensor));
     clock_.schedule_event(fin1, kServerOutFree, server);
     clock_.schedule_event(add_saturated(fin2, cluster_.latency), kPullArrive, wid, u);

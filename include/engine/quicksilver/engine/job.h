@@ -49,6 +49,23 @@ struct ClusterConfig {
   // beside NCCL). 0 = none. Otherwise every collective on it takes this factor times its
   // time on the first link (DeFT measured 1.59..1.69, Fig. 6). Must be 0 or >= 1.
   double second_link_slowdown = 0;
+  // PS simulator only (docs/simulator.md "Network model"). The runtime ignores them.
+  // Pulls as the Mercury paper's analysis models them (eq. 7, tau_pull = tau_push +
+  // t_pull): each unit's pull takes its own size / rate from the moment its sum is
+  // complete, overlapping every other pull. false (default): a server's pulls queue on
+  // its uplink and on each worker's downlink, as on a real NIC.
+  bool overlapping_pulls = false;
+  // The transport's per-frame cost: every unit sent (push or pull) carries `frame_header`
+  // bytes on the wire beside its payload, and holds each link it crosses `frame_cpu`
+  // longer than its bytes take (the CPU a frame costs, not overlapped with the wire).
+  // 0 and 0 (default): a frame costs nothing. Calibrated from bench/transport_bench:
+  // 24 B (transport/wire.h kHeaderSize) and 1 us (docs/simulator.md).
+  Bytes frame_header = 0;
+  TimeNs frame_cpu = 0;
+  // An acknowledgement waits behind the pull in flight on the server's uplink and the
+  // backlog of the worker's downlink, up to this long (0, default: it takes the latency
+  // only).
+  TimeNs ack_queue = 0;
 
   Status validate() const;
   BandwidthSchedule link_schedule() const {

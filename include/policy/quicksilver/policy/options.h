@@ -36,6 +36,9 @@ struct StartupOptions {
 struct MercuryOptions {
   // Transport packet payload (Mercury IV-C; the paper uses ~16-32 KB).
   Bytes packet_size = 32 * kKiB;
+  // mercury: the servers send summed packets in the order their sums completed (the
+  // paper's plain Ready Queue, IV-C) instead of by priority (our default, a deviation).
+  bool mercury_server_fifo = false;
 };
 
 // bytescheduler (both architectures) and usbyte (table: src/policy/ps_policies.cc).
@@ -44,6 +47,11 @@ struct ByteSchedulerOptions {
   // (Fig. 4) found for VGG-16 at 10 Gbps; the tuner searches both.
   Bytes partition_size = 4'000'000;
   Bytes credit_size = 20'000'000;
+  // All-reduce form only: the tensor-fusion threshold of the collective library below
+  // ByteScheduler (Horovod's HOROVOD_FUSION_THRESHOLD default, 64 MiB): partitions handed
+  // over since the library's last cycle are fused into collectives of at most this size.
+  // 1 byte: no fusion (every partition its own collective).
+  Bytes fusion_size = 64 * kMiB;
 };
 
 // p3 (table: src/policy/ps_policies.cc).
