@@ -342,6 +342,12 @@ TEST(Sender, UrgentPacketOvertakesQueuedBulkOnTheWire) {
   Sender sender(SendOrder::kPriority, 8, **loop);
   q.s = &sender;
   sender.set_connections({&tx});
+  TimeNs urgent_delay = -1;
+  std::vector<TimeNs> bulk_delays;
+  sender.set_sample_callback([&](const QueueSample& q2) {
+    if (q2.priority == 0) urgent_delay = q2.delay;
+    else bulk_delays.push_back(q2.delay);
+  });
   std::vector<std::byte> bulk(kPacket * kBulk, std::byte{1});
   const TimeNs t0 = (*loop)->now();
   for (int i = 0; i < kBulk; ++i) {
@@ -376,12 +382,6 @@ TEST(Sender, UrgentPacketOvertakesQueuedBulkOnTheWire) {
   rx_thread.join();
   ASSERT_TRUE(s.is_ok()) << s.to_string();
   ASSERT_FALSE(rx_failed.load());
-  TimeNs urgent_delay = -1;
-  std::vector<TimeNs> bulk_delays;
-  for (const QueueSample& q2 : sender.take_samples()) {
-    if (q2.priority == 0) urgent_delay = q2.delay;
-    else bulk_delays.push_back(q2.delay);
-  }
   const int at = urgent_at.load();
   const double gbps = 8.0 * static_cast<double>(kPacket) * kBulk / static_cast<double>(t_sent);
   std::printf("[ metric ] urgent packet queued after %d of %d bulk packets had arrived; arrived as "
