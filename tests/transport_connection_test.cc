@@ -144,6 +144,33 @@ TEST(Connection, GarbageStreamClosesWithMagicErrorAndWritesNothing) {
   EXPECT_THAT(text, HasSubstr("field 'magic'"));
 }
 
+// A closed connection holds no buffer until its owner gets round to destroying it, and
+// allocates none before its first read (issue 15: each accepted connection held 256 KiB,
+// closed ones until exit).
+TEST(Connection, AllocatesItsReadBufferOnFirstReadAndFreesItOnClose) {
+  auto loop = EventLoop::create();
+  ASSERT_TRUE(loop.is_ok());
+  Pair p = make_pair();
+  Receiver r;
+  Connection c(**loop, std::move(p.a), r, "peer 0", 0);
+  c.set_read_buffer_size(64);
+  ASSERT_TRUE(c.start().is_ok());
+  EXPECT_EQ(c.buffer_bytes(), 0u);
+  const char junk[kHeaderSize] = {0x51};  // a whole header with a bad magic
+  write_all(p.b.get(), junk, sizeof junk);
+  ASSERT_TRUE(run_until_closed(**loop, r).is_ok());
+  EXPECT_TRUE(c.closed());
+  EXPECT_EQ(c.buffer_bytes(), 0u);
+  // With the default size (a known peer's) too.
+  Pair q = make_pair();
+  Receiver r2;
+  Connection d(**loop, std::move(q.a), r2, "peer 1", 0);
+  ASSERT_TRUE(d.start().is_ok());
+  write_all(q.b.get(), junk, sizeof junk);
+  ASSERT_TRUE(run_until_closed(**loop, r2).is_ok());
+  EXPECT_EQ(d.buffer_bytes(), 0u);
+}
+
 TEST(Connection, EveryBadFieldClosesBeforeAnyPayloadByteIsWritten) {
   struct Case {
     const char* field;
