@@ -10,6 +10,7 @@
 #include "quicksilver/core/check.h"
 #include "quicksilver/core/reservoir.h"
 #include "quicksilver/engine/training_loop.h"
+#include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
 #include "runtime_internal.h"
@@ -128,6 +129,12 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       const Endpoint& e = opts.servers[static_cast<std::size_t>(s)];
       auto fd = transport::connect_tcp(e.host, e.port, deadline);
       if (!fd.is_ok()) return fd.status().with_context(name() + " -> " + server_name(s));
+      if (opts.secret) {
+        // Before the first frame: the server proves it is the job's, and we that we are.
+        QS_RETURN_IF_ERROR(transport::authenticate(fd->get(), *opts.secret, transport::AuthRole::kConnector,
+                                                   kPsAuthContext, std::max<TimeNs>(deadline - loop->now(), kNsPerMs))
+                               .with_context(name() + " -> " + server_name(s)));
+      }
       QS_RETURN_IF_ERROR(transport::configure_socket(fd->get(), socket_options(job)).with_context(name()));
       if (congestion.empty()) {
         auto cc = transport::congestion_of(fd->get());

@@ -22,8 +22,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "quicksilver/core/status.h"
@@ -32,6 +34,7 @@
 #include "quicksilver/model/profile.h"
 #include "quicksilver/policy/options.h"
 #include "quicksilver/runtime/tensors.h"
+#include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/socket.h"
 
 namespace qs::runtime {
@@ -98,12 +101,24 @@ struct WorkerOptions {
   int die_at_iteration = -1;
   // Record the measured timeline (WorkerReport::trace).
   bool record_trace = false;
+  // The cluster secret (ServerOptions::secret): the worker proves it knows it, and every
+  // server must prove the same, before the hello. Null: no authentication.
+  std::shared_ptr<const transport::Secret> secret;
 };
 
 struct ServerOptions {
   JobOptions job;
   int server_id = 0;
   Endpoint listen;  // port 0 = ephemeral (Server::port() tells which)
+  // The cluster secret every worker must prove it knows before its hello is read
+  // (transport/auth.h; docs/reliability.md). Null: no authentication (in-process tests, a
+  // trusted network); the CLI refuses that unless told --insecure.
+  std::shared_ptr<const transport::Secret> secret;
+  // What peers that have not said hello may hold: a deadline, a cap, a pause when out of
+  // descriptors.
+  transport::AcceptLimits limits;
+  // One line per refused peer and per paused accept (never job details). May be empty.
+  std::function<void(std::string_view)> log;
 };
 
 struct WorkerReport {
@@ -174,6 +189,17 @@ class Server {
     std::vector<std::int64_t> retransmits, timeouts;
   };
   const Repairs& repairs() const;
+  // Thread-safe, at any time: connections accepted so far, refused before their hello
+  // (authentication failed, bad hello, deadline, evicted), pending now (accepted, not yet
+  // identified), held now (every connection whose state the server keeps: pending,
+  // workers', closed ones not yet freed), and accepts that failed for lack of descriptors
+  // or memory.
+  struct Counters {
+    std::int64_t accepted = 0, refused = 0;
+    int pending = 0, held = 0;
+    std::int64_t accept_failures = 0;
+  };
+  Counters counters() const;
   void request_stop(const std::string& why);
 
  private:
