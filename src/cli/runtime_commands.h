@@ -22,6 +22,8 @@ struct RoleFlags {
   std::string pacing_rate;      // SO_MAX_PACING_RATE per connection
   std::string commit_window = "100us";  // JobOptions::commit_window
   int die_at_iteration = -1;    // worker: testing aid, exit abruptly at this iteration
+  std::string secret_file;      // the cluster secret (else $QUICKSILVER_SECRET_FILE)
+  bool insecure = false;        // no secret, no authentication (a trusted network only)
 };
 
 struct RunFlags {
@@ -39,10 +41,14 @@ struct RunFlags {
 };
 
 struct CoordinatorFlags {
-  std::string listen = "0.0.0.0:7000";
+  // Loopback unless told otherwise: listening on every interface is a choice to make
+  // explicitly (docs/reliability.md).
+  std::string listen = "127.0.0.1:7000";
   int workers = 4;
   int servers = 4;
   std::string timeout = "300s";
+  std::string secret_file;
+  bool insecure = false;
 };
 
 void add_coordinator_flags(CLI::App* app, CoordinatorFlags* f);
