@@ -137,7 +137,9 @@ struct WorkerReport {
   // or "acknowledgements" (the servers' TCP acknowledged it; the kernel gave no timestamps).
   std::string push_end;
   // Sending-buffer queueing delay (enqueue -> handed to the socket), all units and the
-  // most urgent layer's units (layer 1), over iterations after the warm-up.
+  // most urgent layer's units (layer 1), over iterations after the warm-up: percentiles of
+  // a uniform sample of at most 4096 units each (qs::Reservoir; exact up to that many),
+  // the maximum exact.
   TimeNs queue_delay_p50 = 0, queue_delay_p99 = 0, queue_delay_max = 0;
   TimeNs urgent_delay_p50 = 0, urgent_delay_p99 = 0, urgent_delay_max = 0;
   int iterations_verified = 0;     // iterations whose every pulled element was checked
