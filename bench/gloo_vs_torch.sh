@@ -49,12 +49,12 @@ dist.destroy_process_group()
 PY
 
 ours() {  # median iteration in ms (one all-reduce per iteration; compute ~0)
-  ip netns exec ${tag}a "$qs" coordinator --architecture allreduce --workers 2 --listen 10.215.0.1:0 > "$tmp/coord" 2>&1 &
+  ip netns exec ${tag}a "$qs" coordinator --architecture allreduce --workers 2 --listen 10.215.0.1:0 --insecure > "$tmp/coord" 2>&1 &
   local c=$!
   for _ in $(seq 50); do grep -q listening "$tmp/coord" && break; sleep 0.1; done
   local addr; addr=$(sed -n 's/^listening //p' "$tmp/coord")
   local role=(worker --architecture allreduce --model "$tmp/one.json" --workers 2 --iterations 14 --warmup 2
-              --policy synceasgd --coordinator "$addr" --json --no-verify)
+              --policy synceasgd --coordinator "$addr" --json --no-verify --insecure)
   ip netns exec ${tag}b "$qs" "${role[@]}" --worker-id 1 --link 10.215.0.2 > /dev/null &
   local w1=$!
   ip netns exec ${tag}a "$qs" "${role[@]}" --worker-id 0 --link 10.215.0.1 > "$tmp/w0"

@@ -18,6 +18,7 @@ cat > "$tmp/small.json" <<'JSON'
  {"name": "f2", "forward_ms": 0.2, "backward_ms": 0.4, "tensors": [{"name": "f2.w", "elements": 5000}]}
 ]}
 JSON
+head -c 32 /dev/urandom > "$tmp/secret"; chmod 600 "$tmp/secret"
 common=(--architecture allreduce --model "$tmp/small.json" --iterations 4 --bandwidth 1Gbps --scale 1
         --partition-size 256KB --timeout 60s)
 
@@ -47,24 +48,24 @@ else
 fi
 
 # Real hosts: a coordinator and two separate workers.
-"$qs" coordinator --architecture allreduce --workers 2 --listen 127.0.0.1:0 --timeout 60s > "$tmp/coord" 2>&1 &
+"$qs" coordinator --architecture allreduce --workers 2 --listen 127.0.0.1:0 --timeout 60s --secret-file "$tmp/secret" > "$tmp/coord" 2>&1 &
 cpid=$!
 for _ in $(seq 50); do grep -q listening "$tmp/coord" && break; sleep 0.1; done
 addr=$(sed -n 's/^listening //p' "$tmp/coord")
 role=(worker --architecture allreduce --model "$tmp/small.json" --workers 2 --iterations 3 --policy mgwfbp
-      --coordinator "$addr" --json)
+      --coordinator "$addr" --json --secret-file "$tmp/secret")
 "$qs" "${role[@]}" --worker-id 0 > "$tmp/w0" 2>&1 & w0=$!
 "$qs" "${role[@]}" --worker-id 1 > "$tmp/w1" 2>&1 & w1=$!
 wait $w0 && wait $w1 && wait $cpid && grep -q '"iterations_verified":3' "$tmp/w0" && grep -q '"iterations_verified":3' "$tmp/w1" \
   && ok || bad "separate processes: $(tail -2 "$tmp/w0" "$tmp/w1" "$tmp/coord")"
 
 # A worker that stalls (SIGSTOP): the other exits within its peer timeout, saying so.
-"$qs" coordinator --architecture allreduce --workers 2 --listen 127.0.0.1:0 --timeout 60s > "$tmp/coord" 2>&1 &
+"$qs" coordinator --architecture allreduce --workers 2 --listen 127.0.0.1:0 --timeout 60s --secret-file "$tmp/secret" > "$tmp/coord" 2>&1 &
 cpid=$!
 for _ in $(seq 50); do grep -q listening "$tmp/coord" && break; sleep 0.1; done
 addr=$(sed -n 's/^listening //p' "$tmp/coord")
 role=(worker --architecture allreduce --model "$tmp/small.json" --workers 2 --iterations 100000 --policy wfbp
-      --coordinator "$addr" --peer-timeout 2s)
+      --coordinator "$addr" --peer-timeout 2s --secret-file "$tmp/secret")
 "$qs" "${role[@]}" --worker-id 0 > "$tmp/w0" 2>&1 & w0=$!
 "$qs" "${role[@]}" --worker-id 1 > "$tmp/w1" 2>&1 & w1=$!
 sleep 2; kill -STOP $w1
@@ -88,10 +89,21 @@ expect2() {
   "$qs" "$@" > /dev/null 2> "$tmp/err"; local rc=$?
   [ $rc -eq 2 ] && ok || bad "$what: exit $rc ($(head -1 "$tmp/err"))"
 }
-expect2 "no coordinator" worker --architecture allreduce --model "$tmp/small.json" --worker-id 0 --policy wfbp
+expect2 "no coordinator" worker --architecture allreduce --model "$tmp/small.json" --worker-id 0 --policy wfbp --insecure
 expect2 "bad algorithm" run "${common[@]}" --workers 2 --policy wfbp --gloo-algorithm nope
 expect2 "ps policy" run "${common[@]}" --workers 2 --policy mercury
-expect2 "server in allreduce" server --architecture allreduce --server-id 0 --model "$tmp/small.json" --policy wfbp
+expect2 "server in allreduce" server --architecture allreduce --server-id 0 --model "$tmp/small.json" --policy wfbp --insecure
+# A stranger without the secret gets nothing from the store: the workers still meet.
+"$qs" coordinator --architecture allreduce --workers 1 --listen 127.0.0.1:0 --timeout 20s --secret-file "$tmp/secret" > "$tmp/coord" 2> "$tmp/coord.err" &
+cpid=$!
+for _ in $(seq 50); do grep -q listening "$tmp/coord" && break; sleep 0.1; done
+addr=$(sed -n 's/^listening //p' "$tmp/coord")
+reply=$(printf 'get link0/0\n' | timeout 3 bash -c "exec 3<>/dev/tcp/${addr%:*}/${addr#*:}; cat >&3; timeout 1 cat <&3" 2>/dev/null | tr -d '\0' | head -c 4)
+"$qs" worker --architecture allreduce --model "$tmp/small.json" --workers 1 --worker-id 0 --iterations 2 --policy wfbp \
+  --coordinator "$addr" --secret-file "$tmp/secret" > /dev/null 2>&1; rc=$?
+wait $cpid
+[ "$reply" = "QSA1" ] && [ $rc -eq 0 ] && grep -q "refused" "$tmp/coord.err" && ok \
+  || bad "store: a stranger got '$reply', worker rc $rc, log: $(cat "$tmp/coord.err")"
 
 # Network namespaces with tc-shaped links (root only).
 if [ "$(id -u)" -eq 0 ] && command -v tc > /dev/null; then

@@ -120,5 +120,20 @@ expect_bad "--packet-size 1B" run --model vgg16 --policy mercury --packet-size 1
 expect_bad "--deft-exact-items must be in 0..20" simulate --architecture allreduce --policy deft --deft-exact-items 25
 "$qs" bogus-command > /dev/null 2>&1; [ $? -ne 0 ] && ok || bad "unknown subcommand accepted"
 
+# The cluster secret (docs/reliability.md): required by every role unless --insecure; its
+# file is bounded; the environment variable is the flag's default.
+printf '15 bytes secret' > "$tmp/short"
+head -c 32 /dev/urandom > "$tmp/secret"
+expect_bad "no cluster secret: give --secret-file FILE or set QUICKSILVER_SECRET_FILE" server --server-id 0 --policy mercury
+expect_bad "no cluster secret" worker --worker-id 0 --connect 127.0.0.1:1 --policy mercury
+expect_bad "no cluster secret" coordinator --listen 127.0.0.1:0
+expect_bad "--secret-file: secret file '$tmp/short' holds 15 bytes" server --server-id 0 --policy mercury --secret-file "$tmp/short"
+expect_bad "not a regular file" coordinator --listen 127.0.0.1:0 --secret-file /dev/zero
+expect_bad "--secret-file: secret file '$tmp/none'" worker --worker-id 0 --connect 127.0.0.1:1 --policy mercury --secret-file "$tmp/none"
+QUICKSILVER_SECRET_FILE="$tmp/short" expect_bad "QUICKSILVER_SECRET_FILE: secret file" coordinator --listen 127.0.0.1:0
+QUICKSILVER_SECRET_FILE="$tmp/secret" expect_bad "--insecure: QUICKSILVER_SECRET_FILE is set" coordinator --listen 127.0.0.1:0 --insecure
+expect_bad "excludes" server --server-id 0 --policy mercury --insecure --secret-file "$tmp/secret"
+"$qs" coordinator --help | grep -q "127.0.0.1:7000" && ok || bad "the coordinator's default address is not loopback"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

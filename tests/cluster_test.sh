@@ -62,6 +62,9 @@ took=$(( $(date +%s) - start ))
 [ $rc -ne 0 ] && grep -q "worker 1 failed" "$tmp/err" && [ $took -lt 30 ] && ok || bad "dying worker: rc $rc after ${took}s: $(cat "$tmp/err")"
 
 # Rendezvous through a coordinator: servers on ephemeral ports register, workers look up.
+# Every role reads the cluster secret from the environment here (--secret-file below).
+head -c 32 /dev/urandom > "$tmp/secret"
+export QUICKSILVER_SECRET_FILE="$tmp/secret"
 cjob=(--model "$tmp/small.json" --policy mercury --workers 2 --servers 2 --iterations 3)
 "$qs" coordinator --listen 127.0.0.1:0 --workers 2 --servers 2 --timeout 30s > "$tmp/c" 2>&1 & c=$!
 for _ in $(seq 100); do grep -q listening "$tmp/c" && break; sleep 0.05; done
@@ -77,8 +80,11 @@ else bad "coordinator rendezvous: rc $rc0/$rc1/$rcc: $(cat "$tmp/c" "$tmp/cw0" "
 "$qs" worker --worker-id 5 --coordinator 127.0.0.1:1 "${cjob[@]}" --connect-timeout 1s > /dev/null 2> "$tmp/e"; rc=$?
 [ $rc -eq 2 ] && grep -q "coordinator" "$tmp/e" && ok || bad "unreachable coordinator: rc $rc: $(cat "$tmp/e")"
 
+unset QUICKSILVER_SECRET_FILE
+
 # A server killed outright (SIGKILL) mid-run: every worker fails fast, naming the server.
-job=(--model "$tmp/small.json" --policy mercury --workers 2 --servers 2 --iterations 1000 --peer-timeout 10s)
+job=(--model "$tmp/small.json" --policy mercury --workers 2 --servers 2 --iterations 1000 --peer-timeout 10s
+     --secret-file "$tmp/secret")
 "$qs" server --server-id 0 --listen 127.0.0.1:0 "${job[@]}" > "$tmp/s0" 2>&1 & s0=$!
 "$qs" server --server-id 1 --listen 127.0.0.1:0 "${job[@]}" > "$tmp/s1" 2>&1 & s1=$!
 for _ in $(seq 100); do grep -q listening "$tmp/s0" && grep -q listening "$tmp/s1" && break; sleep 0.05; done

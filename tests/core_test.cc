@@ -9,6 +9,7 @@
 #include "quicksilver/core/bandwidth_schedule.h"
 #include "quicksilver/core/check.h"
 #include "quicksilver/core/priority_fifo.h"
+#include "quicksilver/core/reservoir.h"
 #include "quicksilver/core/rng.h"
 #include "quicksilver/core/status.h"
 #include "quicksilver/core/text_table.h"
@@ -245,6 +246,34 @@ TEST(BandwidthSchedule, RandomSpecIsSeededAndBounded) {
   }
   EXPECT_FALSE(BandwidthSchedule::parse_random("random:10Gbps:1Gbps:5s", 1).is_ok());
   EXPECT_FALSE(BandwidthSchedule::parse_random("random:1Gbps:10Gbps", 1).is_ok());
+}
+
+// Statistics over a run of any length hold a fixed number of values (issue 15: the
+// queue-delay samples grew by ~7.8 KB per iteration without bound).
+TEST(Reservoir, HoldsAtMostItsCapacityWhateverTheStreamLength) {
+  Reservoir r(1000);
+  for (TimeNs v = 1; v <= 1'000'000; ++v) r.add(v);
+  EXPECT_EQ(r.count(), 1'000'000u);
+  EXPECT_EQ(r.size(), 1000u);
+  EXPECT_EQ(r.percentile(100), 1'000'000);  // the maximum is exact
+  // A uniform sample: the median within a few standard errors (1/sqrt(1000) ~ 3 %).
+  EXPECT_NEAR(static_cast<double>(r.percentile(50)), 500'000.0, 60'000.0);
+  EXPECT_NEAR(static_cast<double>(r.percentile(99)), 990'000.0, 15'000.0);
+}
+
+TEST(Reservoir, IsExactUpToItsCapacityAndSeeded) {
+  Reservoir r(100), empty(100);
+  EXPECT_EQ(empty.percentile(50), 0);
+  for (TimeNs v = 100; v >= 1; --v) r.add(v);
+  EXPECT_EQ(r.percentile(50), 50);
+  EXPECT_EQ(r.percentile(99), 99);
+  EXPECT_EQ(r.percentile(0), 1);
+  Reservoir a(10, 7), b(10, 7);
+  for (TimeNs v = 0; v < 1000; ++v) {
+    a.add(v);
+    b.add(v);
+  }
+  for (double p : {10.0, 50.0, 90.0}) EXPECT_EQ(a.percentile(p), b.percentile(p));
 }
 
 }  // namespace

@@ -4,9 +4,17 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "quicksilver/core/check.h"
@@ -18,6 +26,7 @@ namespace {
 
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 LayerSpec layer(const std::string& name, TimeNs fwd, TimeNs bwd, std::vector<std::int64_t> elems) {
   LayerSpec l;
@@ -68,11 +77,18 @@ struct ClusterRun {
   double seconds = 0;
 };
 
+// What a test may change in run_cluster: each server's options, and what happens once the
+// servers run and before the workers start (an attacker's connections).
+struct ClusterHooks {
+  std::function<void(ServerOptions&)> server;
+  std::function<void(const std::vector<Endpoint>&, std::vector<std::unique_ptr<Server>>&)> before_workers;
+};
+
 // Runs M servers and N workers as threads. `tweak` may change one worker's options. Every
 // node is stopped if the whole run exceeds `limit`, so a bug shows as a failure, not a hang.
 ClusterRun run_cluster(const JobOptions& job,
                        const std::function<void(WorkerOptions&)>& tweak = nullptr,
-                       std::chrono::seconds limit = std::chrono::seconds(30)) {
+                       std::chrono::seconds limit = std::chrono::seconds(30), const ClusterHooks& hooks = {}) {
   ClusterRun out;
   std::vector<std::unique_ptr<Server>> servers;
   std::vector<Endpoint> endpoints;
@@ -80,6 +96,7 @@ ClusterRun run_cluster(const JobOptions& job,
     ServerOptions so;
     so.job = job;
     so.server_id = s;
+    if (hooks.server) hooks.server(so);
     auto srv = Server::create(so);
     QS_CHECK_MSG(srv.is_ok(), srv.status().to_string());
     endpoints.push_back(Endpoint{"127.0.0.1", (*srv)->port()});
@@ -99,6 +116,7 @@ ClusterRun run_cluster(const JobOptions& job,
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::future<Status>> sf;
   for (auto& s : servers) sf.push_back(std::async(std::launch::async, [&s] { return s->run(); }));
+  if (hooks.before_workers) hooks.before_workers(endpoints, servers);
   std::vector<std::future<Result<WorkerReport>>> wf;
   for (auto& w : workers) wf.push_back(std::async(std::launch::async, [&w] { return w->run(); }));
   const auto deadline = t0 + limit;
@@ -415,6 +433,292 @@ TEST(Runtime, OracleRunsTheComputeChainAlone) {
     EXPECT_GE(w->median_iteration, job.profile.compute_time());
     EXPECT_LT(w->median_iteration, job.profile.compute_time() + 50 * kNsPerMs);
   }
+}
+
+// ---- Who may connect, and what strangers can hold (issue 15; docs/reliability.md) ----
+
+std::shared_ptr<const transport::Secret> make_secret(const std::string& text) {
+  auto s = transport::Secret::from_bytes(text);
+  QS_CHECK_MSG(s.is_ok(), s.status().to_string());
+  return std::make_shared<const transport::Secret>(std::move(*s));
+}
+
+// The server's log lines, collected from its loop thread.
+struct LogLines {
+  std::mutex mu;
+  std::vector<std::string> lines;  // guarded by mu
+  std::function<void(std::string_view)> sink() {
+    return [this](std::string_view l) {
+      std::lock_guard<std::mutex> g(mu);
+      lines.emplace_back(l);
+    };
+  }
+  std::string all() {
+    std::lock_guard<std::mutex> g(mu);
+    std::string out;
+    for (const auto& l : lines) out += l + "\n";
+    return out;
+  }
+};
+
+transport::Fd raw_connect(const Endpoint& e) {
+  auto fd = transport::connect_tcp(e.host, e.port, transport::SteadyClock::instance().now() + 5 * kNsPerSec);
+  QS_CHECK_MSG(fd.is_ok(), fd.status().to_string());
+  timeval tv{5, 0};
+  ::setsockopt(fd->get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return std::move(*fd);
+}
+
+// Reads until the peer closes (or 5 s pass); returns what arrived.
+std::string read_to_end(int fd) {
+  std::string got;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  return got;
+}
+
+// Waits up to 10 s for `pred`.
+bool eventually(const std::function<bool()>& pred) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+void expect_exact_run(const ClusterRun& r, const JobOptions& job) {
+  for (const Status& s : r.servers) EXPECT_TRUE(s.is_ok()) << s.to_string();
+  for (const auto& w : r.workers) {
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    EXPECT_EQ(w->iterations_verified, job.iterations);
+  }
+}
+
+// Forwards bytes both ways between `a` and `b` until `enough` bytes went from a to b;
+// returns them (an eavesdropper's recording of one direction).
+std::string relay_and_record(int a, int b, std::size_t enough) {
+  std::string rec;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (rec.size() < enough && std::chrono::steady_clock::now() < until) {
+    pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    if (::poll(p, 2, 100) <= 0) continue;
+    char buf[4096];
+    if (p[0].revents & (POLLIN | POLLHUP)) {
+      const ssize_t n = ::recv(a, buf, std::min(sizeof buf, enough - rec.size()), 0);
+      if (n <= 0) break;
+      rec.append(buf, static_cast<std::size_t>(n));
+      (void)::send(b, buf, static_cast<std::size_t>(n), MSG_NOSIGNAL);
+    }
+    if (p[1].revents & (POLLIN | POLLHUP)) {
+      const ssize_t n = ::recv(b, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      (void)::send(a, buf, static_cast<std::size_t>(n), MSG_NOSIGNAL);
+    }
+  }
+  return rec;
+}
+
+// Issue 15: replaying a captured hello before the real worker 1 connected got an impostor
+// accepted (the real worker refused, the impostor's pushes summed). Now the server's fresh
+// nonce makes a recording worthless: the replay is refused without a word, and the real
+// worker gets in with exact sums.
+TEST(RuntimeSecurity, ARecordedWorkerHandshakeCannotBeReplayed) {
+  const auto secret = make_secret("a cluster secret of 32 bytes....");
+  const JobOptions job = small_job("mercury", 2, 1);
+  // 1. An eavesdropper between the real worker 1 and a server of the same job records
+  //    what the worker sends: its authentication (68 bytes) and its hello (48 bytes).
+  std::string recorded;
+  {
+    ServerOptions so;
+    so.job = job;
+    so.secret = secret;
+    auto srv = Server::create(so);
+    ASSERT_TRUE(srv.is_ok());
+    auto server_run = std::async(std::launch::async, [&] { return (*srv)->run(); });
+    auto relay = transport::listen_tcp("127.0.0.1", 0);
+    ASSERT_TRUE(relay.is_ok());
+    WorkerOptions wo;
+    wo.job = job;
+    wo.worker_id = 1;
+    wo.secret = secret;
+    wo.servers = {Endpoint{"127.0.0.1", *transport::local_port(relay->get())}};
+    auto worker = Worker::create(wo);
+    ASSERT_TRUE(worker.is_ok());
+    auto worker_run = std::async(std::launch::async, [&] { return (*worker)->run(); });
+    transport::Fd from_worker;
+    ASSERT_TRUE(eventually([&] {
+      auto a = transport::accept_tcp(relay->get());
+      if (a.is_ok() && a->valid()) from_worker = std::move(*a);
+      return from_worker.valid();
+    }));
+    transport::Fd to_server = raw_connect(Endpoint{"127.0.0.1", (*srv)->port()});
+    recorded = relay_and_record(from_worker.get(), to_server.get(), 68 + 48);
+    (*worker)->request_stop("recorded");
+    (*srv)->request_stop("recorded");
+    (void)worker_run.get();
+    (void)server_run.get();
+  }
+  ASSERT_EQ(recorded.size(), 68u + 48u);
+  // 2. A new run of the same job: the recording is replayed before the real worker 1.
+  LogLines log;
+  std::string answered;
+  ClusterHooks hooks;
+  hooks.server = [&](ServerOptions& so) {
+    so.secret = secret;
+    so.log = log.sink();
+  };
+  hooks.before_workers = [&](const std::vector<Endpoint>& at, std::vector<std::unique_ptr<Server>>& servers) {
+    transport::Fd impostor = raw_connect(at[0]);
+    char nonce[36];
+    ASSERT_EQ(::recv(impostor.get(), nonce, sizeof nonce, MSG_WAITALL), 36);
+    ASSERT_EQ(::send(impostor.get(), recorded.data(), recorded.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(recorded.size()));
+    answered = read_to_end(impostor.get());
+    ASSERT_TRUE(eventually([&] { return servers[0]->counters().refused == 1; }));
+  };
+  ClusterRun r = run_cluster(job, [&](WorkerOptions& w) { w.secret = secret; }, std::chrono::seconds(30), hooks);
+  expect_exact_run(r, job);
+  EXPECT_EQ(answered, "") << "the impostor must learn nothing: no proof, no hello, no error text";
+  EXPECT_THAT(log.all(), HasSubstr("server 0: refused 127.0.0.1:"));
+  EXPECT_THAT(log.all(), HasSubstr("authentication failed"));
+}
+
+// A worker with another secret, one with none, and a stray line of the rendezvous protocol
+// are each refused; the job's own workers then run with exact sums.
+TEST(RuntimeSecurity, PeersWithoutTheSecretAreRefusedAndTheJobRuns) {
+  const auto secret = make_secret("the cluster's own secret");
+  const JobOptions job = small_job("mercury", 2, 1);
+  LogLines log;
+  ClusterHooks hooks;
+  Result<WorkerReport> wrong = internal_error("not run"), none = internal_error("not run");
+  hooks.server = [&](ServerOptions& so) {
+    so.secret = secret;
+    so.log = log.sink();
+    so.limits.handshake_timeout = kNsPerSec;  // the stray line never completes one
+  };
+  hooks.before_workers = [&](const std::vector<Endpoint>& at, std::vector<std::unique_ptr<Server>>& servers) {
+    WorkerOptions wo;
+    wo.job = job;
+    wo.job.connect_timeout = 2 * kNsPerSec;
+    wo.worker_id = 1;
+    wo.servers = at;
+    wo.secret = make_secret("an attacker's guessed secret");
+    wrong = run_worker(wo);
+    wo.secret = nullptr;
+    none = run_worker(wo);
+    transport::Fd stray = raw_connect(at[0]);
+    ASSERT_EQ(::send(stray.get(), "server 0 4444\n", 14, MSG_NOSIGNAL), 14);
+    EXPECT_EQ(read_to_end(stray.get()).size(), 36u);  // the server's nonce, nothing else
+    ASSERT_TRUE(eventually([&] { return servers[0]->counters().refused == 3; }));
+  };
+  ClusterRun r = run_cluster(job, [&](WorkerOptions& w) { w.secret = secret; }, std::chrono::seconds(30), hooks);
+  expect_exact_run(r, job);
+  ASSERT_FALSE(wrong.is_ok());
+  EXPECT_THAT(wrong.status().message(), HasSubstr("a different secret?"));
+  ASSERT_FALSE(none.is_ok());
+  EXPECT_THAT(log.all(), HasSubstr("did not start a Quicksilver authentication"));
+  EXPECT_THAT(log.all(), Not(HasSubstr("hash")));  // no job detail in what strangers cause
+}
+
+// Issue 15: 2,300 garbage connections took a server from 5 to 592 MB, every closed one
+// kept until exit. Now a refused connection is freed as soon as its callback returns.
+TEST(RuntimeSecurity, RefusedConnectionsAreFreedNotKept) {
+  for (bool with_secret : {false, true}) {
+    SCOPED_TRACE(with_secret ? "with a secret" : "without a secret");
+    const auto secret = with_secret ? make_secret("the cluster's own secret") : nullptr;
+    const JobOptions job = small_job("mercury", 2, 1);
+    constexpr int kGarbage = 200;
+    ClusterHooks hooks;
+    hooks.server = [&](ServerOptions& so) { so.secret = secret; };
+    hooks.before_workers = [&](const std::vector<Endpoint>& at, std::vector<std::unique_ptr<Server>>& servers) {
+      const std::string junk(transport::kHeaderSize + transport::Handshake::kMagicBytes + 64, '\x51');
+      for (int i = 0; i < kGarbage; ++i) {
+        transport::Fd g = raw_connect(at[0]);
+        (void)::send(g.get(), junk.data(), junk.size(), MSG_NOSIGNAL);
+        (void)read_to_end(g.get());  // until the server closes it
+      }
+      ASSERT_TRUE(eventually([&] { return servers[0]->counters().refused == kGarbage; }));
+      ASSERT_TRUE(eventually([&] { return servers[0]->counters().held == 0; }))
+          << servers[0]->counters().held << " connections still held";
+    };
+    ClusterRun r = run_cluster(job, [&](WorkerOptions& w) { w.secret = secret; }, std::chrono::seconds(30), hooks);
+    expect_exact_run(r, job);
+  }
+}
+
+// A connection that never speaks is closed at the handshake deadline, and at most
+// max_pending wait at once (the oldest go first).
+TEST(RuntimeSecurity, SilentConnectionsAreCappedAndTimedOut) {
+  const auto secret = make_secret("the cluster's own secret");
+  const JobOptions job = small_job("mercury", 2, 1);
+  constexpr int kSilent = 20, kCap = 8;
+  ClusterHooks hooks;
+  hooks.server = [&](ServerOptions& so) {
+    so.secret = secret;
+    so.limits.max_pending = kCap;
+    so.limits.handshake_timeout = 500 * kNsPerMs;
+  };
+  hooks.before_workers = [&](const std::vector<Endpoint>& at, std::vector<std::unique_ptr<Server>>& servers) {
+    std::vector<transport::Fd> silent;
+    for (int i = 0; i < kSilent; ++i) silent.push_back(raw_connect(at[0]));
+    ASSERT_TRUE(eventually([&] { return servers[0]->counters().accepted == kSilent; }));
+    const Server::Counters c = servers[0]->counters();
+    EXPECT_LE(c.pending, kCap);
+    EXPECT_GE(c.refused, kSilent - kCap);
+    ASSERT_TRUE(eventually([&] { return servers[0]->counters().pending == 0; }));
+    EXPECT_EQ(servers[0]->counters().refused, kSilent);
+    for (auto& fd : silent) EXPECT_EQ(read_to_end(fd.get()).size(), 36u);  // a nonce, then the end
+  };
+  ClusterRun r = run_cluster(job, [&](WorkerOptions& w) { w.secret = secret; }, std::chrono::seconds(30), hooks);
+  expect_exact_run(r, job);
+}
+
+// Issue 15: with `ulimit -n 64` and 60 idle connections, accept failed with EMFILE and
+// killed the server and the job. Now accepting pauses and resumes; the job runs.
+TEST(RuntimeSecurity, RunningOutOfDescriptorsPausesAcceptingAndTheJobRuns) {
+  const JobOptions job = small_job("mercury", 2, 1);
+  LogLines log;
+  ClusterHooks hooks;
+  hooks.server = [&](ServerOptions& so) {
+    so.log = log.sink();
+    so.limits.handshake_timeout = 300 * kNsPerMs;
+    so.limits.backoff = 20 * kNsPerMs;
+  };
+  hooks.before_workers = [&](const std::vector<Endpoint>& at, std::vector<std::unique_ptr<Server>>& servers) {
+    // Sockets to connect later, then every free descriptor taken: the server's accept
+    // (same process) then has none.
+    std::vector<transport::Fd> clients, fillers;
+    for (int i = 0; i < 8; ++i) clients.emplace_back(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    rlimit old{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+    rlimit low = old;
+    low.rlim_cur = std::min<rlim_t>(old.rlim_cur, 4096);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+    for (;;) {
+      const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) break;
+      fillers.emplace_back(fd);
+    }
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(at[0].port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (auto& c : clients) ASSERT_EQ(::connect(c.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const bool failed = eventually([&] { return servers[0]->counters().accept_failures >= 1; });
+    fillers.clear();
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+    ASSERT_TRUE(failed);
+    // Once descriptors are back, the waiting connections are accepted (and, silent, closed).
+    ASSERT_TRUE(eventually([&] { return servers[0]->counters().accepted == 8; }));
+  };
+  ClusterRun r = run_cluster(job, nullptr, std::chrono::seconds(30), hooks);
+  expect_exact_run(r, job);
+  EXPECT_THAT(log.all(), HasSubstr("accepting paused"));
 }
 
 }  // namespace

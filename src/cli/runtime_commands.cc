@@ -2,7 +2,10 @@
 // (quicksilver/runtime/runtime.h, rendezvous.h, launcher.h), output out.
 #include "runtime_commands.h"
 
+#include <cstdlib>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -12,6 +15,7 @@
 #include "quicksilver/runtime/rendezvous.h"
 #include "quicksilver/runtime/report_codec.h"
 #include "quicksilver/runtime/runtime.h"
+#include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/socket.h"
 
 namespace qs::cli {
@@ -24,8 +28,48 @@ void add_commit_window_flag(CLI::App* app, std::string* window) {
       ->capture_default_str();
 }
 
+void add_secret_flags(CLI::App* app, std::string* file, bool* insecure) {
+  auto* secret = app->add_option("--secret-file", *file,
+                                 "The cluster secret: FILE's whole content (16..4096 bytes), the same on every "
+                                 "node; default $QUICKSILVER_SECRET_FILE");
+  app->add_flag("--insecure", *insecure,
+                "Run without a secret: any peer that can reach this node may join (a trusted network only)")
+      ->excludes(secret);
+}
+
+// The cluster secret of a role: --secret-file, else $QUICKSILVER_SECRET_FILE (the only place
+// that variable is read); none only with --insecure.
+Result<std::shared_ptr<const transport::Secret>> load_secret(const std::string& file, bool insecure) {
+  std::string path = file;
+  std::string from = "--secret-file";
+  if (path.empty()) {
+    const char* env = std::getenv("QUICKSILVER_SECRET_FILE");
+    if (env != nullptr && *env != '\0') {
+      path = env;
+      from = "QUICKSILVER_SECRET_FILE";
+    }
+  }
+  if (path.empty()) {
+    if (insecure) return std::shared_ptr<const transport::Secret>();
+    return invalid_argument(
+        "no cluster secret: give --secret-file FILE or set QUICKSILVER_SECRET_FILE (the file's whole content, 16 to "
+        "4096 bytes, is the secret: e.g. head -c 32 /dev/urandom > FILE; chmod 600 FILE), or --insecure on a network "
+        "where every host is trusted");
+  }
+  if (insecure) return invalid_argument("--insecure: QUICKSILVER_SECRET_FILE is set; unset it to run without a secret");
+  auto secret = transport::Secret::from_file(path);
+  if (!secret) return secret.status().with_context(from);
+  return std::make_shared<const transport::Secret>(std::move(*secret));
+}
+
+// Log lines of a node (refused peers, paused accepts) on stderr.
+std::function<void(std::string_view)> stderr_log() {
+  return [](std::string_view line) { std::cerr << "quicksilver " << line << std::endl; };
+}
+
 void add_role_common(CLI::App* app, RoleFlags* f) {
   add_sim_flags(app, &f->sim);
+  add_secret_flags(app, &f->secret_file, &f->insecure);
   app->add_option("--congestion", f->congestion, "TCP congestion control (TCP_CONGESTION)")->capture_default_str();
   app->add_option("--connect-timeout", f->connect_timeout, "Rendezvous deadline")->capture_default_str();
   app->add_option("--peer-timeout", f->peer_timeout, "Longest silence from a peer before failing")->capture_default_str();
@@ -98,7 +142,10 @@ void add_coordinator_flags(CLI::App* app, CoordinatorFlags* f) {
   app->add_option("--architecture", f->architecture,
                   "ps (servers register, workers look them up) or allreduce (the gloo rendezvous store)")
       ->capture_default_str();
-  app->add_option("--listen", f->listen, "HOST:PORT to listen on")->capture_default_str();
+  app->add_option("--listen", f->listen,
+                  "HOST:PORT to listen on (loopback by default; 0.0.0.0 for every interface)")
+      ->capture_default_str();
+  add_secret_flags(app, &f->secret_file, &f->insecure);
   app->add_option("--workers", f->workers, "Number of workers of the job")->capture_default_str();
   app->add_option("--servers", f->servers, "Number of servers of the job")->capture_default_str();
   app->add_option("--timeout", f->timeout, "Give up after this long")->capture_default_str();
@@ -109,18 +156,24 @@ int run_coordinator(const CoordinatorFlags& f) {
   auto timeout = parse_time(f.timeout);
   if (!ep) return fail("quicksilver coordinator", ep.status());
   if (!timeout) return fail("quicksilver coordinator", timeout.status().with_context("--timeout"));
+  Status size = runtime::check_job_size(f.workers, f.servers);  // bad input first, the secret after
+  if (!size.is_ok()) return fail("quicksilver coordinator", size);
+  if (f.architecture != "ps" && f.architecture != "allreduce") {
+    return fail("quicksilver coordinator", invalid_argument("--architecture must be ps or allreduce"));
+  }
+  auto secret = load_secret(f.secret_file, f.insecure);
+  if (!secret) return fail("quicksilver coordinator", secret.status());
   if (f.architecture == "allreduce") {
-    auto store = runtime::StoreServer::create(*ep, f.workers, *timeout);
+    auto store = runtime::StoreServer::create(*ep, f.workers, *timeout, *secret);
     if (!store) return fail("quicksilver coordinator", store.status());
     std::cout << "listening " << ep->host << ":" << (*store)->port() << std::endl;
     Status s = (*store)->run();
     if (!s.is_ok()) return fail("quicksilver", s, 1);
     return 0;
   }
-  if (f.architecture != "ps") {
-    return fail("quicksilver coordinator", invalid_argument("--architecture must be ps or allreduce"));
-  }
   runtime::CoordinatorOptions o{*ep, f.workers, f.servers, *timeout};
+  o.secret = *secret;
+  o.log = stderr_log();
   auto c = runtime::Coordinator::create(o);
   if (!c) return fail("quicksilver coordinator", c.status());
   std::cout << "listening " << ep->host << ":" << (*c)->port() << std::endl;
@@ -133,7 +186,9 @@ int run_coordinator(const CoordinatorFlags& f) {
 void add_server_flags(CLI::App* app, RoleFlags* f) {
   add_role_common(app, f);
   app->add_option("--server-id", f->id, "This server's index, 0..M-1")->required();
-  app->add_option("--listen", f->listen, "HOST:PORT to listen on (port 0: ephemeral)")->capture_default_str();
+  app->add_option("--listen", f->listen,
+                  "HOST:PORT to listen on (port 0: ephemeral; loopback by default, 0.0.0.0 for every interface)")
+      ->capture_default_str();
   app->add_option("--coordinator", f->coordinator, "HOST:PORT of the job's coordinator to register with");
 }
 
@@ -168,7 +223,8 @@ Result<runtime::GlooAlgorithm> gloo_algorithm(const RoleFlags& f) {
                           ": gloo has no such algorithm; use ring or rhd, or --gloo-algorithm");
 }
 
-int run_collective_role(const RoleFlags& f, runtime::JobOptions job) {
+int run_collective_role(const RoleFlags& f, runtime::JobOptions job,
+                        std::shared_ptr<const transport::Secret> secret) {
   const std::string who = "quicksilver worker " + std::to_string(f.id);
   runtime::CollectiveOptions o;
   o.job = std::move(job);
@@ -186,6 +242,7 @@ int run_collective_role(const RoleFlags& f, runtime::JobOptions job) {
   auto coord = parse_endpoint(f.coordinator, "--coordinator");
   if (!coord) return fail("quicksilver worker", coord.status());
   o.store = *coord;
+  o.secret = std::move(secret);
   const bool second = f.sim.second_link != 0;
   if (f.links.empty()) {
     o.links = {"127.0.0.1"};
@@ -230,20 +287,24 @@ int run_server_role(const RoleFlags& f) {
   if (!job) return fail("quicksilver server", job.status());
   auto ep = parse_endpoint(f.listen, "--listen");
   if (!ep) return fail("quicksilver server", ep.status());
+  if (!f.sim.trace.empty()) {
+    return fail("quicksilver server", "--trace: a server records no timeline (give --trace to the workers)");
+  }
+  auto secret = load_secret(f.secret_file, f.insecure);
+  if (!secret) return fail("quicksilver server", secret.status());
   runtime::ServerOptions o;
   o.job = std::move(*job);
   o.server_id = f.id;
   o.listen = *ep;
-  if (!f.sim.trace.empty()) {
-    return fail("quicksilver server", "--trace: a server records no timeline (give --trace to the workers)");
-  }
+  o.secret = *secret;
+  o.log = stderr_log();
   auto server = runtime::Server::create(std::move(o));
   if (!server) return fail("quicksilver server", server.status());
   // The launcher reads this line to learn an ephemeral port.
   std::cout << "listening " << ep->host << ":" << (*server)->port() << std::endl;
   if (!f.coordinator.empty()) {
     auto coord = parse_endpoint(f.coordinator, "--coordinator");
-    Status reg = coord ? runtime::register_server(*coord, f.id, (*server)->port(), o_timeout(f))
+    Status reg = coord ? runtime::register_server(*coord, f.id, (*server)->port(), o_timeout(f), secret->get())
                        : coord.status();
     if (!reg.is_ok()) return fail("quicksilver server " + std::to_string(f.id), reg);
   }
@@ -259,9 +320,12 @@ int run_server_role(const RoleFlags& f) {
 int run_worker_role(const RoleFlags& f) {
   auto job = make_job_options(f);
   if (!job) return fail("quicksilver worker", job.status());
-  if (f.sim.architecture == "allreduce") return run_collective_role(f, std::move(*job));
+  auto secret = load_secret(f.secret_file, f.insecure);
+  if (!secret) return fail("quicksilver worker", secret.status());
+  if (f.sim.architecture == "allreduce") return run_collective_role(f, std::move(*job), *secret);
   runtime::WorkerOptions o;
   o.job = std::move(*job);
+  o.secret = *secret;
   o.worker_id = f.id;
   o.compute_factor = f.compute_factor;
   o.warmup = f.sim.warmup;
@@ -273,7 +337,8 @@ int run_worker_role(const RoleFlags& f) {
   }
   if (!f.coordinator.empty()) {
     auto coord = parse_endpoint(f.coordinator, "--coordinator");
-    auto list = coord ? runtime::lookup_servers(*coord, f.id, o_timeout(f)) : Result<std::vector<runtime::Endpoint>>(coord.status());
+    auto list = coord ? runtime::lookup_servers(*coord, f.id, o_timeout(f), secret->get())
+                      : Result<std::vector<runtime::Endpoint>>(coord.status());
     if (!list) return fail("quicksilver worker " + std::to_string(f.id), list.status());
     o.servers = *list;
   }

@@ -27,6 +27,8 @@ struct RoleFlags {
   // gloo's algorithm (default: from --allreduce).
   std::vector<std::string> links;
   std::string gloo_algorithm;
+  std::string secret_file;      // the cluster secret (else $QUICKSILVER_SECRET_FILE)
+  bool insecure = false;        // no secret, no authentication (a trusted network only)
 };
 
 struct RunFlags {
@@ -45,11 +47,15 @@ struct RunFlags {
 };
 
 struct CoordinatorFlags {
+  // Loopback unless told otherwise: listening on every interface is a choice to make
+  // explicitly (docs/reliability.md).
   std::string architecture = "ps";  // allreduce: serve the gloo rendezvous store
-  std::string listen = "0.0.0.0:7000";
+  std::string listen = "127.0.0.1:7000";
   int workers = 4;
   int servers = 4;
   std::string timeout = "300s";
+  std::string secret_file;
+  bool insecure = false;
 };
 
 void add_coordinator_flags(CLI::App* app, CoordinatorFlags* f);

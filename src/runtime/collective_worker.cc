@@ -357,7 +357,7 @@ struct CollectiveWorker final : Exchange {
   // coordinator's store. gloo throws on failure.
   Status connect() {
     const JobOptions& job = opts.job;
-    QS_ASSIGN_OR_RETURN(store_client, StoreClient::connect(opts.store, job.connect_timeout));
+    QS_ASSIGN_OR_RETURN(store_client, StoreClient::connect(opts.store, job.connect_timeout, opts.secret.get()));
     CoordinatorStore store(*store_client, job.connect_timeout);
     auto make = [&](const std::string& prefix, const std::string& host) {
       gloo::transport::tcp::attr attr;

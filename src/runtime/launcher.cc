@@ -27,6 +27,7 @@
 #include "quicksilver/runtime/netns.h"
 #include "quicksilver/runtime/report_codec.h"
 #include "quicksilver/sim/simulator.h"
+#include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/socket.h"
 
 namespace qs {
@@ -226,16 +227,24 @@ struct PolicyRun {
   std::vector<runtime::WorkerReport> workers;
 };
 
-// The arguments every child of one policy's run shares: the job, its knobs, the transport.
-std::vector<std::string> job_args(const Job& job, const std::string& profile_path, const std::string& policy,
+// The files a run's children share, in the run's private temporary directory (0700).
+struct RunFiles {
+  std::string profile;  // the (scaled) job profile
+  std::string secret;   // the run's cluster secret (0600), new for every run
+};
+
+// The arguments every child of one policy's run shares: the job, its knobs, the transport,
+// the secret.
+std::vector<std::string> job_args(const Job& job, const RunFiles& files, const std::string& policy,
                                   const LaunchOptions& f) {
+  const std::string& profile_path = files.profile;
   std::vector<std::string> args = {"--model", profile_path, "--policy", policy, "--workers",
                                    std::to_string(job.cluster.workers), "--servers", std::to_string(job.cluster.servers),
                                    "--iterations", std::to_string(job.sim.iterations), "--warmup",
                                    std::to_string(job.sim.warmup), "--bandwidth",
                                    std::to_string(job.cluster.bandwidth.bits_per_second) + "bps", "--seed",
                                    std::to_string(job.sim.seed), "--congestion", f.congestion, "--commit-window",
-                                   std::to_string(f.commit_window) + "ns"};
+                                   std::to_string(f.commit_window) + "ns", "--secret-file", files.secret};
   if (job.cluster.architecture == Architecture::kAllReduce) {
     args.insert(args.end(), {"--architecture", "allreduce"});
     if (job.cluster.second_link_slowdown != 0) {
@@ -265,13 +274,14 @@ CpuTicks cpu_ticks() {
 }
 
 Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const LaunchOptions& f,
-                             runtime::NetnsCluster* cluster, double goodput_ratio, const std::string& profile_path,
+                             runtime::NetnsCluster* cluster, double goodput_ratio, const RunFiles& files,
                              Logger& log) {
+  const std::string& profile_path = files.profile;
   const std::string& exe = f.executable;
   const TimeNs timeout = f.timeout;
   const int n = job.cluster.workers;
   const int m = job.cluster.architecture == Architecture::kAllReduce ? 1 : job.cluster.servers;  // + the coordinator
-  std::vector<std::string> base = job_args(job, profile_path, policy, f);
+  std::vector<std::string> base = job_args(job, files, policy, f);
   const CpuTicks cpu_before = cpu_ticks();
   // What each link carried (netns: the bridge side's counters of every worker's veths).
   auto link_bytes = [&](int link) -> std::uint64_t {
@@ -296,7 +306,7 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
     const std::string host = cluster ? cluster->address(s) : "127.0.0.1";
     if (allreduce) {
       a = {"coordinator", "--architecture", "allreduce", "--workers", std::to_string(n), "--listen", host + ":0",
-           "--timeout", std::to_string(timeout) + "ns"};
+           "--timeout", std::to_string(timeout) + "ns", "--secret-file", files.secret};
     } else {
       a = {"server", "--server-id", std::to_string(s)};
       a.insert(a.end(), base.begin(), base.end());
@@ -720,8 +730,11 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
       std::filesystem::remove_all(path, ec);
     }
   } remove_tmp{tmpl};
-  const std::string profile_path = (remove_tmp.path / "profile.json").string();
-  QS_RETURN_IF_ERROR(save_profile(job.profile, profile_path));
+  const RunFiles files{(remove_tmp.path / "profile.json").string(), (remove_tmp.path / "secret").string()};
+  QS_RETURN_IF_ERROR(save_profile(job.profile, files.profile));
+  // Every child authenticates its peers with it: a process outside this run that reaches a
+  // server's port (another user's, on loopback) cannot join.
+  QS_RETURN_IF_ERROR(transport::Secret::generate().write_file(files.secret));
   g_interrupted = 0;
   struct sigaction old_int {}, old_term {};
   if (f.catch_signals) {
@@ -766,7 +779,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     out.goodput_fraction = goodput_ratio;
   }
   for (const std::string& p : job.policies) {
-    auto run = run_policy(job, p, f, cluster.get(), goodput_ratio, profile_path, log);
+    auto run = run_policy(job, p, f, cluster.get(), goodput_ratio, files, log);
     if (!run) {
       log(p + ": " + run.status().message());
       out.failures.emplace_back(p, run.status());

@@ -1,11 +1,13 @@
 #include "quicksilver/runtime/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -64,11 +66,20 @@ Result<std::string> read_line(int fd, TimeNs deadline, std::string* buffer) {
   }
 }
 
-// One request/response exchange with the coordinator.
-Result<std::string> ask(const Endpoint& coordinator, const std::string& request, TimeNs timeout) {
+// One request/response exchange with the coordinator, authenticated first when there is
+// a secret.
+Result<std::string> ask(const Endpoint& coordinator, const std::string& request, TimeNs timeout,
+                        const transport::Secret* secret) {
   const TimeNs deadline = steady_now() + timeout;
+  const std::string who = "coordinator " + coordinator.host + ":" + std::to_string(coordinator.port);
   auto fd = transport::connect_tcp(coordinator.host, coordinator.port, deadline);
-  if (!fd) return fd.status().with_context("coordinator " + coordinator.host + ":" + std::to_string(coordinator.port));
+  if (!fd) return fd.status().with_context(who);
+  if (secret != nullptr) {
+    QS_RETURN_IF_ERROR(transport::authenticate(fd->get(), *secret, transport::AuthRole::kConnector,
+                                               kRendezvousAuthContext,
+                                               std::max<TimeNs>(deadline - steady_now(), kNsPerMs))
+                           .with_context(who));
+  }
   QS_RETURN_IF_ERROR(send_line(fd->get(), request));
   std::string buffer;
   QS_ASSIGN_OR_RETURN(std::string reply, read_line(fd->get(), deadline, &buffer));
@@ -78,9 +89,13 @@ Result<std::string> ask(const Endpoint& coordinator, const std::string& request,
 
 struct Client {
   transport::Fd fd;
+  std::string from;       // "address:port", for log lines
+  std::string peer_host;  // the address alone: a registering server's host
+  std::unique_ptr<transport::Handshake> auth;  // while authenticating
+  short events = POLLIN;
   std::string buffer;
-  std::string peer_host;
-  int worker = -1;  // a worker waiting for the list
+  int worker = -1;        // a worker waiting for the list (identified: no deadline)
+  TimeNs deadline = 0;    // until identified (AcceptLimits::handshake_timeout)
 };
 
 }  // namespace
@@ -97,8 +112,16 @@ Coordinator::~Coordinator() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+Coordinator::Counters Coordinator::counters() const {
+  return Counters{accepted_.load(), refused_.load(), pending_.load(), accept_failures_.load(), polls_.load()};
+}
+
 Status Coordinator::run() {
   const TimeNs deadline = steady_now() + options_.timeout;
+  const transport::AcceptLimits& limits = options_.limits;
+  const auto log = [this](const std::string& line) {
+    if (options_.log) options_.log(line);
+  };
   std::vector<Endpoint> servers(static_cast<std::size_t>(options_.servers));
   // A worker is `waiting` from its request until the list reached it (`served`); one whose
   // connection drops before that may ask again.
@@ -106,13 +129,19 @@ Status Coordinator::run() {
   std::vector<bool> waiting(static_cast<std::size_t>(options_.workers), false);
   std::vector<bool> served(static_cast<std::size_t>(options_.workers), false);
   int registered_count = 0, served_count = 0;
-  std::vector<Client> clients;
-  auto refuse = [](Client& c, const std::string& why) {
-    (void)send_line(c.fd.get(), "error " + why);
+  std::vector<Client> clients;  // in arrival order
+  TimeNs paused_until = 0;      // accepting paused (out of descriptors) until then
+  // A peer that has not authenticated is closed without a word; an authenticated one (or
+  // any, without a secret) is told why.
+  auto refuse = [&](Client& c, const std::string& why) {
+    if (!c.auth) (void)send_line(c.fd.get(), "error " + why);
+    log("coordinator: refused " + c.from + ": " + why);
+    ++refused_;
     c.fd.reset();
   };
   while (true) {
-    if (steady_now() > deadline) {
+    const TimeNs now = steady_now();
+    if (now > deadline) {
       return unavailable("coordinator: timed out with " + std::to_string(registered_count) + " of " +
                          std::to_string(options_.servers) + " servers registered and " +
                          std::to_string(served_count) + " of " + std::to_string(options_.workers) + " workers served");
@@ -133,33 +162,96 @@ Status Coordinator::run() {
       }
       if (served_count == options_.workers) break;
     }
-    std::erase_if(clients, [](const Client& c) { return !c.fd.valid(); });
-    std::vector<pollfd> fds{{fd_, POLLIN, 0}};
-    for (const Client& c : clients) fds.push_back({c.fd.get(), POLLIN, 0});
-    int r = ::poll(fds.data(), fds.size(), 200);
-    if (r < 0 && errno != EINTR) return transport::errno_status("coordinator poll", errno);
-    if (r <= 0) continue;
-    if (fds[0].revents & POLLIN) {
-      while (true) {
-        sockaddr_in addr{};
-        socklen_t len = sizeof addr;
-        int cfd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (cfd < 0) break;
-        char host[INET_ADDRSTRLEN] = "";
-        ::inet_ntop(AF_INET, &addr.sin_addr, host, sizeof host);
-        clients.push_back(Client{transport::Fd(cfd), "", host, -1});
+    // Peers not identified in time are closed.
+    for (Client& c : clients) {
+      if (c.fd.valid() && c.worker < 0 && now > c.deadline) {
+        refuse(c, std::string("did not ") + (c.auth ? "authenticate and " : "") + "send a request within " +
+                      format_time(limits.handshake_timeout));
       }
     }
-    for (std::size_t i = 1; i < fds.size(); ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Client& c = clients[i - 1];
+    std::erase_if(clients, [](const Client& c) { return !c.fd.valid(); });
+    pending_.store(static_cast<int>(std::count_if(clients.begin(), clients.end(), [](const Client& c) { return c.worker < 0; })));
+    // The listener is left out while accepting is paused, so that a full descriptor table
+    // does not make poll return at once, again and again.
+    const bool listening = now >= paused_until;
+    std::vector<pollfd> fds;
+    if (listening) fds.push_back({fd_, POLLIN, 0});
+    const std::size_t first_client = fds.size();
+    for (const Client& c : clients) fds.push_back({c.fd.get(), c.events, 0});
+    TimeNs wait = 200 * kNsPerMs;
+    if (!listening) wait = std::min(wait, paused_until - now);
+    ++polls_;
+    int r = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<TimeNs>(wait / kNsPerMs, 1)));
+    if (r < 0 && errno != EINTR) return transport::errno_status("coordinator poll", errno);
+    if (r <= 0) continue;
+    if (listening && (fds[0].revents & POLLIN)) {
+      while (true) {
+        std::string from;
+        auto a = transport::accept_tcp(fd_, &from);
+        if (!a.is_ok()) {
+          ++accept_failures_;
+          if (a.status().code() == StatusCode::kUnavailable) {
+            paused_until = steady_now() + limits.backoff;
+            if (accept_failures_ == 1 || accept_failures_ % 100 == 0) {
+              log("coordinator: " + a.status().message() + "; accepting paused for " + format_time(limits.backoff) +
+                  " (" + std::to_string(accept_failures_.load()) + " times so far)");
+            }
+          } else {
+            log("coordinator: " + a.status().message());
+          }
+          break;
+        }
+        if (!a->valid()) break;
+        ++accepted_;
+        const int fd = a->get();
+        if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK) != 0) continue;
+        // At the cap of unidentified peers, the oldest goes.
+        int pending = 0;
+        for (const Client& c : clients) pending += c.fd.valid() && c.worker < 0 ? 1 : 0;
+        for (Client& c : clients) {
+          if (pending < limits.max_pending) break;
+          if (!c.fd.valid() || c.worker >= 0) continue;
+          refuse(c, std::to_string(pending) + " connections already wait to send a request (the oldest goes)");
+          --pending;
+        }
+        Client c;
+        c.fd = std::move(*a);
+        c.from = from;
+        c.peer_host = from.substr(0, from.rfind(':'));
+        c.deadline = steady_now() + limits.handshake_timeout;
+        if (options_.secret) {
+          c.auth = std::make_unique<transport::Handshake>(*options_.secret, transport::AuthRole::kAcceptor,
+                                                          kRendezvousAuthContext);
+          c.events = POLLOUT;  // our nonce goes first
+        }
+        clients.push_back(std::move(c));
+      }
+    }
+    for (std::size_t i = first_client; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLOUT | POLLHUP | POLLERR))) continue;
+      Client& c = clients[i - first_client];
+      if (!c.fd.valid()) continue;
+      if (c.auth) {
+        auto want = c.auth->step(c.fd.get());
+        if (!want.is_ok()) {
+          refuse(c, want.status().message());
+        } else if (*want == transport::Handshake::Want::kDone) {
+          c.auth.reset();
+          c.events = POLLIN;
+        } else {
+          c.events = *want == transport::Handshake::Want::kRead ? POLLIN : POLLOUT;
+        }
+        continue;
+      }
       char buf[256];
       ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
       if (n <= 0) {
         if (c.worker >= 0) waiting[static_cast<std::size_t>(c.worker)] = false;
         c.fd.reset();
         continue;
       }
+      if (c.worker >= 0) continue;  // a waiting worker has nothing more to say
       c.buffer.append(buf, static_cast<std::size_t>(n));
       auto nl = c.buffer.find('\n');
       if (nl == std::string::npos) {
@@ -199,14 +291,16 @@ Status Coordinator::run() {
   return Status::ok();
 }
 
-Status register_server(const Endpoint& coordinator, int id, int port, TimeNs timeout) {
-  QS_ASSIGN_OR_RETURN(std::string reply, ask(coordinator, "server " + std::to_string(id) + " " + std::to_string(port), timeout));
+Status register_server(const Endpoint& coordinator, int id, int port, TimeNs timeout, const transport::Secret* secret) {
+  QS_ASSIGN_OR_RETURN(std::string reply,
+                      ask(coordinator, "server " + std::to_string(id) + " " + std::to_string(port), timeout, secret));
   if (reply != "ok") return protocol_error("coordinator answered '" + reply + "' to a registration");
   return Status::ok();
 }
 
-Result<std::vector<Endpoint>> lookup_servers(const Endpoint& coordinator, int worker_id, TimeNs timeout) {
-  QS_ASSIGN_OR_RETURN(std::string reply, ask(coordinator, "worker " + std::to_string(worker_id), timeout));
+Result<std::vector<Endpoint>> lookup_servers(const Endpoint& coordinator, int worker_id, TimeNs timeout,
+                                             const transport::Secret* secret) {
+  QS_ASSIGN_OR_RETURN(std::string reply, ask(coordinator, "worker " + std::to_string(worker_id), timeout, secret));
   return parse_server_list(reply);
 }
 

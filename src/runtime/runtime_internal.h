@@ -29,6 +29,10 @@ class LoopTimer final : public Timer {
   transport::EventLoop& loop_;
 };
 
+// What a worker's and a server's authentication is for (transport::Handshake's context):
+// a proof made for another use (the rendezvous) is refused here.
+inline constexpr const char* kPsAuthContext = "quicksilver-ps";
+
 // The static facts derived from a job (identical on every node).
 struct JobLayout {
   explicit JobLayout(const JobOptions& job)

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "quicksilver/core/check.h"
+#include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
 #include "runtime_internal.h"
@@ -108,7 +109,12 @@ struct Server::Impl final : transport::FrameHandler {
     for (Peer& p : peers) {
       if (p.conn && !p.conn->closed()) p.conn->close(s.is_ok() ? Status::ok() : s, !s.is_ok());
     }
+    for (auto& [idx, p] : pending) {
+      if (p.fd.valid()) loop->unwatch(p.fd.get());
+    }
     pending.clear();
+    retired.clear();
+    publish();
     return s;
   }
 
@@ -157,27 +163,160 @@ struct Server::Impl final : transport::FrameHandler {
     });
   }
 
+  // ---- accepting: strangers are bounded (docs/reliability.md) ----
+  // A peer is pending from accept until its hello is accepted: first the authentication
+  // (with a secret), then a Connection that expects hello. It is closed when
+  // limits.handshake_timeout passes, or when limits.max_pending others arrived after it.
+  struct Pending {
+    std::string from;                                // "address:port"
+    transport::Fd fd;                                // while authenticating
+    std::unique_ptr<transport::Handshake> auth;      // while authenticating
+    std::unique_ptr<Connection> conn;                // then, until hello
+    transport::EventLoop::TimerId deadline = 0;
+  };
+
+  void log(const std::string& line) const {
+    if (opts.log) opts.log(line);
+  }
+
   void accept_all() {
-    for (;;) {
-      auto fd = transport::accept_tcp(listener.get());
+    while (listening) {
+      std::string from;
+      auto fd = transport::accept_tcp(listener.get(), &from);
+      if (!fd.is_ok() && fd.status().code() == StatusCode::kUnavailable) {
+        pause_accepting(fd.status());
+        return;
+      }
       if (!fd.is_ok()) {
         loop->fail(fd.status().with_context(name()));
         return;
       }
       if (!fd->valid()) return;
+      ++accepted;
       Status s = transport::configure_socket(fd->get(), socket_options(opts.job));
       if (!s.is_ok()) {
         loop->fail(s.with_context(name()));
         return;
       }
+      while (static_cast<int>(pending.size()) >= opts.limits.max_pending) {
+        drop_pending(pending.begin()->first, "closed: " + std::to_string(pending.size()) +
+                                                 " connections already wait to say hello (the oldest goes)");
+      }
       const int idx = kPendingBase + next_pending++;
-      auto c = std::make_unique<Connection>(*loop, std::move(*fd), *this,
-                                            "unidentified peer of " + name(), idx);
-      Connection* raw = c.get();
-      pending.emplace(idx, std::move(c));
-      s = raw->start();
-      if (!s.is_ok()) loop->fail(s);
+      Pending& p = pending[idx];
+      p.from = from;
+      p.deadline = loop->schedule_after(opts.limits.handshake_timeout, [this, idx] {
+        auto it = pending.find(idx);
+        if (it == pending.end()) return;
+        it->second.deadline = 0;
+        drop_pending(idx, "did not " + std::string(opts.secret ? "authenticate and " : "") + "say hello within " +
+                              format_time(opts.limits.handshake_timeout));
+      });
+      if (opts.secret) {
+        p.fd = std::move(*fd);
+        p.auth = std::make_unique<transport::Handshake>(*opts.secret, transport::AuthRole::kAcceptor, kPsAuthContext);
+        s = loop->watch(p.fd.get(), EPOLLIN, [this, idx](std::uint32_t) { authenticate(idx); });
+        if (!s.is_ok()) {
+          loop->fail(s);
+          return;
+        }
+        authenticate(idx);  // sends our nonce
+      } else {
+        start_connection(idx, std::move(*fd));
+      }
+      publish();
     }
+  }
+
+  // Out of descriptors or memory: the job goes on; accepting pauses (the listener is not
+  // watched, so the loop does not spin on it) and resumes after limits.backoff.
+  void pause_accepting(const Status& why) {
+    ++accept_failures;
+    if (accept_failures == 1 || accept_failures % 100 == 0) {
+      log(name() + ": " + why.message() + "; accepting paused for " + format_time(opts.limits.backoff) + " (" +
+          std::to_string(accept_failures) + " times so far)");
+    }
+    loop->unwatch(listener.get());
+    listening = false;
+    loop->schedule_after(opts.limits.backoff, [this] {
+      Status s = loop->watch(listener.get(), EPOLLIN, [this](std::uint32_t) { accept_all(); });
+      if (!s.is_ok()) {
+        loop->fail(s.with_context(name()));
+        return;
+      }
+      listening = true;
+      accept_all();
+    });
+    publish();
+  }
+
+  void authenticate(int idx) {
+    auto it = pending.find(idx);
+    if (it == pending.end() || !it->second.auth) return;
+    Pending& p = it->second;
+    auto want = p.auth->step(p.fd.get());
+    if (!want.is_ok()) {
+      drop_pending(idx, want.status().message());
+      return;
+    }
+    if (*want == transport::Handshake::Want::kDone) {
+      loop->unwatch(p.fd.get());
+      p.auth.reset();
+      start_connection(idx, std::move(p.fd));
+      return;
+    }
+    Status s = loop->modify(p.fd.get(), *want == transport::Handshake::Want::kRead ? EPOLLIN : EPOLLOUT);
+    if (!s.is_ok()) loop->fail(s);
+  }
+
+  void start_connection(int idx, transport::Fd fd) {
+    Pending& p = pending[idx];
+    p.conn = std::make_unique<Connection>(*loop, std::move(fd), *this, "unidentified peer " + p.from + " of " + name(),
+                                          idx);
+    p.conn->set_read_buffer_size(transport::kHeaderSize + transport::kHelloBodySize);  // a hello, no more
+    Status s = p.conn->start();
+    if (!s.is_ok()) loop->fail(s);
+  }
+
+  // Closes a pending peer with a log line. Before authentication it is told nothing; a
+  // Connection (authenticated, or no secret) is told why, as before.
+  void drop_pending(int idx, const std::string& why) {
+    auto it = pending.find(idx);
+    if (it == pending.end()) return;
+    if (it->second.conn) {
+      it->second.conn->close(unavailable(why), /*tell_peer=*/true);  // on_closed retires it
+      return;
+    }
+    log(name() + ": refused " + it->second.from + ": " + why);
+    ++refused;
+    if (it->second.deadline != 0) loop->cancel(it->second.deadline);
+    if (it->second.fd.valid()) loop->unwatch(it->second.fd.get());
+    retire(std::move(it->second));
+    pending.erase(it);
+    publish();
+  }
+
+  // Destroys a pending peer's state once the current callback returned (it may be running
+  // inside that peer's own callback).
+  void retire(Pending&& p) {
+    retired.push_back(std::move(p));
+    if (retired.size() == 1) {
+      loop->defer([this] {
+        retired.clear();
+        publish();
+      });
+    }
+  }
+
+  // The counters another thread may read (Server::counters()).
+  void publish() {
+    int held = static_cast<int>(pending.size() + retired.size());
+    for (const Peer& p : peers) held += p.conn ? 1 : 0;
+    counters.pending.store(static_cast<int>(pending.size()));
+    counters.held.store(held);
+    counters.refused.store(refused);
+    counters.accepted.store(accepted);
+    counters.accept_failures.store(accept_failures);
   }
 
   // ---- FrameHandler ----
@@ -367,10 +506,13 @@ struct Server::Impl final : transport::FrameHandler {
       return invalid_argument(name() + " refuses a second connection from worker " + std::to_string(h.sender));
     }
     auto node = pending.extract(c.index());
-    QS_CHECK(!node.empty());
-    p.conn = std::move(node.mapped());
+    QS_CHECK(!node.empty() && node.mapped().conn.get() == &c);
+    if (node.mapped().deadline != 0) loop->cancel(node.mapped().deadline);
+    p.conn = std::move(node.mapped().conn);
     c.set_index(h.sender);
     c.set_peer("worker " + std::to_string(h.sender));
+    c.set_read_buffer_size(Connection::kDefaultReadBuffer);
+    publish();
     std::vector<Connection*> conns;
     for (Peer& q : peers) conns.push_back(q.conn.get());
     sender->set_connections(std::move(conns));
@@ -391,9 +533,16 @@ struct Server::Impl final : transport::FrameHandler {
 
   void on_closed(Connection& c, const Status& why) override {
     if (c.index() >= kPendingBase) {
-      // A refused or broken peer before its hello: it is told why; the server goes on.
-      graveyard.push_back(std::move(pending[c.index()]));
-      pending.erase(c.index());
+      // A refused or broken peer before its hello: it was told why; the server goes on,
+      // and frees it once this callback returned.
+      auto it = pending.find(c.index());
+      if (it == pending.end()) return;
+      log(name() + ": refused " + it->second.from + ": " + why.message());
+      ++refused;
+      if (it->second.deadline != 0) loop->cancel(it->second.deadline);
+      retire(std::move(it->second));
+      pending.erase(it);
+      publish();
       return;
     }
     Peer& p = peers[static_cast<std::size_t>(c.index())];
@@ -428,8 +577,15 @@ struct Server::Impl final : transport::FrameHandler {
   transport::RepairCounter repairs_counter;  // what TCP repaired since the last note
   std::int64_t live[2] = {0, 0};
   std::vector<Peer> peers;                     // by worker id
-  std::map<int, std::unique_ptr<Connection>> pending;  // before hello, by temporary index
-  std::vector<std::unique_ptr<Connection>> graveyard;  // closed inside their own callback
+  std::map<int, Pending> pending;   // before hello, by temporary index (the oldest first)
+  std::vector<Pending> retired;     // closed, freed after the current callback
+  bool listening = true;            // the listener is watched (not paused)
+  std::int64_t accepted = 0, refused = 0, accept_failures = 0;
+  struct AtomicCounters {
+    std::atomic<std::int64_t> accepted{0}, refused{0};
+    std::atomic<int> pending{0}, held{0};
+    std::atomic<std::int64_t> accept_failures{0};
+  } counters;                       // published copies of the above, for other threads
   int next_pending = 0;
   TimeNs last_rx = 0;
 };
@@ -445,6 +601,10 @@ Result<std::unique_ptr<Server>> Server::create(ServerOptions options) {
 }
 
 const Server::Repairs& Server::repairs() const { return impl_->repairs; }
+Server::Counters Server::counters() const {
+  const auto& c = impl_->counters;
+  return Counters{c.accepted.load(), c.refused.load(), c.pending.load(), c.held.load(), c.accept_failures.load()};
+}
 int Server::port() const { return impl_->port; }
 Status Server::run() { return impl_->run(); }
 void Server::request_stop(const std::string& why) { impl_->loop->request_stop(why); }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <map>
 
 #include "quicksilver/transport/clock.h"
@@ -54,6 +55,10 @@ Status write_all(int fd, const std::string& s, TimeNs deadline) {
 
 struct Client {
   transport::Fd fd;
+  std::string from;
+  std::unique_ptr<transport::Handshake> auth;  // while authenticating
+  short events = POLLIN;
+  TimeNs deadline = 0;      // to authenticate by
   std::string in;
   std::string waiting_for;  // a get not yet answerable
 };
@@ -139,11 +144,16 @@ StoreServer::~StoreServer() {
   }
 }
 
-Result<std::unique_ptr<StoreServer>> StoreServer::create(const Endpoint& listen, int ranks, TimeNs timeout) {
+Result<std::unique_ptr<StoreServer>> StoreServer::create(const Endpoint& listen, int ranks, TimeNs timeout,
+                                                         std::shared_ptr<const transport::Secret> secret,
+                                                         transport::AcceptLimits limits) {
   QS_RETURN_IF_ERROR(check_job_size(ranks, 1));
   QS_ASSIGN_OR_RETURN(transport::Fd fd, transport::listen_tcp(listen.host, listen.port));
   QS_ASSIGN_OR_RETURN(int port, transport::local_port(fd.get()));
-  return std::unique_ptr<StoreServer>(new StoreServer(fd.release(), port, ranks, timeout));
+  std::unique_ptr<StoreServer> s(new StoreServer(fd.release(), port, ranks, timeout));
+  s->secret_ = std::move(secret);
+  s->limits_ = limits;
+  return s;
 }
 
 void StoreServer::request_stop() {
@@ -157,10 +167,13 @@ Status StoreServer::run() {
   std::vector<bool> done(static_cast<std::size_t>(ranks_), false);
   int done_count = 0;
   std::vector<Client> clients;
+  // A client that has not authenticated is closed without a word.
   auto refuse = [&](Client& c, const std::string& why) {
-    (void)write_all(c.fd.get(), "error " + why + "\n", steady_now() + kNsPerSec);
+    if (!c.auth) (void)write_all(c.fd.get(), "error " + why + "\n", steady_now() + kNsPerSec);
+    std::fprintf(stderr, "coordinator: refused %s: %s\n", c.from.c_str(), why.c_str());
     c.fd.reset();
   };
+  TimeNs paused_until = 0;  // accepting paused (out of descriptors) until then
   auto answer = [&](Client& c, const std::string& line) {
     if (!write_all(c.fd.get(), line + "\n", steady_now() + 5 * kNsPerSec).is_ok()) c.fd.reset();
   };
@@ -181,29 +194,76 @@ Status StoreServer::run() {
         answer(c, "value " + hex_encode(it->second));
       }
     }
+    const TimeNs now = steady_now();
+    for (Client& c : clients) {
+      if (c.fd.valid() && c.auth && now > c.deadline) {
+        refuse(c, "did not authenticate within " + format_time(limits_.handshake_timeout));
+      }
+    }
     std::erase_if(clients, [](const Client& c) { return !c.fd.valid(); });
-    std::vector<pollfd> fds{{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    for (const Client& c : clients) fds.push_back({c.fd.get(), POLLIN, 0});
-    const int r = ::poll(fds.data(), fds.size(), 200);
+    // The listener is left out while accepting is paused (a full descriptor table would
+    // make poll return at once, again and again).
+    const bool listening = now >= paused_until;
+    std::vector<pollfd> fds{{listening ? fd_ : -1, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    for (const Client& c : clients) fds.push_back({c.fd.get(), c.events, 0});
+    const int r = ::poll(fds.data(), fds.size(), listening ? 200 : static_cast<int>(std::max<TimeNs>(1, (paused_until - now) / kNsPerMs)));
     if (r < 0 && errno != EINTR) return transport::errno_status("coordinator poll", errno);
     if (r <= 0) continue;
     if (fds[1].revents & POLLIN) stopped = true;
-    if (fds[0].revents & POLLIN) {
+    if (listening && (fds[0].revents & POLLIN)) {
       while (true) {
-        auto a = transport::accept_tcp(fd_);
-        if (!a.is_ok()) break;  // EMFILE and friends: the next poll retries
+        std::string from;
+        auto a = transport::accept_tcp(fd_, &from);
+        if (!a.is_ok()) {
+          if (a.status().code() == StatusCode::kUnavailable) paused_until = steady_now() + limits_.backoff;
+          break;
+        }
         if (!a->valid()) break;
+        const int afd = a->get();
+        if (::fcntl(afd, F_SETFL, ::fcntl(afd, F_GETFL, 0) | O_NONBLOCK) != 0) continue;
+        // At the cap of unauthenticated clients, the oldest goes.
+        int pending = 0;
+        for (const Client& c : clients) pending += c.fd.valid() && c.auth ? 1 : 0;
+        for (Client& c : clients) {
+          if (pending < limits_.max_pending) break;
+          if (!c.fd.valid() || !c.auth) continue;
+          refuse(c, "too many connections waiting to authenticate (the oldest goes)");
+          --pending;
+        }
         if (clients.size() >= kMaxStoreClients) {
-          Client extra{std::move(*a), "", ""};
+          Client extra;
+          extra.fd = std::move(*a);
+          extra.from = from;
           refuse(extra, "too many connections");
           continue;
         }
-        clients.push_back(Client{std::move(*a), "", ""});
+        Client c;
+        c.fd = std::move(*a);
+        c.from = from;
+        c.deadline = steady_now() + limits_.handshake_timeout;
+        if (secret_) {
+          c.auth = std::make_unique<transport::Handshake>(*secret_, transport::AuthRole::kAcceptor, kStoreAuthContext);
+          c.events = POLLOUT;  // our nonce goes first
+        }
+        clients.push_back(std::move(c));
       }
     }
     for (std::size_t i = 2; i < fds.size(); ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      if (!(fds[i].revents & (POLLIN | POLLOUT | POLLHUP | POLLERR))) continue;
       Client& c = clients[i - 2];
+      if (!c.fd.valid()) continue;
+      if (c.auth) {
+        auto want = c.auth->step(c.fd.get());
+        if (!want.is_ok()) {
+          refuse(c, want.status().message());
+        } else if (*want == transport::Handshake::Want::kDone) {
+          c.auth.reset();
+          c.events = POLLIN;
+        } else {
+          c.events = *want == transport::Handshake::Want::kRead ? POLLIN : POLLOUT;
+        }
+        continue;
+      }
       char buf[16384];
       const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
       if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
@@ -265,9 +325,16 @@ Status StoreServer::run() {
 
 // ---- client ----
 
-Result<std::unique_ptr<StoreClient>> StoreClient::connect(const Endpoint& server, TimeNs timeout) {
+Result<std::unique_ptr<StoreClient>> StoreClient::connect(const Endpoint& server, TimeNs timeout,
+                                                          const transport::Secret* secret) {
+  const std::string where = "coordinator " + server.host + ":" + std::to_string(server.port);
   auto fd = transport::connect_tcp(server.host, server.port, steady_now() + timeout);
-  if (!fd) return fd.status().with_context("coordinator " + server.host + ":" + std::to_string(server.port));
+  if (!fd) return fd.status().with_context(where);
+  if (secret != nullptr) {
+    QS_RETURN_IF_ERROR(transport::authenticate(fd->get(), *secret, transport::AuthRole::kConnector, kStoreAuthContext,
+                                               timeout)
+                           .with_context(where));
+  }
   return std::unique_ptr<StoreClient>(new StoreClient(fd->release()));
 }
 

@@ -8,7 +8,9 @@
 #include <map>
 
 #include "quicksilver/core/check.h"
+#include "quicksilver/core/reservoir.h"
 #include "quicksilver/engine/training_loop.h"
+#include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
 #include "runtime_internal.h"
@@ -50,6 +52,13 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     const int priorities = jl.layout.num_tensors() + 1;
     sender = std::make_unique<transport::Sender>(send_order(policy->discipline()), priorities, *loop);
     sender->set_batch_bytes(sender_batch_bytes(job));
+    // Queueing delays after the warm-up (the last iteration counts when there is nothing
+    // else), in reservoirs: a fixed memory whatever the run's length.
+    sender->set_sample_callback([this](const transport::QueueSample& q) {
+      if (iteration < opts.warmup && iteration + 1 < opts.job.iterations) return;
+      delays.add(q.delay);
+      if (q.priority < urgent_end) urgent_delays.add(q.delay);
+    });
     // The tensors: the caller's, or synthetic ones with known content.
     source = opts.tensors;
     if (source == nullptr) {
@@ -106,6 +115,12 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       const Endpoint& e = opts.servers[static_cast<std::size_t>(s)];
       auto fd = transport::connect_tcp(e.host, e.port, deadline);
       if (!fd.is_ok()) return fd.status().with_context(name() + " -> " + server_name(s));
+      if (opts.secret) {
+        // Before the first frame: the server proves it is the job's, and we that we are.
+        QS_RETURN_IF_ERROR(transport::authenticate(fd->get(), *opts.secret, transport::AuthRole::kConnector,
+                                                   kPsAuthContext, std::max<TimeNs>(deadline - loop->now(), kNsPerMs))
+                               .with_context(name() + " -> " + server_name(s)));
+      }
       QS_RETURN_IF_ERROR(transport::configure_socket(fd->get(), socket_options(job)).with_context(name()));
       if (congestion.empty()) {
         auto cc = transport::congestion_of(fd->get());
@@ -195,11 +210,6 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     const transport::TcpRepairs r = take_repairs();
     retransmits.push_back(r.retransmitted_segments);
     if (r.timeouts >= 0) timeouts.push_back(r.timeouts);
-    for (const transport::QueueSample& q : sender->take_samples()) {
-      if (it < opts.warmup && it + 1 < opts.job.iterations) continue;
-      delays.push_back(q.delay);
-      if (q.priority < urgent_end) urgent_delays.push_back(q.delay);
-    }
   }
 
   void say_bye() {
@@ -435,12 +445,12 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     r.units_per_iteration = training->records().back().traffic.messages;
     r.uplink_gbps = steady_median(gbps, opts.warmup);
     if (opts.nic_rate.bits_per_second > 0) r.uplink_utilisation = r.uplink_gbps / opts.nic_rate.gbps_value();
-    r.queue_delay_p50 = transport::percentile(delays, 50);
-    r.queue_delay_p99 = transport::percentile(delays, 99);
-    r.queue_delay_max = transport::percentile(delays, 100);
-    r.urgent_delay_p50 = transport::percentile(urgent_delays, 50);
-    r.urgent_delay_p99 = transport::percentile(urgent_delays, 99);
-    r.urgent_delay_max = transport::percentile(urgent_delays, 100);
+    r.queue_delay_p50 = delays.percentile(50);
+    r.queue_delay_p99 = delays.percentile(99);
+    r.queue_delay_max = delays.percentile(100);
+    r.urgent_delay_p50 = urgent_delays.percentile(50);
+    r.urgent_delay_p99 = urgent_delays.percentile(99);
+    r.urgent_delay_max = urgent_delays.percentile(100);
     r.iterations_verified = known ? known->iterations_verified() : 0;
     r.retransmits = retransmits;
     r.timeouts = timeouts;
@@ -488,7 +498,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   std::uint64_t bytes_at_start = 0;
   Bytes bytes_pushed = 0;
   std::int64_t units_pushed = 0;
-  std::vector<TimeNs> delays, urgent_delays;
+  Reservoir delays, urgent_delays;  // sending-buffer queueing delays (bounded)
   transport::RepairCounter repairs_counter;         // what TCP repaired since the last look
   std::vector<std::int64_t> retransmits, timeouts;  // per iteration
 };

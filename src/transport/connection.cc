@@ -14,7 +14,6 @@
 namespace qs::transport {
 namespace {
 
-constexpr std::size_t kReadBuffer = 256 * 1024;
 // A payload at least this large is received straight into its destination when the read
 // buffer is empty (no copy); smaller pieces go through the read buffer.
 constexpr std::uint64_t kDirectMin = 16 * 1024;
@@ -26,8 +25,7 @@ constexpr int kMaxIov = 64;
 }  // namespace
 
 Connection::Connection(EventLoop& loop, Fd fd, FrameHandler& handler, std::string peer, int index)
-    : loop_(loop), fd_(std::move(fd)), handler_(handler), peer_(std::move(peer)), index_(index),
-      rbuf_(kReadBuffer) {}
+    : loop_(loop), fd_(std::move(fd)), handler_(handler), peer_(std::move(peer)), index_(index) {}
 
 Connection::~Connection() {
   if (started_ && !closed_) loop_.unwatch(fd_.get());
@@ -85,6 +83,9 @@ Status Connection::read_some() {
       if (direct) {
         r = ::recv(fd_.get(), target_.direct + got_, want_ - got_, MSG_DONTWAIT);
       } else {
+        if (rbuf_.size() != read_buffer_size_) {  // drained: safe to replace
+          std::vector<std::byte>(std::max<std::size_t>(read_buffer_size_, 1)).swap(rbuf_);
+        }
         r = ::recv(fd_.get(), rbuf_.data(), rbuf_.size(), MSG_DONTWAIT);
       }
       if (r < 0) {
@@ -284,7 +285,12 @@ void Connection::close(const Status& why, bool tell_peer, bool abort) {
   }
   if (started_) loop_.unwatch(fd_.get());
   fd_.reset();
-  out_.clear();
+  // Nothing more is read or written: the buffers go now, not when the owner destroys the
+  // connection.
+  std::vector<std::byte>().swap(rbuf_);
+  std::vector<std::byte>().swap(small_);
+  rpos_ = rend_ = 0;
+  std::deque<OutFrame>().swap(out_);
   data_frames_ = 0;
   data_bytes_pending_ = 0;
   handler_.on_closed(*this, why);

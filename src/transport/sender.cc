@@ -69,7 +69,7 @@ Status Sender::pump() {
       }
       Item it = queue_.pop();
       const TimeNs now = clock_.now();
-      samples_.push_back(QueueSample{it.header.priority, now - it.enqueued});
+      if (sample_) sample_(QueueSample{it.header.priority, now - it.enqueued});
       ++units_sent_;
       c->send_data(it.header, it.payload, it.tag);
       budget -= std::min<std::uint64_t>(budget, kHeaderSize + it.header.length);
@@ -127,12 +127,6 @@ void Sender::update_busy() {
 
 TimeNs Sender::busy_ns() const {
   return busy_total_ + (busy_ ? clock_.now() - busy_since_ : 0);
-}
-
-std::vector<QueueSample> Sender::take_samples() {
-  std::vector<QueueSample> v;
-  v.swap(samples_);
-  return v;
 }
 
 TimeNs percentile(std::vector<TimeNs> v, double p) {

@@ -261,11 +261,22 @@ Result<Fd> connect_tcp(const std::string& host, int port, TimeNs deadline, TimeN
                      std::strerror(last_err) + ")");
 }
 
-Result<Fd> accept_tcp(int listen_fd) {
-  const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+Result<Fd> accept_tcp(int listen_fd, std::string* peer) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&a), &len, SOCK_CLOEXEC);
   if (fd < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) return Fd();
-    return errno_status("accept", errno);
+    const int err = errno;
+    if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED) return Fd();
+    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+      return unavailable(std::string("accept: ") + std::strerror(err) + " (out of descriptors or memory)");
+    }
+    return errno_status("accept", err);
+  }
+  if (peer != nullptr) {
+    char host[INET_ADDRSTRLEN] = "?";
+    if (a.sin_family == AF_INET) ::inet_ntop(AF_INET, &a.sin_addr, host, sizeof host);
+    *peer = std::string(host) + ":" + std::to_string(ntohs(a.sin_port));
   }
   return Fd(fd);
 }

@@ -32,6 +32,7 @@
 #include "quicksilver/core/status.h"
 #include "quicksilver/policy/allreduce_policy.h"
 #include "quicksilver/runtime/runtime.h"
+#include "quicksilver/transport/auth.h"
 
 namespace qs::runtime {
 
@@ -54,6 +55,10 @@ struct CollectiveOptions {
   JobOptions job;
   int rank = 0;
   Endpoint store;  // the coordinator's store
+  // The cluster secret the store demands (null: none). gloo's own connections are not
+  // authenticated: their addresses come only from the authenticated store
+  // (docs/reliability.md).
+  std::shared_ptr<const transport::Secret> secret;
   // One address of this host per link, in link order: each link's gloo context binds
   // there (one subnet per link: the connecting side does not bind, routing picks the
   // interface). One entry, or two for DeFT's second link.

@@ -22,8 +22,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "quicksilver/core/status.h"
@@ -33,6 +35,7 @@
 #include "quicksilver/policy/allreduce_policy.h"
 #include "quicksilver/policy/options.h"
 #include "quicksilver/runtime/tensors.h"
+#include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/socket.h"
 
 namespace qs::runtime {
@@ -99,12 +102,24 @@ struct WorkerOptions {
   int die_at_iteration = -1;
   // Record the measured timeline (WorkerReport::trace).
   bool record_trace = false;
+  // The cluster secret (ServerOptions::secret): the worker proves it knows it, and every
+  // server must prove the same, before the hello. Null: no authentication.
+  std::shared_ptr<const transport::Secret> secret;
 };
 
 struct ServerOptions {
   JobOptions job;
   int server_id = 0;
   Endpoint listen;  // port 0 = ephemeral (Server::port() tells which)
+  // The cluster secret every worker must prove it knows before its hello is read
+  // (transport/auth.h; docs/reliability.md). Null: no authentication (in-process tests, a
+  // trusted network); the CLI refuses that unless told --insecure.
+  std::shared_ptr<const transport::Secret> secret;
+  // What peers that have not said hello may hold: a deadline, a cap, a pause when out of
+  // descriptors.
+  transport::AcceptLimits limits;
+  // One line per refused peer and per paused accept (never job details). May be empty.
+  std::function<void(std::string_view)> log;
 };
 
 struct WorkerReport {
@@ -123,7 +138,9 @@ struct WorkerReport {
   // or "acknowledgements" (the servers' TCP acknowledged it; the kernel gave no timestamps).
   std::string push_end;
   // Sending-buffer queueing delay (enqueue -> handed to the socket), all units and the
-  // most urgent layer's units (layer 1), over iterations after the warm-up.
+  // most urgent layer's units (layer 1), over iterations after the warm-up: percentiles of
+  // a uniform sample of at most 4096 units each (qs::Reservoir; exact up to that many),
+  // the maximum exact.
   TimeNs queue_delay_p50 = 0, queue_delay_p99 = 0, queue_delay_max = 0;
   TimeNs urgent_delay_p50 = 0, urgent_delay_p99 = 0, urgent_delay_max = 0;
   int iterations_verified = 0;     // iterations whose every pulled element was checked
@@ -179,6 +196,17 @@ class Server {
     std::vector<std::int64_t> retransmits, timeouts;
   };
   const Repairs& repairs() const;
+  // Thread-safe, at any time: connections accepted so far, refused before their hello
+  // (authentication failed, bad hello, deadline, evicted), pending now (accepted, not yet
+  // identified), held now (every connection whose state the server keeps: pending,
+  // workers', closed ones not yet freed), and accepts that failed for lack of descriptors
+  // or memory.
+  struct Counters {
+    std::int64_t accepted = 0, refused = 0;
+    int pending = 0, held = 0;
+    std::int64_t accept_failures = 0;
+  };
+  Counters counters() const;
   void request_stop(const std::string& why);
 
  private:

@@ -124,6 +124,16 @@ class Connection {
   // The kBuffer payload of the frame being delivered to on_frame.
   std::span<const std::byte> small_payload() const { return small_; }
 
+  // ---- memory ----
+  // The read buffer's size (default kDefaultReadBuffer), allocated at the first read after
+  // the previous one is drained: a server gives a peer that has not said hello a small one
+  // (what strangers can make it hold is bounded), and the full size once it is known.
+  void set_read_buffer_size(std::size_t bytes) { read_buffer_size_ = bytes > 0 ? bytes : 1; }
+  static constexpr std::size_t kDefaultReadBuffer = 256 * 1024;
+  // Heap bytes the connection holds for receiving (read buffer, small payload); 0 after
+  // close(), which frees them.
+  std::size_t buffer_bytes() const { return rbuf_.capacity() + small_.capacity(); }
+
   // Closes now (no further callbacks except on_closed(why), which runs once). With
   // `tell_peer`, first tries one non-blocking send of an `error` frame carrying the message.
   // `abort` resets the connection (RST) instead of an orderly FIN.
@@ -162,7 +172,8 @@ class Connection {
   bool shut_down_ = false;
 
   // Receive state.
-  std::vector<std::byte> rbuf_;
+  std::vector<std::byte> rbuf_;  // empty until the first read; freed on close
+  std::size_t read_buffer_size_ = kDefaultReadBuffer;
   std::size_t rpos_ = 0, rend_ = 0;  // unread bytes are rbuf_[rpos_, rend_)
   HeaderBytes hbuf_{};
   std::size_t hhave_ = 0;

@@ -15,9 +15,10 @@
 // an urgent unit can be delayed by bytes already committed.
 //
 // Measured: per unit, the queueing delay from enqueue() until it is handed to its
-// connection (the delay an urgent packet sees behind queued ones), and the time the
-// sender had backlog (units queued or a data frame unfinished), for "utilisation while
-// pushing". Not thread-safe: loop thread only.
+// connection (the delay an urgent packet sees behind queued ones), given to the owner's
+// SampleCallback as it happens (the Sender keeps none, so its memory does not grow with
+// the run: issue 15), and the time the sender had backlog (units queued or a data frame
+// unfinished), for "utilisation while pushing". Not thread-safe: loop thread only.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,8 @@ class Sender {
  public:
   // Called for every data frame fully handed to the kernel: (connection index, tag).
   using SentCallback = std::function<void(int conn, std::uint64_t tag)>;
+  // Called for every unit handed to its connection, with its queueing delay.
+  using SampleCallback = std::function<void(const QueueSample&)>;
 
   // Priorities 0..num_priorities-1. Precondition: num_priorities >= 1. The loop supplies
   // the clock and runs the continuation when one pump() call used its byte budget.
@@ -50,6 +53,9 @@ class Sender {
   // The connections, by index (entries may be null until connected).
   void set_connections(std::vector<Connection*> conns) { conns_ = std::move(conns); }
   void set_sent_callback(SentCallback cb) { sent_ = std::move(cb); }
+  // None set (the default): delays are not measured. The owner keeps what it needs in
+  // bounded form (qs::Reservoir).
+  void set_sample_callback(SampleCallback cb) { sample_ = std::move(cb); }
   // Up to this many bytes of consecutive units for one connection are committed together
   // and written with one sendmsg (fewer system calls and segments; bench/transport_bench).
   // They are taken in strict order within one pump, when no new unit can arrive, so the
@@ -76,8 +82,6 @@ class Sender {
   bool idle() const;
   std::size_t queued() const { return queue_.size(); }
 
-  // Samples since the last take (one per unit handed over).
-  std::vector<QueueSample> take_samples();
   // Nanoseconds with backlog so far (closed intervals plus the open one).
   TimeNs busy_ns() const;
   std::uint64_t units_sent() const { return units_sent_; }
@@ -103,7 +107,7 @@ class Sender {
   std::vector<Connection*> conns_;
   SentCallback sent_;
   bool pumping_ = false, repump_ = false;
-  std::vector<QueueSample> samples_;
+  SampleCallback sample_;
   bool busy_ = false;
   TimeNs busy_since_ = 0, busy_total_ = 0;
   std::uint64_t units_sent_ = 0;

@@ -113,8 +113,26 @@ Result<int> local_port(int fd);
 // blocking; call configure_socket() next.
 Result<Fd> connect_tcp(const std::string& host, int port, TimeNs deadline,
                        TimeNs retry_every = 20 * kNsPerMs);
-// Accepts one pending connection on a non-blocking listener; an empty Fd if none.
-Result<Fd> accept_tcp(int listen_fd);
+// Accepts one pending connection on a non-blocking listener; an empty Fd if none. `peer`,
+// when given, receives the peer's "address:port". Errors: kUnavailable when the process or
+// the system is out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM: the caller
+// should pause accepting and retry, not fail; AcceptLimits::backoff), kIoError otherwise.
+Result<Fd> accept_tcp(int listen_fd, std::string* peer = nullptr);
+
+// What a listening node lets strangers hold (docs/reliability.md, "Bounds"). A connection
+// is "pending" from accept until it has authenticated and said who it is (a worker's
+// hello, a rendezvous request).
+struct AcceptLimits {
+  // A pending connection is closed this long after accept (a peer that never speaks holds
+  // no descriptor for longer).
+  TimeNs handshake_timeout = 5 * kNsPerSec;
+  // At most this many pending connections: when one more arrives, the oldest is closed.
+  // Twice the largest job's workers, so a whole job connecting at once always fits.
+  int max_pending = 128;
+  // After accept fails for lack of descriptors or memory, listening pauses this long (the
+  // node goes on; the peer waits in the kernel's backlog or retries).
+  TimeNs backoff = 100 * kNsPerMs;
+};
 
 // "call: strerror(errno)" as an io_error (kIoError) or, for connection loss
 // (EPIPE/ECONNRESET/ETIMEDOUT), unavailable (kUnavailable).
