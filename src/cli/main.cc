@@ -1,6 +1,8 @@
 // The `quicksilver` command: the only place that reads flags (and, later, environment).
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "commands.h"
 #include "runtime_commands.h"
@@ -8,6 +10,19 @@
 #include "quicksilver/core/check.h"
 
 int main(int argc, char** argv) {
+  // `quicksilver run --script FILE ARGS...`: everything after the script's path is the
+  // script's own (its flags are not ours to parse).
+  std::vector<std::string> script_args;
+  if (argc > 1 && std::string(argv[1]) == "run") {
+    for (int i = 2; i + 1 < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--script") {
+        script_args.assign(argv + i + 2, argv + argc);
+        argc = i + 2;
+        break;
+      }
+    }
+  }
   CLI::App app{"Quicksilver: gradient communication scheduling for data-parallel DNN training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "quicksilver 0.1.0");
@@ -43,6 +58,7 @@ int main(int argc, char** argv) {
   qs::cli::RunFlags run_flags;
   CLI::App* run = app.add_subcommand("run", "Run a whole local cluster (processes), compare with the simulator");
   qs::cli::add_run_flags(run, &run_flags);
+  run_flags.script_args = script_args;
 
   try {
     app.parse(argc, argv);

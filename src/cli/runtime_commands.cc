@@ -2,11 +2,14 @@
 // (quicksilver/runtime/runtime.h, rendezvous.h, launcher.h), output out.
 #include "runtime_commands.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "quicksilver/launch/launcher.h"
+#include "quicksilver/launch/script.h"
 #include "quicksilver/runtime/rendezvous.h"
 #include "quicksilver/runtime/report_codec.h"
 #include "quicksilver/runtime/runtime.h"
@@ -226,11 +229,48 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
                 "--netns: every host route acknowledges each segment at once (no delayed acknowledgements)");
   app->add_option("--timeout", f->timeout, "Give up on a policy's run after this long")->capture_default_str();
   app->add_flag("--keep-going", f->keep_going, "Continue with the next policy when one fails");
+  app->add_option("--script", f->script,
+                  "Run this PyTorch training script (quicksilver.torch) as --workers processes with torchrun's "
+                  "environment; every argument after it is the script's")
+      ->group("PyTorch");
+  app->add_option("--python", f->python, "--script: the Python interpreter")->capture_default_str()->group("PyTorch");
   app->add_option("--kill-worker", f->kill_worker, "Testing: this worker dies abruptly...")->group("");
   app->add_option("--kill-at-iteration", f->kill_at_iteration, "...at this iteration")->group("");
 }
 
+namespace {
+
+// `run --script`: the workers are the script's processes; quicksilver.torch inside them
+// hosts the servers. The package is found beside this executable (build/python).
+int run_script_command(const RunFlags& f, const std::string& exe) {
+  ScriptLaunchOptions o;
+  o.python = f.python;
+  o.script = f.script;
+  o.args = f.script_args;
+  o.workers = f.sim.workers;
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink(exe, ec);
+  if (!ec) {
+    const auto pkg = self.parent_path() / "python";
+    if (std::filesystem::exists(pkg / "quicksilver", ec)) o.python_path = pkg.string();
+  }
+  auto timeout = parse_time(f.timeout);
+  if (!timeout) return fail("quicksilver", timeout.status().with_context("--timeout"));
+  // --timeout bounds a policy's run (300 s by default); a script trains as long as it
+  // likes unless the flag is given.
+  o.timeout = f.timeout == "300s" ? 0 : *timeout;
+  o.log = [](std::string_view m) { std::cerr << "quicksilver run: " << m << "\n"; };
+  auto r = run_script(o);
+  if (!r) return fail("quicksilver run", r.status());
+  if (r->ok()) return 0;
+  if (r->timed_out) std::cerr << "quicksilver run: timed out\n";
+  return r->first_failed >= 0 ? std::max(1, r->exit_codes[static_cast<std::size_t>(r->first_failed)]) : 1;
+}
+
+}  // namespace
+
 int run_cluster(const RunFlags& f, const std::string& exe) {
+  if (!f.script.empty()) return run_script_command(f, exe);
   auto job = make_job(f.sim);
   if (!job) return fail("quicksilver", job.status());
   if (f.sim.policy == "all") {

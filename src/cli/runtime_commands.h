@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 
@@ -36,6 +37,10 @@ struct RunFlags {
   bool keep_going = false;
   int kill_worker = -1;         // testing: this worker dies abruptly...
   int kill_at_iteration = 1;    // ...at this iteration
+  // --script: a training script run as --workers processes (torchrun's environment).
+  std::string script;
+  std::vector<std::string> script_args;  // everything after the script's path
+  std::string python = "/usr/bin/python3";
 };
 
 struct CoordinatorFlags {
