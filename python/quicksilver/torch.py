@@ -429,9 +429,7 @@ class _Integration:
 def _knob_text(v):
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, int):
-        return "{}B".format(v)  # byte sizes given as numbers are bytes
-    return str(v)
+    return str(v)  # sizes as numbers are bytes; with a unit, "32KiB"; times need one: "200us"
 
 
 def _parse_servers(servers):

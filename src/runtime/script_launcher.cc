@@ -89,6 +89,8 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
       setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       if (!python_path.empty()) setenv("PYTHONPATH", python_path.c_str(), 1);
+      // As torchrun does: N processes on one machine, one thread each unless told.
+      setenv("OMP_NUM_THREADS", "1", 0);
       std::vector<std::string> argv_s{o.python, o.script};
       argv_s.insert(argv_s.end(), o.args.begin(), o.args.end());
       std::vector<char*> argv;

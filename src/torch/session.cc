@@ -26,7 +26,24 @@ class Registered final : public runtime::TensorSource {
 
 TimeNs now() { return transport::SteadyClock::instance().now(); }
 
+class PsWorker final : public TrainingWorker {
+ public:
+  explicit PsWorker(std::unique_ptr<runtime::Worker> w) : w_(std::move(w)) {}
+  Result<runtime::WorkerReport> run() override { return w_->run(); }
+  void post(std::function<void()> fn) override { w_->post(std::move(fn)); }
+  void finish() override { w_->finish(); }
+  void request_stop(const std::string& why) override { w_->request_stop(why); }
+
+ private:
+  std::unique_ptr<runtime::Worker> w_;
+};
+
 }  // namespace
+
+Result<std::unique_ptr<TrainingWorker>> ps_worker(runtime::WorkerOptions options) {
+  QS_ASSIGN_OR_RETURN(auto w, runtime::Worker::create(std::move(options)));
+  return std::unique_ptr<TrainingWorker>(std::make_unique<PsWorker>(std::move(w)));
+}
 
 Result<runtime::JobOptions> make_job(const JobSpec& spec) {
   runtime::JobOptions job;
@@ -41,6 +58,10 @@ Result<runtime::JobOptions> make_job(const JobSpec& spec) {
                                        : "is unknown") +
                             "; parameter-server policies: " + names);
   }
+  if (spec.policy == "oracle") {
+    return invalid_argument("policy 'oracle' moves no gradient (it is the simulator's compute-only bound): the "
+                            "workers would train apart");
+  }
   job.policy = spec.policy;
   for (const auto& [name, value] : spec.knobs) {
     std::string field = name;
@@ -52,7 +73,9 @@ Result<runtime::JobOptions> make_job(const JobSpec& spec) {
       for (const Knob* k : registry.knobs()) names += (names.empty() ? "" : ", ") + k->name;
       return invalid_argument("unknown knob '" + name + "' (knobs: " + names + ")");
     }
-    QS_RETURN_IF_ERROR(knob->parse(value, &job.policy_options));
+    // A size given as a bare number (Python: packet_size=4096) is in bytes.
+    const bool bare = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
+    QS_RETURN_IF_ERROR(knob->parse(bare && knob->type == KnobType::kBytes ? value + "B" : value, &job.policy_options));
   }
   job.workers = spec.workers;
   job.servers = spec.servers;
@@ -98,7 +121,8 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options, std::uni
     self->compute_ = c.get();
     return c;
   };
-  QS_ASSIGN_OR_RETURN(s->worker_, runtime::Worker::create(std::move(wo)));
+  const WorkerFactory make = s->options_.make_worker ? s->options_.make_worker : ps_worker;
+  QS_ASSIGN_OR_RETURN(s->worker_, make(std::move(wo)));
   s->server_ = std::move(hosted);
 
   // The threads: each records how its node ended; a failure wakes every waiting call.

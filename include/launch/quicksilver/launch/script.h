@@ -1,7 +1,7 @@
 // `quicksilver run --script`: runs a user's training script (PyTorch with quicksilver.torch)
 // as N worker processes on this machine, each with the environment torchrun gives its
-// workers (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so
-// that the same script runs under either launcher. quicksilver.torch hosts one parameter
+// workers (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and
+// OMP_NUM_THREADS=1 unless set), so that the same script runs under either launcher. quicksilver.torch hosts one parameter
 // server in each process (N = M) unless the script names separate servers.
 //
 // Exit is clean: when a worker fails, the others are expected to fail on their own within

@@ -17,9 +17,8 @@
 //
 // The gradients are the model's own buffers (TensorBuffer: gradient == sum, torch's .grad
 // storage); pushes read them and pulls write the sums into them, without a copy.
-// The Session is independent of the Exchange: an all-reduce worker that takes a compute
-// factory and a TensorSource plugs in where runtime::Worker does (make_worker in
-// session.cc).
+// The Session is independent of the Exchange: an all-reduce worker plugs in through
+// SessionOptions::make_worker (TrainingWorker, below).
 //
 // Thread safety: the model-thread calls may come from any thread, one at a time (hooks
 // run on the Python thread, or on autograd's threads); they never run loop code
@@ -29,6 +28,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,7 +51,8 @@ struct JobSpec {
   std::string profile_json;   // DESIGN.md's profile format, layers in forward-use order
   std::string policy = "mercury";
   // Policy knobs by field name ("packet_size"; "packet-size" and "--packet-size" too),
-  // values as the command line spells them ("32KiB", "200us", "true").
+  // values as the command line spells them ("32KiB", "200us", "true"; a size may be a bare
+  // number of bytes).
   std::vector<std::pair<std::string, std::string>> knobs;
   int workers = 1;
   int servers = 1;
@@ -67,8 +68,29 @@ struct JobSpec {
 // The bound a PyTorch run gives job.iterations (the user's loop ends it: finish()).
 inline constexpr int kOpenEndedIterations = 1 << 30;
 // Errors name the field: the profile's (profile_from_json), "unknown knob 'x' (knobs: ...)",
-// "policy 'ddp' runs on all-reduce only ...", a bad value.
+// "policy 'ddp' runs on all-reduce only ...", 'oracle' (it sums nothing), a bad value.
 Result<runtime::JobOptions> make_job(const JobSpec& spec);
+
+// The worker a Session drives, whatever moves its gradients: the TCP parameter-server
+// worker (runtime::Worker, ps_worker below) today; the gloo all-reduce worker plugs in by
+// implementing these four calls over the same WorkerOptions (its compute factory and its
+// tensor source: the Session's HookedCompute and the model's buffers).
+class TrainingWorker {
+ public:
+  virtual ~TrainingWorker() = default;
+  // Trains until finish() (or a failure), on the calling thread. Blocks.
+  virtual Result<runtime::WorkerReport> run() = 0;
+  // Thread-safe: runs `fn` on run()'s thread (the loop's), in the order posted.
+  virtual void post(std::function<void()> fn) = 0;
+  // Thread-safe: ends the open-ended run at the next iteration boundary
+  // (TrainingLoop::finish_early), then run() returns.
+  virtual void finish() = 0;
+  // Thread-safe: run() fails soon with "stopped: why"; the peers see this worker go.
+  virtual void request_stop(const std::string& why) = 0;
+};
+using WorkerFactory = std::function<Result<std::unique_ptr<TrainingWorker>>(runtime::WorkerOptions)>;
+// The parameter-server worker (runtime::Worker over TCP).
+Result<std::unique_ptr<TrainingWorker>> ps_worker(runtime::WorkerOptions options);
 
 struct SessionOptions {
   // The job every worker and server agrees on: the profile lists the model's layers in
@@ -78,6 +100,9 @@ struct SessionOptions {
   int rank = 0;                              // this worker's id, in [0, job.workers)
   std::vector<runtime::Endpoint> servers;    // every server, server s at [s]
   std::vector<runtime::TensorBuffer> tensors;  // by tensor id (check_registry)
+  // Makes the worker from the options the Session filled in (compute, tensors). Null:
+  // ps_worker.
+  WorkerFactory make_worker;
 };
 
 class Session {
@@ -125,7 +150,7 @@ class Session {
   std::vector<int> tensor_layer_;            // by tensor id
   std::vector<std::vector<TensorId>> layer_tensors_;
   std::unique_ptr<runtime::TensorSource> source_;
-  std::unique_ptr<runtime::Worker> worker_;
+  std::unique_ptr<TrainingWorker> worker_;
   std::unique_ptr<runtime::Server> server_;
   HookedCompute* compute_ = nullptr;         // owned by worker_; loop thread only
   std::thread worker_thread_, server_thread_;
