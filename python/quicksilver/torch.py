@@ -160,6 +160,101 @@ def _accumulate_grad_hook(p, fn):
     return (node.register_hook(lambda *_: fn()), node)
 
 
+class _Recorder:
+    """A model's layers, as its forward pass uses them, and the times of a pass.
+
+    Layers are the modules that own trainable parameters (recurse=False), in the order in
+    which the first recorded forward pass enters them (forward pre-hooks); a parameter
+    shared by two modules belongs to the first. A module whose parameters all belong to
+    earlier layers is no layer. Times (perf_counter ns): a layer's forward runs from its
+    pre-hook to the next layer's (the layers without parameters in between count with the
+    one before them) or the end of the model's forward; its backward from the previous
+    layer's last gradient (in backward order; for the last layer, the end of the forward
+    pass, so the loss counts with it) to its own last one. The owner calls begin/enter/end
+    from its hooks, grad from each parameter's accumulate-grad hook."""
+
+    def __init__(self, model):
+        self.model = model
+        self.names = {}
+        for n, p in model.named_parameters():
+            self.names.setdefault(id(p), n)
+        self.layer_of_module = {}  # id(module) -> layer, or None
+        self.layers = []           # [(name, [params])]
+        self.assigned = set()      # id of every parameter some layer owns
+        self.discovering = True
+        self.batch_size = 1
+        self.reset()
+
+    def reset(self):
+        self.t_begin = self.t_end = None
+        self.forward_at = {}  # layer -> ns
+        self.grad_at = {}     # id(param) -> ns
+
+    def begin(self, inputs):
+        self.t_begin = time.perf_counter_ns()
+        first = inputs[0] if inputs else None
+        if torch.is_tensor(first) and first.dim() > 0:
+            self.batch_size = int(first.shape[0])
+
+    def enter(self, name, module):
+        if self.discovering and id(module) not in self.layer_of_module:
+            own = [p for p in module.parameters(recurse=False) if p.requires_grad and id(p) not in self.assigned]
+            self.layer_of_module[id(module)] = len(self.layers) if own else None
+            if own:
+                self.assigned.update(id(p) for p in own)
+                self.layers.append((name or type(module).__name__, own))
+        layer = self.layer_of_module.get(id(module))
+        if layer is not None and layer not in self.forward_at:
+            self.forward_at[layer] = time.perf_counter_ns()
+        return layer
+
+    def end(self):
+        self.t_end = time.perf_counter_ns()
+        if self.layers:
+            self.discovering = False
+
+    def grad(self, p):
+        self.grad_at[id(p)] = time.perf_counter_ns()
+
+    def times(self):
+        """(forward, backward) per layer of the last pass, in ns."""
+        L = len(self.layers)
+        start = [self.forward_at.get(l, self.t_end) for l in range(L)]
+        fw = [max((start[l + 1] if l + 1 < L else self.t_end) - start[l], 0) for l in range(L)]
+        done = [max(self.grad_at.get(id(p), self.t_end) for p in ps) for _, ps in self.layers]
+        bw = [max(done[l] - (done[l + 1] if l + 1 < L else self.t_end), 0) for l in range(L)]
+        return fw, bw
+
+    def profile(self, name, fw, bw):
+        """DESIGN.md's profile format, with these per-layer times (ns)."""
+        return {"name": name, "batch_size": max(self.batch_size, 1),
+                "layers": [{"name": lname, "forward_ms": fw[l] / 1e6, "backward_ms": bw[l] / 1e6,
+                            "tensors": [{"name": self.names[id(p)], "elements": p.numel()} for p in ps]}
+                           for l, (lname, ps) in enumerate(self.layers)]}
+
+    def hook(self, on_begin, on_enter, on_end):
+        """Registers the forward hooks on the model; returns their handles."""
+        # A hook that returned a value would replace the module's input or output: these
+        # never do, whatever the callbacks return.
+        def begin(_m, inputs):
+            on_begin(inputs)
+
+        def end(_m, _inputs, _output):
+            on_end()
+
+        def enter(name):
+            def pre_hook(m, _inputs):
+                on_enter(name, m)
+            return pre_hook
+
+        handles = [self.model.register_forward_pre_hook(begin)]
+        for name, module in self.model.named_modules():
+            if any(p.requires_grad for p in module.parameters(recurse=False)):
+                handles.append(module.register_forward_pre_hook(enter(name)))
+        handles.append(self.model.register_forward_hook(end))
+        return handles
+
+
 class _Integration:
     """The hooks of one (optimizer, model) pair and the session they drive."""
 
@@ -181,10 +276,8 @@ class _Integration:
         self.handles = []
         self.nodes = []
 
-        names = {}
-        for n, p in model.named_parameters():
-            names.setdefault(id(p), n)
-        self.names = names
+        self.rec = _Recorder(model)
+        names = self.names = self.rec.names
         self.params = [p for p in model.parameters() if p.requires_grad]
         for p in self.params:
             if p.dtype != torch.float32 or p.device.type != "cpu":
@@ -202,18 +295,7 @@ class _Integration:
                 policy, self.knobs, 1, 1, bandwidth, congestion, connect_timeout, peer_timeout)
 
         # Layers: the modules that own trainable parameters, in first-use order.
-        self.layer_of_module = {}    # id(module) -> layer (None: its parameters belong to earlier layers)
-        self.layers = []             # [(name, [params])]
-        self.forward_at = []         # first pass: when each layer's pre-hook ran
-        self.grad_at = {}            # first backward: when each parameter's gradient was in
-        self.assigned = set()
-        self.handles.append(model.register_forward_pre_hook(self._begin))
-        for name, module in model.named_modules():
-            own = [p for p in module.parameters(recurse=False) if p.requires_grad]
-            if own:
-                self.handles.append(module.register_forward_pre_hook(
-                    lambda m, _inputs, name=name: self._pre_hook(name, m)))
-        self.handles.append(model.register_forward_hook(self._end))
+        self.handles += self.rec.hook(self._begin, self._pre_hook, self._end)
         for p in self.params:
             handle, node = _accumulate_grad_hook(p, lambda p=p: self._grad_hook(p))
             self.handles.append(handle)
@@ -226,42 +308,32 @@ class _Integration:
 
     # ---- the hooks ----
 
-    def _begin(self, _module, inputs):
-        if self.state == "recording" and not self.forward_at:
-            self.t_begin = time.perf_counter_ns()
-            first = inputs[0] if inputs else None
-            self.batch_size = int(first.shape[0]) if torch.is_tensor(first) and first.dim() > 0 else 1
+    def _begin(self, inputs):
+        if self.state == "recording":
+            self.rec.begin(inputs)
 
     def _pre_hook(self, name, module):
         if self.state == "recording":
-            if id(module) in self.layer_of_module:
-                return
-            own = [p for p in module.parameters(recurse=False) if p.requires_grad and id(p) not in self.assigned]
-            if not own:
-                self.layer_of_module[id(module)] = None
-                return
-            self.assigned.update(id(p) for p in own)
-            self.layer_of_module[id(module)] = len(self.layers)
-            self.layers.append((name or type(module).__name__, own))
-            self.forward_at.append(time.perf_counter_ns())
+            self.rec.enter(name, module)
         elif self.state == "running":
-            layer = self.layer_of_module.get(id(module))
+            layer = self.rec.layer_of_module.get(id(module))
             if layer is None:
                 return
             self.session.enter_forward(layer)
             if self.applied[layer] < self.session.backwards(layer):
                 self._apply(layer)
 
-    def _end(self, _module, _inputs, _output):
-        if self.state == "recording" and self.layers:
-            self.t_end = time.perf_counter_ns()
-            self.state = "recorded"
+    def _end(self):
+        if self.state == "recording":
+            self.rec.end()
+            if self.rec.layers:
+                self.state = "recorded"
         elif self.state == "running":
             self.session.leave_forward()
 
     def _grad_hook(self, p):
         if self.state == "recorded":
-            self.grad_at[id(p)] = time.perf_counter_ns()
+            self.rec.grad(p)
         elif self.state == "running":
             t = self.tensor_of[id(p)]
             buf = self.grads[t]
@@ -274,7 +346,8 @@ class _Integration:
     # ---- the first step: the profile, the servers, the session ----
 
     def _start(self):
-        unused = [self.names[id(p)] for p in self.params if id(p) not in self.assigned]
+        self.layers = self.rec.layers
+        unused = [self.names[id(p)] for p in self.params if id(p) not in self.rec.assigned]
         if unused:
             raise RuntimeError("quicksilver.torch: the first forward pass did not use parameters {}: every "
                                "trainable parameter must be used in every pass".format(", ".join(unused[:5])))
@@ -283,20 +356,8 @@ class _Integration:
             raise RuntimeError("quicksilver.torch: parameters {} got no gradient in the first backward pass"
                                .format(", ".join(nograd[:5])))
         L = len(self.layers)
-        # Forward: from one layer's pre-hook to the next (the layers between without
-        # parameters count with the one before them). Backward: from one layer's last
-        # gradient to the next's, in backward order.
-        fw = [(self.forward_at[l + 1] if l + 1 < L else self.t_end) - self.forward_at[l] for l in range(L)]
-        done = [max(self.grad_at.get(id(p), self.t_end) for p in ps) for _, ps in self.layers]
-        bw = []
-        for l in range(L):
-            after = done[l + 1] if l + 1 < L else self.t_end
-            bw.append(max(done[l] - after, 0))
-        profile = {
-            "name": type(self.model).__name__, "batch_size": max(self.batch_size, 1),
-            "layers": [{"name": name, "forward_ms": fw[l] / 1e6, "backward_ms": bw[l] / 1e6,
-                        "tensors": [{"name": self.names[id(p)], "elements": p.numel()} for p in ps]}
-                       for l, (name, ps) in enumerate(self.layers)]}
+        # The times of the first pass (the first iteration's: they include its warm-up).
+        profile = self.rec.profile(type(self.model).__name__, *self.rec.times())
         size, rank = _env["size"], _env["rank"]
         if size > 1:
             # Every worker plans with rank 0's measured times; the layers must agree.

@@ -13,6 +13,11 @@ int main(int argc, char** argv) {
   // `quicksilver run --script FILE ARGS...`: everything after the script's path is the
   // script's own (its flags are not ours to parse).
   std::vector<std::string> script_args;
+  // `quicksilver profile ...`: the measurement is PyTorch's (python/quicksilver/profile.py,
+  // which parses its own flags); this finds the package and hands over.
+  if (argc > 1 && std::string(argv[1]) == "profile") {
+    return qs::cli::run_profile(std::vector<std::string>(argv + 2, argv + argc), "/proc/self/exe");
+  }
   if (argc > 1 && std::string(argv[1]) == "run") {
     for (int i = 2; i + 1 < argc; ++i) {
       const std::string a = argv[i];
@@ -55,6 +60,8 @@ int main(int argc, char** argv) {
   qs::cli::TuneFlags tune_flags;
   CLI::App* tune = app.add_subcommand("tune", "Search bytescheduler's partition/credit (or p3's slice) size by simulation");
   qs::cli::add_tune_flags(tune, &tune_flags);
+  // Listed for --help only: main() hands `profile` to Python before parsing.
+  app.add_subcommand("profile", "Measure a PyTorch model into a profile JSON (flags: quicksilver profile --help)");
   qs::cli::RunFlags run_flags;
   CLI::App* run = app.add_subcommand("run", "Run a whole local cluster (processes), compare with the simulator");
   qs::cli::add_run_flags(run, &run_flags);

@@ -2,7 +2,10 @@
 // (quicksilver/runtime/runtime.h, rendezvous.h, launcher.h), output out.
 #include "runtime_commands.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -240,6 +243,15 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
 
 namespace {
 
+// The quicksilver Python package built beside this executable (build/python), or "".
+std::string package_dir(const std::string& exe) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink(exe, ec);
+  if (ec) return {};
+  const auto pkg = self.parent_path() / "python";
+  return std::filesystem::exists(pkg / "quicksilver", ec) ? pkg.string() : std::string();
+}
+
 // `run --script`: the workers are the script's processes; quicksilver.torch inside them
 // hosts the servers. The package is found beside this executable (build/python).
 int run_script_command(const RunFlags& f, const std::string& exe) {
@@ -248,12 +260,7 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
   o.script = f.script;
   o.args = f.script_args;
   o.workers = f.sim.workers;
-  std::error_code ec;
-  const auto self = std::filesystem::read_symlink(exe, ec);
-  if (!ec) {
-    const auto pkg = self.parent_path() / "python";
-    if (std::filesystem::exists(pkg / "quicksilver", ec)) o.python_path = pkg.string();
-  }
+  o.python_path = package_dir(exe);
   auto timeout = parse_time(f.timeout);
   if (!timeout) return fail("quicksilver", timeout.status().with_context("--timeout"));
   // --timeout bounds a policy's run (300 s by default); a script trains as long as it
@@ -268,6 +275,25 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
 }
 
 }  // namespace
+
+int run_profile(const std::vector<std::string>& args, const std::string& exe) {
+  const std::string pkg = package_dir(exe);
+  if (pkg.empty()) {
+    return fail("quicksilver profile",
+                "no quicksilver Python package beside this executable: build with QS_WITH_TORCH=ON "
+                "(scripts/build.sh does when /usr/bin/python3 imports torch)");
+  }
+  const char* old = std::getenv("PYTHONPATH");
+  const std::string path = pkg + (old != nullptr && *old != '\0' ? ":" + std::string(old) : "");
+  setenv("PYTHONPATH", path.c_str(), 1);
+  std::vector<std::string> argv_s{"/usr/bin/python3", "-m", "quicksilver.profile"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execv(argv_s[0].c_str(), argv.data());
+  return fail("quicksilver profile", "cannot execute /usr/bin/python3", 3);
+}
 
 int run_cluster(const RunFlags& f, const std::string& exe) {
   if (!f.script.empty()) return run_script_command(f, exe);

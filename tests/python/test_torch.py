@@ -161,3 +161,20 @@ def test_single_process_matches_plain_training():
     got = model.state_dict()
     assert max((got[k] - ref[k]).abs().max().item() for k in ref) <= TOLERANCE
     assert len(report["iteration_ms"]) == 3
+
+
+def test_profile_command_feeds_the_simulator(build_dir, tmp_path):
+    """`quicksilver profile` measures a model into a profile that `simulate` reads."""
+    exe = os.path.join(build_dir, "quicksilver")
+    out = str(tmp_path / "digits.json")
+    p = subprocess.run([exe, "profile", "--model", os.path.join(HERE, "models.py") + ":DigitsCNN", "--input", "1,8,8",
+                        "--batch", "8", "--iterations", "3", "--warmup", "1", "--out", out],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    profile = json.load(open(out))
+    assert [l["name"] for l in profile["layers"]] == ["conv1", "conv2", "fc1", "fc2"]
+    assert profile["batch_size"] == 8 and all(l["forward_ms"] > 0 for l in profile["layers"])
+    s = subprocess.run([exe, "simulate", "--model", out, "--policy", "mercury", "--workers", "2", "--servers", "2",
+                        "--json"], capture_output=True, text=True, timeout=60)
+    assert s.returncode == 0, s.stderr
+    assert json.loads(s.stdout)["results"][0]["iteration_ms"] > 0
