@@ -91,13 +91,16 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
       if (!python_path.empty()) setenv("PYTHONPATH", python_path.c_str(), 1);
       // As torchrun does: N processes on one machine, one thread each unless told.
       setenv("OMP_NUM_THREADS", "1", 0);
+      // A Python script runs under the interpreter; anything else (a LibTorch program) as is.
+      const bool python = o.script.size() > 3 && o.script.compare(o.script.size() - 3, 3, ".py") == 0;
       std::vector<std::string> argv_s{o.python, o.script};
+      if (!python) argv_s.erase(argv_s.begin());
       argv_s.insert(argv_s.end(), o.args.begin(), o.args.end());
       std::vector<char*> argv;
       for (auto& a : argv_s) argv.push_back(a.data());
       argv.push_back(nullptr);
-      execv(o.python.c_str(), argv.data());
-      dprintf(2, "quicksilver run: cannot execute %s\n", o.python.c_str());
+      execv(argv_s[0].c_str(), argv.data());
+      dprintf(2, "quicksilver run: cannot execute %s\n", argv_s[0].c_str());
       _exit(127);
     }
     pids[static_cast<std::size_t>(r)] = pid;

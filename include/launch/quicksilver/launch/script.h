@@ -22,7 +22,8 @@ namespace qs {
 
 struct ScriptLaunchOptions {
   std::string python = "/usr/bin/python3";  // MACHINE-NOTES: the one that sees Debian's torch
-  std::string script;                        // required
+  // Required: a Python script (*.py, run by `python`) or an executable (a LibTorch program).
+  std::string script;
   std::vector<std::string> args;             // the script's own arguments
   int workers = 2;                           // N, in 1..runtime::kMaxWorkers
   // Prepended to the children's PYTHONPATH (where the quicksilver package is); may be empty.
