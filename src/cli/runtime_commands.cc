@@ -261,6 +261,13 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
   o.args = f.script_args;
   o.workers = f.sim.workers;
   o.python_path = package_dir(exe);
+  o.netns = f.netns;
+  o.congestion = f.congestion;
+  if (f.netns) {
+    auto rate = parse_rate(f.sim.bandwidth);
+    if (!rate) return fail("quicksilver", rate.status().with_context("--bandwidth"));
+    o.bandwidth = *rate;
+  }
   auto timeout = parse_time(f.timeout);
   if (!timeout) return fail("quicksilver", timeout.status().with_context("--timeout"));
   // --timeout bounds a policy's run (300 s by default); a script trains as long as it

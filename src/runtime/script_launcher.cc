@@ -8,9 +8,11 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <thread>
 
 #include "quicksilver/launch/script.h"
+#include "quicksilver/runtime/netns.h"
 #include "quicksilver/runtime/runtime.h"
 
 namespace qs {
@@ -52,6 +54,19 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
   auto log = [&](const std::string& m) {
     if (o.log) o.log(m);
   };
+  // The emulated cluster: one namespace per worker; torn down on return.
+  std::unique_ptr<runtime::NetnsCluster> cluster;
+  std::string master_addr = o.master_addr;
+  if (o.netns) {
+    QS_RETURN_IF_ERROR(runtime::NetnsCluster::available().with_context("--netns"));
+    runtime::NetnsCluster::cleanup_stale();
+    runtime::NetnsOptions no;
+    no.hosts = o.workers;
+    no.rate = o.bandwidth;
+    no.congestion = o.congestion;
+    QS_ASSIGN_OR_RETURN(cluster, runtime::NetnsCluster::create(no));
+    master_addr = cluster->address(0);
+  }
   int port = o.master_port;
   if (port == 0) {
     QS_ASSIGN_OR_RETURN(port, free_port());
@@ -82,11 +97,19 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
       setpgid(0, 0);
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the launcher
       if (getppid() == 1) _exit(125);
+      if (cluster) {
+        Status st = runtime::NetnsCluster::enter(cluster->namespace_name(r));
+        if (!st.is_ok()) {
+          dprintf(2, "quicksilver run: %s\n", st.message().c_str());
+          _exit(126);
+        }
+        setenv("GLOO_SOCKET_IFNAME", cluster->interface_name(r).c_str(), 1);
+      }
       setenv("RANK", std::to_string(r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(o.workers).c_str(), 1);
       setenv("LOCAL_WORLD_SIZE", std::to_string(o.workers).c_str(), 1);
-      setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+      setenv("MASTER_ADDR", master_addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       if (!python_path.empty()) setenv("PYTHONPATH", python_path.c_str(), 1);
       // As torchrun does: N processes on one machine, one thread each unless told.
@@ -105,7 +128,7 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
     }
     pids[static_cast<std::size_t>(r)] = pid;
   }
-  log("started " + std::to_string(o.workers) + " workers of " + o.script + " (MASTER_ADDR=" + o.master_addr +
+  log("started " + std::to_string(o.workers) + " workers of " + o.script + " (MASTER_ADDR=" + master_addr +
       " MASTER_PORT=" + std::to_string(port) + ")");
 
   using Clock = std::chrono::steady_clock;

@@ -178,3 +178,15 @@ def test_profile_command_feeds_the_simulator(build_dir, tmp_path):
                         "--json"], capture_output=True, text=True, timeout=60)
     assert s.returncode == 0, s.stderr
     assert json.loads(s.stdout)["results"][0]["iteration_ms"] > 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--netns needs root")
+def test_netns_shaped_cluster(build_dir, tmp_path):
+    """`quicksilver run --netns`: one namespace per worker, shaped links; still exact."""
+    cmd = [os.path.join(build_dir, "quicksilver"), "run", "--netns", "--bandwidth", "1Gbps", "--workers", "2",
+           "--script", WORKER, "--model", "digits", "--policies", "mercury,bytescheduler", "--iterations", "3",
+           "--out", str(tmp_path)]
+    p = subprocess.run(cmd, env=env(build_dir), capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    assert "MASTER_ADDR=10.213." in p.stderr
+    check_equal(str(tmp_path), ["mercury", "bytescheduler"], "sgd", "digits", 2, 8, 3)

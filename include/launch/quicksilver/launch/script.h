@@ -30,6 +30,12 @@ struct ScriptLaunchOptions {
   std::string python_path;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;                       // 0: a free port of this machine
+  // One network namespace per worker (root), joined by tc-shaped links at `bandwidth` each
+  // way (runtime/netns.h); MASTER_ADDR is worker 0's address and GLOO_SOCKET_IFNAME each
+  // worker's interface, so torch.distributed (and DDP) use the shaped links too.
+  bool netns = false;
+  Rate bandwidth = Rate::gbps(1);
+  std::string congestion = "cubic";  // allowed inside the namespaces (NetnsOptions)
   TimeNs timeout = 0;                        // 0: none
   TimeNs grace = 15 * kNsPerSec;             // after the first failure (see above)
   // Progress messages ("worker 1 exited with status 1", "terminating ..."). May be empty.

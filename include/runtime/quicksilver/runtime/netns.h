@@ -55,6 +55,8 @@ class NetnsCluster {
   int hosts() const { return options_.hosts; }
   std::string namespace_name(int host) const;
   std::string address(int host) const;
+  // The host's interface inside its namespace (what GLOO_SOCKET_IFNAME names).
+  std::string interface_name(int host) const;
   // Changes host's rate limit in both directions (the dynamic scenarios). Through
   // netlink sockets opened when the cluster was built: microseconds per shaper.
   Status set_rate(int host, Rate rate);
