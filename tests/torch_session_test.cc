@@ -4,9 +4,11 @@
 // registered buffers in place; the run is open-ended and ends with finish().
 #include <gtest/gtest.h>
 
+#include <map>
 #include <thread>
 
 #include "quicksilver/runtime/runtime.h"
+#include "quicksilver/torch/hooked_compute.h"
 #include "quicksilver/torch/session.h"
 
 namespace qs::pytorch {
@@ -104,6 +106,71 @@ TEST(Session, MercurySumsInPlace) { train("mercury", 4, false); }
 TEST(Session, ByteSchedulerWithEvaluationPasses) { train("bytescheduler", 3, true); }
 TEST(Session, WfbpOneIteration) { train("wfbp", 1, false); }
 
+// Callbacks in (time, scheduling order); time moves only when told.
+class ManualTimer final : public Timer {
+ public:
+  TimeNs now() const override { return now_; }
+  void schedule_at(TimeNs when, Callback fn) override { q_.emplace(std::make_pair(when, seq_++), std::move(fn)); }
+  void advance(TimeNs to) {
+    now_ = to;
+    while (!q_.empty() && q_.begin()->first.first <= now_) {
+      auto node = q_.extract(q_.begin());
+      node.mapped()();
+    }
+  }
+
+ private:
+  std::map<std::pair<TimeNs, std::uint64_t>, Callback> q_;
+  std::uint64_t seq_ = 0;
+  TimeNs now_ = 0;
+};
+
+TEST(HookedCompute, BackwardStepsEndInOrderWhateverOrderTheHooksReport) {
+  ManualTimer timer;
+  HookedCompute c(timer, 3, nullptr);
+  std::vector<std::pair<int, TimeNs>> ended;
+  // Layer 1 (the middle one) completes first, at 10; layer 2 at 20.
+  c.backward_done(1, 10);
+  c.run(ComputeStep{Pass::kBackward, 2, 0}, 0, [&](TimeNs end) { ended.emplace_back(2, end); });
+  timer.advance(15);
+  EXPECT_TRUE(ended.empty());  // layer 2 has not reported
+  c.backward_done(2, 20);
+  timer.advance(20);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].second, 20);
+  // Layer 1 reported at 10, before layer 2's step ended: it ends with it, not before.
+  c.run(ComputeStep{Pass::kBackward, 1, 0}, 0, [&](TimeNs end) { ended.emplace_back(1, end); });
+  timer.advance(21);
+  ASSERT_EQ(ended.size(), 2u);
+  EXPECT_EQ(ended[1].second, 20);
+}
+
+TEST(HookedCompute, ForwardOpensTheGateAndIgnoresPassesWithoutOne) {
+  ManualTimer timer;
+  std::vector<std::pair<int, std::int64_t>> gates;
+  HookedCompute c(timer, 2, [&](int l, std::int64_t it) { gates.emplace_back(l, it); });
+  // An evaluation pass before any gate: no step to end.
+  c.forward_done(0, 5);
+  bool done = false;
+  c.run(ComputeStep{Pass::kForward, 0, 0}, 0, [&](TimeNs) { done = true; });
+  ASSERT_EQ(gates.size(), 1u);
+  EXPECT_EQ(gates[0], std::make_pair(0, std::int64_t{0}));
+  timer.advance(6);
+  EXPECT_FALSE(done);  // the report at 5 came before the gate: not this step
+  c.forward_done(0, 7);
+  timer.advance(7);
+  EXPECT_TRUE(done);
+  // finish(): a waiting forward step and later ones end at once; a backward never does.
+  bool fw1 = false, bw = false;
+  c.run(ComputeStep{Pass::kForward, 1, 0}, 0, [&](TimeNs) { fw1 = true; });
+  c.finish();
+  timer.advance(8);
+  EXPECT_TRUE(fw1);
+  c.run(ComputeStep{Pass::kBackward, 1, 1}, 0, [&](TimeNs) { bw = true; });
+  timer.advance(100);
+  EXPECT_FALSE(bw);
+}
+
 TEST(Session, MakeJobNamesWhatIsWrong) {
   JobSpec spec;
   spec.profile_json = kProfile;
@@ -116,6 +183,14 @@ TEST(Session, MakeJobNamesWhatIsWrong) {
   job = make_job(spec);
   ASSERT_FALSE(job.is_ok());
   EXPECT_NE(job.status().message().find("unknown knob 'packet_sise'"), std::string::npos);
+  spec.policy = "oracle";
+  spec.knobs = {};
+  EXPECT_FALSE(make_job(spec).is_ok());
+  spec.policy = "mercury";
+  spec.knobs = {{"--packet-size", "4096"}};  // a flag's spelling, a bare byte count
+  job = make_job(spec);
+  ASSERT_TRUE(job.is_ok()) << job.status().to_string();
+  EXPECT_EQ(job->policy_options.packet_size, 4096);
 }
 
 }  // namespace
