@@ -20,6 +20,7 @@ ap.add_argument("--batch", type=int, default=8)
 ap.add_argument("--out", required=True)
 ap.add_argument("--knobs", default="{}")
 ap.add_argument("--die-at", type=int, default=-1, help="rank 1 exits abruptly at this iteration")
+ap.add_argument("--stop-at", type=int, default=-1, help="rank 1 ends its loop (cleanly) at this iteration")
 args = ap.parse_args()
 
 torch.set_num_threads(1)
@@ -40,6 +41,8 @@ for opt_name in args.optimizers.split(","):
         for it in range(args.iterations):
             if it == args.die_at and qs.rank() == 1:
                 os._exit(3)
+            if it == args.stop_at and qs.rank() == 1:
+                break
             xb, yb = models.batch(x, y, it, qs.rank(), qs.size(), args.batch)
             optimizer.zero_grad()
             loss = loss_fn(model(xb), yb)
