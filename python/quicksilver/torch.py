@@ -308,12 +308,15 @@ class _Integration:
 
     # ---- the hooks ----
 
+    # Until the first step, every pass is timed afresh: the profile has the last forward
+    # pass before it (not, say, an evaluation pass before training) and its backward.
     def _begin(self, inputs):
-        if self.state == "recording":
+        if self.state in ("recording", "recorded"):
+            self.rec.reset()
             self.rec.begin(inputs)
 
     def _pre_hook(self, name, module):
-        if self.state == "recording":
+        if self.state in ("recording", "recorded"):
             self.rec.enter(name, module)
         elif self.state == "running":
             layer = self.rec.layer_of_module.get(id(module))
@@ -324,7 +327,7 @@ class _Integration:
                 self._apply(layer)
 
     def _end(self):
-        if self.state == "recording":
+        if self.state in ("recording", "recorded"):
             self.rec.end()
             if self.rec.layers:
                 self.state = "recorded"
