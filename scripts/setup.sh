@@ -10,6 +10,8 @@ packages=(
   iproute2 iperf3
   clang libclang-rt-14-dev
   libgloo-dev
+  # The PyTorch integration (quicksilver.torch; docs/pytorch.md) and its tests.
+  python3-torch libtorch-dev pybind11-dev python3-dev python3-sklearn python3-torchvision
 )
 missing=()
 for p in "${packages[@]}"; do

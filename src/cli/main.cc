@@ -1,6 +1,8 @@
 // The `quicksilver` command: the only place that reads flags (and, later, environment).
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "commands.h"
 #include "runtime_commands.h"
@@ -8,6 +10,24 @@
 #include "quicksilver/core/check.h"
 
 int main(int argc, char** argv) {
+  // `quicksilver run --script FILE ARGS...`: everything after the script's path is the
+  // script's own (its flags are not ours to parse).
+  std::vector<std::string> script_args;
+  // `quicksilver profile ...`: the measurement is PyTorch's (python/quicksilver/profile.py,
+  // which parses its own flags); this finds the package and hands over.
+  if (argc > 1 && std::string(argv[1]) == "profile") {
+    return qs::cli::run_profile(std::vector<std::string>(argv + 2, argv + argc), "/proc/self/exe");
+  }
+  if (argc > 1 && std::string(argv[1]) == "run") {
+    for (int i = 2; i + 1 < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--script") {
+        script_args.assign(argv + i + 2, argv + argc);
+        argc = i + 2;
+        break;
+      }
+    }
+  }
   CLI::App app{"Quicksilver: gradient communication scheduling for data-parallel DNN training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "quicksilver 0.1.0");
@@ -40,9 +60,12 @@ int main(int argc, char** argv) {
   qs::cli::TuneFlags tune_flags;
   CLI::App* tune = app.add_subcommand("tune", "Search bytescheduler's partition/credit (or p3's slice) size by simulation");
   qs::cli::add_tune_flags(tune, &tune_flags);
+  // Listed for --help only: main() hands `profile` to Python before parsing.
+  app.add_subcommand("profile", "Measure a PyTorch model into a profile JSON (flags: quicksilver profile --help)");
   qs::cli::RunFlags run_flags;
   CLI::App* run = app.add_subcommand("run", "Run a whole local cluster (processes), compare with the simulator");
   qs::cli::add_run_flags(run, &run_flags);
+  run_flags.script_args = script_args;
 
   try {
     app.parse(argc, argv);

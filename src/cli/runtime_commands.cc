@@ -2,7 +2,11 @@
 // (quicksilver/runtime/runtime.h, rendezvous.h, launcher.h), output out.
 #include "runtime_commands.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -12,6 +16,7 @@
 #include "quicksilver/launch/launcher.h"
 #include "quicksilver/runtime/collective.h"
 #include "quicksilver/runtime/store.h"
+#include "quicksilver/launch/script.h"
 #include "quicksilver/runtime/rendezvous.h"
 #include "quicksilver/runtime/report_codec.h"
 #include "quicksilver/runtime/runtime.h"
@@ -388,11 +393,78 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
                   "--architecture allreduce: gloo's algorithm: ring, ring-chunked, halving-doubling, bcube "
                   "(default: from --allreduce, ring or rhd)");
   app->add_flag("--keep-going", f->keep_going, "Continue with the next policy when one fails");
+  app->add_option("--script", f->script,
+                  "Run this PyTorch training script (quicksilver.torch) as --workers processes with torchrun's "
+                  "environment; every argument after it is the script's")
+      ->group("PyTorch");
+  app->add_option("--python", f->python, "--script: the Python interpreter")->capture_default_str()->group("PyTorch");
   app->add_option("--kill-worker", f->kill_worker, "Testing: this worker dies abruptly...")->group("");
   app->add_option("--kill-at-iteration", f->kill_at_iteration, "...at this iteration")->group("");
 }
 
+namespace {
+
+// The quicksilver Python package built beside this executable (build/python), or "".
+std::string package_dir(const std::string& exe) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink(exe, ec);
+  if (ec) return {};
+  const auto pkg = self.parent_path() / "python";
+  return std::filesystem::exists(pkg / "quicksilver", ec) ? pkg.string() : std::string();
+}
+
+// `run --script`: the workers are the script's processes; quicksilver.torch inside them
+// hosts the servers. The package is found beside this executable (build/python).
+int run_script_command(const RunFlags& f, const std::string& exe) {
+  ScriptLaunchOptions o;
+  o.python = f.python;
+  o.script = f.script;
+  o.args = f.script_args;
+  o.workers = f.sim.workers;
+  o.python_path = package_dir(exe);
+  o.netns = f.netns;
+  o.congestion = f.congestion;
+  if (f.netns) {
+    auto rate = parse_rate(f.sim.bandwidth);
+    if (!rate) return fail("quicksilver", rate.status().with_context("--bandwidth"));
+    o.bandwidth = *rate;
+  }
+  auto timeout = parse_time(f.timeout);
+  if (!timeout) return fail("quicksilver", timeout.status().with_context("--timeout"));
+  // --timeout bounds a policy's run (300 s by default); a script trains as long as it
+  // likes unless the flag is given.
+  o.timeout = f.timeout == "300s" ? 0 : *timeout;
+  o.log = [](std::string_view m) { std::cerr << "quicksilver run: " << m << "\n"; };
+  auto r = run_script(o);
+  if (!r) return fail("quicksilver run", r.status());
+  if (r->ok()) return 0;
+  if (r->timed_out) std::cerr << "quicksilver run: timed out\n";
+  return r->first_failed >= 0 ? std::max(1, r->exit_codes[static_cast<std::size_t>(r->first_failed)]) : 1;
+}
+
+}  // namespace
+
+int run_profile(const std::vector<std::string>& args, const std::string& exe) {
+  const std::string pkg = package_dir(exe);
+  if (pkg.empty()) {
+    return fail("quicksilver profile",
+                "no quicksilver Python package beside this executable: build with QS_WITH_TORCH=ON "
+                "(scripts/build.sh does when /usr/bin/python3 imports torch)");
+  }
+  const char* old = std::getenv("PYTHONPATH");
+  const std::string path = pkg + (old != nullptr && *old != '\0' ? ":" + std::string(old) : "");
+  setenv("PYTHONPATH", path.c_str(), 1);
+  std::vector<std::string> argv_s{"/usr/bin/python3", "-m", "quicksilver.profile"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execv(argv_s[0].c_str(), argv.data());
+  return fail("quicksilver profile", "cannot execute /usr/bin/python3", 3);
+}
+
 int run_cluster(const RunFlags& f, const std::string& exe) {
+  if (!f.script.empty()) return run_script_command(f, exe);
   auto job = make_job(f.sim);
   if (!job) return fail("quicksilver", job.status());
   if (f.sim.policy == "all") {

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 
@@ -44,6 +45,10 @@ struct RunFlags {
   int kill_worker = -1;         // testing: this worker dies abruptly...
   int kill_at_iteration = 1;    // ...at this iteration
   std::string gloo_algorithm;   // --architecture allreduce: gloo's algorithm
+  // --script: a training script run as --workers processes (torchrun's environment).
+  std::string script;
+  std::vector<std::string> script_args;  // everything after the script's path
+  std::string python = "/usr/bin/python3";
 };
 
 struct CoordinatorFlags {
@@ -66,5 +71,8 @@ void add_run_flags(CLI::App* app, RunFlags* f);
 int run_server_role(const RoleFlags& f);
 int run_worker_role(const RoleFlags& f);
 int run_cluster(const RunFlags& f, const std::string& self_exe);
+// `quicksilver profile ARGS`: runs `/usr/bin/python3 -m quicksilver.profile ARGS` with the
+// package beside this executable on PYTHONPATH (replaces this process).
+int run_profile(const std::vector<std::string>& args, const std::string& self_exe);
 
 }  // namespace qs::cli

@@ -35,7 +35,8 @@ TrainingLoop::TrainingLoop(const Profile& profile, const TensorLayout& layout, T
   const auto layers = static_cast<std::size_t>(layout_.num_layers());
   layer_got_.assign(layers, 0);
   ready_at_.assign(layers, -1);
-  records_.reserve(static_cast<std::size_t>(std::max(options_.iterations, 0)));
+  // An open-ended run (finish_early) gives a large bound: reserve for a plausible run only.
+  records_.reserve(static_cast<std::size_t>(std::clamp(options_.iterations, 0, 4096)));
 }
 
 TrainingLoop::TrainingLoop(const Profile& profile, const TensorLayout& layout, PsPolicy& policy,
@@ -222,12 +223,30 @@ void TrainingLoop::end_iteration(TimeNs end) {
     begin_iteration(iteration_ + 1);
     return;
   }
+  end_training(now);
+}
+
+void TrainingLoop::end_training(TimeNs now) {
   iteration_ = options_.iterations;
   if (ar_ && communicates()) {
     ar_->on_training_end(now, *ar_sink_);
     exchange_.flush();
   }
   if (options_.finished) options_.finished();
+}
+
+void TrainingLoop::finish_early() {
+  if (finished() || !error_.is_ok()) return;
+  // Begun: some backward step of this iteration ended (the chain moved past layer L's
+  // backward, or into the forward pass).
+  const bool begun = !waiting_backward_ && (!backward_ || layer_ < layout_.num_layers() - 1);
+  if (begun) {
+    options_.iterations = static_cast<int>(iteration_ + 1);
+    return;
+  }
+  options_.iterations = static_cast<int>(iteration_);
+  waiting_backward_ = false;
+  end_training(timer_.now());
 }
 
 // ---- what the exchange reports ----

@@ -152,6 +152,8 @@ std::string NetnsCluster::namespace_name(int host) const {
   return options_.tag + "h" + std::to_string(host);
 }
 
+std::string NetnsCluster::interface_name(int host) const { return veth_host(options_.tag, host); }
+
 std::string NetnsCluster::address(int host) const {
   return "10.213." + std::to_string(host / 250) + "." + std::to_string(host % 250 + 1);
 }

@@ -41,6 +41,7 @@ struct Server::Impl final : transport::FrameHandler {
     std::unique_ptr<Connection> conn;
     std::int64_t last_iteration = -1;  // highest iteration pushed so far
     bool bye = false;
+    std::int64_t bye_iteration = -1;  // the last iteration it trained, from its bye
     Unit* current = nullptr;  // the unit the frame being read adds to
     unsigned char carry[4] = {};
     int carry_n = 0;
@@ -346,6 +347,13 @@ struct Server::Impl final : transport::FrameHandler {
     rules.min_iteration = static_cast<std::uint32_t>(std::max<std::int64_t>(p.last_iteration, 0));
     rules.max_iteration = static_cast<std::uint32_t>(p.last_iteration + 1);
     QS_RETURN_IF_ERROR(transport::validate_data_header(h, rules));
+    // An open-ended run (PyTorch: the user's loop decides) ends when each worker's loop
+    // does; a push beyond a finished worker's last iteration would wait for it for ever.
+    for (std::size_t b = 0; b < peers.size(); ++b) {
+      if (peers[b].bye && peers[b].bye_iteration < static_cast<std::int64_t>(h.iteration)) {
+        return transport::header_error(HeaderField::kIteration, ended_apart(w, h.iteration, static_cast<int>(b)));
+      }
+    }
     // The bytes must be this server's (Placement).
     const Slice* own = jl.placement.owning_slice(
         Chunk{static_cast<TensorId>(h.tensor), static_cast<Bytes>(h.offset), static_cast<Bytes>(h.length)},
@@ -479,6 +487,14 @@ struct Server::Impl final : transport::FrameHandler {
       }
       case FrameKind::kBye:
         p.bye = true;
+        p.bye_iteration = h.iteration;
+        // The same, when the others pushed a later iteration before this bye arrived.
+        for (std::size_t b = 0; b < peers.size(); ++b) {
+          if (peers[b].last_iteration > p.bye_iteration) {
+            loop->fail(invalid_argument(ended_apart(static_cast<int>(b), peers[b].last_iteration, w)));
+            break;
+          }
+        }
         return Status::ok();
       case FrameKind::kError: {
         auto text = c.small_payload();
@@ -487,6 +503,13 @@ struct Server::Impl final : transport::FrameHandler {
       }
       default: return internal_error("unreachable frame kind");
     }
+  }
+
+  std::string ended_apart(int pusher, std::int64_t iteration, int finished) const {
+    return name() + ": worker " + std::to_string(pusher) + " pushes iteration " + std::to_string(iteration) +
+           " but worker " + std::to_string(finished) + " ended after iteration " +
+           std::to_string(peers[static_cast<std::size_t>(finished)].bye_iteration) +
+           ": every worker must train the same number of iterations";
   }
 
   Status on_hello(Connection& c, const Header& h) {

@@ -76,10 +76,16 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     urgent_end = jl.layout.end_tensor(0);
     // The loop and its seams.
     timer = std::make_unique<LoopTimer>(*loop);
-    gpu = std::make_unique<EmulatedCompute>(
-        job.profile, opts.compute_factor, *timer,
-        opts.record_trace ? SpanRecorder(&trace, opts.worker_id, 0, false) : SpanRecorder(),
-        [this](const ComputeStep& s) { source->on_backward(s.layer, s.iteration); });
+    if (opts.compute) {
+      // A real device (PyTorch's hooks): its steps end when the model says so.
+      gpu = opts.compute(*timer);
+      if (!gpu) return invalid_argument("the compute factory made no compute");
+    } else {
+      gpu = std::make_unique<EmulatedCompute>(
+          job.profile, opts.compute_factor, *timer,
+          opts.record_trace ? SpanRecorder(&trace, opts.worker_id, 0, false) : SpanRecorder(),
+          [this](const ComputeStep& s) { source->on_backward(s.layer, s.iteration); });
+    }
     LoopOptions lo;
     lo.iterations = job.iterations;
     if (opts.record_trace) lo.pushing = SpanRecorder(&trace, opts.worker_id, 1, false);
@@ -152,7 +158,13 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     bytes_at_start = bytes_written();
     (void)take_repairs();  // the baseline: what the rendezvous needed does not count
     schedule_watchdog();
-    training->start();
+    started = true;
+    // finish() before training began (an open-ended run that trained nothing): say bye.
+    if (finish_requested) {
+      say_bye();
+    } else {
+      training->start();
+    }
     QS_RETURN_IF_ERROR(loop->run([this] { return finished && all_flushed(); }));
     return Status::ok();
   }
@@ -218,7 +230,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       Header bye;
       bye.kind = FrameKind::kBye;
       bye.sender = static_cast<std::uint16_t>(opts.worker_id);
-      bye.iteration = static_cast<std::uint32_t>(opts.job.iterations - 1);
+      bye.iteration = static_cast<std::uint32_t>(std::max<std::int64_t>(training->iterations_done() - 1, 0));
       c->send_control(bye);
       c->shutdown_when_flushed();
       Status s = c->flush();
@@ -441,8 +453,10 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       gbps.push_back(rec.gbps);
     }
     r.median_iteration = steady_median(r.iteration_times, opts.warmup);
-    r.bytes_pushed_per_iteration = training->records().back().traffic.bytes;
-    r.units_per_iteration = training->records().back().traffic.messages;
+    if (!training->records().empty()) {
+      r.bytes_pushed_per_iteration = training->records().back().traffic.bytes;
+      r.units_per_iteration = training->records().back().traffic.messages;
+    }
     r.uplink_gbps = steady_median(gbps, opts.warmup);
     if (opts.nic_rate.bits_per_second > 0) r.uplink_utilisation = r.uplink_gbps / opts.nic_rate.gbps_value();
     r.queue_delay_p50 = delays.percentile(50);
@@ -479,7 +493,9 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   std::vector<TensorBuffer> buffers;  // by tensor id
   // The loop and its seams (the exchange is this Impl).
   std::unique_ptr<LoopTimer> timer;
-  std::unique_ptr<EmulatedCompute> gpu;
+  std::unique_ptr<Compute> gpu;
+  bool finish_requested = false;  // finish() came before training began
+  bool started = false;           // training->start() ran (or bye was said instead)
   std::unique_ptr<TrainingLoop> training;
   std::int64_t iteration = 0;  // the loop's iteration, as stamped on the wire
   bool finished = false;
@@ -515,6 +531,16 @@ Result<std::unique_ptr<Worker>> Worker::create(WorkerOptions options) {
 
 Result<WorkerReport> Worker::run() { return impl_->run(); }
 void Worker::request_stop(const std::string& why) { impl_->loop->request_stop(why); }
+void Worker::post(std::function<void()> fn) { impl_->loop->post(std::move(fn)); }
+void Worker::finish() {
+  impl_->loop->post([impl = impl_.get()] {
+    if (!impl->started) {
+      impl->finish_requested = true;
+      return;
+    }
+    impl->training->finish_early();
+  });
+}
 
 Result<WorkerReport> run_worker(const WorkerOptions& options) {
   QS_ASSIGN_OR_RETURN(auto worker, Worker::create(options));

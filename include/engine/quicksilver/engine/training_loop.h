@@ -80,6 +80,14 @@ class TrainingLoop final : public ExchangeListener {
 
   // Begins iteration 0 (its backward, or its backward gate).
   void start();
+  // Ends training early, at an iteration boundary, for a loop whose length its driver
+  // does not know in advance (PyTorch: the user's loop decides; LoopOptions::iterations is
+  // then a bound, not a plan). If the current iteration has begun computing (a backward
+  // step ended), it is the last one: the run finishes when its forward pass ends. If not
+  // (its first backward step has not ended: the Compute will never end it), the run
+  // finishes now, without it; the Compute must then drop that pending step. No effect once
+  // finished. Every worker of a job must end after the same iteration.
+  void finish_early();
   // Iterations completed so far (== options.iterations once finished).
   std::int64_t iterations_done() const { return static_cast<std::int64_t>(records_.size()); }
   bool finished() const { return iterations_done() >= options_.iterations; }
@@ -126,6 +134,7 @@ class TrainingLoop final : public ExchangeListener {
   void try_forward(int layer, bool was_blocked);
   void on_forward_done(TimeNs end);
   void end_iteration(TimeNs end);
+  void end_training(TimeNs now);
   void layer_complete(int layer, TimeNs at);
   void end_pending(TimeNs end);
   void hand_over(const PushUnit& unit);

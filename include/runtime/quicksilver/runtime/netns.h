@@ -63,6 +63,8 @@ class NetnsCluster {
   bool has_second_link() const { return options_.second_rate.bits_per_second > 0; }
   // Bytes the host has sent on link 0 or 1 so far (the bridge side's receive counter).
   Result<std::uint64_t> sent_bytes(int host, int link) const;
+  // The host's interface inside its namespace (what GLOO_SOCKET_IFNAME names).
+  std::string interface_name(int host) const;
   // Changes host's rate limit in both directions (the dynamic scenarios). Through
   // netlink sockets opened when the cluster was built: microseconds per shaper.
   Status set_rate(int host, Rate rate);

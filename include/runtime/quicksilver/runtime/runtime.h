@@ -31,6 +31,8 @@
 #include "quicksilver/core/status.h"
 #include "quicksilver/core/trace_span.h"
 #include "quicksilver/core/units.h"
+#include "quicksilver/engine/compute.h"
+#include "quicksilver/engine/timer.h"
 #include "quicksilver/model/profile.h"
 #include "quicksilver/policy/allreduce_policy.h"
 #include "quicksilver/policy/options.h"
@@ -105,6 +107,12 @@ struct WorkerOptions {
   // The cluster secret (ServerOptions::secret): the worker proves it knows it, and every
   // server must prove the same, before the hello. Null: no authentication.
   std::shared_ptr<const transport::Secret> secret;
+  // The device the loop drives. Null: the GPU emulated from the profile (EmulatedCompute,
+  // compute_factor applies). Otherwise called once, in create(), with the worker's Timer
+  // (its event loop); the compute lives as long as the worker. A real compute (PyTorch's
+  // hooks, torch/) reports from other threads through Worker::post(). Whatever moves the
+  // gradients (this TCP worker, or an all-reduce one) takes the same factory.
+  std::function<std::unique_ptr<Compute>(Timer& timer)> compute;
 };
 
 struct ServerOptions {
@@ -172,6 +180,13 @@ class Worker {
   Result<WorkerReport> run();
   // Thread-safe: makes run() fail soon with "stopped: why".
   void request_stop(const std::string& why);
+  // Thread-safe: runs `fn` on the worker's loop thread (after the current batch of events,
+  // in the order posted). How a real compute's hooks reach their Compute.
+  void post(std::function<void()> fn);
+  // Thread-safe: ends an open-ended run (job.iterations a bound) at the next iteration
+  // boundary (TrainingLoop::finish_early), says bye, and lets run() return. Called before
+  // training began, the worker says bye right after the rendezvous.
+  void finish();
 
  private:
   struct Impl;

@@ -1,0 +1,46 @@
+"""Plain PyTorch: a small CNN on sklearn's digits, one process.
+The same script with Quicksilver's three lines is train_digits_quicksilver.py."""
+import torch
+import torch.nn as nn
+from sklearn.datasets import load_digits
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 4 * 4, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.conv1(x))
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def main():
+    torch.manual_seed(0)
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(d.target)
+    train_x, train_y, test_x, test_y = x[:1500], y[:1500], x[1500:], y[1500:]
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    batch = 32
+    for epoch in range(5):
+        perm = torch.randperm(len(train_x))
+        for i in range(0, len(perm) - batch + 1, batch):
+            idx = perm[i:i + batch]
+            optimizer.zero_grad()
+            loss = loss_fn(model(train_x[idx]), train_y[idx])
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            accuracy = (model(test_x).argmax(1) == test_y).float().mean().item()
+        print("epoch {} loss {:.3f} test accuracy {:.3f}".format(epoch, loss.item(), accuracy))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+// Session: one worker of a data-parallel job trained from a real model (PyTorch, through
+// the Python module or LibTorch). It runs a runtime worker, whose training loop drives a
+// HookedCompute, on a thread of its own (and, optionally, this process's parameter server
+// on another), and gives the model's thread the calls its hooks make:
+//
+//   gradient_ready(t)  an AccumulateGrad hook: tensor t's gradient of this backward is in
+//                      its .grad; once every tensor of its layer reported, the layer's
+//                      backward step ends (the policy may push it);
+//   enter_forward(l)   a forward pre-hook: blocks until the loop opened layer l's gate for
+//                      the last backward's sums (returns at once when no backward happened
+//                      since the last pass: evaluation), and reports that the previous
+//                      layer's forward ended;
+//   leave_forward()    the model's forward ended (the last layer's forward step ends);
+//   sum_ready(l, wait) whether the sums of layer l's last backward are all in its .grad
+//                      (the optimizer may update it: as soon as they are, in place);
+//   finish()           the user's loop ended: the run ends after the last iteration.
+//
+// The gradients are the model's own buffers (TensorBuffer: gradient == sum, torch's .grad
+// storage); pushes read them and pulls write the sums into them, without a copy.
+// The Session is independent of the Exchange: an all-reduce worker plugs in through
+// SessionOptions::make_worker (TrainingWorker, below).
+//
+// Thread safety: the model-thread calls may come from any thread, one at a time (hooks
+// run on the Python thread, or on autograd's threads); they never run loop code
+// themselves, they post it. A failure of the worker or the hosted server (a peer died, a
+// timeout) makes every call return that error from then on, and wakes any waiting call.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "quicksilver/core/status.h"
+#include "quicksilver/core/units.h"
+#include "quicksilver/runtime/runtime.h"
+#include "quicksilver/runtime/tensors.h"
+
+namespace qs::pytorch {
+
+class HookedCompute;
+
+// What a binding knows of a job, as text: turned into runtime::JobOptions by make_job, the
+// one place that parses it (the Python module and the LibTorch API both call it).
+struct JobSpec {
+  std::string profile_json;   // DESIGN.md's profile format, layers in forward-use order
+  std::string policy = "mercury";
+  // Policy knobs by field name ("packet_size"; "packet-size" and "--packet-size" too),
+  // values as the command line spells them ("32KiB", "200us", "true"; a size may be a bare
+  // number of bytes).
+  std::vector<std::pair<std::string, std::string>> knobs;
+  int workers = 1;
+  int servers = 1;
+  std::string bandwidth = "10Gbps";  // the nominal NIC rate (JobOptions::bandwidth)
+  std::string congestion = "cubic";  // TCP congestion control of the data sockets
+  // Long enough for every process to reach its first optimizer step; a dead peer is seen
+  // at once (its sockets close) whatever these are.
+  TimeNs connect_timeout = 120 * kNsPerSec;
+  // A stalled (not dead) peer is given up after this silence. The user's loop may pause
+  // between iterations (evaluation, checkpoints), so it is long.
+  TimeNs peer_timeout = 600 * kNsPerSec;
+};
+// The bound a PyTorch run gives job.iterations (the user's loop ends it: finish()).
+inline constexpr int kOpenEndedIterations = 1 << 30;
+// Errors name the field: the profile's (profile_from_json), "unknown knob 'x' (knobs: ...)",
+// "policy 'ddp' runs on all-reduce only ...", 'oracle' (it sums nothing), a bad value.
+Result<runtime::JobOptions> make_job(const JobSpec& spec);
+
+// The worker a Session drives, whatever moves its gradients: the TCP parameter-server
+// worker (runtime::Worker, ps_worker below) today; the gloo all-reduce worker plugs in by
+// implementing these four calls over the same WorkerOptions (its compute factory and its
+// tensor source: the Session's HookedCompute and the model's buffers).
+class TrainingWorker {
+ public:
+  virtual ~TrainingWorker() = default;
+  // Trains until finish() (or a failure), on the calling thread. Blocks.
+  virtual Result<runtime::WorkerReport> run() = 0;
+  // Thread-safe: runs `fn` on run()'s thread (the loop's), in the order posted.
+  virtual void post(std::function<void()> fn) = 0;
+  // Thread-safe: ends the open-ended run at the next iteration boundary
+  // (TrainingLoop::finish_early), then run() returns.
+  virtual void finish() = 0;
+  // Thread-safe: run() fails soon with "stopped: why"; the peers see this worker go.
+  virtual void request_stop(const std::string& why) = 0;
+};
+using WorkerFactory = std::function<Result<std::unique_ptr<TrainingWorker>>(runtime::WorkerOptions)>;
+// The parameter-server worker (runtime::Worker over TCP).
+Result<std::unique_ptr<TrainingWorker>> ps_worker(runtime::WorkerOptions options);
+
+struct SessionOptions {
+  // The job every worker and server agrees on: the profile lists the model's layers in
+  // the order the forward pass uses them, and its tensors in that order (their ids and
+  // priorities). job.iterations is a bound: the user's loop decides, and finish() ends it.
+  runtime::JobOptions job;
+  int rank = 0;                              // this worker's id, in [0, job.workers)
+  std::vector<runtime::Endpoint> servers;    // every server, server s at [s]
+  std::vector<runtime::TensorBuffer> tensors;  // by tensor id (check_registry)
+  // Makes the worker from the options the Session filled in (compute, tensors). Null:
+  // ps_worker.
+  WorkerFactory make_worker;
+};
+
+class Session {
+ public:
+  // Validates `options`, starts the worker's thread (it connects to the servers, retrying
+  // until job.connect_timeout) and `hosted`'s (when given, this process's server, already
+  // listening). Errors name what is wrong (an invalid job, a registry that does not match
+  // the profile).
+  static Result<std::unique_ptr<Session>> start(SessionOptions options,
+                                                std::unique_ptr<runtime::Server> hosted = nullptr);
+  // Stops (as abort) and joins whatever still runs.
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  int num_layers() const { return static_cast<int>(layer_tensors_.size()); }
+  int layer_of(TensorId t) const { return tensor_layer_[static_cast<std::size_t>(t)]; }
+
+  // The model thread's calls (see above). Errors: the job failed (the first failure, e.g.
+  // "worker 1: lost server 0 (...)"), or the call is out of order (a layer skipped by the
+  // forward pass, a tensor reported twice in one backward).
+  Status gradient_ready(TensorId tensor);
+  Status enter_forward(int layer);
+  Status leave_forward();
+  Result<bool> sum_ready(int layer, bool wait);
+  // Backward passes reported complete for `layer` so far.
+  std::int64_t backwards(int layer) const;
+
+  // Ends the run after the last iteration the model computed, once every sum of it is in
+  // (call sum_ready(l, true) for every layer first, or this waits for them itself), and
+  // joins the threads. Errors: the job failed; a backward pass was left half done.
+  Result<runtime::WorkerReport> finish();
+  // Stops at once: this worker's connections close, so its peers fail fast too.
+  void abort(const std::string& why);
+
+ private:
+  Session() = default;
+  void fail(Status s);            // records the first failure, wakes waiters (mu_ held)
+  Status error_locked() const;    // the failure, or "ended" once the worker returned
+  void on_gate(int layer, std::int64_t iteration);            // loop thread
+  void on_sums(int layer, std::int64_t iteration);            // loop thread
+  void post(void (HookedCompute::*fn)(int, TimeNs), int layer);
+
+  SessionOptions options_;
+  std::vector<int> tensor_layer_;            // by tensor id
+  std::vector<std::vector<TensorId>> layer_tensors_;
+  std::unique_ptr<runtime::TensorSource> source_;
+  std::unique_ptr<TrainingWorker> worker_;
+  std::unique_ptr<runtime::Server> server_;
+  HookedCompute* compute_ = nullptr;         // owned by worker_; loop thread only
+  std::thread worker_thread_, server_thread_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  // Guarded by mu_: per layer, backward passes reported complete, gradients of the current
+  // one seen, gates the loop opened, and sums complete (each a count of iterations).
+  std::vector<std::int64_t> backwards_, gates_, sums_;
+  std::vector<int> seen_;
+  int next_forward_ = 0;     // the layer the forward pass should enter next (mu_)
+  Status error_;             // the first failure (mu_)
+  bool worker_ended_ = false, server_ended_ = false;  // (mu_)
+  bool finishing_ = false;   // (mu_)
+  Result<runtime::WorkerReport> report_ = internal_error("the worker has not ended");  // (mu_)
+};
+
+}  // namespace qs::pytorch

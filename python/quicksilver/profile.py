@@ -1,0 +1,112 @@
+"""`quicksilver profile` (and python3 -m quicksilver.profile): measures a real PyTorch model
+on this machine into DESIGN.md's profile format (per layer: forward and backward time,
+tensors), so that `quicksilver simulate --model PROFILE.json` predicts its training.
+
+Layers are found and timed by the same hooks quicksilver.torch trains with (the modules
+that own parameters, in the order the forward pass uses them); each time is the median
+over the measured iterations, after a warm-up. The update time is left at 0 (the loop
+counts it with the forward).
+
+    quicksilver profile --model torchvision:resnet18 --input 3,64,64 --batch 16 --out resnet18.json
+    quicksilver profile --model mymodel.py:make --input 1,28,28 --batch 32 --out mine.json
+"""
+import argparse
+import importlib
+import importlib.util
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn as nn
+
+from .torch import _Recorder, _accumulate_grad_hook
+
+
+def measure(model, inputs, targets, loss_fn=None, iterations=10, warmup=3, name=None):
+    """The profile (a dict) of training `model` on (inputs, targets) with `loss_fn`
+    (cross-entropy by default): medians over `iterations` after `warmup`."""
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    rec = _Recorder(model)
+    recording = [False]
+    handles = rec.hook(lambda i: recording[0] and rec.begin(i), lambda n, m: recording[0] and rec.enter(n, m),
+                       lambda: recording[0] and rec.end())
+    nodes = []
+    for p in model.parameters():
+        if p.requires_grad:
+            h, node = _accumulate_grad_hook(p, lambda p=p: recording[0] and rec.grad(p))
+            handles.append(h)
+            nodes.append(node)
+    fws, bws = [], []
+    try:
+        for it in range(warmup + iterations):
+            recording[0] = True
+            rec.reset()
+            model.zero_grad()
+            loss_fn(model(inputs), targets).backward()
+            recording[0] = False
+            if it >= warmup:
+                fw, bw = rec.times()
+                fws.append(fw)
+                bws.append(bw)
+    finally:
+        for h in handles:
+            h.remove()
+    med = [statistics.median(col) for col in zip(*fws)]
+    medb = [statistics.median(col) for col in zip(*bws)]
+    return rec.profile(name or type(model).__name__, med, medb)
+
+
+def _load_model(spec, classes):
+    kind, _, what = spec.partition(":")
+    if kind == "torchvision" and what:
+        import torchvision
+        factory = getattr(torchvision.models, what, None)
+        if factory is None:
+            raise SystemExit("quicksilver profile: torchvision has no model {!r}".format(what))
+        return factory(num_classes=classes), what
+    if kind.endswith(".py") and what:
+        loader = importlib.util.spec_from_file_location("qs_user_model", kind)
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+        return getattr(module, what)(), what
+    raise SystemExit("quicksilver profile: --model must be torchvision:NAME or FILE.py:FUNCTION, not {!r}".format(spec))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="quicksilver profile", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="torchvision:NAME or FILE.py:FUNCTION (returns the model)")
+    ap.add_argument("--input", required=True, help="one sample's shape, e.g. 3,64,64")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--classes", type=int, default=10, help="output classes (torchvision models, random labels)")
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    ap.add_argument("--out", required=True, help="where the profile JSON goes ('-': standard output)")
+    a = ap.parse_args(argv)
+    if a.iterations < 1 or a.warmup < 0 or a.batch < 1:
+        raise SystemExit("quicksilver profile: --iterations and --batch must be >= 1, --warmup >= 0")
+    try:
+        shape = tuple(int(d) for d in a.input.replace("x", ",").split(","))
+    except ValueError:
+        raise SystemExit("quicksilver profile: --input {!r} is not a shape like 3,64,64".format(a.input)) from None
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model, name = _load_model(a.model, a.classes)
+    inputs = torch.rand(a.batch, *shape)
+    targets = torch.randint(0, a.classes, (a.batch,))
+    profile = measure(model, inputs, targets, iterations=a.iterations, warmup=a.warmup, name=name)
+    text = json.dumps(profile, indent=1)
+    if a.out == "-":
+        print(text)
+    else:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+        total = sum(l["forward_ms"] + l["backward_ms"] for l in profile["layers"])
+        print("quicksilver profile: {} ({} layers, {} parameters, {:.1f} ms of compute per iteration) -> {}".format(
+            name, len(profile["layers"]), sum(t["elements"] for l in profile["layers"] for t in l["tensors"]), total,
+            a.out), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

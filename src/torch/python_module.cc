@@ -1,0 +1,161 @@
+// The Python module `quicksilver._quicksilver` (pybind11): the Session and its job, for the
+// thin layer python/quicksilver/torch.py. It never touches a torch object: tensors arrive
+// as (data pointer, element count) pairs that the Python layer checked (float32,
+// contiguous, CPU) and keeps referenced. So it does not depend on torch's C++ ABI or
+// version (one build serves PyTorch 1.13 and 2.x), and compiles without torch's headers.
+// Errors become quicksilver.QuicksilverError (a RuntimeError) or ValueError, with the
+// message the library wrote; calls that wait release the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "quicksilver/policy/registry.h"
+#include "quicksilver/runtime/runtime.h"
+#include "quicksilver/torch/session.h"
+
+namespace py = pybind11;
+
+namespace {
+
+struct QuicksilverError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void raise(const qs::Status& s) {
+  if (s.code() == qs::StatusCode::kInvalidArgument) throw py::value_error(s.message());
+  throw QuicksilverError(s.to_string());
+}
+void check(const qs::Status& s) {
+  if (!s.is_ok()) raise(s);
+}
+template <typename T>
+T take(qs::Result<T> r) {
+  if (!r.is_ok()) raise(r.status());
+  return std::move(r).value();
+}
+
+qs::TimeNs seconds(double s) { return static_cast<qs::TimeNs>(s * 1e9); }
+
+// A job and the server this process may host (created before the endpoints are known).
+struct Job {
+  qs::runtime::JobOptions options;
+};
+
+struct HostedServer {
+  std::unique_ptr<qs::runtime::Server> server;
+  int port() const { return server ? server->port() : 0; }
+};
+
+py::dict report_dict(const qs::runtime::WorkerReport& r) {
+  py::dict d;
+  std::vector<double> ms;
+  for (qs::TimeNs t : r.iteration_times) ms.push_back(static_cast<double>(t) / 1e6);
+  d["policy"] = r.policy;
+  d["iteration_ms"] = ms;
+  d["median_iteration_ms"] = static_cast<double>(r.median_iteration) / 1e6;
+  d["bytes_pushed_per_iteration"] = r.bytes_pushed_per_iteration;
+  d["units_per_iteration"] = r.units_per_iteration;
+  d["uplink_gbps"] = r.uplink_gbps;
+  d["congestion_control"] = r.congestion_control;
+  d["queue_delay_p99_us"] = static_cast<double>(r.queue_delay_p99) / 1e3;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_quicksilver, m) {
+  m.doc() = "Quicksilver's runtime for PyTorch (see quicksilver.torch)";
+  py::register_exception<QuicksilverError>(m, "QuicksilverError", PyExc_RuntimeError);
+
+  m.def("ps_policies", [] { return qs::policy_registry().names(qs::Architecture::kPs); },
+        "The parameter-server policies, by rank");
+  m.def("knobs", [] {
+    std::map<std::string, std::string> out;
+    for (const qs::Knob* k : qs::policy_registry().knobs()) out[k->name] = k->help;
+    return out;
+  });
+
+  py::class_<Job>(m, "Job")
+      .def(py::init([](const std::string& profile_json, const std::string& policy,
+                       const std::map<std::string, std::string>& knobs, int workers, int servers,
+                       const std::string& bandwidth, const std::string& congestion, double connect_timeout,
+                       double peer_timeout) {
+             qs::pytorch::JobSpec spec;
+             spec.profile_json = profile_json;
+             spec.policy = policy;
+             spec.knobs.assign(knobs.begin(), knobs.end());
+             spec.workers = workers;
+             spec.servers = servers;
+             spec.bandwidth = bandwidth;
+             spec.congestion = congestion;
+             spec.connect_timeout = seconds(connect_timeout);
+             spec.peer_timeout = seconds(peer_timeout);
+             return Job{take(qs::pytorch::make_job(spec))};
+           }),
+           py::arg("profile_json"), py::arg("policy"), py::arg("knobs"), py::arg("workers"), py::arg("servers"),
+           py::arg("bandwidth") = "10Gbps", py::arg("congestion") = "cubic", py::arg("connect_timeout") = 120.0,
+           py::arg("peer_timeout") = 600.0)
+      .def_property_readonly("num_layers", [](const Job& j) { return j.options.profile.num_layers(); })
+      .def_property_readonly("num_tensors", [](const Job& j) { return j.options.profile.num_tensors(); });
+
+  py::class_<HostedServer>(m, "Server")
+      .def(py::init([](const Job& job, int server_id, const std::string& host) {
+             qs::runtime::ServerOptions o;
+             o.job = job.options;
+             o.server_id = server_id;
+             o.listen = qs::runtime::Endpoint{host, 0};
+             return HostedServer{take(qs::runtime::Server::create(std::move(o)))};
+           }),
+           py::arg("job"), py::arg("server_id"), py::arg("host") = "0.0.0.0",
+           "Listens at once (port known); serves once handed to a Session")
+      .def_property_readonly("port", &HostedServer::port);
+
+  py::class_<qs::pytorch::Session>(m, "Session")
+      .def(py::init([](const Job& job, int rank, const std::vector<std::tuple<std::string, int>>& servers,
+                       const std::vector<std::tuple<std::uintptr_t, std::int64_t>>& tensors,
+                       HostedServer* hosted) {
+             qs::pytorch::SessionOptions o;
+             o.job = job.options;
+             o.rank = rank;
+             for (const auto& [host, port] : servers) o.servers.push_back(qs::runtime::Endpoint{host, port});
+             for (std::size_t t = 0; t < tensors.size(); ++t) {
+               auto* data = reinterpret_cast<float*>(std::get<0>(tensors[t]));
+               o.tensors.push_back(qs::runtime::TensorBuffer{static_cast<qs::TensorId>(t), data, data,
+                                                             std::get<1>(tensors[t]), static_cast<int>(t)});
+             }
+             std::unique_ptr<qs::runtime::Server> server;
+             if (hosted != nullptr) {
+               if (!hosted->server) throw py::value_error("this server was handed to a session already");
+               server = std::move(hosted->server);
+             }
+             return take(qs::pytorch::Session::start(std::move(o), std::move(server)));
+           }),
+           py::arg("job"), py::arg("rank"), py::arg("servers"), py::arg("tensors"), py::arg("server") = nullptr)
+      .def_property_readonly("num_layers", &qs::pytorch::Session::num_layers)
+      .def("layer_of", &qs::pytorch::Session::layer_of)
+      .def("gradient_ready", [](qs::pytorch::Session& s, int t) { check(s.gradient_ready(t)); })
+      .def(
+          "enter_forward", [](qs::pytorch::Session& s, int l) { check(s.enter_forward(l)); },
+          py::call_guard<py::gil_scoped_release>())
+      .def("leave_forward", [](qs::pytorch::Session& s) { check(s.leave_forward()); })
+      .def(
+          "sum_ready", [](qs::pytorch::Session& s, int l, bool wait) { return take(s.sum_ready(l, wait)); },
+          py::arg("layer"), py::arg("wait") = false, py::call_guard<py::gil_scoped_release>())
+      .def("backwards", &qs::pytorch::Session::backwards)
+      .def("finish",
+           [](qs::pytorch::Session& s) {
+             qs::Result<qs::runtime::WorkerReport> r = [&] {
+               py::gil_scoped_release release;
+               return s.finish();
+             }();
+             return report_dict(take(std::move(r)));
+           })
+      .def("abort", &qs::pytorch::Session::abort, py::call_guard<py::gil_scoped_release>());
+}

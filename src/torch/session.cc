@@ -1,0 +1,294 @@
+#include "quicksilver/torch/session.h"
+
+#include "quicksilver/policy/registry.h"
+#include "quicksilver/torch/hooked_compute.h"
+#include "quicksilver/transport/clock.h"
+
+namespace qs::pytorch {
+
+namespace {
+
+// The model's own buffers, registered once; the loop says when a layer's sums are in.
+class Registered final : public runtime::TensorSource {
+ public:
+  Registered(std::vector<runtime::TensorBuffer> tensors, std::function<void(int, std::int64_t)> on_ready)
+      : tensors_(std::move(tensors)), on_ready_(std::move(on_ready)) {}
+  std::vector<runtime::TensorBuffer> tensors() override { return tensors_; }
+  Status on_layer_ready(int layer, std::int64_t iteration) override {
+    on_ready_(layer, iteration);
+    return Status::ok();
+  }
+
+ private:
+  std::vector<runtime::TensorBuffer> tensors_;
+  std::function<void(int, std::int64_t)> on_ready_;
+};
+
+TimeNs now() { return transport::SteadyClock::instance().now(); }
+
+class PsWorker final : public TrainingWorker {
+ public:
+  explicit PsWorker(std::unique_ptr<runtime::Worker> w) : w_(std::move(w)) {}
+  Result<runtime::WorkerReport> run() override { return w_->run(); }
+  void post(std::function<void()> fn) override { w_->post(std::move(fn)); }
+  void finish() override { w_->finish(); }
+  void request_stop(const std::string& why) override { w_->request_stop(why); }
+
+ private:
+  std::unique_ptr<runtime::Worker> w_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<TrainingWorker>> ps_worker(runtime::WorkerOptions options) {
+  QS_ASSIGN_OR_RETURN(auto w, runtime::Worker::create(std::move(options)));
+  return std::unique_ptr<TrainingWorker>(std::make_unique<PsWorker>(std::move(w)));
+}
+
+Result<runtime::JobOptions> make_job(const JobSpec& spec) {
+  runtime::JobOptions job;
+  QS_ASSIGN_OR_RETURN(job.profile, profile_from_json(spec.profile_json, "<model profile>", "model"));
+  const PolicyRegistry& registry = policy_registry();
+  if (registry.find(spec.policy, Architecture::kPs) == nullptr) {
+    std::string names;
+    for (const std::string& n : registry.names(Architecture::kPs)) names += (names.empty() ? "" : ", ") + n;
+    const bool allreduce = registry.find(spec.policy, Architecture::kAllReduce) != nullptr;
+    return invalid_argument("policy '" + spec.policy + "' " +
+                            (allreduce ? "runs on all-reduce only, which the PyTorch integration does not drive yet"
+                                       : "is unknown") +
+                            "; parameter-server policies: " + names);
+  }
+  if (spec.policy == "oracle") {
+    return invalid_argument("policy 'oracle' moves no gradient (it is the simulator's compute-only bound): the "
+                            "workers would train apart");
+  }
+  job.policy = spec.policy;
+  for (const auto& [name, value] : spec.knobs) {
+    std::string field = name;
+    while (!field.empty() && field.front() == '-') field.erase(field.begin());
+    for (char& c : field) c = c == '-' ? '_' : c;
+    const Knob* knob = registry.find_knob(field);
+    if (knob == nullptr) {
+      std::string names;
+      for (const Knob* k : registry.knobs()) names += (names.empty() ? "" : ", ") + k->name;
+      return invalid_argument("unknown knob '" + name + "' (knobs: " + names + ")");
+    }
+    // A size given as a bare number (Python: packet_size=4096) is in bytes.
+    const bool bare = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
+    QS_RETURN_IF_ERROR(knob->parse(bare && knob->type == KnobType::kBytes ? value + "B" : value, &job.policy_options));
+  }
+  job.workers = spec.workers;
+  job.servers = spec.servers;
+  job.iterations = kOpenEndedIterations;
+  QS_ASSIGN_OR_RETURN(job.bandwidth, parse_rate(spec.bandwidth));
+  job.socket.congestion = spec.congestion;
+  job.connect_timeout = spec.connect_timeout;
+  job.peer_timeout = spec.peer_timeout;
+  QS_RETURN_IF_ERROR(runtime::validate_job(job));
+  return job;
+}
+
+Result<std::unique_ptr<Session>> Session::start(SessionOptions options, std::unique_ptr<runtime::Server> hosted) {
+  std::unique_ptr<Session> s(new Session());
+  s->options_ = std::move(options);
+  const Profile& profile = s->options_.job.profile;
+  const auto layers = static_cast<std::size_t>(profile.num_layers());
+  s->layer_tensors_.resize(layers);
+  TensorId id = 0;
+  for (std::size_t l = 0; l < layers; ++l) {
+    for (std::size_t k = 0; k < profile.layers[l].tensors.size(); ++k) {
+      s->tensor_layer_.push_back(static_cast<int>(l));
+      s->layer_tensors_[l].push_back(id++);
+    }
+  }
+  s->backwards_.assign(layers, 0);
+  s->gates_.assign(layers, 0);
+  s->sums_.assign(layers, 0);
+  s->seen_.assign(layers, 0);
+  Session* self = s.get();
+  s->source_ = std::make_unique<Registered>(s->options_.tensors,
+                                            [self](int l, std::int64_t it) { self->on_sums(l, it); });
+
+  runtime::WorkerOptions wo;
+  wo.job = s->options_.job;
+  wo.worker_id = s->options_.rank;
+  wo.servers = s->options_.servers;
+  wo.tensors = s->source_.get();
+  wo.verify = false;
+  wo.compute = [self, layers](Timer& timer) -> std::unique_ptr<Compute> {
+    auto c = std::make_unique<HookedCompute>(timer, static_cast<int>(layers),
+                                             [self](int l, std::int64_t it) { self->on_gate(l, it); });
+    self->compute_ = c.get();
+    return c;
+  };
+  const WorkerFactory make = s->options_.make_worker ? s->options_.make_worker : ps_worker;
+  QS_ASSIGN_OR_RETURN(s->worker_, make(std::move(wo)));
+  s->server_ = std::move(hosted);
+
+  // The threads: each records how its node ended; a failure wakes every waiting call.
+  if (s->server_) {
+    s->server_thread_ = std::thread([self] {
+      Status st = self->server_->run();
+      std::lock_guard<std::mutex> lock(self->mu_);
+      self->server_ended_ = true;
+      if (!st.is_ok()) self->fail(st.with_context("server " + std::to_string(self->options_.rank)));
+      self->cv_.notify_all();
+    });
+  }
+  s->worker_thread_ = std::thread([self] {
+    Result<runtime::WorkerReport> r = self->worker_->run();
+    std::lock_guard<std::mutex> lock(self->mu_);
+    self->worker_ended_ = true;
+    if (!r.is_ok()) self->fail(r.status());
+    self->report_ = std::move(r);
+    self->cv_.notify_all();
+  });
+  return s;
+}
+
+Session::~Session() {
+  bool running;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running = !worker_ended_ || (server_ && !server_ended_);
+  }
+  if (running) abort("the session was destroyed before finish()");
+  if (worker_thread_.joinable()) worker_thread_.join();
+  if (server_thread_.joinable()) server_thread_.join();
+}
+
+void Session::fail(Status s) {
+  if (error_.is_ok() && !s.is_ok()) error_ = std::move(s);
+  cv_.notify_all();
+}
+
+Status Session::error_locked() const {
+  if (!error_.is_ok()) return error_;
+  if (worker_ended_ && !finishing_) return unavailable("the quicksilver worker ended");
+  return Status::ok();
+}
+
+void Session::post(void (HookedCompute::*fn)(int, TimeNs), int layer) {
+  worker_->post([this, fn, layer, at = now()] { (compute_->*fn)(layer, at); });
+}
+
+// ---- the model's thread ----
+
+Status Session::gradient_ready(TensorId tensor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  QS_RETURN_IF_ERROR(error_locked());
+  if (tensor < 0 || static_cast<std::size_t>(tensor) >= tensor_layer_.size()) {
+    return invalid_argument("gradient_ready: no tensor " + std::to_string(tensor));
+  }
+  const int l = tensor_layer_[static_cast<std::size_t>(tensor)];
+  const auto li = static_cast<std::size_t>(l);
+  // The previous backward's sums must be in (and applied) before a new gradient
+  // accumulates into the same buffer: the forward pass waited for them.
+  if (sums_[li] < backwards_[li]) {
+    const auto k = static_cast<std::size_t>(tensor - layer_tensors_[li][0]);
+    return invalid_argument("tensor '" + options_.job.profile.layers[li].tensors[k].name +
+                            "' (layer '" + options_.job.profile.layers[li].name +
+                            "') got a new gradient before the sums of its last backward arrived: run a "
+                            "forward pass (or optimizer.synchronize()) between two backward passes");
+  }
+  if (++seen_[li] == static_cast<int>(layer_tensors_[li].size())) {
+    seen_[li] = 0;
+    ++backwards_[li];
+    post(&HookedCompute::backward_done, l);
+  }
+  return Status::ok();
+}
+
+Status Session::enter_forward(int layer) {
+  std::unique_lock<std::mutex> lock(mu_);
+  QS_RETURN_IF_ERROR(error_locked());
+  const auto li = static_cast<std::size_t>(layer);
+  if (layer == 0) next_forward_ = 0;  // a new forward pass
+  if (layer < next_forward_) return Status::ok();  // a layer used a second time
+  if (layer > next_forward_) {
+    const auto& layers = options_.job.profile.layers;
+    return invalid_argument("the forward pass entered layer '" + layers[li].name + "' before layer '" +
+                            layers[static_cast<std::size_t>(next_forward_)].name +
+                            "': every pass must use the layers with parameters in the order of the first one");
+  }
+  if (layer > 0) post(&HookedCompute::forward_done, layer - 1);
+  next_forward_ = layer + 1;
+  cv_.wait(lock, [&] { return gates_[li] >= backwards_[li] || !error_locked().is_ok(); });
+  return error_locked();
+}
+
+Status Session::leave_forward() {
+  std::lock_guard<std::mutex> lock(mu_);
+  QS_RETURN_IF_ERROR(error_locked());
+  if (next_forward_ == num_layers()) post(&HookedCompute::forward_done, num_layers() - 1);
+  next_forward_ = num_layers() + 1;  // until the next pass enters layer 0
+  return Status::ok();
+}
+
+Result<bool> Session::sum_ready(int layer, bool wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto li = static_cast<std::size_t>(layer);
+  auto ready = [&] { return sums_[li] >= backwards_[li]; };
+  if (wait) cv_.wait(lock, [&] { return ready() || !error_locked().is_ok(); });
+  if (ready()) return true;  // in place even when the job failed since
+  QS_RETURN_IF_ERROR(error_locked());
+  return false;
+}
+
+std::int64_t Session::backwards(int layer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return backwards_[static_cast<std::size_t>(layer)];
+}
+
+Result<runtime::WorkerReport> Session::finish() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    QS_RETURN_IF_ERROR(error_locked());
+    for (std::size_t l = 0; l < backwards_.size(); ++l) {
+      if (seen_[l] != 0 || backwards_[l] != backwards_[0]) {
+        lock.unlock();
+        abort("finish() in the middle of a backward pass");
+        return invalid_argument("finish() in the middle of a backward pass (layer '" +
+                                options_.job.profile.layers[l].name + "' has not all its gradients)");
+      }
+    }
+    cv_.wait(lock, [&] {
+      for (std::size_t l = 0; l < sums_.size(); ++l) {
+        if (sums_[l] < backwards_[l]) return !error_locked().is_ok();
+      }
+      return true;
+    });
+    QS_RETURN_IF_ERROR(error_locked());
+    finishing_ = true;
+  }
+  worker_->post([this] { compute_->finish(); });
+  worker_->finish();
+  worker_thread_.join();
+  if (server_thread_.joinable()) server_thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!error_.is_ok()) return error_;
+  return report_;
+}
+
+void Session::abort(const std::string& why) {
+  if (worker_) worker_->request_stop(why);
+  if (server_) server_->request_stop(why);
+}
+
+// ---- the loop thread ----
+
+void Session::on_gate(int layer, std::int64_t iteration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& g = gates_[static_cast<std::size_t>(layer)];
+  g = std::max(g, iteration + 1);
+  cv_.notify_all();
+}
+
+void Session::on_sums(int layer, std::int64_t iteration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& s = sums_[static_cast<std::size_t>(layer)];
+  s = std::max(s, iteration + 1);
+  cv_.notify_all();
+}
+
+}  // namespace qs::pytorch

@@ -1,0 +1,204 @@
+"""quicksilver.torch against one process training on the concatenated batches.
+
+Each job runs as real processes (torchrun, or `quicksilver run --script`) on loopback; each
+worker trains a fresh model per policy in turn (tests/python/train_worker.py). Every worker's
+parameters must equal, within 1e-5, those of one process that trains the same model with
+the same optimizer on the concatenation of the workers' batches (the workers average their
+gradients, as DistributedDataParallel does)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import models
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "train_worker.py")
+TOLERANCE = 1e-5
+
+
+def ps_policies():
+    import quicksilver._quicksilver as qsm
+    return [p for p in qsm.ps_policies() if p != "oracle"]
+
+
+def reference(model_name, opt_name, workers, per_worker, iterations):
+    torch.manual_seed(0)
+    model = models.make(model_name)
+    opt = models.optimizer(opt_name, model.parameters())
+    x, y = models.data(model_name)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for it in range(iterations):
+        parts = [models.batch(x, y, it, r, workers, per_worker) for r in range(workers)]
+        xb = torch.cat([p[0] for p in parts])
+        yb = torch.cat([p[1] for p in parts])
+        opt.zero_grad()
+        loss_fn(model(xb), yb).backward()
+        opt.step()
+    return model.state_dict()
+
+
+def env(build_dir):
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.path.join(build_dir, "python") + os.pathsep + e.get("PYTHONPATH", "")
+    e["OMP_NUM_THREADS"] = "1"
+    return e
+
+
+def launch(build_dir, launcher, workers, args, timeout):
+    if launcher == "torchrun":
+        # Debian's torchrun needs --redirects/--tee on Python 3.11 (MACHINE-NOTES.md).
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--redirects", "2", "--tee", "2",
+               "--nproc_per_node", str(workers), WORKER] + args
+    else:
+        cmd = [os.path.join(build_dir, "quicksilver"), "run", "--workers", str(workers), "--script", WORKER] + args
+    start = time.monotonic()
+    p = subprocess.run(cmd, env=env(build_dir), capture_output=True, text=True, timeout=timeout)
+    return p, time.monotonic() - start
+
+
+def check_equal(out, policies, opt_name, model_name, workers, per_worker, iterations):
+    ref = reference(model_name, opt_name, workers, per_worker, iterations)
+    worst = {}
+    for policy in policies:
+        for r in range(workers):
+            got = torch.load(os.path.join(out, "{}-{}-{}.pt".format(policy, opt_name, r)))
+            diff = max((got[k] - ref[k]).abs().max().item() for k in ref)
+            worst[(policy, r)] = diff
+    bad = {k: v for k, v in worst.items() if not v <= TOLERANCE}
+    assert not bad, "parameters differ from the single-process reference: {}".format(bad)
+    # Training moved the parameters (the comparison is not vacuous).
+    torch.manual_seed(0)
+    init = models.make(model_name).state_dict()
+    assert max((ref[k] - init[k]).abs().max().item() for k in ref) > 1e-3
+    return max(worst.values())
+
+
+@pytest.mark.parametrize("workers,launcher", [(2, "torchrun"), (4, "quicksilver")])
+def test_digits_every_ps_policy(build_dir, tmp_path, workers, launcher):
+    policies = ps_policies()
+    iterations, per_worker = 4, 8
+    # Small packets and partitions, so that every policy cuts tensors into several units.
+    knobs = {"packet_size": "4KiB", "partition_size": "8KiB", "credit_size": "16KiB", "slice_size": "8KiB",
+             "prophet_partition_size": "8KiB"}
+    p, took = launch(build_dir, launcher, workers,
+                     ["--model", "digits", "--policies", ",".join(policies), "--iterations", str(iterations),
+                      "--batch", str(per_worker), "--out", str(tmp_path), "--knobs", json.dumps(knobs)], 300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    worst = check_equal(str(tmp_path), policies, "sgd", "digits", workers, per_worker, iterations)
+    print("{} workers ({}), {} policies: worst difference {:.2e}, {:.1f} s".format(
+        workers, launcher, len(policies), worst, took))
+
+
+def test_digits_adam_adamw(build_dir, tmp_path):
+    p, _ = launch(build_dir, "quicksilver", 2,
+                  ["--model", "digits", "--policies", "mercury", "--optimizers", "adam,adamw", "--iterations", "4",
+                   "--batch", "8", "--out", str(tmp_path)], 180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    for opt_name in ("adam", "adamw"):
+        check_equal(str(tmp_path), ["mercury"], opt_name, "digits", 2, 8, 4)
+
+
+def test_resnet18(build_dir, tmp_path):
+    p, took = launch(build_dir, "quicksilver", 2,
+                     ["--model", "resnet18", "--policies", "mercury,bytescheduler", "--iterations", "3", "--batch",
+                      "2", "--out", str(tmp_path)], 300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    worst = check_equal(str(tmp_path), ["mercury", "bytescheduler"], "sgd", "resnet18", 2, 2, 3)
+    report = json.load(open(os.path.join(str(tmp_path), "mercury-sgd-0.json")))
+    layers = report["profile"]["layers"]
+    # The layers in the order the forward pass uses them: the stem first, the classifier last.
+    assert layers[0]["name"] == "conv1" and layers[-1]["name"] == "fc", [l["name"] for l in layers]
+    print("resnet18: worst difference {:.2e}, {:.1f} s, {} layers".format(worst, took, len(layers)))
+
+
+def test_peer_death_ends_every_process(build_dir, tmp_path):
+    """Worker 1 dies abruptly in its third iteration: worker 0 raises and every process ends."""
+    p, took = launch(build_dir, "quicksilver", 2,
+                     ["--model", "digits", "--policies", "mercury", "--iterations", "6", "--out", str(tmp_path),
+                      "--die-at", "2"], 120)
+    assert p.returncode != 0
+    assert "QuicksilverError" in p.stderr or "lost" in p.stderr, p.stderr[-4000:]
+    assert took < 60, "took {:.1f} s to end after a peer died".format(took)
+
+
+def test_workers_that_end_apart_fail_clearly(build_dir, tmp_path):
+    """Worker 1 ends its loop after 2 iterations, worker 0 goes on: no one waits for ever."""
+    p, took = launch(build_dir, "quicksilver", 2,
+                     ["--model", "digits", "--policies", "mercury", "--iterations", "5", "--out", str(tmp_path),
+                      "--stop-at", "2"], 120)
+    assert p.returncode != 0
+    assert "every worker must train the same number of iterations" in p.stderr, p.stderr[-4000:]
+    assert took < 60, "took {:.1f} s".format(took)
+
+
+def test_bad_policy_and_knob_raise():
+    import quicksilver.torch as qs
+    qs.init()
+    model = models.DigitsCNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="all-reduce"):
+        qs.DistributedOptimizer(opt, model, policy="ddp")
+    with pytest.raises(ValueError, match="unknown"):
+        qs.DistributedOptimizer(opt, model, policy="no-such-policy")
+    with pytest.raises(ValueError, match="unknown knob"):
+        qs.DistributedOptimizer(opt, model, policy="mercury", packet_sise="4KiB")
+
+
+def test_single_process_matches_plain_training():
+    """One worker (no launcher): the integration itself changes nothing."""
+    import quicksilver.torch as qs
+    qs.init()
+    torch.manual_seed(0)
+    model = models.DigitsCNN()
+    opt = qs.DistributedOptimizer(models.optimizer("sgd", model.parameters()), model, policy="mercury")
+    x, y = models.digits()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    with torch.no_grad():  # an evaluation pass before training: the layers are found on it
+        model(x[:4])
+    for it in range(3):
+        xb, yb = models.batch(x, y, it, 0, 1, 16)
+        opt.zero_grad()
+        loss_fn(model(xb), yb).backward()
+        opt.step()
+    with torch.no_grad():  # evaluation passes after training see the updated parameters
+        model(x[:4])
+        model(x[:4])
+    report = opt.shutdown()
+    ref = reference("digits", "sgd", 1, 16, 3)
+    got = model.state_dict()
+    assert max((got[k] - ref[k]).abs().max().item() for k in ref) <= TOLERANCE
+    assert len(report["iteration_ms"]) == 3
+
+
+def test_profile_command_feeds_the_simulator(build_dir, tmp_path):
+    """`quicksilver profile` measures a model into a profile that `simulate` reads."""
+    exe = os.path.join(build_dir, "quicksilver")
+    out = str(tmp_path / "digits.json")
+    p = subprocess.run([exe, "profile", "--model", os.path.join(HERE, "models.py") + ":DigitsCNN", "--input", "1,8,8",
+                        "--batch", "8", "--iterations", "3", "--warmup", "1", "--out", out],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    profile = json.load(open(out))
+    assert [l["name"] for l in profile["layers"]] == ["conv1", "conv2", "fc1", "fc2"]
+    assert profile["batch_size"] == 8 and all(l["forward_ms"] > 0 for l in profile["layers"])
+    s = subprocess.run([exe, "simulate", "--model", out, "--policy", "mercury", "--workers", "2", "--servers", "2",
+                        "--json"], capture_output=True, text=True, timeout=60)
+    assert s.returncode == 0, s.stderr
+    assert json.loads(s.stdout)["results"][0]["iteration_ms"] > 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--netns needs root")
+def test_netns_shaped_cluster(build_dir, tmp_path):
+    """`quicksilver run --netns`: one namespace per worker, shaped links; still exact."""
+    cmd = [os.path.join(build_dir, "quicksilver"), "run", "--netns", "--bandwidth", "1Gbps", "--workers", "2",
+           "--script", WORKER, "--model", "digits", "--policies", "mercury,bytescheduler", "--iterations", "3",
+           "--out", str(tmp_path)]
+    p = subprocess.run(cmd, env=env(build_dir), capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    assert "MASTER_ADDR=10.213." in p.stderr
+    check_equal(str(tmp_path), ["mercury", "bytescheduler"], "sgd", "digits", 2, 8, 3)
