@@ -101,8 +101,11 @@ def local_rank():
 
 
 def policies():
-    """The parameter-server policies this build runs."""
-    return list(_qs.ps_policies())
+    """The policies this build runs from PyTorch: the parameter-server ones (TCP) and the
+    all-reduce ones (gloo), without the simulator's compute-only 'oracle' and, for now,
+    'deft' (its delayed updates)."""
+    names = list(_qs.ps_policies()) + [p for p in _qs.allreduce_policies() if _qs.is_allreduce_policy(p)]
+    return [p for p in names if p not in ("oracle", "deft")]
 
 
 def _require_init(what):
@@ -259,12 +262,14 @@ class _Integration:
     """The hooks of one (optimizer, model) pair and the session they drive."""
 
     def __init__(self, optimizer, model, policy, knobs, servers, bandwidth, congestion,
-                 connect_timeout, peer_timeout):
+                 connect_timeout, peer_timeout, architecture):
         self.opt = optimizer
         self.model = model
         self.policy = policy
+        self.architecture = architecture or ""
         self.knobs = {k: _knob_text(v) for k, v in knobs.items()}
         self.servers = servers
+        self.store = None  # rank 0 of an all-reduce job: the rendezvous store
         self.bandwidth = bandwidth
         self.congestion = congestion
         self.connect_timeout = connect_timeout
@@ -292,7 +297,7 @@ class _Integration:
         # Validates the policy and the knobs before any training (a one-layer stand-in).
         _qs.Job(json.dumps({"name": "check", "layers": [{"name": "l", "forward_ms": 0, "backward_ms": 0,
                                                          "tensors": [{"name": "t", "elements": 1}]}]}),
-                policy, self.knobs, 1, 1, bandwidth, congestion, connect_timeout, peer_timeout)
+                policy, self.knobs, 1, 1, bandwidth, congestion, connect_timeout, peer_timeout, self.architecture)
 
         # Layers: the modules that own trainable parameters, in first-use order.
         self.handles += self.rec.hook(self._begin, self._pre_hook, self._end)
@@ -376,8 +381,24 @@ class _Integration:
         self.profile = profile
         servers = self.servers
         hosted = None
+        links = []
         job_args = (json.dumps(profile), self.policy, self.knobs, size)
-        if servers is None:
+        probe = _qs.Job(*job_args, 1, self.bandwidth, self.congestion, self.connect_timeout, self.peer_timeout,
+                        self.architecture)
+        if probe.allreduce:
+            # All-reduce on gloo: rank 0 hosts the rendezvous store; every worker binds its
+            # gloo context to the address it reaches MASTER_ADDR from.
+            job = probe
+            me = _my_address(_env["master_addr"]) if size > 1 else "127.0.0.1"
+            box = [None]
+            if rank == 0:
+                self.store = _qs.Store(size, "0.0.0.0" if size > 1 else "127.0.0.1")
+                box = [(me, self.store.port)]
+            if size > 1:
+                dist.broadcast_object_list(box, src=0)
+            endpoints = [box[0]]
+            links = [me]
+        elif servers is None:
             job = _qs.Job(*job_args, size, self.bandwidth, self.congestion, self.connect_timeout, self.peer_timeout)
             hosted = _qs.Server(job, rank, "0.0.0.0")
             me = (_my_address(_env["master_addr"]), hosted.port)
@@ -407,7 +428,8 @@ class _Integration:
             ids = {id(p) for p in ps}
             self.layer_groups.append([[p for p in g["params"] if id(p) in ids] for g in self.opt.param_groups])
         self.applied = [0] * L
-        self.session = _qs.Session(job, rank, endpoints, [(g.data_ptr(), g.numel()) for g in self.grads], hosted)
+        self.session = _qs.Session(job, rank, endpoints, [(g.data_ptr(), g.numel()) for g in self.grads], hosted,
+                                   links)
         self.state = "running"
         # The first backward's gradients, as its hooks would have reported them.
         for l in reversed(range(L)):
@@ -511,13 +533,16 @@ def _parse_servers(servers):
 
 
 def DistributedOptimizer(optimizer, model, policy="mercury", servers=None, bandwidth="10Gbps",
-                         congestion="cubic", connect_timeout=120.0, peer_timeout=600.0, **knobs):
+                         congestion="cubic", connect_timeout=120.0, peer_timeout=600.0, architecture=None,
+                         **knobs):
     """Makes `optimizer` (any torch.optim optimizer of `model`'s parameters) train through
     Quicksilver with `policy` (one of policies()) and its knobs as keywords (e.g.
     packet_size="32KiB", partition_size=4000000, credit_size="20MB"; docs/pytorch.md).
     Returns the same object, of a subclass of its class: isinstance checks and LR
     schedulers keep working. `servers`: "host:port,..." of separately started `quicksilver
-    server` processes (default: each process hosts one server, N = M). `bandwidth`: the
+    server` processes (default: each process hosts one server, N = M). `architecture`:
+    "ps" or "allreduce" (gloo; rank 0 hosts the rendezvous store); by default the policy's
+    own, and "ps" for the names both have (wfbp, bytescheduler). `bandwidth`: the
     nominal NIC rate for the policies that plan with one. Added methods: synchronize()
     (wait for and apply every outstanding update, e.g. before reading the parameters
     without a forward pass), shutdown() (end; returns this worker's measurements),
@@ -526,7 +551,7 @@ def DistributedOptimizer(optimizer, model, policy="mercury", servers=None, bandw
     if isinstance(optimizer.__class__.__dict__.get("_quicksilver"), bool):
         raise ValueError("quicksilver.torch.DistributedOptimizer: this optimizer is wrapped already")
     integration = _Integration(optimizer, model, policy, knobs, servers, bandwidth, congestion,
-                               connect_timeout, peer_timeout)
+                               connect_timeout, peer_timeout, architecture)
     base = type(optimizer)
     cls = type("Distributed" + base.__name__, (base,), {
         "_quicksilver": True,

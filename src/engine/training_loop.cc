@@ -51,8 +51,7 @@ TrainingLoop::TrainingLoop(const Profile& profile, const TensorLayout& layout, A
     : TrainingLoop(profile, layout, timer, compute, exchange, std::move(options)) {
   ar_ = &policy;
   ar_sink_ = std::make_unique<CollectiveSinkImpl>(*this);
-  reduced_per_iteration_.assign(static_cast<std::size_t>(options_.iterations), 0);
-  if (options_.verify_bytes) covered_.resize(static_cast<std::size_t>(options_.iterations));
+  // Grown as iterations are reduced: an open-ended run (PyTorch) bounds iterations at 2^30.
 }
 
 TrainingLoop::~TrainingLoop() = default;
@@ -284,8 +283,13 @@ void TrainingLoop::on_collective_done(const CollectiveBucket& b) {
   const bool current = b.first_iteration <= iteration_ && iteration_ <= b.last_iteration;
   for (const Chunk& c : b.chunks) {
     for (std::int64_t it = b.first_iteration; it <= b.last_iteration; ++it) {
-      reduced_per_iteration_[static_cast<std::size_t>(it)] += c.length;
-      if (options_.verify_bytes) covered_[static_cast<std::size_t>(it)].push_back(c);
+      const auto i = static_cast<std::size_t>(it);
+      if (reduced_per_iteration_.size() <= i) reduced_per_iteration_.resize(i + 1, 0);
+      reduced_per_iteration_[i] += c.length;
+      if (options_.verify_bytes) {
+        if (covered_.size() <= i) covered_.resize(i + 1);
+        covered_[i].push_back(c);
+      }
     }
     if (current) {
       const int l = layout_.tensor(c.tensor).layer;
@@ -293,6 +297,11 @@ void TrainingLoop::on_collective_done(const CollectiveBucket& b) {
       got_total_ += c.length;
       if (layer_got_[static_cast<std::size_t>(l)] == layout_.layer_bytes(l)) {
         ready_at_[static_cast<std::size_t>(l)] = timer_.now();
+        // The layer's sums are in its buffers: its parameters may be updated (PyTorch).
+        if (options_.layer_ready) {
+          Status s = options_.layer_ready(l, iteration_);
+          if (!s.is_ok()) return fail(std::move(s));
+        }
       }
     }
   }
@@ -377,14 +386,15 @@ Status TrainingLoop::check_bucket(const CollectiveBucket& b) const {
 
 Status TrainingLoop::check_complete() const {
   if (!ar_ || !communicates()) return Status::ok();
-  for (int it = 0; it < options_.iterations; ++it) {
-    const Bytes got = reduced_per_iteration_[static_cast<std::size_t>(it)];
+  for (std::int64_t it = 0; it < iterations_done(); ++it) {  // fewer after finish_early()
+    const auto i = static_cast<std::size_t>(it);
+    const Bytes got = i < reduced_per_iteration_.size() ? reduced_per_iteration_[i] : 0;
     if (got != layout_.total_bytes()) {
       return internal_error("iteration " + std::to_string(it) + " reduced " + std::to_string(got) + " of " +
                             std::to_string(layout_.total_bytes()) + " gradient bytes");
     }
     if (options_.verify_bytes) {
-      QS_RETURN_IF_ERROR(check_exact_cover(covered_[static_cast<std::size_t>(it)], layout_)
+      QS_RETURN_IF_ERROR(check_exact_cover(i < covered_.size() ? covered_[i] : std::vector<Chunk>{}, layout_)
                              .with_context("all-reduce, iteration " + std::to_string(it)));
     }
   }

@@ -51,8 +51,20 @@ bool have_gloo() { return true; }
 #else
 bool have_gloo() { return false; }
 
-Result<WorkerReport> run_collective_worker(const CollectiveOptions&) {
+struct CollectiveWorker::Impl {};
+CollectiveWorker::CollectiveWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CollectiveWorker::~CollectiveWorker() = default;
+Result<std::unique_ptr<CollectiveWorker>> CollectiveWorker::create(CollectiveOptions) {
   return invalid_argument("this quicksilver was built without gloo (configure with -DQS_WITH_GLOO=ON; Debian: libgloo-dev)");
+}
+Result<WorkerReport> CollectiveWorker::run() { return internal_error("built without gloo"); }
+void CollectiveWorker::post(std::function<void()>) {}
+void CollectiveWorker::finish() {}
+void CollectiveWorker::request_stop(const std::string&) {}
+
+Result<WorkerReport> run_collective_worker(const CollectiveOptions& options) {
+  QS_ASSIGN_OR_RETURN(auto w, CollectiveWorker::create(options));
+  return w->run();
 }
 #endif
 

@@ -274,6 +274,7 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
 
   void reached(const PolicyRecord& r) {
     reached_.insert(key(r));
+    if (r.kind == kTrainingEnd) ended_locally_ = true;
     drain();
   }
 
@@ -287,8 +288,13 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
         continue;
       }
       auto at = reached_.find(key(r));
-      if (at == reached_.end()) break;  // this worker is not there yet
-      reached_.erase(at);
+      // A run ended early (PyTorch: the user's loop decides) may have let worker 0 begin an
+      // iteration this worker never will: once this worker's training ended, worker 0's
+      // compute-chain inputs are applied as they come (the replica's state stays worker
+      // 0's); completions still wait for this worker's own.
+      const bool moot = ended_locally_ && r.kind != kCollectiveDone && r.kind != kTrainingEnd;
+      if (at == reached_.end() && !moot) break;  // this worker is not there yet
+      if (at != reached_.end()) reached_.erase(at);
       pending_.pop_front();
       apply(r);
       applied = true;
@@ -320,14 +326,15 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
   std::deque<PolicyRecord> pending_;
   std::multiset<Key> reached_;
   std::unordered_map<std::uint64_t, CollectiveBucket> issued_;
-  bool ended_ = false;
+  bool ended_ = false;          // worker 0's stream ended
+  bool ended_locally_ = false;  // this worker's training ended
 };
 
 // ---- the worker ----
 
-struct CollectiveWorker final : Exchange {
-  explicit CollectiveWorker(CollectiveOptions o) : opts(std::move(o)), layout(opts.job.profile) {}
-  ~CollectiveWorker() override { stop_threads(); }
+struct CollectiveWorker::Impl final : Exchange {
+  explicit Impl(CollectiveOptions o) : opts(std::move(o)), layout(opts.job.profile) {}
+  ~Impl() override { stop_threads(); }
 
   // ---- set-up ----
   Status init() {
@@ -340,6 +347,7 @@ struct CollectiveWorker final : Exchange {
     if (!(opts.compute_factor >= 0)) return invalid_argument("compute factor must be >= 0");
     if (opts.calibration_repeats < 1) return invalid_argument("calibration repeats must be >= 1");
     QS_ASSIGN_OR_RETURN(loop, transport::EventLoop::create());
+    timer = std::make_unique<LoopTimer>(*loop);
     source = opts.tensors;
     if (source == nullptr) {
       // Its per-layer check is the PS loop's; buckets are checked here, per chunk.
@@ -467,12 +475,16 @@ struct CollectiveWorker final : Exchange {
         policy = std::move(replica);
       }
     }
-    timer = std::make_unique<LoopTimer>(*loop);
-    gpu = std::make_unique<EmulatedCompute>(
-        job.profile, opts.compute_factor, *timer,
-        opts.record_trace ? SpanRecorder(&trace, opts.rank, 0, false) : SpanRecorder(),
-        [this](const ComputeStep& s) { source->on_backward(s.layer, s.iteration); });
-    compute = std::make_unique<SnapshotCompute>(*this, *gpu);
+    if (opts.compute) {
+      device = opts.compute(*timer);
+      if (!device) return invalid_argument("the compute factory made no compute");
+    } else {
+      device = std::make_unique<EmulatedCompute>(
+          job.profile, opts.compute_factor, *timer,
+          opts.record_trace ? SpanRecorder(&trace, opts.rank, 0, false) : SpanRecorder(),
+          [this](const ComputeStep& s) { source->on_backward(s.layer, s.iteration); });
+    }
+    compute = std::make_unique<SnapshotCompute>(*this, *device);
     LoopOptions lo;
     lo.iterations = job.iterations;
     lo.before_backward = [this](std::int64_t it) {
@@ -484,9 +496,9 @@ struct CollectiveWorker final : Exchange {
       return true;
     };
     lo.failed = [this](const Status& s) { loop->fail(s.with_context(name())); };
+    lo.layer_ready = [this](int layer, std::int64_t it) { return source->on_layer_ready(layer, it); };
     training = std::make_unique<TrainingLoop>(job.profile, layout, *policy, *timer, *compute, *this, std::move(lo));
-    reduced.assign(static_cast<std::size_t>(job.iterations), 0);
-    verified.assign(static_cast<std::size_t>(job.iterations), 0);
+
     return Status::ok();
   }
 
@@ -495,7 +507,7 @@ struct CollectiveWorker final : Exchange {
   // backward ends, per iteration, and freed once every byte of that iteration is reduced.
   class SnapshotCompute final : public Compute {
    public:
-    SnapshotCompute(CollectiveWorker& w, Compute& inner) : w_(w), inner_(inner) {}
+    SnapshotCompute(Impl& w, Compute& inner) : w_(w), inner_(inner) {}
     void run(const ComputeStep& step, TimeNs earliest, Done done) override {
       if (step.pass != Pass::kBackward || !w_.staged) return inner_.run(step, earliest, std::move(done));
       inner_.run(step, earliest, [this, step, done = std::move(done)](TimeNs end) {
@@ -505,7 +517,7 @@ struct CollectiveWorker final : Exchange {
     }
 
    private:
-    CollectiveWorker& w_;
+    Impl& w_;
     Compute& inner_;
   };
 
@@ -658,6 +670,10 @@ struct CollectiveWorker final : Exchange {
           .add(t0, t1, "ar #" + std::to_string(b.id) + " it " + std::to_string(b.first_iteration) +
                            (b.last_iteration != b.first_iteration ? "-" + std::to_string(b.last_iteration) : "") + " " +
                            format_size(m));
+    }
+    // Grown as iterations go: an open-ended run (PyTorch) bounds iterations at 2^30.
+    if (reduced.size() <= static_cast<std::size_t>(b.last_iteration)) {
+      reduced.resize(static_cast<std::size_t>(b.last_iteration) + 1, 0);
     }
     for (std::int64_t it = b.first_iteration; it <= b.last_iteration; ++it) {
       auto& r = reduced[static_cast<std::size_t>(it)];
@@ -828,6 +844,9 @@ struct CollectiveWorker final : Exchange {
     }
     loop->post([this, li, b, t0, t1, check] {
       if (check) {
+        if (verified.size() <= static_cast<std::size_t>(b.last_iteration)) {
+          verified.resize(static_cast<std::size_t>(b.last_iteration) + 1, 0);
+        }
         for (std::int64_t it = b.first_iteration; it <= b.last_iteration; ++it) verified[static_cast<std::size_t>(it)] += b.bytes();
       }
       completed(li, b, t0, t1);
@@ -922,6 +941,7 @@ struct CollectiveWorker final : Exchange {
     schedule_watchdog();
     on_done_listener = training.get();
     training->start();
+    if (finish_requested) training->finish_early();
     // Until the last collective (those a policy issues at the end of training) is back,
     // and on a replica, until worker 0's last decision was applied.
     Status s = loop->run([this] {
@@ -993,7 +1013,7 @@ struct CollectiveWorker final : Exchange {
   std::vector<AllReduceCost> fits;
   std::unique_ptr<AllReducePolicy> policy;
   std::unique_ptr<LoopTimer> timer;
-  std::unique_ptr<EmulatedCompute> gpu;
+  std::unique_ptr<Compute> device;
   std::unique_ptr<Compute> compute;
   std::unique_ptr<TrainingLoop> training;
   ExchangeListener* on_done_listener = nullptr;
@@ -1018,6 +1038,7 @@ struct CollectiveWorker final : Exchange {
   std::thread replication_thread;
 
   // Loop thread only.
+  bool finish_requested = false;  // finish() before training began
   std::int64_t outstanding = 0;
   TimeNs last_done = 0;
   std::vector<Bytes> reduced, verified;
@@ -1027,10 +1048,31 @@ struct CollectiveWorker final : Exchange {
   std::vector<TraceSpan> trace;
 };
 
-Result<WorkerReport> run_collective_worker(const CollectiveOptions& options) {
+CollectiveWorker::CollectiveWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CollectiveWorker::~CollectiveWorker() = default;
+
+Result<std::unique_ptr<CollectiveWorker>> CollectiveWorker::create(CollectiveOptions options) {
   QS_RETURN_IF_ERROR(validate_profile(options.job.profile));
-  auto w = std::make_unique<CollectiveWorker>(options);
-  QS_RETURN_IF_ERROR(w->init());
+  auto impl = std::make_unique<Impl>(std::move(options));
+  QS_RETURN_IF_ERROR(impl->init());
+  return std::unique_ptr<CollectiveWorker>(new CollectiveWorker(std::move(impl)));
+}
+
+Result<WorkerReport> CollectiveWorker::run() { return impl_->run(); }
+
+void CollectiveWorker::post(std::function<void()> fn) { impl_->loop->post(std::move(fn)); }
+
+void CollectiveWorker::finish() {
+  impl_->loop->post([impl = impl_.get()] {
+    impl->finish_requested = true;
+    if (impl->training) impl->training->finish_early();
+  });
+}
+
+void CollectiveWorker::request_stop(const std::string& why) { impl_->loop->request_stop(why); }
+
+Result<WorkerReport> run_collective_worker(const CollectiveOptions& options) {
+  QS_ASSIGN_OR_RETURN(auto w, CollectiveWorker::create(options));
   return w->run();
 }
 

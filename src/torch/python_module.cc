@@ -18,7 +18,10 @@
 
 #include "quicksilver/policy/registry.h"
 #include "quicksilver/runtime/runtime.h"
+#include "quicksilver/runtime/store.h"
 #include "quicksilver/torch/session.h"
+
+#include <thread>
 
 namespace py = pybind11;
 
@@ -46,11 +49,28 @@ qs::TimeNs seconds(double s) { return static_cast<qs::TimeNs>(s * 1e9); }
 // A job and the server this process may host (created before the endpoints are known).
 struct Job {
   qs::runtime::JobOptions options;
+  bool allreduce = false;  // gloo all-reduce (else TCP parameter servers)
 };
 
 struct HostedServer {
   std::unique_ptr<qs::runtime::Server> server;
   int port() const { return server ? server->port() : 0; }
+};
+
+// The all-reduce job's rendezvous store, hosted by rank 0 on a thread of its own until
+// every worker connected its gloo contexts (or the object goes).
+struct HostedStore {
+  std::unique_ptr<qs::runtime::StoreServer> store;
+  std::thread thread;
+  qs::Status status;
+  HostedStore(std::unique_ptr<qs::runtime::StoreServer> s) : store(std::move(s)) {
+    thread = std::thread([this] { status = store->run(); });
+  }
+  ~HostedStore() {
+    store->request_stop();
+    if (thread.joinable()) thread.join();
+  }
+  int port() const { return store->port(); }
 };
 
 py::dict report_dict(const qs::runtime::WorkerReport& r) {
@@ -76,6 +96,9 @@ PYBIND11_MODULE(_quicksilver, m) {
 
   m.def("ps_policies", [] { return qs::policy_registry().names(qs::Architecture::kPs); },
         "The parameter-server policies, by rank");
+  m.def("allreduce_policies", [] { return qs::policy_registry().names(qs::Architecture::kAllReduce); },
+        "The all-reduce policies (on gloo)");
+  m.def("is_allreduce_policy", &qs::pytorch::is_allreduce_policy);
   m.def("knobs", [] {
     std::map<std::string, std::string> out;
     for (const qs::Knob* k : qs::policy_registry().knobs()) out[k->name] = k->help;
@@ -86,10 +109,11 @@ PYBIND11_MODULE(_quicksilver, m) {
       .def(py::init([](const std::string& profile_json, const std::string& policy,
                        const std::map<std::string, std::string>& knobs, int workers, int servers,
                        const std::string& bandwidth, const std::string& congestion, double connect_timeout,
-                       double peer_timeout) {
+                       double peer_timeout, const std::string& architecture) {
              qs::pytorch::JobSpec spec;
              spec.profile_json = profile_json;
              spec.policy = policy;
+             spec.architecture = architecture;
              spec.knobs.assign(knobs.begin(), knobs.end());
              spec.workers = workers;
              spec.servers = servers;
@@ -97,13 +121,25 @@ PYBIND11_MODULE(_quicksilver, m) {
              spec.congestion = congestion;
              spec.connect_timeout = seconds(connect_timeout);
              spec.peer_timeout = seconds(peer_timeout);
-             return Job{take(qs::pytorch::make_job(spec))};
+             Job job{take(qs::pytorch::make_job(spec))};
+             job.allreduce = take(qs::pytorch::job_architecture(spec)) == qs::Architecture::kAllReduce;
+             return job;
            }),
            py::arg("profile_json"), py::arg("policy"), py::arg("knobs"), py::arg("workers"), py::arg("servers"),
            py::arg("bandwidth") = "10Gbps", py::arg("congestion") = "cubic", py::arg("connect_timeout") = 120.0,
-           py::arg("peer_timeout") = 600.0)
+           py::arg("peer_timeout") = 600.0, py::arg("architecture") = "")
       .def_property_readonly("num_layers", [](const Job& j) { return j.options.profile.num_layers(); })
-      .def_property_readonly("num_tensors", [](const Job& j) { return j.options.profile.num_tensors(); });
+      .def_property_readonly("num_tensors", [](const Job& j) { return j.options.profile.num_tensors(); })
+      .def_property_readonly("allreduce", [](const Job& j) { return j.allreduce; });
+
+  py::class_<HostedStore>(m, "Store")
+      .def(py::init([](int workers, const std::string& host) {
+             return std::make_unique<HostedStore>(take(
+                 qs::runtime::StoreServer::create(qs::runtime::Endpoint{host, 0}, workers, 600 * qs::kNsPerSec)));
+           }),
+           py::arg("workers"), py::arg("host") = "0.0.0.0",
+           "The all-reduce rendezvous store: listens at once (port known), serves on its own thread")
+      .def_property_readonly("port", &HostedStore::port);
 
   py::class_<HostedServer>(m, "Server")
       .def(py::init([](const Job& job, int server_id, const std::string& host) {
@@ -120,11 +156,20 @@ PYBIND11_MODULE(_quicksilver, m) {
   py::class_<qs::pytorch::Session>(m, "Session")
       .def(py::init([](const Job& job, int rank, const std::vector<std::tuple<std::string, int>>& servers,
                        const std::vector<std::tuple<std::uintptr_t, std::int64_t>>& tensors,
-                       HostedServer* hosted) {
+                       HostedServer* hosted, const std::vector<std::string>& links, const std::string& algorithm) {
              qs::pytorch::SessionOptions o;
              o.job = job.options;
              o.rank = rank;
-             for (const auto& [host, port] : servers) o.servers.push_back(qs::runtime::Endpoint{host, port});
+             if (job.allreduce) {
+               // servers: the one store; links: this host's address per link.
+               if (servers.size() != 1) throw py::value_error("an all-reduce session takes the store's address");
+               o.make_worker = qs::pytorch::allreduce_worker(
+                   qs::runtime::Endpoint{std::get<0>(servers[0]), std::get<1>(servers[0])},
+                   links.empty() ? std::vector<std::string>{"127.0.0.1"} : links,
+                   take(qs::runtime::parse_gloo_algorithm(algorithm)));
+             } else {
+               for (const auto& [host, port] : servers) o.servers.push_back(qs::runtime::Endpoint{host, port});
+             }
              for (std::size_t t = 0; t < tensors.size(); ++t) {
                auto* data = reinterpret_cast<float*>(std::get<0>(tensors[t]));
                o.tensors.push_back(qs::runtime::TensorBuffer{static_cast<qs::TensorId>(t), data, data,
@@ -137,7 +182,8 @@ PYBIND11_MODULE(_quicksilver, m) {
              }
              return take(qs::pytorch::Session::start(std::move(o), std::move(server)));
            }),
-           py::arg("job"), py::arg("rank"), py::arg("servers"), py::arg("tensors"), py::arg("server") = nullptr)
+           py::arg("job"), py::arg("rank"), py::arg("servers"), py::arg("tensors"), py::arg("server") = nullptr,
+           py::arg("links") = std::vector<std::string>{}, py::arg("algorithm") = "ring")
       .def_property_readonly("num_layers", &qs::pytorch::Session::num_layers)
       .def("layer_of", &qs::pytorch::Session::layer_of)
       .def("gradient_ready", [](qs::pytorch::Session& s, int t) { check(s.gradient_ready(t)); })

@@ -38,25 +38,76 @@ class PsWorker final : public TrainingWorker {
   std::unique_ptr<runtime::Worker> w_;
 };
 
+class AllReduceWorker final : public TrainingWorker {
+ public:
+  explicit AllReduceWorker(std::unique_ptr<runtime::CollectiveWorker> w) : w_(std::move(w)) {}
+  Result<runtime::WorkerReport> run() override { return w_->run(); }
+  void post(std::function<void()> fn) override { w_->post(std::move(fn)); }
+  void finish() override { w_->finish(); }
+  void request_stop(const std::string& why) override { w_->request_stop(why); }
+
+ private:
+  std::unique_ptr<runtime::CollectiveWorker> w_;
+};
+
 }  // namespace
+
+bool is_allreduce_policy(const std::string& policy) {
+  return policy_registry().find(policy, Architecture::kAllReduce) != nullptr &&
+         policy_registry().find(policy, Architecture::kPs) == nullptr;
+}
+
+WorkerFactory allreduce_worker(runtime::Endpoint store, std::vector<std::string> links,
+                               runtime::GlooAlgorithm algorithm) {
+  return [store, links, algorithm](runtime::WorkerOptions wo) -> Result<std::unique_ptr<TrainingWorker>> {
+    runtime::CollectiveOptions o;
+    o.job = std::move(wo.job);
+    o.rank = wo.worker_id;
+    o.store = store;
+    o.secret = wo.secret;
+    o.links = links;
+    o.algorithm = algorithm;
+    o.tensors = wo.tensors;
+    o.verify = false;
+    o.compute = std::move(wo.compute);
+    o.calibration_repeats = 3;
+    QS_ASSIGN_OR_RETURN(auto w, runtime::CollectiveWorker::create(std::move(o)));
+    return std::unique_ptr<TrainingWorker>(std::make_unique<AllReduceWorker>(std::move(w)));
+  };
+}
 
 Result<std::unique_ptr<TrainingWorker>> ps_worker(runtime::WorkerOptions options) {
   QS_ASSIGN_OR_RETURN(auto w, runtime::Worker::create(std::move(options)));
   return std::unique_ptr<TrainingWorker>(std::make_unique<PsWorker>(std::move(w)));
 }
 
+Result<Architecture> job_architecture(const JobSpec& spec) {
+  const PolicyRegistry& registry = policy_registry();
+  Architecture a = Architecture::kPs;
+  if (spec.architecture == "allreduce" || (spec.architecture.empty() && is_allreduce_policy(spec.policy))) {
+    a = Architecture::kAllReduce;
+  } else if (!spec.architecture.empty() && spec.architecture != "ps") {
+    return invalid_argument("architecture '" + spec.architecture + "': give 'ps' or 'allreduce'");
+  }
+  if (registry.find(spec.policy, a) == nullptr) {
+    std::string names;
+    for (const std::string& n : registry.names(a)) names += (names.empty() ? "" : ", ") + n;
+    return invalid_argument("policy '" + spec.policy + "' is not a" + (a == Architecture::kPs ? " parameter-server" : "n all-reduce") +
+                            " policy; those are: " + names);
+  }
+  return a;
+}
+
 Result<runtime::JobOptions> make_job(const JobSpec& spec) {
   runtime::JobOptions job;
   QS_ASSIGN_OR_RETURN(job.profile, profile_from_json(spec.profile_json, "<model profile>", "model"));
   const PolicyRegistry& registry = policy_registry();
-  if (registry.find(spec.policy, Architecture::kPs) == nullptr) {
-    std::string names;
-    for (const std::string& n : registry.names(Architecture::kPs)) names += (names.empty() ? "" : ", ") + n;
-    const bool allreduce = registry.find(spec.policy, Architecture::kAllReduce) != nullptr;
-    return invalid_argument("policy '" + spec.policy + "' " +
-                            (allreduce ? "runs on all-reduce only, which the PyTorch integration does not drive yet"
-                                       : "is unknown") +
-                            "; parameter-server policies: " + names);
+  QS_ASSIGN_OR_RETURN(const Architecture architecture, job_architecture(spec));
+  const bool allreduce = architecture == Architecture::kAllReduce;
+  if (spec.policy == "deft") {
+    return invalid_argument("policy 'deft' from PyTorch: its delayed updates apply sums merged over several "
+                            "iterations on DeFT's schedule, which the integration does not do yet; it runs in "
+                            "`quicksilver run --architecture allreduce` (emulated compute)");
   }
   if (spec.policy == "oracle") {
     return invalid_argument("policy 'oracle' moves no gradient (it is the simulator's compute-only bound): the "
@@ -84,7 +135,7 @@ Result<runtime::JobOptions> make_job(const JobSpec& spec) {
   job.socket.congestion = spec.congestion;
   job.connect_timeout = spec.connect_timeout;
   job.peer_timeout = spec.peer_timeout;
-  QS_RETURN_IF_ERROR(runtime::validate_job(job));
+  QS_RETURN_IF_ERROR(allreduce ? runtime::validate_collective_job(job) : runtime::validate_job(job));
   return job;
 }
 

@@ -94,6 +94,27 @@ def test_digits_every_ps_policy(build_dir, tmp_path, workers, launcher):
         workers, launcher, len(policies), worst, took))
 
 
+def allreduce_policies():
+    import quicksilver._quicksilver as qsm
+    return [p for p in qsm.allreduce_policies() if p not in ("oracle", "deft")]
+
+
+@pytest.mark.parametrize("workers,launcher", [(2, "torchrun"), (3, "quicksilver")])
+def test_digits_every_allreduce_policy(build_dir, tmp_path, workers, launcher):
+    """The all-reduce policies on gloo, each worker's parameters against one process."""
+    policies = allreduce_policies()
+    iterations, per_worker = 4, 8
+    knobs = {"partition_size": "8KiB", "credit_size": "16KiB", "ddp_bucket_size": "16KiB", "ddp_first_bucket_size": "4KiB"}
+    p, took = launch(build_dir, launcher, workers,
+                     ["--model", "digits", "--policies", ",".join(policies), "--iterations", str(iterations),
+                      "--batch", str(per_worker), "--out", str(tmp_path), "--knobs", json.dumps(knobs),
+                      "--architecture", "allreduce"], 300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    worst = check_equal(str(tmp_path), policies, "sgd", "digits", workers, per_worker, iterations)
+    print("{} workers ({}), {} all-reduce policies: worst difference {:.2e}, {:.1f} s".format(
+        workers, launcher, len(policies), worst, took))
+
+
 def test_digits_adam_adamw(build_dir, tmp_path):
     p, _ = launch(build_dir, "quicksilver", 2,
                   ["--model", "digits", "--policies", "mercury", "--optimizers", "adam,adamw", "--iterations", "4",
@@ -141,10 +162,16 @@ def test_bad_policy_and_knob_raise():
     qs.init()
     model = models.DigitsCNN()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="all-reduce"):
-        qs.DistributedOptimizer(opt, model, policy="ddp")
-    with pytest.raises(ValueError, match="unknown"):
+    with pytest.raises(ValueError, match="deft.*delayed updates"):
+        qs.DistributedOptimizer(opt, model, policy="deft")
+    with pytest.raises(ValueError, match="not a parameter-server policy"):
         qs.DistributedOptimizer(opt, model, policy="no-such-policy")
+    with pytest.raises(ValueError, match="not a parameter-server policy"):
+        qs.DistributedOptimizer(opt, model, policy="ddp", architecture="ps")
+    with pytest.raises(ValueError, match="not an all-reduce policy"):
+        qs.DistributedOptimizer(opt, model, policy="mercury", architecture="allreduce")
+    with pytest.raises(ValueError, match="give 'ps' or 'allreduce'"):
+        qs.DistributedOptimizer(opt, model, policy="wfbp", architecture="ring")
     with pytest.raises(ValueError, match="unknown knob"):
         qs.DistributedOptimizer(opt, model, policy="mercury", packet_sise="4KiB")
 

@@ -19,6 +19,7 @@ ap.add_argument("--iterations", type=int, default=4)
 ap.add_argument("--batch", type=int, default=8)
 ap.add_argument("--out", required=True)
 ap.add_argument("--knobs", default="{}")
+ap.add_argument("--architecture", default=None, help="ps or allreduce (default: the policy's)")
 ap.add_argument("--die-at", type=int, default=-1, help="rank 1 exits abruptly at this iteration")
 ap.add_argument("--stop-at", type=int, default=-1, help="rank 1 ends its loop (cleanly) at this iteration")
 args = ap.parse_args()
@@ -31,7 +32,8 @@ for opt_name in args.optimizers.split(","):
         torch.manual_seed(100 + qs.rank())  # different on every rank: broadcast_parameters equalises
         model = models.make(args.model)
         optimizer = models.optimizer(opt_name, model.parameters())
-        optimizer = qs.DistributedOptimizer(optimizer, model, policy=policy, **json.loads(args.knobs))
+        optimizer = qs.DistributedOptimizer(optimizer, model, policy=policy, architecture=args.architecture,
+                                            **json.loads(args.knobs))
         torch.manual_seed(0)
         reference_init = models.make(args.model).state_dict()
         if qs.rank() == 0:

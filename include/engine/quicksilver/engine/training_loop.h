@@ -46,7 +46,9 @@ struct LoopOptions {
   // Runtime hooks (all optional): before an iteration's backward (false: stop here, as a
   // crashed worker would; fault injection); after an iteration ended; after the last one;
   // when a layer's parameters are complete (the tensor source checks the sums; an error
-  // stops the loop).
+  // stops the loop): PS, when its last unit of this iteration is pulled; all-reduce, when
+  // its last byte of this iteration is reduced (not for buckets that merged iterations
+  // already past: DeFT's delayed updates).
   std::function<bool(std::int64_t iteration)> before_backward;
   std::function<void(std::int64_t iteration)> iteration_ended;
   std::function<void()> finished;

@@ -26,8 +26,13 @@
 // coordinator (quicksilver/runtime/store.h).
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "quicksilver/engine/compute.h"
+#include "quicksilver/engine/timer.h"
 
 #include "quicksilver/core/status.h"
 #include "quicksilver/policy/allreduce_policy.h"
@@ -74,10 +79,37 @@ struct CollectiveOptions {
   int calibration_repeats = 5;
   // Fault injection (tests): exit abruptly at the start of this iteration (-1: never).
   int die_at_iteration = -1;
+  // The device the loop drives (as WorkerOptions::compute): null, the GPU emulated from
+  // the profile; else called once with the worker's Timer. A real compute (PyTorch)
+  // reports from other threads through CollectiveWorker::post().
+  std::function<std::unique_ptr<Compute>(Timer& timer)> compute;
 };
 
-// Runs one worker to the end of training. Blocks. The report's all-reduce fields carry the
-// fitted costs (AllReduceCost per link) and the policy's notes.
+// One all-reduce worker (the counterpart of runtime.h's Worker, with the same controls).
+class CollectiveWorker {
+ public:
+  // Validates the options (no network yet).
+  static Result<std::unique_ptr<CollectiveWorker>> create(CollectiveOptions options);
+  ~CollectiveWorker();
+  // Meets the others, calibrates, builds the policy, trains, meets them again. Blocks. The
+  // report's all-reduce fields carry the fitted costs (one per link) and the policy's notes.
+  Result<WorkerReport> run();
+  // Thread-safe: runs `fn` on the worker's loop thread.
+  void post(std::function<void()> fn);
+  // Thread-safe: ends an open-ended run at the next iteration boundary
+  // (TrainingLoop::finish_early). Every worker must end after the same iteration.
+  void finish();
+  // Thread-safe: makes run() fail soon with "stopped: why".
+  void request_stop(const std::string& why);
+
+  struct Impl;
+
+ private:
+  explicit CollectiveWorker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// create() then run().
 Result<WorkerReport> run_collective_worker(const CollectiveOptions& options);
 
 }  // namespace qs::runtime

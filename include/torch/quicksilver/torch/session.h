@@ -38,6 +38,8 @@
 
 #include "quicksilver/core/status.h"
 #include "quicksilver/core/units.h"
+#include "quicksilver/policy/registry.h"
+#include "quicksilver/runtime/collective.h"
 #include "quicksilver/runtime/runtime.h"
 #include "quicksilver/runtime/tensors.h"
 
@@ -50,6 +52,9 @@ class HookedCompute;
 struct JobSpec {
   std::string profile_json;   // DESIGN.md's profile format, layers in forward-use order
   std::string policy = "mercury";
+  // "ps" (TCP parameter servers), "allreduce" (gloo), or empty: the policy's own, and "ps"
+  // for the names both architectures have (wfbp, bytescheduler).
+  std::string architecture;
   // Policy knobs by field name ("packet_size"; "packet-size" and "--packet-size" too),
   // values as the command line spells them ("32KiB", "200us", "true"; a size may be a bare
   // number of bytes).
@@ -68,7 +73,8 @@ struct JobSpec {
 // The bound a PyTorch run gives job.iterations (the user's loop ends it: finish()).
 inline constexpr int kOpenEndedIterations = 1 << 30;
 // Errors name the field: the profile's (profile_from_json), "unknown knob 'x' (knobs: ...)",
-// "policy 'ddp' runs on all-reduce only ...", 'oracle' (it sums nothing), a bad value.
+// 'oracle' (it sums nothing), 'deft' (its delayed updates need a schedule of updates the
+// integration does not apply yet), a bad value. `servers` is ignored for all-reduce.
 Result<runtime::JobOptions> make_job(const JobSpec& spec);
 
 // The worker a Session drives, whatever moves its gradients: the TCP parameter-server
@@ -91,6 +97,17 @@ class TrainingWorker {
 using WorkerFactory = std::function<Result<std::unique_ptr<TrainingWorker>>(runtime::WorkerOptions)>;
 // The parameter-server worker (runtime::Worker over TCP).
 Result<std::unique_ptr<TrainingWorker>> ps_worker(runtime::WorkerOptions options);
+// The all-reduce worker on gloo (runtime::CollectiveWorker), meeting the others through
+// the store at `store` (runtime/store.h), its gloo contexts bound to `links` (this host's
+// address on each link).
+WorkerFactory allreduce_worker(runtime::Endpoint store, std::vector<std::string> links,
+                               runtime::GlooAlgorithm algorithm = runtime::GlooAlgorithm::kRing);
+// Whether `policy` is one of the all-reduce architecture's only (else the parameter
+// server's, or both architectures').
+bool is_allreduce_policy(const std::string& policy);
+// The architecture a JobSpec runs on (JobSpec::architecture). Errors: an unknown
+// architecture, a policy it does not have.
+Result<Architecture> job_architecture(const JobSpec& spec);
 
 struct SessionOptions {
   // The job every worker and server agrees on: the profile lists the model's layers in
