@@ -175,9 +175,18 @@ TEST(Session, MakeJobNamesWhatIsWrong) {
   JobSpec spec;
   spec.profile_json = kProfile;
   spec.policy = "ddp";
+  spec.architecture = "ps";
   auto job = make_job(spec);
   ASSERT_FALSE(job.is_ok());
-  EXPECT_NE(job.status().message().find("all-reduce"), std::string::npos) << job.status().message();
+  EXPECT_NE(job.status().message().find("not a parameter-server policy"), std::string::npos) << job.status().message();
+  spec.architecture = "";  // ddp's own: all-reduce
+  job = make_job(spec);
+  ASSERT_TRUE(job.is_ok()) << job.status().to_string();
+  EXPECT_EQ(job_architecture(spec).value(), Architecture::kAllReduce);
+  spec.policy = "deft";
+  job = make_job(spec);
+  ASSERT_FALSE(job.is_ok());
+  EXPECT_NE(job.status().message().find("delayed updates"), std::string::npos) << job.status().message();
   spec.policy = "mercury";
   spec.knobs = {{"packet_sise", "4KiB"}};
   job = make_job(spec);
