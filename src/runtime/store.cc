@@ -253,15 +253,8 @@ Status StoreServer::run() {
       Client& c = clients[i - 2];
       if (!c.fd.valid()) continue;
       if (c.auth) {
-        auto want = c.auth->step(c.fd.get());
-        if (!want.is_ok()) {
-          refuse(c, want.status().message());
-        } else if (*want == transport::Handshake::Want::kDone) {
-          c.auth.reset();
-          c.events = POLLIN;
-        } else {
-          c.events = *want == transport::Handshake::Want::kRead ? POLLIN : POLLOUT;
-        }
+        Status s = transport::step_for_poll(&c.auth, c.fd.get(), &c.events);
+        if (!s.is_ok()) refuse(c, s.message());
         continue;
       }
       char buf[16384];

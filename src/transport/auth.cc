@@ -251,4 +251,15 @@ Status authenticate(int fd, const Secret& secret, AuthRole role, std::string_vie
   }
 }
 
+Status step_for_poll(std::unique_ptr<Handshake>* auth, int fd, short* events) {
+  QS_ASSIGN_OR_RETURN(const Handshake::Want want, (*auth)->step(fd));
+  if (want == Handshake::Want::kDone) {
+    auth->reset();
+    *events = POLLIN;
+  } else {
+    *events = want == Handshake::Want::kRead ? POLLIN : POLLOUT;
+  }
+  return Status::ok();
+}
+
 }  // namespace qs::transport

@@ -115,6 +115,11 @@ class Handshake {
   std::size_t got_ = 0;
 };
 
+// For a poll loop holding a pending Handshake per connection: steps `*auth` on `fd`; once
+// done, resets it and asks for POLLIN (the protocol that follows), else sets `*events` to
+// what the handshake waits for. Errors as Handshake::step (the caller closes `fd`).
+Status step_for_poll(std::unique_ptr<Handshake>* auth, int fd, short* events);
+
 // Runs a whole handshake on `fd` (blocking or not: it waits with poll), failing with
 // kUnavailable "authentication timed out" once `timeout` has passed. Errors as
 // Handshake::step; on error the caller closes `fd`. For clients and simple servers
