@@ -60,19 +60,23 @@ wait $w0 && wait $w1 && wait $cpid && grep -q '"iterations_verified":3' "$tmp/w0
   && ok || bad "separate processes: $(tail -2 "$tmp/w0" "$tmp/w1" "$tmp/coord")"
 
 # A worker that stalls (SIGSTOP): the other exits within its peer timeout, saying so.
-"$qs" coordinator --architecture allreduce --workers 2 --listen 127.0.0.1:0 --timeout 60s --secret-file "$tmp/secret" > "$tmp/coord" 2>&1 &
-cpid=$!
-for _ in $(seq 50); do grep -q listening "$tmp/coord" && break; sleep 0.1; done
-addr=$(sed -n 's/^listening //p' "$tmp/coord")
-role=(worker --architecture allreduce --model "$tmp/small.json" --workers 2 --iterations 100000 --policy wfbp
-      --coordinator "$addr" --peer-timeout 2s --secret-file "$tmp/secret")
-"$qs" "${role[@]}" --worker-id 0 > "$tmp/w0" 2>&1 & w0=$!
-"$qs" "${role[@]}" --worker-id 1 > "$tmp/w1" 2>&1 & w1=$!
-sleep 2; kill -STOP $w1
-start=$(date +%s); wait $w0; rc=$?; took=$(( $(date +%s) - start ))
-kill -KILL $w1 2> /dev/null; wait $w1 2> /dev/null; wait $cpid 2> /dev/null
-[ $rc -eq 1 ] && [ $took -lt 15 ] && grep -Eq "no collective completed|timed out|Timed out" "$tmp/w0" && ok \
-  || bad "stalled worker: rc $rc after ${took}s: $(tail -1 "$tmp/w0")"
+# Worker 1 (worker 0 waits for its reports) and worker 0 (worker 1 waits for its decisions).
+for stalled in 1 0; do
+  other=$((1 - stalled))
+  "$qs" coordinator --architecture allreduce --workers 2 --listen 127.0.0.1:0 --timeout 60s --secret-file "$tmp/secret" > "$tmp/coord" 2>&1 &
+  cpid=$!
+  for _ in $(seq 50); do grep -q listening "$tmp/coord" && break; sleep 0.1; done
+  addr=$(sed -n 's/^listening //p' "$tmp/coord")
+  role=(worker --architecture allreduce --model "$tmp/small.json" --workers 2 --iterations 100000 --policy wfbp
+        --coordinator "$addr" --peer-timeout 2s --secret-file "$tmp/secret")
+  "$qs" "${role[@]}" --worker-id $stalled > "$tmp/ws" 2>&1 & ws=$!
+  "$qs" "${role[@]}" --worker-id $other > "$tmp/wo" 2>&1 & wo=$!
+  sleep 2; kill -STOP $ws
+  start=$(date +%s); wait $wo; rc=$?; took=$(( $(date +%s) - start ))
+  kill -KILL $ws 2> /dev/null; wait $ws 2> /dev/null; wait $cpid 2> /dev/null
+  [ $rc -eq 1 ] && [ $took -lt 15 ] && grep -Eq "nothing from the other workers|timed out|Timed out" "$tmp/wo" && ok \
+    || bad "stalled worker $stalled: worker $other rc $rc after ${took}s: $(tail -1 "$tmp/wo")"
+done
 
 # A worker that dies: the run fails within the peer timeout and names it.
 start=$(date +%s)

@@ -17,6 +17,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -496,7 +497,12 @@ struct CollectiveWorker::Impl final : Exchange {
       return true;
     };
     lo.failed = [this](const Status& s) { loop->fail(s.with_context(name())); };
-    lo.layer_ready = [this](int layer, std::int64_t it) { return source->on_layer_ready(layer, it); };
+    // The caller's buffers (PyTorch) hear when a layer's sums are in. Known content is
+    // checked per bucket instead (finish()): a bucket that merged iterations (DeFT) holds
+    // a sum over several, which a per-layer check of one iteration would call wrong.
+    if (opts.tensors != nullptr) {
+      lo.layer_ready = [this](int layer, std::int64_t it) { return source->on_layer_ready(layer, it); };
+    }
     training = std::make_unique<TrainingLoop>(job.profile, layout, *policy, *timer, *compute, *this, std::move(lo));
 
     return Status::ok();
@@ -575,7 +581,7 @@ struct CollectiveWorker::Impl final : Exchange {
         }
         for (int r = 1; r < opts.job.workers; ++r) {
           replica_buf->send(r, kReplicaSlot);
-          replica_buf->waitSend(to_ms_duration(opts.job.peer_timeout));
+          if (!replica_buf->waitSend(to_ms_duration(opts.job.peer_timeout))) return;  // aborted: stopping
         }
         if (end) return;
       }
@@ -595,6 +601,7 @@ struct CollectiveWorker::Impl final : Exchange {
         bool end = false;
         for (const PolicyRecord& r : got) end |= r.kind == kEndOfStream;
         loop->post([this, got = std::move(got)] {
+          last_done = mono_now();  // worker 0 is alive
           for (const PolicyRecord& r : got) replica->deliver(r);
         });
         if (end) return;
@@ -695,8 +702,10 @@ struct CollectiveWorker::Impl final : Exchange {
     std::shared_ptr<gloo::Context> ctx;
     std::deque<Entry> queue;  // guarded by mu
     std::thread thread;
-    std::unique_ptr<gloo::transport::UnboundBuffer> decision_buf;
+    std::unique_ptr<gloo::transport::UnboundBuffer> decision_buf;  // followers
     ControlMessage decision{};
+    std::unique_ptr<gloo::transport::UnboundBuffer> send_buf;  // worker 0's decisions
+    ControlMessage out{};
     std::vector<float> data;  // the bucket being reduced (link thread only)
   };
 
@@ -705,9 +714,7 @@ struct CollectiveWorker::Impl final : Exchange {
     const bool leader = opts.rank == 0;
     const int n = opts.job.workers;
     try {
-      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends;
-      ControlMessage out{};
-      if (leader && n > 1) sends.push_back(control->createUnboundBuffer(&out, sizeof out));
+      ControlMessage& out = link.out;
       while (true) {
         Entry e;
         if (leader) {
@@ -729,8 +736,8 @@ struct CollectiveWorker::Impl final : Exchange {
           lock.unlock();
           out = ControlMessage{e.key, li, 2};
           for (int r = 1; r < n; ++r) {
-            sends[0]->send(r, kDecisionSlot + static_cast<std::uint64_t>(li));
-            sends[0]->waitSend(to_ms_duration(opts.job.peer_timeout));
+            link.send_buf->send(r, kDecisionSlot + static_cast<std::uint64_t>(li));
+            if (!link.send_buf->waitSend(to_ms_duration(opts.job.peer_timeout))) return;  // aborted: stopping
           }
         } else {
           link.decision_buf->recv(0, kDecisionSlot + static_cast<std::uint64_t>(li));
@@ -749,7 +756,7 @@ struct CollectiveWorker::Impl final : Exchange {
                 return true;
               }
             }
-            return stopping;
+            return stopping.load();
           });
           if (stopping) return;
           if (!found) {
@@ -780,7 +787,7 @@ struct CollectiveWorker::Impl final : Exchange {
       const TimeNs t0 = mono_now();
       reduce(link, b, t.sum + first, count);
       const TimeNs t1 = mono_now();
-      finish(li, b, t0, t1);
+      finish(li, b, t0, t1, nullptr);
       return;
     }
     const Bytes m = b.bytes();
@@ -809,14 +816,14 @@ struct CollectiveWorker::Impl final : Exchange {
     const TimeNs t0 = mono_now();
     reduce(link, b, link.data.data(), link.data.size());
     const TimeNs t1 = mono_now();
-    // Scatter into the sums.
+    // Scatter into the sums (posting the completion first would let the loop reuse them).
     const float* in = link.data.data();
     for (const Chunk& c : b.chunks) {
       const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
       std::memcpy(buffers[static_cast<std::size_t>(c.tensor)].sum + first, in, count * sizeof(float));
       in += count;
     }
-    finish(li, b, t0, t1);
+    finish(li, b, t0, t1, link.data.data());
   }
 
   void reduce(Link& link, const CollectiveBucket& b, float* data, std::size_t count) {
@@ -829,18 +836,23 @@ struct CollectiveWorker::Impl final : Exchange {
 
   // Known content: checks every reduced element exactly (before the loop may reuse the
   // buffers), then hands the completion to the loop.
-  void finish(int li, const CollectiveBucket& b, TimeNs t0, TimeNs t1) {
+  // `reduced`: the bucket's elements in chunk order (the link's buffer), or null when the
+  // one chunk was reduced in place in its sum buffer. Checked there, before the scatter:
+  // under DeFT two buckets of one chunk (different iterations) may run at once on two
+  // links, and the sum buffer holds whichever scattered last.
+  void finish(int li, const CollectiveBucket& b, TimeNs t0, TimeNs t1, const float* reduced) {
     const bool check = opts.verify && opts.tensors == nullptr;
     for (std::size_t i = 0; check && i < b.chunks.size(); ++i) {
       const Chunk& c = b.chunks[i];
       const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
-      Status s = check_sum(buffers[static_cast<std::size_t>(c.tensor)].sum + first, static_cast<std::int64_t>(count),
-                           static_cast<std::int64_t>(first), opts.job.workers, b.first_iteration, b.last_iteration,
-                           c.tensor);
+      const float* at = reduced != nullptr ? reduced : buffers[static_cast<std::size_t>(c.tensor)].sum + first;
+      Status s = check_sum(at, static_cast<std::int64_t>(count), static_cast<std::int64_t>(first), opts.job.workers,
+                           b.first_iteration, b.last_iteration, c.tensor);
       if (!s.is_ok()) {
         loop->post([this, s] { loop->fail(s.with_context(name())); });
         return;
       }
+      if (reduced != nullptr) reduced += count;
     }
     loop->post([this, li, b, t0, t1, check] {
       if (check) {
@@ -891,6 +903,7 @@ struct CollectiveWorker::Impl final : Exchange {
     for (std::size_t li = 0; li < links.size(); ++li) {
       Link& l = *links[li];
       if (opts.rank != 0) l.decision_buf = control->createUnboundBuffer(&l.decision, sizeof l.decision);
+      if (opts.rank == 0 && opts.job.workers > 1) l.send_buf = control->createUnboundBuffer(&l.out, sizeof l.out);
       links[li]->thread = std::thread([this, li] { link_thread(static_cast<int>(li)); });
     }
   }
@@ -907,11 +920,16 @@ struct CollectiveWorker::Impl final : Exchange {
     for (auto& l : links) {
       while (l->thread.joinable()) {
         if (l->decision_buf) l->decision_buf->abortWaitRecv();
+        if (l->send_buf) l->send_buf->abortWaitSend();
         l->thread.join();
       }
     }
     while (replication_thread.joinable()) {
-      if (opts.rank != 0) replica_buf->abortWaitRecv();
+      if (opts.rank != 0) {
+        replica_buf->abortWaitRecv();
+      } else {
+        replica_buf->abortWaitSend();
+      }
       replication_thread.join();
     }
     while (control_rx_thread.joinable()) {
@@ -920,20 +938,44 @@ struct CollectiveWorker::Impl final : Exchange {
     }
   }
 
+  bool done() const {
+    return training->finished() && outstanding == 0 && (replica == nullptr || replica->complete());
+  }
+
+  // A worker waiting on its peers (a collective outstanding, a forward gate closed on
+  // sums, or worker 0's decisions not yet come) with nothing from them for peer_timeout
+  // fails, saying what it waited for. Waiting for its own compute (a PyTorch user's
+  // evaluation pass) is not waiting on peers.
   void schedule_watchdog() {
     loop->schedule_after(std::max<TimeNs>(opts.job.peer_timeout / 4, kNsPerMs), [this] {
-      if (training->finished() && outstanding == 0) return;
-      if (outstanding > 0 && mono_now() - last_done > opts.job.peer_timeout) {
-        loop->fail(unavailable(name() + ": no collective completed for " + format_time(opts.job.peer_timeout) +
-                               " in iteration " + std::to_string(training->iteration()) + " (" +
-                               std::to_string(outstanding) + " buckets outstanding; a peer stalled)"));
+      if (done()) return;
+      const bool on_peers = outstanding > 0 || training->blocked() || training->finished();
+      if (on_peers && mono_now() - last_done > opts.job.peer_timeout) {
+        const std::string what =
+            outstanding > 0 ? std::to_string(outstanding) + " buckets outstanding"
+            : replica != nullptr ? "waiting for worker 0's decisions"
+                                 : "waiting for the other workers";
+        loop->fail(unavailable(name() + ": nothing from the other workers for " + format_time(opts.job.peer_timeout) +
+                               " in iteration " + std::to_string(training->iteration()) + " (" + what +
+                               "; a peer stalled or ended early)"));
         return;
       }
       schedule_watchdog();
     });
   }
 
+  // A policy's QS_CHECK, gloo, or memory may throw: an error of this worker, never
+  // std::terminate in the caller's process (a Python interpreter).
   Result<WorkerReport> run() {
+    try {
+      return run_inner();
+    } catch (const std::exception& e) {
+      stop_threads();
+      return internal_error(name() + ": " + e.what());
+    }
+  }
+
+  Result<WorkerReport> run_inner() {
     QS_RETURN_IF_ERROR(connect());
     QS_RETURN_IF_ERROR(build());
     start_threads();
@@ -944,9 +986,7 @@ struct CollectiveWorker::Impl final : Exchange {
     if (finish_requested) training->finish_early();
     // Until the last collective (those a policy issues at the end of training) is back,
     // and on a replica, until worker 0's last decision was applied.
-    Status s = loop->run([this] {
-      return training->finished() && outstanding == 0 && (replica == nullptr || replica->complete());
-    });
+    Status s = loop->run([this] { return done(); });
     if (s.is_ok() && replicating() && opts.rank == 0) {
       record(PolicyRecord{kEndOfStream, 0, 0, 0, 0});
       replication_thread.join();  // the sender leaves once the end is sent
@@ -966,7 +1006,8 @@ struct CollectiveWorker::Impl final : Exchange {
     return make_report();
   }
 
-  WorkerReport make_report() const {
+  Result<WorkerReport> make_report() const {
+    if (training->records().empty()) return invalid_argument(name() + ": the run ended before its first iteration");
     WorkerReport r;
     r.worker_id = opts.rank;
     r.policy = opts.job.policy;
@@ -1023,7 +1064,7 @@ struct CollectiveWorker::Impl final : Exchange {
   // Shared with the link and control threads.
   std::mutex mu;
   std::condition_variable cv;
-  bool stopping = false;                                                   // guarded by mu
+  std::atomic<bool> stopping{false};  // set under mu (the waits' predicates read it there)
   std::unordered_map<std::uint64_t, int> reports;                          // guarded by mu
   std::map<std::int64_t, std::unique_ptr<std::vector<float>>> stages;      // guarded by mu
   std::thread control_rx_thread;
