@@ -8,6 +8,10 @@
 
 #include "quicksilver/runtime/collective.h"
 #include "quicksilver/runtime/store.h"
+#include "quicksilver/transport/clock.h"
+#include "quicksilver/transport/socket.h"
+
+#include <sys/socket.h>
 #include "test_profiles.h"
 
 namespace qs::runtime {
@@ -53,6 +57,31 @@ TEST(Store, AnswersAGetOnceTheKeyIsSetAndEndsWhenEveryRankIsDone) {
   auto again = StoreClient::connect(at, 5 * kNsPerSec);
   ASSERT_TRUE(again.is_ok());
   ASSERT_TRUE((*again)->done(1).is_ok());
+  EXPECT_TRUE(served.get().is_ok());
+}
+
+// A client that keeps sending while its get waits is cut off at one line's worth, not
+// buffered without bound.
+TEST(Store, AClientWithAGetPendingCannotGrowItsBuffer) {
+  auto server = StoreServer::create(Endpoint{"127.0.0.1", 0}, 1, 20 * kNsPerSec);
+  ASSERT_TRUE(server.is_ok());
+  auto served = std::async(std::launch::async, [&] { return (*server)->run(); });
+  auto fd = transport::connect_tcp("127.0.0.1", (*server)->port(), transport::SteadyClock::instance().now() + kNsPerSec);
+  ASSERT_TRUE(fd.is_ok());
+  const std::string get = "get never-set\n";
+  ASSERT_EQ(::send(fd->get(), get.data(), get.size(), MSG_NOSIGNAL), static_cast<ssize_t>(get.size()));
+  const std::string junk(64 * 1024, 'x');
+  std::size_t sent = 0;
+  bool closed = false;
+  for (int i = 0; i < 4096 && !closed; ++i) {  // up to 256 MiB, far past the bound
+    const ssize_t n = ::send(fd->get(), junk.data(), junk.size(), MSG_NOSIGNAL);
+    if (n <= 0) closed = true; else sent += static_cast<std::size_t>(n);
+  }
+  EXPECT_TRUE(closed) << "the store took " << sent << " bytes from a client whose get waits";
+  EXPECT_LT(sent, 16u * 1024 * 1024);
+  auto c = StoreClient::connect(Endpoint{"127.0.0.1", (*server)->port()}, kNsPerSec);
+  ASSERT_TRUE(c.is_ok());
+  ASSERT_TRUE((*c)->done(0).is_ok());
   EXPECT_TRUE(served.get().is_ok());
 }
 

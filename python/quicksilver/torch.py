@@ -382,6 +382,14 @@ class _Integration:
         servers = self.servers
         hosted = None
         links = []
+        # The job's secret: drawn by rank 0, shared over torch.distributed (the channel the
+        # script trusts already); the servers and the all-reduce store demand it
+        # (docs/reliability.md). Separately started servers have their own (none here).
+        secret = os.urandom(32) if rank == 0 else None
+        if size > 1:
+            box = [secret]
+            dist.broadcast_object_list(box, src=0)
+            secret = box[0]
         job_args = (json.dumps(profile), self.policy, self.knobs, size)
         probe = _qs.Job(*job_args, 1, self.bandwidth, self.congestion, self.connect_timeout, self.peer_timeout,
                         self.architecture)
@@ -392,7 +400,7 @@ class _Integration:
             me = _my_address(_env["master_addr"]) if size > 1 else "127.0.0.1"
             box = [None]
             if rank == 0:
-                self.store = _qs.Store(size, "0.0.0.0" if size > 1 else "127.0.0.1")
+                self.store = _qs.Store(size, me, secret)
                 box = [(me, self.store.port)]
             if size > 1:
                 dist.broadcast_object_list(box, src=0)
@@ -400,8 +408,9 @@ class _Integration:
             links = [me]
         elif servers is None:
             job = _qs.Job(*job_args, size, self.bandwidth, self.congestion, self.connect_timeout, self.peer_timeout)
-            hosted = _qs.Server(job, rank, "0.0.0.0")
-            me = (_my_address(_env["master_addr"]), hosted.port)
+            host = _my_address(_env["master_addr"]) if size > 1 else "127.0.0.1"
+            hosted = _qs.Server(job, rank, host, secret)
+            me = (host, hosted.port)
             endpoints = [me]
             if size > 1:
                 endpoints = [None] * size
@@ -429,7 +438,7 @@ class _Integration:
             self.layer_groups.append([[p for p in g["params"] if id(p) in ids] for g in self.opt.param_groups])
         self.applied = [0] * L
         self.session = _qs.Session(job, rank, endpoints, [(g.data_ptr(), g.numel()) for g in self.grads], hosted,
-                                   links)
+                                   links, "ring", secret if servers is None else b"")
         self.state = "running"
         # The first backward's gradients, as its hooks would have reported them.
         for l in reversed(range(L)):

@@ -265,6 +265,12 @@ Status StoreServer::run() {
         continue;
       }
       c.in.append(buf, static_cast<std::size_t>(n));
+      // Bounded whatever the client does, a get pending or not: a client asks one thing at
+      // a time, so one request line is all it may have buffered.
+      if (c.in.size() > kMaxLine + 1) {
+        refuse(c, "more than one request line buffered");
+        continue;
+      }
       while (c.fd.valid() && c.waiting_for.empty()) {
         const std::size_t nl = c.in.find('\n');
         if (nl == std::string::npos) {

@@ -19,6 +19,7 @@
 #include "quicksilver/policy/registry.h"
 #include "quicksilver/runtime/runtime.h"
 #include "quicksilver/runtime/store.h"
+#include "quicksilver/transport/auth.h"
 #include "quicksilver/torch/session.h"
 
 #include <thread>
@@ -45,6 +46,13 @@ T take(qs::Result<T> r) {
 }
 
 qs::TimeNs seconds(double s) { return static_cast<qs::TimeNs>(s * 1e9); }
+
+// The job's secret from Python bytes (empty: none, no authentication).
+std::shared_ptr<const qs::transport::Secret> secret_of(const py::bytes& b) {
+  const std::string bytes = b;
+  if (bytes.empty()) return nullptr;
+  return std::make_shared<const qs::transport::Secret>(take(qs::transport::Secret::from_bytes(bytes)));
+}
 
 // A job and the server this process may host (created before the endpoints are known).
 struct Job {
@@ -133,33 +141,36 @@ PYBIND11_MODULE(_quicksilver, m) {
       .def_property_readonly("allreduce", [](const Job& j) { return j.allreduce; });
 
   py::class_<HostedStore>(m, "Store")
-      .def(py::init([](int workers, const std::string& host) {
-             return std::make_unique<HostedStore>(take(
-                 qs::runtime::StoreServer::create(qs::runtime::Endpoint{host, 0}, workers, 600 * qs::kNsPerSec)));
+      .def(py::init([](int workers, const std::string& host, const py::bytes& secret) {
+             return std::make_unique<HostedStore>(take(qs::runtime::StoreServer::create(
+                 qs::runtime::Endpoint{host, 0}, workers, 600 * qs::kNsPerSec, secret_of(secret))));
            }),
-           py::arg("workers"), py::arg("host") = "0.0.0.0",
+           py::arg("workers"), py::arg("host") = "127.0.0.1", py::arg("secret") = py::bytes(),
            "The all-reduce rendezvous store: listens at once (port known), serves on its own thread")
       .def_property_readonly("port", &HostedStore::port);
 
   py::class_<HostedServer>(m, "Server")
-      .def(py::init([](const Job& job, int server_id, const std::string& host) {
+      .def(py::init([](const Job& job, int server_id, const std::string& host, const py::bytes& secret) {
              qs::runtime::ServerOptions o;
              o.job = job.options;
              o.server_id = server_id;
              o.listen = qs::runtime::Endpoint{host, 0};
+             o.secret = secret_of(secret);
              return HostedServer{take(qs::runtime::Server::create(std::move(o)))};
            }),
-           py::arg("job"), py::arg("server_id"), py::arg("host") = "0.0.0.0",
+           py::arg("job"), py::arg("server_id"), py::arg("host") = "127.0.0.1", py::arg("secret") = py::bytes(),
            "Listens at once (port known); serves once handed to a Session")
       .def_property_readonly("port", &HostedServer::port);
 
   py::class_<qs::pytorch::Session>(m, "Session")
       .def(py::init([](const Job& job, int rank, const std::vector<std::tuple<std::string, int>>& servers,
                        const std::vector<std::tuple<std::uintptr_t, std::int64_t>>& tensors,
-                       HostedServer* hosted, const std::vector<std::string>& links, const std::string& algorithm) {
+                       HostedServer* hosted, const std::vector<std::string>& links, const std::string& algorithm,
+                       const py::bytes& secret) {
              qs::pytorch::SessionOptions o;
              o.job = job.options;
              o.rank = rank;
+             o.secret = secret_of(secret);
              if (job.allreduce) {
                // servers: the one store; links: this host's address per link.
                if (servers.size() != 1) throw py::value_error("an all-reduce session takes the store's address");
@@ -183,7 +194,8 @@ PYBIND11_MODULE(_quicksilver, m) {
              return take(qs::pytorch::Session::start(std::move(o), std::move(server)));
            }),
            py::arg("job"), py::arg("rank"), py::arg("servers"), py::arg("tensors"), py::arg("server") = nullptr,
-           py::arg("links") = std::vector<std::string>{}, py::arg("algorithm") = "ring")
+           py::arg("links") = std::vector<std::string>{}, py::arg("algorithm") = "ring",
+           py::arg("secret") = py::bytes())
       .def_property_readonly("num_layers", &qs::pytorch::Session::num_layers)
       .def("layer_of", &qs::pytorch::Session::layer_of)
       .def("gradient_ready", [](qs::pytorch::Session& s, int t) { check(s.gradient_ready(t)); })

@@ -163,6 +163,7 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options, std::uni
   runtime::WorkerOptions wo;
   wo.job = s->options_.job;
   wo.worker_id = s->options_.rank;
+  wo.secret = s->options_.secret;
   wo.servers = s->options_.servers;
   wo.tensors = s->source_.get();
   wo.verify = false;

@@ -117,6 +117,9 @@ struct SessionOptions {
   int rank = 0;                              // this worker's id, in [0, job.workers)
   std::vector<runtime::Endpoint> servers;    // every server, server s at [s]
   std::vector<runtime::TensorBuffer> tensors;  // by tensor id (check_registry)
+  // The job's secret (transport/auth.h): the worker authenticates to its servers or to
+  // the all-reduce store with it. Null: no authentication.
+  std::shared_ptr<const transport::Secret> secret;
   // Makes the worker from the options the Session filled in (compute, tensors). Null:
   // ps_worker.
   WorkerFactory make_worker;
