@@ -96,6 +96,9 @@ expect2() {
 expect2 "no coordinator" worker --architecture allreduce --model "$tmp/small.json" --worker-id 0 --policy wfbp --insecure
 expect2 "bad algorithm" run "${common[@]}" --workers 2 --policy wfbp --gloo-algorithm nope
 expect2 "ps policy" run "${common[@]}" --workers 2 --policy mercury
+expect2 "no gloo tree" run "${common[@]}" --workers 2 --policy wfbp --allreduce tree
+expect2 "bad link" worker --architecture allreduce --model "$tmp/small.json" --worker-id 0 --policy wfbp --insecure \
+  --coordinator 127.0.0.1:1 --link not-an-address
 expect2 "server in allreduce" server --architecture allreduce --server-id 0 --model "$tmp/small.json" --policy wfbp --insecure
 # A stranger without the secret gets nothing from the store: the workers still meet.
 "$qs" coordinator --architecture allreduce --workers 1 --listen 127.0.0.1:0 --timeout 20s --secret-file "$tmp/secret" > "$tmp/coord" 2> "$tmp/coord.err" &

@@ -2,6 +2,7 @@
 // (quicksilver/runtime/runtime.h, rendezvous.h, launcher.h), output out.
 #include "runtime_commands.h"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -255,6 +256,13 @@ int run_collective_role(const RoleFlags& f, runtime::JobOptions job,
   } else {
     o.links = f.links;
   }
+  for (const std::string& a : o.links) {
+    in_addr v4{};
+    in6_addr v6{};
+    if (inet_pton(AF_INET, a.c_str(), &v4) != 1 && inet_pton(AF_INET6, a.c_str(), &v6) != 1) {
+      return fail("quicksilver worker", invalid_argument("--link: '" + a + "' is not an IP address of this host"));
+    }
+  }
   if (o.links.size() != (second ? 2u : 1u)) {
     return fail("quicksilver worker", invalid_argument("--link: give " + std::string(second ? "two addresses (--second-link)" : "one address")));
   }
@@ -492,6 +500,11 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   if (!f.gloo_algorithm.empty()) {
     auto a = runtime::parse_gloo_algorithm(f.gloo_algorithm);
     if (!a) return fail("quicksilver", a.status());
+  } else if (job->cluster.architecture == Architecture::kAllReduce && f.sim.allreduce != "ring" &&
+             f.sim.allreduce != "rhd") {
+    // Refused here, before any process starts (each worker would refuse it too).
+    return fail("quicksilver", invalid_argument("--allreduce " + f.sim.allreduce +
+                                                ": gloo has no such algorithm; use ring or rhd, or --gloo-algorithm"));
   }
   o.gloo_algorithm = f.gloo_algorithm;
   o.log = [](std::string_view m) { std::cerr << "quicksilver run: " << m << "\n"; };

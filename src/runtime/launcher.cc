@@ -656,6 +656,16 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
                             std::to_string(job.cluster.servers) + ": a local cluster runs at most " +
                             std::to_string(kMaxLocalProcesses) + " processes (workers + servers)");
   }
+  if (allreduce) {
+    for (const LayerSpec& l : job.profile.layers) {
+      for (const TensorSpec& t : l.tensors) {
+        if (t.bytes_per_element != 4) {
+          return invalid_argument("layer '" + l.name + "' tensor '" + t.name +
+                                  "': the runtime sums float32, bytes_per_element must be 4");
+        }
+      }
+    }
+  }
   for (const std::string& p : job.policies) {
     if (allreduce) {
       const auto names = allreduce_policy_names();
