@@ -647,14 +647,34 @@ struct CollectiveWorker::Impl final : Exchange {
   }
 
   // Tells worker 0 that this worker issued `key` (loop thread).
+  // Tells worker 0 that this worker issued `key` (loop thread): queued for the report
+  // thread, since a gloo send completes only once worker 0 posted its receive, a round
+  // trip the loop (and the emulated GPU's timers) should not wait for.
   void report(std::uint64_t key, int link) {
-    report_msg = ControlMessage{key, link, 1};
+    {
+      std::lock_guard lock(mu);
+      reports_out.push_back(ControlMessage{key, link, 1});
+    }
+    cv.notify_all();
+  }
+
+  void report_thread() {
     try {
-      if (!report_buf) report_buf = control->createUnboundBuffer(&report_msg, sizeof report_msg);
-      report_buf->send(0, kReportSlot);
-      report_buf->waitSend(to_ms_duration(opts.job.peer_timeout));
-    } catch (const std::exception& e) {
-      loop->fail(unavailable(name() + ": lost worker 0 (reporting a bucket): " + e.what()));
+      while (true) {
+        {
+          std::unique_lock lock(mu);
+          cv.wait(lock, [&] { return stopping.load() || !reports_out.empty(); });
+          if (stopping) return;
+          report_msg = reports_out.front();
+          reports_out.pop_front();
+        }
+        report_buf->send(0, kReportSlot);
+        if (!report_buf->waitSend(to_ms_duration(opts.job.peer_timeout))) return;  // aborted: stopping
+      }
+    } catch (const std::exception& ex) {
+      if (stopping) return;
+      Status s = unavailable(std::string("lost worker 0 (reporting a bucket): ") + ex.what());
+      loop->post([this, s] { loop->fail(s.with_context(name())); });
     }
   }
 
@@ -891,6 +911,10 @@ struct CollectiveWorker::Impl final : Exchange {
   void start_threads() {
     (void)base_of(0);  // bases are built before any thread reads them
     // The receive buffers exist before their threads start, so that stop can abort them.
+    if (opts.rank != 0) {
+      report_buf = control->createUnboundBuffer(&report_msg, sizeof report_msg);
+      report_sender = std::thread([this] { report_thread(); });
+    }
     if (opts.rank == 0 && opts.job.workers > 1) {
       report_rx = control->createUnboundBuffer(&rx_msg, sizeof rx_msg);
       control_rx_thread = std::thread([this] { control_thread(); });
@@ -931,6 +955,10 @@ struct CollectiveWorker::Impl final : Exchange {
         replica_buf->abortWaitSend();
       }
       replication_thread.join();
+    }
+    while (report_sender.joinable()) {
+      report_buf->abortWaitSend();
+      report_sender.join();
     }
     while (control_rx_thread.joinable()) {
       report_rx->abortWaitRecv();
@@ -1071,6 +1099,8 @@ struct CollectiveWorker::Impl final : Exchange {
   std::unique_ptr<gloo::transport::UnboundBuffer> report_rx;
   std::unique_ptr<gloo::transport::UnboundBuffer> report_buf;
   ControlMessage report_msg{}, rx_msg{};
+  std::deque<ControlMessage> reports_out;  // workers 1..N-1, guarded by mu
+  std::thread report_sender;
   ReplicaPolicy* replica = nullptr;                 // workers 1..N-1
   bool recording = false;                           // worker 0
   std::deque<PolicyRecord> records;                 // worker 0, guarded by mu
