@@ -430,6 +430,11 @@ struct CollectiveWorker::Impl final : Exchange {
       return unavailable(name() + ": calibrating link " + std::to_string(li) + ": " + e.what());
     }
     for (double& m : medians) m /= opts.job.workers;
+    std::string sweep = "link " + std::to_string(li) + " all-reduce times (mean of the workers' medians):";
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      sweep += " " + format_size(static_cast<Bytes>(sizes[i])) + " " + format_time(static_cast<TimeNs>(medians[i]));
+    }
+    sweeps.push_back(std::move(sweep));
     return fit_line(sizes, medians);
   }
 
@@ -1065,7 +1070,8 @@ struct CollectiveWorker::Impl final : Exchange {
     r.first_backward_at = training->first_backward_at();
     r.trace = trace;
     r.allreduce_fit = fits;
-    r.notes = policy->report();
+    r.notes = sweeps;
+    for (std::string& n : policy->report()) r.notes.push_back(std::move(n));
     return r;
   }
 
@@ -1080,6 +1086,7 @@ struct CollectiveWorker::Impl final : Exchange {
   std::shared_ptr<gloo::Context> control;
   std::vector<std::unique_ptr<Link>> links;
   std::vector<AllReduceCost> fits;
+  std::vector<std::string> sweeps;  // the calibration's times, per link (report notes)
   std::unique_ptr<AllReducePolicy> policy;
   std::unique_ptr<LoopTimer> timer;
   std::unique_ptr<Compute> device;
