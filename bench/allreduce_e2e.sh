@@ -6,13 +6,17 @@
 # a + bM the runtime fitted at start-up) and the relative error, then DeFT's update
 # frequency and its speedup over wfbp, measured and predicted.
 # Needs root. Usage: bash bench/allreduce_e2e.sh [build/quicksilver] [ITERATIONS=5] > out.txt
+#   MODELS="resnet101 vgg19 gpt2" BANDWIDTHS="10Gbps 25Gbps" narrow it down (~5 minutes per
+#   model and bandwidth on this project's machine).
 set -euo pipefail
 qs=${1:-build/quicksilver}
 iters=${2:-5}
+models=${MODELS:-resnet101 vgg19 gpt2}
+bandwidths=${BANDWIDTHS:-10Gbps 25Gbps}
 policies=wfbp,synceasgd,mgwfbp,mgwfbp-opt,ddp,bytescheduler,usbyte,deft
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-for model in resnet101 vgg19 gpt2; do
-  for bw in 10Gbps 25Gbps; do
+for model in $models; do
+  for bw in $bandwidths; do
     for link in one two; do
       extra=(); [ $link = two ] && extra=(--second-link 2)
       echo "### $model, $bw, $link link(s)"
