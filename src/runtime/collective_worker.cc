@@ -140,21 +140,17 @@ void gloo_allreduce(const std::shared_ptr<gloo::Context>& ctx, GlooAlgorithm alg
   }
 }
 
-// Least squares of time (ns) on size (bytes): T = a + b*M (MG-WFBP II-D), each point
-// weighted by 1/T^2, i.e. the relative error is minimised: the sizes of a sweep span three
-// orders of magnitude, and unweighted the largest decide alone, leaving a (what a small
-// bucket costs) to the noise of multi-megabyte times (measured: a = 2.6 ms and 4.4 ms on
-// two runs of the same shaped cluster, whose small sizes took 0.25-0.5 ms).
+// Least squares of time (ns) on size (bytes): T = a + b*M (MG-WFBP II-D).
 AllReduceCost fit_line(const std::vector<double>& sizes, const std::vector<double>& times) {
-  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const double n = static_cast<double>(sizes.size());
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    const double w = times[i] > 0 ? 1.0 / (times[i] * times[i]) : 0.0;
-    sw += w, sx += w * sizes[i], sy += w * times[i], sxx += w * sizes[i] * sizes[i], sxy += w * sizes[i] * times[i];
+    sx += sizes[i], sy += times[i], sxx += sizes[i] * sizes[i], sxy += sizes[i] * times[i];
   }
-  const double den = sw * sxx - sx * sx;
-  double b = den > 0 ? (sw * sxy - sx * sy) / den : 0.0;
+  const double den = n * sxx - sx * sx;
+  double b = den > 0 ? (n * sxy - sx * sy) / den : 0.0;
   b = std::max(b, 1e-6);
-  const double a = sw > 0 ? std::max(0.0, (sy - b * sx) / sw) : 0.0;
+  const double a = std::max(0.0, (sy - b * sx) / n);
   return AllReduceCost{static_cast<TimeNs>(a + 0.5), b};
 }
 
