@@ -641,17 +641,8 @@ struct CollectiveWorker::Impl final : Exchange {
     }
     return Status::ok();
   }
-  Traffic take_traffic(TimeNs) override {
-    Traffic t{bytes, messages, static_cast<std::uint64_t>(bytes), busy,
-              span_first >= 0 && span_last > span_first ? span_last - span_first : 0};
-    span_first = -1;
-    span_last = busy = 0;
-    bytes = 0;
-    messages = 0;
-    return t;
-  }
+  Traffic take_traffic(TimeNs) override { return meter.take(); }
 
-  // Tells worker 0 that this worker issued `key` (loop thread).
   // Tells worker 0 that this worker issued `key` (loop thread): queued for the report
   // thread, since a gloo send completes only once worker 0 posted its receive, a round
   // trip the loop (and the emulated GPU's timers) should not wait for.
@@ -688,13 +679,7 @@ struct CollectiveWorker::Impl final : Exchange {
     --outstanding;
     last_done = mono_now();
     const Bytes m = b.bytes();
-    if (li == 0) {
-      if (span_first < 0) span_first = t0;
-      span_last = std::max(span_last, t1);
-      busy += t1 - t0;
-    }
-    bytes += m;
-    ++messages;
+    meter.add(li, t0, t1, m);
     run_bytes += m;
     ++run_messages;
     if (opts.record_trace) {
@@ -1120,9 +1105,9 @@ struct CollectiveWorker::Impl final : Exchange {
   std::int64_t outstanding = 0;
   TimeNs last_done = 0;
   std::vector<Bytes> reduced, verified;
-  TimeNs span_first = -1, span_last = 0, busy = 0;
-  Bytes bytes = 0, run_bytes = 0;
-  std::int64_t messages = 0, run_messages = 0;
+  CollectiveMeter meter;
+  Bytes run_bytes = 0;
+  std::int64_t run_messages = 0;
   std::vector<TraceSpan> trace;
 };
 

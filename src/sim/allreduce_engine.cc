@@ -120,13 +120,7 @@ class AllReduceLinks final : public Exchange {
     return Status::ok();
   }
   Traffic take_traffic(TimeNs) override {
-    Traffic t{bytes_, messages_, static_cast<std::uint64_t>(bytes_), busy_,
-              span_first_ >= 0 && span_last_ > span_first_ ? span_last_ - span_first_ : 0};
-    span_first_ = -1;
-    span_last_ = busy_ = 0;
-    bytes_ = 0;
-    messages_ = 0;
-    return t;
+    return meter_.take();
   }
 
   void dispatch(const SimEvent& e) {
@@ -160,13 +154,7 @@ class AllReduceLinks final : public Exchange {
     const CollectiveBucket& cb = buckets_[b];
     const Bytes m = cb.bytes();
     const TimeNs end = link.model.finish(now, m);
-    if (li == 0) {
-      if (span_first_ < 0) span_first_ = now;
-      span_last_ = std::max(span_last_, end);
-      busy_ += end - now;
-    }
-    bytes_ += m;
-    ++messages_;
+    meter_.add(li, now, end, m);
     if (record_) {
       link.rec.add(now, end, "ar #" + std::to_string(cb.id) + " it " + std::to_string(cb.first_iteration) +
                                  (cb.last_iteration != cb.first_iteration ? "-" + std::to_string(cb.last_iteration) : "") +
@@ -184,9 +172,7 @@ class AllReduceLinks final : public Exchange {
   std::deque<CollectiveBucket> buckets_;
   std::uint64_t seq_ = 0;
   bool record_ = false;
-  TimeNs span_first_ = -1, span_last_ = 0, busy_ = 0;
-  Bytes bytes_ = 0;
-  std::int64_t messages_ = 0;
+  CollectiveMeter meter_;
 };
 
 }  // namespace

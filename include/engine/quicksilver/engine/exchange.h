@@ -13,6 +13,7 @@
 // or event loop).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "quicksilver/core/status.h"
@@ -37,6 +38,33 @@ struct Traffic {
   // one's end on the primary link, over which `busy` is a utilisation (MG-WFBP's model).
   // 0 for PS, whose utilisation the loop measures "while pushing" (Mercury III-B).
   TimeNs window = 0;
+};
+
+// What an all-reduce exchange counts of its collectives until take() (the simulated links
+// and gloo alike): bytes and collectives on every link; on the primary link (0) the busy
+// time and the window from the first start to the last end (Traffic).
+class CollectiveMeter {
+ public:
+  void add(int link, TimeNs start, TimeNs end, Bytes bytes) {
+    if (link == 0) {
+      if (first_ < 0) first_ = start;
+      last_ = std::max(last_, end);
+      busy_ += end - start;
+    }
+    bytes_ += bytes;
+    ++messages_;
+  }
+  Traffic take() {
+    const Traffic t{bytes_, messages_, static_cast<std::uint64_t>(bytes_), busy_,
+                    first_ >= 0 && last_ > first_ ? last_ - first_ : 0};
+    *this = CollectiveMeter();
+    return t;
+  }
+
+ private:
+  TimeNs first_ = -1, last_ = 0, busy_ = 0;
+  Bytes bytes_ = 0;
+  std::int64_t messages_ = 0;
 };
 
 // Implemented by the training loop.
