@@ -39,6 +39,15 @@ else
   bad "loopback run failed: $(tail -3 "$tmp/err")"
 fi
 
+# gloo's other algorithms: exact too.
+for algo in ring-chunked halving-doubling bcube; do
+  if "$qs" run "${common[@]}" --workers 3 --policy mgwfbp-opt --gloo-algorithm $algo > "$tmp/out" 2> "$tmp/err"; then
+    [ "$(grep -c "4 iterations verified exact" "$tmp/out")" -eq 3 ] && ok || bad "$algo: not every iteration verified"
+  else
+    bad "$algo run failed: $(tail -2 "$tmp/err")"
+  fi
+done
+
 # DeFT with its second link on 3 workers (workers 1 and 2 replay worker 0's decisions).
 if "$qs" run "${common[@]}" --workers 3 --policy deft --second-link 2 > "$tmp/out" 2> "$tmp/err"; then
   grep -q 'link 1 all-reduce fit' "$tmp/out" && ok || bad "deft: no second link fit"

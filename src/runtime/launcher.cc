@@ -184,13 +184,26 @@ const Child* lost_peer(const std::vector<Child>& children, const Child& c) {
 // <peer>" to that peer while it failed too; where the chain ends is the failure the others
 // are consequences of (a process that died, not one that lost a peer). Null: none failed.
 // Array order alone would blame whichever victim sits first (issue 15, point 6).
+// A failure that only reports a peer's: gloo names the lost peer by address, not by
+// worker ("Connection reset by peer [127.0.0.1]:port"), and a watchdog says it heard
+// nothing. Such a child is a victim; another failure is the cause.
+bool victim(const Child& c) {
+  const std::string msg = last_line(c.err_text);
+  return msg.find("lost ") != std::string::npos || msg.find("by peer") != std::string::npos ||
+         msg.find("nothing from the other workers") != std::string::npos;
+}
+
 const Child* root_failure(const std::vector<Child>& children) {
+  // The first failed child that is not a victim, else the first failed one.
   const Child* at = nullptr;
   for (const Child& c : children) {
-    if (failed(c)) {
+    if (failed(c) && !victim(c)) {
       at = &c;
       break;
     }
+  }
+  for (const Child& c : children) {
+    if (at == nullptr && failed(c)) at = &c;
   }
   for (std::size_t hops = 0; at != nullptr && hops < children.size(); ++hops) {
     const Child* next = lost_peer(children, *at);
@@ -450,9 +463,12 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
     if (const Child* first = root_failure(children)) {
       // The peer this failure lost may still be on its way out: a moment to let it exit
       // and say why, so that the root cause is reported rather than its first victim.
+      // A victim that does not name its peer (gloo's messages name an address) gets the
+      // same moment for the cause to show.
       for (int i = 0; i < 20; ++i) {
-        const Child* lost = lost_peer(children, *root_failure(children));
-        if (lost == nullptr || !lost->running) break;
+        const Child* root = root_failure(children);
+        const Child* lost = lost_peer(children, *root);
+        if (!victim(*root) || (lost != nullptr && !lost->running)) break;
         pump(children, 50);
         reap(children);
       }
