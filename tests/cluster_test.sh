@@ -101,7 +101,6 @@ if [ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] && [ $took -lt 8 ] && grep -q "server 1" "$t
 else bad "killed server: workers exited $rc0/$rc1 after ${took}s: $(cat "$tmp/w0" "$tmp/w1")"; fi
 
 if [ "$(id -u)" -eq 0 ] && command -v ip > /dev/null && command -v tc > /dev/null; then
-  before=$(ip netns list | grep -c "^qs[0-9]*h" || true)
   check_run netns --netns --policy mercury,wfbp,bytescheduler "${common[@]}"
   # --json names the iperf3 goodput the predictions and the utilisation are relative to.
   "$qs" run --netns --policy mercury "${common[@]}" --json > "$tmp/nj" 2> "$tmp/err" && python3 -c "
@@ -113,8 +112,14 @@ assert 0 < d['results'][0]['link_utilisation'] < 1.2, d['results'][0]
   check_run netns-dynamic --netns --policy mercury --bandwidth-trace "$tmp/trace.txt" "${common[@]}"
   "$qs" run --netns --policy mercury "${common[@]}" --kill-worker 2 --kill-at-iteration 2 > "$tmp/out" 2> "$tmp/err"; rc=$?
   [ $rc -ne 0 ] && grep -q "worker 2 failed" "$tmp/err" && ok || bad "netns dying worker: rc $rc: $(cat "$tmp/err")"
-  left=$(ip netns list | grep -c "^qs[0-9]*h" || true)
-  [ "$left" -le "$before" ] && ok || bad "namespaces left behind: $(ip netns list)"
+  # A cluster's namespaces are named qs<launcher pid>h<host>: any whose launcher is gone
+  # was left behind (other jobs on this machine may have live ones; a count would blame them).
+  left=""
+  for ns in $(ip netns list | sed -n 's/^\(qs[0-9]*h[0-9]*\).*/\1/p'); do
+    pid=${ns#qs}; pid=${pid%%h*}
+    kill -0 "$pid" 2> /dev/null || left="$left $ns"
+  done
+  [ -z "$left" ] && ok || bad "namespaces left behind:$left"
 else
   echo "netns part skipped: needs root and iproute2"
 fi
