@@ -83,7 +83,7 @@ for stalled in 1 0; do
   sleep 2; kill -STOP $ws
   start=$(date +%s); wait $wo; rc=$?; took=$(( $(date +%s) - start ))
   kill -KILL $ws 2> /dev/null; wait $ws 2> /dev/null; wait $cpid 2> /dev/null
-  [ $rc -eq 1 ] && [ $took -lt 15 ] && grep -Eq "nothing from the other workers|timed out|Timed out" "$tmp/wo" && ok \
+  [ $rc -eq 1 ] && [ $took -lt 15 ] && grep -Eq "nothing from the other workers|lost worker $stalled|timed out|Timed out" "$tmp/wo" && ok \
     || bad "stalled worker $stalled: worker $other rc $rc after ${took}s: $(tail -1 "$tmp/wo")"
 done
 
