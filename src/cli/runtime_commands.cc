@@ -229,6 +229,30 @@ Result<runtime::GlooAlgorithm> gloo_algorithm(const RoleFlags& f) {
                           ": gloo has no such algorithm; use ring or rhd, or --gloo-algorithm");
 }
 
+// A worker's ending, either architecture: its measured timeline to --trace, its report
+// (--json: one line; else the text, then an all-reduce worker's fits and notes).
+int print_worker_report(const RoleFlags& f, const runtime::WorkerReport& report) {
+  if (!f.sim.trace.empty()) {
+    SimResult measured;
+    measured.policy = report.policy + " measured";
+    measured.trace = report.trace;
+    Status s = write_chrome_trace({measured}, f.sim.trace);
+    if (!s.is_ok()) return fail("quicksilver worker " + std::to_string(f.id), s.with_context("--trace"), 1);
+  }
+  if (f.sim.json) {
+    std::cout << runtime::report_to_json(report) << std::endl;
+    return 0;
+  }
+  std::cout << report.to_string() << std::endl;
+  for (std::size_t l = 0; l < report.allreduce_fit.size(); ++l) {
+    const AllReduceCost& c = report.allreduce_fit[l];
+    std::cout << "link " << l << " all-reduce fit: a = " << format_time(c.a) << ", b = " << c.b_ns_per_byte
+              << " ns/B (" << 8.0 / c.b_ns_per_byte << " Gbit/s)" << std::endl;
+  }
+  for (const std::string& n : report.notes) std::cout << n << std::endl;
+  return 0;
+}
+
 int run_collective_role(const RoleFlags& f, runtime::JobOptions job,
                         std::shared_ptr<const transport::Secret> secret) {
   const std::string who = "quicksilver worker " + std::to_string(f.id);
@@ -269,25 +293,7 @@ int run_collective_role(const RoleFlags& f, runtime::JobOptions job,
   if (!runtime::have_gloo()) return fail("quicksilver worker", invalid_argument("this quicksilver was built without gloo"));
   auto report = runtime::run_collective_worker(o);
   if (!report) return fail(who, report.status(), 1);
-  if (!f.sim.trace.empty()) {
-    SimResult measured;
-    measured.policy = report->policy + " measured";
-    measured.trace = report->trace;
-    Status s = write_chrome_trace({measured}, f.sim.trace);
-    if (!s.is_ok()) return fail(who, s.with_context("--trace"), 1);
-  }
-  if (f.sim.json) {
-    std::cout << runtime::report_to_json(*report) << std::endl;
-  } else {
-    std::cout << report->to_string() << std::endl;
-    for (std::size_t l = 0; l < report->allreduce_fit.size(); ++l) {
-      const AllReduceCost& c = report->allreduce_fit[l];
-      std::cout << "link " << l << " all-reduce fit: a = " << format_time(c.a) << ", b = " << c.b_ns_per_byte
-                << " ns/B (" << 8.0 / c.b_ns_per_byte << " Gbit/s)" << std::endl;
-    }
-    for (const std::string& n : report->notes) std::cout << n << std::endl;
-  }
-  return 0;
+  return print_worker_report(f, *report);
 }
 
 }  // namespace
@@ -368,19 +374,7 @@ int run_worker_role(const RoleFlags& f) {
   }
   auto report = runtime::run_worker(o);
   if (!report) return fail("quicksilver worker " + std::to_string(f.id), report.status(), 1);
-  if (!f.sim.trace.empty()) {
-    SimResult measured;
-    measured.policy = report->policy + " measured";
-    measured.trace = report->trace;
-    Status s = write_chrome_trace({measured}, f.sim.trace);
-    if (!s.is_ok()) return fail("quicksilver worker " + std::to_string(f.id), s.with_context("--trace"), 1);
-  }
-  if (f.sim.json) {
-    std::cout << runtime::report_to_json(*report) << std::endl;
-  } else {
-    std::cout << report->to_string() << std::endl;
-  }
-  return 0;
+  return print_worker_report(f, *report);
 }
 
 void add_run_flags(CLI::App* app, RunFlags* f) {
