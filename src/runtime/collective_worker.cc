@@ -585,8 +585,12 @@ struct CollectiveWorker::Impl final : Exchange {
           }
         }
         for (int r = 1; r < opts.job.workers; ++r) {
-          replica_buf->send(r, kReplicaSlot);
-          if (!replica_buf->waitSend(to_ms_duration(opts.job.peer_timeout))) return;  // aborted: stopping
+          try {
+            replica_buf->send(r, kReplicaSlot);
+            if (!replica_buf->waitSend(to_ms_duration(opts.job.peer_timeout))) return;  // aborted: stopping
+          } catch (const std::exception& e) {
+            throw std::runtime_error("lost worker " + std::to_string(r) + ": " + e.what());
+          }
         }
         if (end) return;
       }
@@ -746,8 +750,12 @@ struct CollectiveWorker::Impl final : Exchange {
           lock.unlock();
           out = ControlMessage{e.key, li, 2};
           for (int r = 1; r < n; ++r) {
-            link.send_buf->send(r, kDecisionSlot + static_cast<std::uint64_t>(li));
-            if (!link.send_buf->waitSend(to_ms_duration(opts.job.peer_timeout))) return;  // aborted: stopping
+            try {
+              link.send_buf->send(r, kDecisionSlot + static_cast<std::uint64_t>(li));
+              if (!link.send_buf->waitSend(to_ms_duration(opts.job.peer_timeout))) return;  // aborted: stopping
+            } catch (const std::exception& e) {
+              throw std::runtime_error("lost worker " + std::to_string(r) + ": " + e.what());
+            }
           }
         } else {
           link.decision_buf->recv(0, kDecisionSlot + static_cast<std::uint64_t>(li));
