@@ -23,6 +23,15 @@ What happens underneath (the C++ side is quicksilver/torch/session.h):
   its update: the next forward pass overlaps the rest of the communication;
 - the update is the wrapped optimizer's own step() on that layer's parameters alone, on
   the sum divided by the number of workers (the average, as DistributedDataParallel).
+
+DeFT (delayed updates) differs: a layer's sums may cover iterations first..last and arrive
+while later iterations compute. Worker 0 decides which updates are due before each forward
+pass (those whose sums it had when it began it); every worker applies the same ones at the
+same point, each as one step on the sum divided by workers x iterations (a step with batch
+size k x B, DeFT IV-C1). Rank 0 also measures the loss (the scalar its backward ran
+from), the averaged gradient's squared norm and its noise, and feeds them to DeFT's
+Preserver (IV-C), which raises its knapsack capacities when the schedule executed would
+slow convergence.
 """
 
 import atexit
@@ -45,6 +54,7 @@ except ImportError as e:  # pragma: no cover - the message is the point
         "with scripts/build.sh (QS_WITH_TORCH=ON) and put build/python on PYTHONPATH".format(e)) from e
 
 QuicksilverError = _qs.QuicksilverError
+AFTER_TRAINING = _qs.AFTER_TRAINING
 
 __all__ = ["init", "rank", "size", "local_rank", "DistributedOptimizer", "broadcast_parameters",
            "shutdown", "QuicksilverError", "policies"]
@@ -102,10 +112,9 @@ def local_rank():
 
 def policies():
     """The policies this build runs from PyTorch: the parameter-server ones (TCP) and the
-    all-reduce ones (gloo), without the simulator's compute-only 'oracle' and, for now,
-    'deft' (its delayed updates)."""
+    all-reduce ones (gloo), without the simulator's compute-only 'oracle'."""
     names = list(_qs.ps_policies()) + [p for p in _qs.allreduce_policies() if _qs.is_allreduce_policy(p)]
-    return [p for p in names if p not in ("oracle", "deft")]
+    return [p for p in names if p != "oracle"]
 
 
 def _require_init(what):
@@ -151,6 +160,45 @@ def _my_address(master):
         return s.getsockname()[0]
     finally:
         s.close()
+
+
+class _LossTap:
+    """The training loss, for DeFT's Preserver: the value of the last scalar a backward pass
+    ran from (loss.backward() and torch.autograd.backward both go through
+    torch.autograd.backward, wrapped while some integration needs it). The user's loop
+    stays as it is."""
+
+    def __init__(self):
+        self.users = 0
+        self.original = None
+        self.last = None
+
+    def acquire(self):
+        if self.users == 0:
+            self.original = torch.autograd.backward
+            original = self.original
+            tap = self
+
+            def backward(tensors, *args, **kwargs):
+                if torch.is_tensor(tensors) and tensors.numel() == 1:
+                    tap.last = float(tensors.detach())
+                return original(tensors, *args, **kwargs)
+
+            torch.autograd.backward = backward
+        self.users += 1
+
+    def release(self):
+        self.users -= 1
+        if self.users == 0 and self.original is not None:
+            torch.autograd.backward = self.original
+            self.original = None
+
+    def take(self):
+        value, self.last = self.last, None
+        return value
+
+
+_loss_tap = _LossTap()
 
 
 def _accumulate_grad_hook(p, fn):
@@ -280,6 +328,9 @@ class _Integration:
         self.report = None
         self.handles = []
         self.nodes = []
+        self.delayed = False
+        self.update_log = []  # delayed updates applied: (before, layer, first, last)
+        self.tapping = False
 
         self.rec = _Recorder(model)
         names = self.names = self.rec.names
@@ -328,7 +379,9 @@ class _Integration:
             if layer is None:
                 return
             self.session.enter_forward(layer)
-            if self.applied[layer] < self.session.backwards(layer):
+            if self.delayed:
+                self._apply_due(layer, self.session.backwards(layer))
+            elif self.applied[layer] < self.session.backwards(layer):
                 self._apply(layer)
 
     def _end(self):
@@ -338,6 +391,8 @@ class _Integration:
                 self.state = "recorded"
         elif self.state == "running":
             self.session.leave_forward()
+            if self.delayed:
+                self._measured_pass()
 
     def _grad_hook(self, p):
         if self.state == "recorded":
@@ -440,26 +495,124 @@ class _Integration:
         self.session = _qs.Session(job, rank, endpoints, [(g.data_ptr(), g.numel()) for g in self.grads], hosted,
                                    links, "ring", secret if servers is None else b"")
         self.state = "running"
+        self.delayed = self.session.delayed_updates
+        if self.delayed and rank == 0:
+            _loss_tap.acquire()
+            self.tapping = True
+            self.measure = None    # this pass's sums (_measure)
+            self.measured = None   # the last complete measurement (grad_sq, noise)
+            self.noise = None      # sigma, measured on passes whose updates were k = 1
+            self.loss = self.rec_loss = None
         # The first backward's gradients, as its hooks would have reported them.
         for l in reversed(range(L)):
             for p in self.layer_params[l]:
                 self.session.gradient_ready(self.tensor_of[id(p)])
 
-    def _apply(self, l):
-        """The optimizer's update of layer l's parameters, on the average of the sums."""
+    def _step_layer(self, l, divisor):
+        """The wrapped optimizer's step on layer l's parameters alone, its .grad (the sums)
+        divided by `divisor` first."""
         for p, g in zip(self.layer_params[l], self.layer_grads[l]):
             if p.grad is not g:
                 p.grad = g
-            g.div_(_env["size"])
+            g.div_(divisor)
         groups = self.opt.param_groups
         self.opt.param_groups = [dict(g, params=ps) for g, ps in zip(groups, self.layer_groups[l]) if ps]
         try:
             self.base.step(self.opt)
         finally:
             self.opt.param_groups = groups
+
+    def _apply(self, l):
+        """The optimizer's update of layer l's parameters, on the average of the sums."""
+        self._step_layer(l, _env["size"])
         for g in self.layer_grads[l]:
             g.zero_()
         self.applied[l] += 1
+
+    # Rank 0 measures the gradient's noise on every 4th pass that can (a copy of each
+    # layer's gradient): the Preserver judges means over many iterations.
+    MEASURE_EVERY = 4
+
+    def _apply_due(self, l, before):
+        """Delayed updates: layer l's updates due before this forward pass (after `before`
+        backward passes), each one step on its sums over workers x iterations; then the
+        gradient buffers are cleared for the next backward (the last one's gradients were
+        copied when it ended)."""
+        if self.tapping and before != _qs.AFTER_TRAINING:
+            self._measure_local(l, before)
+        for first, last in self.session.take_updates(l, before):
+            local = None
+            if self.tapping and first == last == before - 1 and (before % self.MEASURE_EVERY == 1
+                                                                 or self.noise is None):
+                local = [g.clone() for g in self.layer_grads[l]]
+            self.session.load_update(l, first, last)
+            if self.tapping and before != _qs.AFTER_TRAINING:
+                self._measure(l, before, _env["size"] * (last - first + 1), local)
+            self._step_layer(l, _env["size"] * (last - first + 1))
+            self.update_log.append((before, l, first, last))
+        for g in self.layer_grads[l]:
+            g.zero_()
+
+    def _pass_measure(self, before):
+        if self.measure is None or self.measure[0] != before:
+            # before, layers, G.G, noise layers, G.G, G.g, local layers, g.g
+            self.measure = [before, 0, 0.0, 0, 0.0, 0.0, 0, 0.0]
+        return self.measure
+
+    def _measure_local(self, l, before):
+        """Rank 0: this worker's own gradient of the last iteration, g.g, the estimate of mu
+        when no update applies (a schedule that delays everything still gets judged; it
+        overestimates mu by the noise over the batch)."""
+        m = self._pass_measure(before)
+        for g in self.layer_grads[l]:
+            v = g.view(-1)
+            m[7] += float(torch.dot(v, v))
+        m[6] += 1
+
+    def _measure(self, l, before, divisor, local):
+        """Rank 0, an update of layer l before pass `before`: with G the average its step
+        applies, accumulates G.G (mu, IV-C2's squared gradient); for an update of the last
+        iteration alone, with g this worker's own gradient (`local`), G.g too."""
+        m = self._pass_measure(before)
+        for k, g in enumerate(self.layer_grads[l]):
+            avg = (g / divisor).view(-1)
+            gg = float(torch.dot(avg, avg))
+            m[2] += gg
+            if local is not None:
+                m[4] += gg
+                m[5] += float(torch.dot(avg, local[k].view(-1)))
+        m[1] += 1
+        if local is not None:
+            m[3] += 1
+
+    def _measured_pass(self):
+        """After a forward pass: a measurement that covered every layer becomes the last
+        one. sigma (the per-sample deviation of the gradient along itself) from this
+        worker's deviation from the average, on passes whose updates were of the last
+        iteration alone: Var(G.g_w) ~ sigma^2 / B per worker of batch B; carried over
+        between such passes; 0 until one (and with one worker, which cannot see it)."""
+        if not self.tapping or self.measure is None:
+            return
+        before, layers, gg, noisy, gg1, gl, mine, ggl = self.measure
+        self.measure = None
+        L, size = len(self.layers), _env["size"]
+        if noisy == L and size > 1:
+            self.noise = (self.rec.batch_size * size / (size - 1) * (gl - gg1) ** 2) ** 0.5
+        if layers == L:
+            self.measured = (gg, self.noise or 0.0)
+        elif mine == L:
+            self.measured = (ggl, self.noise or 0.0)
+
+    def _feedback(self):
+        """Rank 0, each step: the loss and the last gradient measurement to the policy."""
+        loss = _loss_tap.take()
+        if loss is not None:
+            self.loss = loss
+        if self.measured is None or self.loss is None:
+            return
+        lr = float(self.opt.param_groups[0].get("lr", 0.0))
+        self.session.feedback(self.session.backwards(0) - 1, self.loss, self.measured[0], self.measured[1], lr,
+                              float(self.rec.batch_size * _env["size"]))
 
     # ---- the optimizer's methods ----
 
@@ -474,6 +627,10 @@ class _Integration:
             if self.state == "closed":
                 raise RuntimeError("quicksilver.torch: step() after shutdown()")
             raise RuntimeError("quicksilver.torch: step() before any forward pass of the model")
+        if self.delayed:
+            if self.tapping:
+                self._feedback()
+            return loss
         for l in range(len(self.layers)):
             if self.applied[l] < self.session.backwards(l) and self.session.sum_ready(l, False):
                 self._apply(l)
@@ -489,8 +646,9 @@ class _Integration:
                 self.base.zero_grad(self.opt, set_to_none=set_to_none)
 
     def synchronize(self):
-        """Waits for every sum of the last backward pass and applies the updates."""
-        if self.state != "running":
+        """Waits for every sum of the last backward pass and applies the updates. Under
+        DeFT the updates follow its schedule: this applies none (shutdown() the rest)."""
+        if self.state != "running" or self.delayed:
             return
         for l in range(len(self.layers)):
             if self.applied[l] < self.session.backwards(l):
@@ -504,12 +662,18 @@ class _Integration:
             if self.state == "running":
                 self.synchronize()
                 self.report = self.session.finish()
+                if self.delayed:  # the updates held back until the end of training
+                    for l in range(len(self.layers)):
+                        self._apply_due(l, _qs.AFTER_TRAINING)
         except Exception:
             if self.session is not None:
                 self.session.abort("shutdown after a failure")
             raise
         finally:
             self.state = "closed"
+            if self.tapping:
+                _loss_tap.release()
+                self.tapping = False
             for h in self.handles:
                 h.remove()
             self.nodes = []
@@ -555,7 +719,10 @@ def DistributedOptimizer(optimizer, model, policy="mercury", servers=None, bandw
     nominal NIC rate for the policies that plan with one. Added methods: synchronize()
     (wait for and apply every outstanding update, e.g. before reading the parameters
     without a forward pass), shutdown() (end; returns this worker's measurements),
-    quicksilver_profile() (the measured profile, DESIGN.md's format)."""
+    quicksilver_profile() (the measured profile, DESIGN.md's format), quicksilver_updates()
+    (DeFT: the delayed updates applied, as (before, layer, first, last): layer's step on the
+    sums of iterations first..last, before the forward pass after `before` backward passes;
+    quicksilver.torch.AFTER_TRAINING: at shutdown)."""
     _require_init("DistributedOptimizer")
     if isinstance(optimizer.__class__.__dict__.get("_quicksilver"), bool):
         raise ValueError("quicksilver.torch.DistributedOptimizer: this optimizer is wrapped already")
@@ -569,6 +736,7 @@ def DistributedOptimizer(optimizer, model, policy="mercury", servers=None, bandw
         "synchronize": lambda self: self._qs.synchronize(),
         "shutdown": lambda self: self._qs.shutdown(),
         "quicksilver_profile": lambda self: getattr(self._qs, "profile", None),
+        "quicksilver_updates": lambda self: list(self._qs.update_log),
     })
     optimizer._qs = integration
     optimizer.__class__ = cls

@@ -101,6 +101,8 @@ void TrainingLoop::try_backward() {
     // policy wait longer still.
     if (monitor_.bits_per_second > 0) ps_->on_bandwidth_estimate(monitor_, now);
     ps_->on_iteration_start(iteration_, now, *ps_sink_);
+  } else if (options_.start_on_first_gradient) {
+    start_pending_ = true;  // on_backward_done
   } else {
     ar_->on_iteration_start(iteration_, now, *ar_sink_);
   }
@@ -129,6 +131,10 @@ void TrainingLoop::on_backward_done(TimeNs end) {
       }
       ps_->on_gradient_ready(l, now, *ps_sink_);
     } else {
+      if (start_pending_) {
+        start_pending_ = false;
+        ar_->on_iteration_start(iteration_, now, *ar_sink_);
+      }
       ar_->on_gradient_ready(l, now, *ar_sink_);
     }
     exchange_.flush();
@@ -234,8 +240,23 @@ void TrainingLoop::end_training(TimeNs now) {
   if (options_.finished) options_.finished();
 }
 
-void TrainingLoop::finish_early() {
+void TrainingLoop::finish_early(std::int64_t iterations) {
   if (finished() || !error_.is_ok()) return;
+  if (iterations >= 0) {
+    if (iterations > iteration_) {  // the loop has those iterations' gradients to go through
+      options_.iterations = static_cast<int>(iterations);
+      return;
+    }
+    // iterations == iteration_: the one begun has no gradient and never will (a policy with
+    // start_on_first_gradient has not heard of it); fewer would be a driver's error.
+    if (iterations < iteration_ || (backward_ && layer_ < layout_.num_layers() - 1)) {
+      return fail(internal_error("finish_early: " + std::to_string(iterations) + " iterations, fewer than the loop computed"));
+    }
+    options_.iterations = static_cast<int>(iteration_);
+    waiting_backward_ = false;
+    end_training(timer_.now());
+    return;
+  }
   // Begun: some backward step of this iteration ended (the chain moved past layer L's
   // backward, or into the forward pass).
   const bool begun = !waiting_backward_ && (!backward_ || layer_ < layout_.num_layers() - 1);
@@ -310,6 +331,12 @@ void TrainingLoop::on_collective_done(const CollectiveBucket& b) {
   if (finished()) return;
   if (blocked_ && !backward_ && gate_open(layer_)) try_forward(layer_, true);
   try_backward();
+}
+
+void TrainingLoop::feedback(const TrainingFeedback& f) {
+  if (!error_.is_ok() || finished() || ar_ == nullptr || !communicates()) return;
+  ar_->on_feedback(f, timer_.now(), *ar_sink_);
+  exchange_.flush();
 }
 
 void TrainingLoop::recheck_gates() {

@@ -140,6 +140,9 @@ double LossModel::step(double s, int k) const {
   const double b = batch * k;
   const double d = s - target - lr * mu;
   const double sd = lr * sigma / std::sqrt(b);
+  // No noise (sigma measured as 0, e.g. with one worker): the walk is the deterministic
+  // move, rebounding at S* (the limit of the expectation below as sigma -> 0).
+  if (!(sd > 0)) return std::abs(d) + target;
   const double a = d / sd;
   const double phi = 0.5 * std::erfc(-a / std::sqrt(2.0)) - 0.5 * std::erfc(a / std::sqrt(2.0));
   return d * phi + sd * std::sqrt(2.0 / M_PI) * std::exp(-a * a / 2) + target;
@@ -244,6 +247,12 @@ DeftPolicy::DeftPolicy(const AllReduceContext& ctx, const PolicyOptions& o, std:
                        double capacity_scale)
     : ctx_(ctx), buckets_(std::move(buckets)), scale_(capacity_scale), exact_max_(o.deft_exact_max_items),
       link_cost_(ctx.links) {
+  feedback_ = o.deft_loss_feedback;
+  epsilon_ = o.deft_epsilon;
+  capacity_step_ = o.deft_capacity_step;
+  target_ = o.deft_loss_target;
+  max_retries_ = o.deft_max_retries;
+  horizon_ = o.deft_horizon;
   const IterationModel m = IterationModel::from(ctx);
   two_links_ = ctx.links.size() > 1;
   mu_ = deft_mu(ctx, o);
@@ -484,6 +493,61 @@ void DeftPolicy::on_training_end(TimeNs now, CollectiveSink& out) {
   }
 }
 
+// The Preserver on measured training (IV-C, Fig. 7): the Solver's schedule runs for a
+// while; then the batch-size sequence it executed (the updates completed meanwhile, as
+// their cycle) is judged with the loss model of IV-C2 fed the window's measured loss s_A,
+// squared gradient norm mu, gradient noise sigma, learning rate and batch; outside
+// [1 - epsilon, 1 + epsilon] every capacity is raised (at most deft_max_retries times in a
+// run), which lets more buckets through per stage and so updates more often.
+// Deliberate: judged every deft_horizon iterations for the whole run (the paper judges
+// each new solution "for several iterations"); the window's means, not one sample, since
+// a single iteration's loss and noise are themselves noisy.
+void DeftPolicy::on_feedback(const TrainingFeedback& f, TimeNs, CollectiveSink&) {
+  if (!feedback_) return;
+  window_.push_back(f);
+  if (static_cast<int>(window_.size()) < horizon_) return;
+  std::vector<int> ks;
+  for (std::size_t i = judged_updates_; i < updates_.size(); ++i) {
+    ks.push_back(static_cast<int>(updates_[i].last - updates_[i].first + 1));
+    covered_ = std::max(covered_, updates_[i].last + 1);
+  }
+  judged_updates_ = updates_.size();
+  // Iterations measured that no update has applied yet are, at the least, one more merged
+  // update (as in the dry run): a schedule that stops updating must not pass.
+  if (f.iteration + 1 > covered_) ks.push_back(static_cast<int>(f.iteration + 1 - covered_));
+  if (ks.empty()) return;
+  PreserverJudgement j;
+  j.iteration = f.iteration;
+  j.cycle = batch_cycle(ks);
+  const double n = static_cast<double>(window_.size());
+  double noise_sq = 0;
+  for (const TrainingFeedback& w : window_) {
+    j.loss += w.loss / n;
+    j.grad_sq += w.grad_sq / n;
+    noise_sq += w.noise * w.noise / n;
+    j.batch += w.batch / n;
+  }
+  j.noise = std::sqrt(noise_sq);
+  j.lr = window_.back().lr;
+  window_.clear();
+  LossModel loss;
+  loss.s0 = j.loss;
+  loss.target = target_;
+  loss.lr = j.lr;
+  loss.mu = j.grad_sq;
+  loss.sigma = j.noise;
+  loss.batch = std::max(j.batch, 1.0);
+  j.ratio = loss.ratio(j.cycle);
+  if (!(std::abs(j.ratio - 1.0) <= epsilon_) && retries_ < max_retries_) {
+    scale_ *= 1.0 + capacity_step_;
+    ++retries_;
+    j.raised = true;
+  }
+  ratio_ = j.ratio;
+  cycle_ = j.cycle;
+  judgements_.push_back(std::move(j));
+}
+
 std::vector<std::string> DeftPolicy::report() const {
   std::vector<std::string> r;
   Bytes lo = std::numeric_limits<Bytes>::max(), hi = 0;
@@ -514,8 +578,23 @@ std::vector<std::string> DeftPolicy::report() const {
   r.emplace_back(buf);
   std::string cyc;
   for (int k : cycle_) cyc += (cyc.empty() ? "" : " ") + std::to_string(k) + "B";
-  std::snprintf(buf, sizeof buf, "Preserver: loss ratio %.4f over the cycle [%s] after %d retries; capacity x%.3f",
-                ratio_, cyc.c_str(), retries_, scale_);
+  if (feedback_) {
+    if (judgements_.empty()) {
+      std::snprintf(buf, sizeof buf, "Preserver (measured training): no judgement yet (every %d iterations); capacity x%.3f",
+                    horizon_, scale_);
+    } else {
+      const PreserverJudgement& j = judgements_.back();
+      std::snprintf(buf, sizeof buf,
+                    "Preserver (measured training): %zu judgements, capacity raised %d times (x%.3f); the last, at "
+                    "iteration %lld: loss ratio %.4f over the cycle [%s], loss %.4g, |g|^2 %.4g, sigma %.4g, lr %.4g, "
+                    "batch %.0f",
+                    judgements_.size(), retries_, scale_, static_cast<long long>(j.iteration), j.ratio, cyc.c_str(),
+                    j.loss, j.grad_sq, j.noise, j.lr, j.batch);
+    }
+  } else {
+    std::snprintf(buf, sizeof buf, "Preserver: loss ratio %.4f over the cycle [%s] after %d retries; capacity x%.3f",
+                  ratio_, cyc.c_str(), retries_, scale_);
+  }
   r.emplace_back(buf);
   return r;
 }
@@ -623,6 +702,9 @@ Result<std::unique_ptr<AllReducePolicy>> make_deft(const AllReduceContext& ctx, 
   }
   if (o.deft_horizon < 2 || o.deft_horizon > 1000) return invalid_argument("deft: the horizon must be in 2..1000");
   if (!(o.deft_capacity_step > 0)) return invalid_argument("deft: the capacity step must be positive");
+  if (!(o.deft_capacity_scale > 0 && o.deft_capacity_scale <= 100)) {
+    return invalid_argument("deft: the capacity scale must be in (0, 100]");
+  }
   int split = 0;
   std::vector<Block> buckets = deft_buckets(ctx, o, &split);
   LossModel loss;
@@ -632,10 +714,11 @@ Result<std::unique_ptr<AllReducePolicy>> make_deft(const AllReduceContext& ctx, 
   loss.mu = o.deft_loss_mu;
   loss.sigma = o.deft_loss_sigma;
   loss.batch = static_cast<double>(ctx.profile->batch_size) * ctx.workers;
-  double scale = 1.0, ratio = 0.0;
+  double scale = o.deft_capacity_scale, ratio = 0.0;
   int retries = 0;
   std::vector<int> cycle;
-  for (int r = 0;; ++r) {
+  // Judged on measured training instead (on_feedback): the Solver's schedule runs first.
+  for (int r = 0; !o.deft_loss_feedback; ++r) {
     cycle = batch_cycle(deft_dry_run(ctx, o, buckets, scale, o.deft_horizon));
     ratio = loss.ratio(cycle);
     if (std::abs(ratio - 1.0) <= o.deft_epsilon || r == o.deft_max_retries) break;
@@ -670,7 +753,10 @@ Status register_deft(PolicyRegistry& r) {
       knob("deft_capacity_step", "--deft-capacity-step", KnobType::kDouble,
            "Preserver: each retry multiplies the knapsack capacities by 1 + this", &DeftOptions::deft_capacity_step,
            knob_positive, "must be positive"),
-      knob("deft_horizon", "--deft-horizon", KnobType::kInt, "Preserver: iterations of the dry run",
+      knob("deft_capacity_scale", "--deft-capacity-scale", KnobType::kDouble,
+           "every knapsack capacity starts multiplied by this (the Preserver raises it)",
+           &DeftOptions::deft_capacity_scale, [](double v) { return v > 0 && v <= 100; }, "must be in (0, 100]"),
+      knob("deft_horizon", "--deft-horizon", KnobType::kInt, "Preserver: iterations of the dry run (measured training: between judgements)",
            &DeftOptions::deft_horizon, [](double v) { return v >= 2 && v <= 1000; }, "must be in 2..1000"),
       knob("deft_loss_s0", "--deft-loss-s0", KnobType::kDouble, "Preserver loss model: start state s_A",
            &DeftOptions::deft_loss_s0),
@@ -682,6 +768,9 @@ Status register_deft(PolicyRegistry& r) {
            &DeftOptions::deft_loss_mu),
       knob("deft_loss_sigma", "--deft-loss-sigma", KnobType::kDouble,
            "Preserver loss model: per-sample gradient deviation", &DeftOptions::deft_loss_sigma),
+      knob("deft_loss_feedback", "--deft-loss-feedback", KnobType::kBool,
+           "Preserver: judge the executed schedule every horizon with the loss, gradient and lr that real training "
+           "measures (PyTorch sets it)", &DeftOptions::deft_loss_feedback),
   };
   // The partitions and buckets are byte sizes of the model's tensors.
   knobs[2].scales = true;
@@ -691,6 +780,7 @@ Status register_deft(PolicyRegistry& r) {
   return r.add(std::move(knobs), {{.name = "deft", .architecture = Architecture::kAllReduce,
                                    .summary = "delayed updates: two knapsacks per stage over two links",
                                    .knobs = std::move(names), .rank = 80,
+                                   .delays_updates = true,
                                    .make_allreduce = [](const PolicyOptions& o, const AllReduceContext& ctx) {
                                      return make_deft(ctx, o);
                                    }}});

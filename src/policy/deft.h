@@ -45,6 +45,9 @@ class DeftPolicy final : public AllReducePolicy {
   bool forward_ready(int layer) const override;
   bool backward_ready() const override;
   void on_training_end(TimeNs now, CollectiveSink& out) override;
+  // With deft_loss_feedback: every deft_horizon iterations of measurements, the
+  // Preserver's judgement of the updates executed meanwhile (PreserverJudgement).
+  void on_feedback(const TrainingFeedback& f, TimeNs now, CollectiveSink& out) override;
   std::vector<std::string> report() const override;
 
   const std::vector<DeftStage>& stages() const { return stages_; }
@@ -59,6 +62,15 @@ class DeftPolicy final : public AllReducePolicy {
   int preserver_retries() const { return retries_; }
   double capacity_scale() const { return scale_; }
   const std::vector<int>& preserver_cycle() const { return cycle_; }
+  // The Preserver's judgements of measured training (deft_loss_feedback), in order.
+  struct PreserverJudgement {
+    std::int64_t iteration = 0;  // the last measured iteration it judged
+    std::vector<int> cycle;      // the executed schedule's batch multiples
+    double loss = 0, grad_sq = 0, noise = 0, lr = 0, batch = 0;  // window means (lr: last)
+    double ratio = 1.0;          // E_OB / E_OD
+    bool raised = false;         // the capacities were raised after it
+  };
+  const std::vector<PreserverJudgement>& judgements() const { return judgements_; }
   // Set by make_deft: the Preserver's outcome, for the report.
   void set_preserver(int retries, double ratio, std::vector<int> cycle) {
     retries_ = retries, ratio_ = ratio, cycle_ = std::move(cycle);
@@ -125,6 +137,14 @@ class DeftPolicy final : public AllReducePolicy {
   double ratio_ = 1.0;
   std::vector<int> cycle_;
   int split_buckets_ = 0;
+  // deft_loss_feedback: the measurements since the last judgement, and where it stood.
+  bool feedback_ = false;
+  double epsilon_ = 0.01, capacity_step_ = 0.1, target_ = 0.0;
+  int max_retries_ = 10, horizon_ = 16;
+  std::vector<TrainingFeedback> window_;
+  std::size_t judged_updates_ = 0;  // updates_ before this index were judged already
+  std::int64_t covered_ = 0;        // iterations the judged updates applied
+  std::vector<PreserverJudgement> judgements_;
   friend Result<std::unique_ptr<AllReducePolicy>> make_deft(const AllReduceContext&, const PolicyOptions&);
 };
 

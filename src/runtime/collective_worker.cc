@@ -171,7 +171,7 @@ AllReduceCost fit_line(const std::vector<double>& sizes, const std::vector<doubl
 // machines), and each worker's gates follow worker 0's schedule.
 
 enum RecordKind : std::int32_t {
-  kIterationStart = 1, kGradientReady, kForwardStart, kCollectiveDone, kTrainingEnd, kEndOfStream
+  kIterationStart = 1, kGradientReady, kForwardStart, kCollectiveDone, kTrainingEnd, kEndOfStream, kFeedback
 };
 struct PolicyRecord {
   std::int32_t kind = 0;
@@ -179,7 +179,22 @@ struct PolicyRecord {
   std::int64_t iteration = 0;
   std::int64_t now = 0;
   std::uint64_t id = 0;  // kCollectiveDone: the bucket's id (the same on every replica)
+  // kFeedback: TrainingFeedback's loss, grad_sq, noise, lr, batch (iteration above).
+  double values[5] = {0, 0, 0, 0, 0};
 };
+
+PolicyRecord feedback_record(const TrainingFeedback& f, TimeNs now) {
+  PolicyRecord r{kFeedback, 0, f.iteration, now, 0};
+  r.values[0] = f.loss, r.values[1] = f.grad_sq, r.values[2] = f.noise, r.values[3] = f.lr, r.values[4] = f.batch;
+  return r;
+}
+
+TrainingFeedback feedback_of(const PolicyRecord& r) {
+  TrainingFeedback f;
+  f.iteration = r.iteration;
+  f.loss = r.values[0], f.grad_sq = r.values[1], f.noise = r.values[2], f.lr = r.values[3], f.batch = r.values[4];
+  return f;
+}
 struct RecordBatch {
   std::int64_t count = 0;
   PolicyRecord records[64];
@@ -212,6 +227,10 @@ class RecordingPolicy final : public AllReducePolicy {
     emit_({kCollectiveDone, 0, 0, now, b.id});
     real_->on_collective_done(b, now, out);
   }
+  void on_feedback(const TrainingFeedback& f, TimeNs now, CollectiveSink& out) override {
+    emit_(feedback_record(f, now));
+    real_->on_feedback(f, now, out);
+  }
   bool forward_ready(int layer) const override { return real_->forward_ready(layer); }
   bool backward_ready() const override { return real_->backward_ready(); }
   void on_training_end(TimeNs now, CollectiveSink& out) override {
@@ -226,11 +245,13 @@ class RecordingPolicy final : public AllReducePolicy {
   std::int64_t iteration_ = 0;
 };
 
-// Workers 1..N-1: a replica fed worker 0's inputs.
+// Workers 1..N-1: a replica fed worker 0's inputs. `observe` sees each input as it is
+// applied (in worker 0's order, as worker 0's RecordingPolicy emitted it).
 class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
  public:
-  ReplicaPolicy(std::unique_ptr<AllReducePolicy> real, std::function<void()> changed)
-      : real_(std::move(real)), changed_(std::move(changed)) {}
+  ReplicaPolicy(std::unique_ptr<AllReducePolicy> real, std::function<void()> changed,
+                std::function<void(const PolicyRecord&)> observe)
+      : real_(std::move(real)), changed_(std::move(changed)), observe_(std::move(observe)) {}
   std::string_view name() const override { return real_->name(); }
   bool communicates() const override { return real_->communicates(); }
   ForwardGate forward_gate() const override { return real_->forward_gate(); }
@@ -288,6 +309,12 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
         pending_.pop_front();
         continue;
       }
+      if (r.kind == kFeedback) {  // worker 0's measurements: no point of this worker's to wait for
+        pending_.pop_front();
+        apply(r);
+        applied = true;
+        continue;
+      }
       auto at = reached_.find(key(r));
       // A run ended early (PyTorch: the user's loop decides) may have let worker 0 begin an
       // iteration this worker never will: once this worker's training ended, worker 0's
@@ -316,12 +343,15 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
         break;
       }
       case kTrainingEnd: real_->on_training_end(r.now, *this); break;
+      case kFeedback: real_->on_feedback(feedback_of(r), r.now, *this); break;
       default: break;
     }
+    if (observe_) observe_(r);
   }
 
   std::unique_ptr<AllReducePolicy> real_;
   std::function<void()> changed_;
+  std::function<void(const PolicyRecord&)> observe_;
   CollectiveSink* sink_ = nullptr;  // the loop's (set by the first iteration start)
   std::int64_t iteration_ = 0;
   std::deque<PolicyRecord> pending_;
@@ -467,16 +497,23 @@ struct CollectiveWorker::Impl final : Exchange {
     QS_ASSIGN_OR_RETURN(ctx.compute_factor, slowest_factor());
     QS_ASSIGN_OR_RETURN(policy, make_allreduce_policy(job.policy, job.policy_options, ctx));
     staged = policy->forward_gate() == ForwardGate::kPolicy;
+    delayed = staged && source->applies_delayed_updates();
     // Worker 0 decides for all (see "replicating a policy" above): DeFT's knapsacks and
-    // ByteScheduler's fusion both depend on when each input arrived.
-    if (job.workers > 1 && policy->communicates()) {
+    // ByteScheduler's fusion both depend on when each input arrived. Delayed updates are
+    // handed over at points of worker 0's input stream (track), one worker or many.
+    if ((job.workers > 1 && policy->communicates()) || delayed) {
       if (opts.rank == 0) {
-        policy = std::make_unique<RecordingPolicy>(std::move(policy), [this](const PolicyRecord& r) { record(r); });
-        recording = true;
-      } else {
-        auto replica = std::make_unique<ReplicaPolicy>(std::move(policy), [this] {
-          loop->post([this] { training->recheck_gates(); });
+        policy = std::make_unique<RecordingPolicy>(std::move(policy), [this](const PolicyRecord& r) {
+          if (opts.job.workers > 1) record(r);
+          if (delayed) track(r);
         });
+        recording = job.workers > 1;
+      } else {
+        auto replica = std::make_unique<ReplicaPolicy>(
+            std::move(policy), [this] { loop->post([this] { training->recheck_gates(); }); },
+            [this](const PolicyRecord& r) {
+              if (delayed) track(r);
+            });
         this->replica = replica.get();
         policy = std::move(replica);
       }
@@ -493,6 +530,7 @@ struct CollectiveWorker::Impl final : Exchange {
     compute = std::make_unique<SnapshotCompute>(*this, *device);
     LoopOptions lo;
     lo.iterations = job.iterations;
+    lo.start_on_first_gradient = static_cast<bool>(opts.compute);  // a real model's (open-ended) run
     lo.before_backward = [this](std::int64_t it) {
       if (it == opts.die_at_iteration) {
         std::fprintf(stderr, "%s died at iteration %lld (fault injection)\n", name().c_str(), static_cast<long long>(it));
@@ -556,6 +594,54 @@ struct CollectiveWorker::Impl final : Exchange {
       }
     }
     return bases[static_cast<std::size_t>(t)];
+  }
+
+  // ---- delayed updates (a real model under DeFT): which sums update which layer when ----
+  //
+  // Fed worker 0's policy inputs in worker 0's order (its own RecordingPolicy, or the
+  // replica applying them), so every worker hands over the same updates at the same point:
+  // a layer's update over iterations [first, last] is due before the first forward pass
+  // that worker 0 began after every sum of it was reduced; after training, at once. A
+  // worker never waits for more than worker 0 had (its replica applies a completion only
+  // once it completed that collective itself).
+  void track(const PolicyRecord& r) {
+    switch (r.kind) {
+      case kCollectiveDone: {
+        auto b = delayed_buckets.find(r.id);
+        QS_CHECK(b != delayed_buckets.end());
+        auto& got = merged_progress[{b->second.first_iteration, b->second.last_iteration}];
+        if (got.empty()) got.assign(static_cast<std::size_t>(layout.num_layers()) + 1, 0);
+        for (const Chunk& c : b->second.chunks) {
+          const int l = layout.tensor(c.tensor).layer;
+          Bytes& g = got[static_cast<std::size_t>(l)];
+          g += c.length;
+          if (g == layout.layer_bytes(l)) {
+            due.push_back(LayerUpdate{l, b->second.first_iteration, b->second.last_iteration});
+            ++got.back();  // layers complete
+          }
+        }
+        if (got.back() == layout.num_layers()) {
+          merged_progress.erase({b->second.first_iteration, b->second.last_iteration});
+        }
+        delayed_buckets.erase(b);
+        if (training_over) hand_over(kAfterTraining);
+        break;
+      }
+      case kForwardStart:
+        if (r.layer == 0) hand_over(r.iteration + 1);
+        break;
+      case kTrainingEnd:
+        training_over = true;
+        hand_over(kAfterTraining);
+        break;
+      default: break;
+    }
+  }
+
+  void hand_over(std::int64_t before) {
+    Status s = source->on_updates(before, due);
+    due.clear();
+    if (!s.is_ok()) loop->fail(s.with_context(name()));
   }
 
   // ---- replication transport: worker 0's inputs to the others, in batches ----
@@ -625,6 +711,7 @@ struct CollectiveWorker::Impl final : Exchange {
   // ---- the Exchange (loop thread) ----
   void all_reduce(const CollectiveBucket& b) override {
     const std::uint64_t key = bucket_key(b);
+    if (delayed) delayed_buckets.emplace(b.id, b);
     ++outstanding;
     {
       std::lock_guard lock(mu);
@@ -834,11 +921,15 @@ struct CollectiveWorker::Impl final : Exchange {
     const TimeNs t0 = mono_now();
     reduce(link, b, link.data.data(), link.data.size());
     const TimeNs t1 = mono_now();
-    // Scatter into the sums (posting the completion first would let the loop reuse them).
+    // Scatter into the sums (posting the completion first would let the loop reuse them):
+    // with delayed updates, into the source's buffer for the bucket's iterations.
     const float* in = link.data.data();
     for (const Chunk& c : b.chunks) {
       const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
-      std::memcpy(buffers[static_cast<std::size_t>(c.tensor)].sum + first, in, count * sizeof(float));
+      float* to = delayed ? source->merged_sum(c.tensor, b.first_iteration, b.last_iteration)
+                          : buffers[static_cast<std::size_t>(c.tensor)].sum;
+      if (to == nullptr) throw std::runtime_error("no buffer for the merged sums of " + describe(b));
+      std::memcpy(to + first, in, count * sizeof(float));
       in += count;
     }
     finish(li, b, t0, t1, link.data.data());
@@ -1009,7 +1100,7 @@ struct CollectiveWorker::Impl final : Exchange {
     schedule_watchdog();
     on_done_listener = training.get();
     training->start();
-    if (finish_requested) training->finish_early();
+    if (finish_requested) training->finish_early(finish_iterations);
     // Until the last collective (those a policy issues at the end of training) is back,
     // and on a replica, until worker 0's last decision was applied.
     Status s = loop->run([this] { return done(); });
@@ -1087,6 +1178,7 @@ struct CollectiveWorker::Impl final : Exchange {
   std::unique_ptr<TrainingLoop> training;
   ExchangeListener* on_done_listener = nullptr;
   bool staged = false;
+  bool delayed = false;  // staged, and the source applies the updates (delayed_buckets ...)
   std::vector<std::size_t> bases;
 
   // Shared with the link and control threads.
@@ -1109,7 +1201,12 @@ struct CollectiveWorker::Impl final : Exchange {
   std::thread replication_thread;
 
   // Loop thread only.
+  std::unordered_map<std::uint64_t, CollectiveBucket> delayed_buckets;  // issued, by id
+  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<Bytes>> merged_progress;  // bytes per layer; last: layers done
+  std::vector<LayerUpdate> due;  // complete, not yet handed over
+  bool training_over = false;
   bool finish_requested = false;  // finish() before training began
+  std::int64_t finish_iterations = -1;
   std::int64_t outstanding = 0;
   TimeNs last_done = 0;
   std::vector<Bytes> reduced, verified;
@@ -1133,14 +1230,21 @@ Result<WorkerReport> CollectiveWorker::run() { return impl_->run(); }
 
 void CollectiveWorker::post(std::function<void()> fn) { impl_->loop->post(std::move(fn)); }
 
-void CollectiveWorker::finish() {
-  impl_->loop->post([impl = impl_.get()] {
+void CollectiveWorker::finish(std::int64_t iterations) {
+  impl_->loop->post([impl = impl_.get(), iterations] {
     impl->finish_requested = true;
-    if (impl->training) impl->training->finish_early();
+    impl->finish_iterations = iterations;
+    if (impl->training) impl->training->finish_early(iterations);
   });
 }
 
 void CollectiveWorker::request_stop(const std::string& why) { impl_->loop->request_stop(why); }
+
+void CollectiveWorker::feedback(const TrainingFeedback& f) {
+  impl_->loop->post([impl = impl_.get(), f] {
+    if (impl->training) impl->training->feedback(f);
+  });
+}
 
 Result<WorkerReport> run_collective_worker(const CollectiveOptions& options) {
   QS_ASSIGN_OR_RETURN(auto w, CollectiveWorker::create(options));

@@ -532,13 +532,13 @@ Result<std::unique_ptr<Worker>> Worker::create(WorkerOptions options) {
 Result<WorkerReport> Worker::run() { return impl_->run(); }
 void Worker::request_stop(const std::string& why) { impl_->loop->request_stop(why); }
 void Worker::post(std::function<void()> fn) { impl_->loop->post(std::move(fn)); }
-void Worker::finish() {
-  impl_->loop->post([impl = impl_.get()] {
+void Worker::finish(std::int64_t iterations) {
+  impl_->loop->post([impl = impl_.get(), iterations] {
     if (!impl->started) {
       impl->finish_requested = true;
       return;
     }
-    impl->training->finish_early();
+    impl->training->finish_early(iterations);
   });
 }
 

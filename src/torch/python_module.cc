@@ -93,6 +93,7 @@ py::dict report_dict(const qs::runtime::WorkerReport& r) {
   d["uplink_gbps"] = r.uplink_gbps;
   d["congestion_control"] = r.congestion_control;
   d["queue_delay_p99_us"] = static_cast<double>(r.queue_delay_p99) / 1e3;
+  d["notes"] = r.notes;
   return d;
 }
 
@@ -107,6 +108,7 @@ PYBIND11_MODULE(_quicksilver, m) {
   m.def("allreduce_policies", [] { return qs::policy_registry().names(qs::Architecture::kAllReduce); },
         "The all-reduce policies (on gloo)");
   m.def("is_allreduce_policy", &qs::pytorch::is_allreduce_policy);
+  m.attr("AFTER_TRAINING") = qs::runtime::kAfterTraining;
   m.def("knobs", [] {
     std::map<std::string, std::string> out;
     for (const qs::Knob* k : qs::policy_registry().knobs()) out[k->name] = k->help;
@@ -207,6 +209,28 @@ PYBIND11_MODULE(_quicksilver, m) {
           "sum_ready", [](qs::pytorch::Session& s, int l, bool wait) { return take(s.sum_ready(l, wait)); },
           py::arg("layer"), py::arg("wait") = false, py::call_guard<py::gil_scoped_release>())
       .def("backwards", &qs::pytorch::Session::backwards)
+      .def_property_readonly("delayed_updates", &qs::pytorch::Session::delayed_updates)
+      .def(
+          "take_updates",
+          [](qs::pytorch::Session& s, int l, std::int64_t before) {
+            std::vector<std::tuple<std::int64_t, std::int64_t>> out;
+            for (const qs::runtime::LayerUpdate& u : take(s.take_updates(l, before))) out.emplace_back(u.first, u.last);
+            return out;
+          },
+          py::arg("layer"), py::arg("before"),
+          "Layer's delayed updates due before the forward pass after `before` backward passes: [(first, last)]")
+      .def(
+          "load_update",
+          [](qs::pytorch::Session& s, int l, std::int64_t first, std::int64_t last) {
+            check(s.load_update(qs::runtime::LayerUpdate{l, first, last}));
+          },
+          py::arg("layer"), py::arg("first"), py::arg("last"),
+          "Copies the sums of the update into the layer's gradient buffers")
+      .def(
+          "feedback",
+          [](qs::pytorch::Session& s, std::int64_t iteration, double loss, double grad_sq, double noise, double lr,
+             double batch) { s.feedback(qs::TrainingFeedback{iteration, loss, grad_sq, noise, lr, batch}); },
+          py::arg("iteration"), py::arg("loss"), py::arg("grad_sq"), py::arg("noise"), py::arg("lr"), py::arg("batch"))
       .def("finish",
            [](qs::pytorch::Session& s) {
              qs::Result<qs::runtime::WorkerReport> r = [&] {

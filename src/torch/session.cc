@@ -1,5 +1,7 @@
 #include "quicksilver/torch/session.h"
 
+#include <cstring>
+
 #include "quicksilver/policy/registry.h"
 #include "quicksilver/torch/hooked_compute.h"
 #include "quicksilver/transport/clock.h"
@@ -9,19 +11,34 @@ namespace qs::pytorch {
 namespace {
 
 // The model's own buffers, registered once; the loop says when a layer's sums are in.
+// Delayed updates: merged sums go to the Session's buffers, and the updates due to it.
+struct DelayedHooks {
+  std::function<float*(TensorId, std::int64_t, std::int64_t)> merged_sum;
+  std::function<Status(std::int64_t, const std::vector<runtime::LayerUpdate>&)> on_updates;
+};
+
 class Registered final : public runtime::TensorSource {
  public:
-  Registered(std::vector<runtime::TensorBuffer> tensors, std::function<void(int, std::int64_t)> on_ready)
-      : tensors_(std::move(tensors)), on_ready_(std::move(on_ready)) {}
+  Registered(std::vector<runtime::TensorBuffer> tensors, std::function<void(int, std::int64_t)> on_ready,
+             DelayedHooks delayed)
+      : tensors_(std::move(tensors)), on_ready_(std::move(on_ready)), delayed_(std::move(delayed)) {}
   std::vector<runtime::TensorBuffer> tensors() override { return tensors_; }
   Status on_layer_ready(int layer, std::int64_t iteration) override {
     on_ready_(layer, iteration);
     return Status::ok();
   }
+  bool applies_delayed_updates() const override { return static_cast<bool>(delayed_.merged_sum); }
+  float* merged_sum(TensorId t, std::int64_t first, std::int64_t last) override {
+    return delayed_.merged_sum ? delayed_.merged_sum(t, first, last) : nullptr;
+  }
+  Status on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due) override {
+    return delayed_.on_updates ? delayed_.on_updates(before, due) : Status::ok();
+  }
 
  private:
   std::vector<runtime::TensorBuffer> tensors_;
   std::function<void(int, std::int64_t)> on_ready_;
+  DelayedHooks delayed_;
 };
 
 TimeNs now() { return transport::SteadyClock::instance().now(); }
@@ -31,7 +48,7 @@ class PsWorker final : public TrainingWorker {
   explicit PsWorker(std::unique_ptr<runtime::Worker> w) : w_(std::move(w)) {}
   Result<runtime::WorkerReport> run() override { return w_->run(); }
   void post(std::function<void()> fn) override { w_->post(std::move(fn)); }
-  void finish() override { w_->finish(); }
+  void finish(std::int64_t iterations) override { w_->finish(iterations); }
   void request_stop(const std::string& why) override { w_->request_stop(why); }
 
  private:
@@ -43,8 +60,9 @@ class AllReduceWorker final : public TrainingWorker {
   explicit AllReduceWorker(std::unique_ptr<runtime::CollectiveWorker> w) : w_(std::move(w)) {}
   Result<runtime::WorkerReport> run() override { return w_->run(); }
   void post(std::function<void()> fn) override { w_->post(std::move(fn)); }
-  void finish() override { w_->finish(); }
+  void finish(std::int64_t iterations) override { w_->finish(iterations); }
   void request_stop(const std::string& why) override { w_->request_stop(why); }
+  void feedback(const TrainingFeedback& f) override { w_->feedback(f); }
 
  private:
   std::unique_ptr<runtime::CollectiveWorker> w_;
@@ -104,11 +122,6 @@ Result<runtime::JobOptions> make_job(const JobSpec& spec) {
   const PolicyRegistry& registry = policy_registry();
   QS_ASSIGN_OR_RETURN(const Architecture architecture, job_architecture(spec));
   const bool allreduce = architecture == Architecture::kAllReduce;
-  if (spec.policy == "deft") {
-    return invalid_argument("policy 'deft' from PyTorch: its delayed updates apply sums merged over several "
-                            "iterations on DeFT's schedule, which the integration does not do yet; it runs in "
-                            "`quicksilver run --architecture allreduce` (emulated compute)");
-  }
   if (spec.policy == "oracle") {
     return invalid_argument("policy 'oracle' moves no gradient (it is the simulator's compute-only bound): the "
                             "workers would train apart");
@@ -128,6 +141,9 @@ Result<runtime::JobOptions> make_job(const JobSpec& spec) {
     const bool bare = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
     QS_RETURN_IF_ERROR(knob->parse(bare && knob->type == KnobType::kBytes ? value + "B" : value, &job.policy_options));
   }
+  // Real training measures what DeFT's Preserver needs (IV-C's feedback loop): it judges
+  // that instead of certifying a dry run with the closed-form model's constants.
+  job.policy_options.deft_loss_feedback = true;
   job.workers = spec.workers;
   job.servers = spec.servers;
   job.iterations = kOpenEndedIterations;
@@ -157,8 +173,26 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options, std::uni
   s->sums_.assign(layers, 0);
   s->seen_.assign(layers, 0);
   Session* self = s.get();
-  s->source_ = std::make_unique<Registered>(s->options_.tensors,
-                                            [self](int l, std::int64_t it) { self->on_sums(l, it); });
+  // Delayed updates: an all-reduce worker (make_worker) under a policy that delays them.
+  const PolicySpec* spec = policy_registry().find(s->options_.job.policy, Architecture::kAllReduce);
+  s->delayed_ = s->options_.make_worker && spec != nullptr && spec->delays_updates;
+  DelayedHooks hooks;
+  if (s->delayed_) {
+    s->updates_.resize(layers);
+    std::int64_t at = 0;
+    for (const runtime::TensorBuffer& b : s->options_.tensors) {
+      s->offsets_.push_back(at);
+      at += b.elements;
+    }
+    hooks.merged_sum = [self](TensorId t, std::int64_t first, std::int64_t last) {
+      return self->merged_sum(t, first, last);
+    };
+    hooks.on_updates = [self](std::int64_t before, const std::vector<runtime::LayerUpdate>& due) {
+      return self->on_updates(before, due);
+    };
+  }
+  s->source_ = std::make_unique<Registered>(
+      s->options_.tensors, [self](int l, std::int64_t it) { self->on_sums(l, it); }, std::move(hooks));
 
   runtime::WorkerOptions wo;
   wo.job = s->options_.job;
@@ -235,8 +269,9 @@ Status Session::gradient_ready(TensorId tensor) {
   const int l = tensor_layer_[static_cast<std::size_t>(tensor)];
   const auto li = static_cast<std::size_t>(l);
   // The previous backward's sums must be in (and applied) before a new gradient
-  // accumulates into the same buffer: the forward pass waited for them.
-  if (sums_[li] < backwards_[li]) {
+  // accumulates into the same buffer: the forward pass waited for them. (Delayed updates:
+  // the gradients were copied when their backward ended, the sums go elsewhere.)
+  if (!delayed_ && sums_[li] < backwards_[li]) {
     const auto k = static_cast<std::size_t>(tensor - layer_tensors_[li][0]);
     return invalid_argument("tensor '" + options_.job.profile.layers[li].tensors[k].name +
                             "' (layer '" + options_.job.profile.layers[li].name +
@@ -265,7 +300,11 @@ Status Session::enter_forward(int layer) {
   }
   if (layer > 0) post(&HookedCompute::forward_done, layer - 1);
   next_forward_ = layer + 1;
-  cv_.wait(lock, [&] { return gates_[li] >= backwards_[li] || !error_locked().is_ok(); });
+  // Delayed updates: the updates due before this pass must be decided too (a worker other
+  // than 0 learns them from worker 0's inputs, possibly after its own gate opened).
+  cv_.wait(lock, [&] {
+    return (gates_[li] >= backwards_[li] && (!delayed_ || decided_ >= backwards_[li])) || !error_locked().is_ok();
+  });
   return error_locked();
 }
 
@@ -304,8 +343,9 @@ Result<runtime::WorkerReport> Session::finish() {
                                 options_.job.profile.layers[l].name + "' has not all its gradients)");
       }
     }
+    // Delayed updates: the sums still held back are reduced after training ends.
     cv_.wait(lock, [&] {
-      for (std::size_t l = 0; l < sums_.size(); ++l) {
+      for (std::size_t l = 0; l < sums_.size() && !delayed_; ++l) {
         if (sums_[l] < backwards_[l]) return !error_locked().is_ok();
       }
       return true;
@@ -313,8 +353,13 @@ Result<runtime::WorkerReport> Session::finish() {
     QS_RETURN_IF_ERROR(error_locked());
     finishing_ = true;
   }
+  std::int64_t passes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    passes = backwards_.empty() ? 0 : backwards_[0];
+  }
   worker_->post([this] { compute_->finish(); });
-  worker_->finish();
+  worker_->finish(passes);  // exactly the backward passes the model ran
   worker_thread_.join();
   if (server_thread_.joinable()) server_thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
@@ -325,6 +370,63 @@ Result<runtime::WorkerReport> Session::finish() {
 void Session::abort(const std::string& why) {
   if (worker_) worker_->request_stop(why);
   if (server_) server_->request_stop(why);
+}
+
+// ---- delayed updates ----
+
+Result<std::vector<runtime::LayerUpdate>> Session::take_updates(int layer, std::int64_t before) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!delayed_) return invalid_argument("take_updates: this job's policy does not delay updates");
+  if (layer < 0 || layer >= num_layers()) return invalid_argument("take_updates: no layer " + std::to_string(layer));
+  // Due updates are applied even after a failure (their sums are in), as sum_ready does.
+  auto& q = updates_[static_cast<std::size_t>(layer)];
+  std::vector<runtime::LayerUpdate> out;
+  std::size_t k = 0;
+  while (k < q.size() && q[k].first <= before) out.push_back(q[k++].second);
+  q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(k));
+  if (out.empty()) QS_RETURN_IF_ERROR(error_locked());
+  return out;
+}
+
+Status Session::load_update(const runtime::LayerUpdate& u) {
+  if (!delayed_) return invalid_argument("load_update: this job's policy does not delay updates");
+  if (u.layer < 0 || u.layer >= num_layers()) return invalid_argument("load_update: no layer " + std::to_string(u.layer));
+  std::lock_guard<std::mutex> lock(merged_mu_);
+  auto m = merged_.find({u.first, u.last});
+  if (m == merged_.end()) {
+    return invalid_argument("load_update: no sums of iterations " + std::to_string(u.first) + ".." +
+                            std::to_string(u.last) + " (not due, or loaded already)");
+  }
+  for (TensorId t : layer_tensors_[static_cast<std::size_t>(u.layer)]) {
+    const runtime::TensorBuffer& b = options_.tensors[static_cast<std::size_t>(t)];
+    std::memcpy(b.sum, m->second.sums.data() + offsets_[static_cast<std::size_t>(t)],
+                static_cast<std::size_t>(b.elements) * sizeof(float));
+  }
+  if (--m->second.layers_left == 0) merged_.erase(m);
+  return Status::ok();
+}
+
+void Session::feedback(const TrainingFeedback& f) {
+  if (worker_) worker_->feedback(f);
+}
+
+float* Session::merged_sum(TensorId t, std::int64_t first, std::int64_t last) {
+  std::lock_guard<std::mutex> lock(merged_mu_);
+  Merged& m = merged_[{first, last}];
+  if (m.sums.empty()) {
+    const runtime::TensorBuffer& back = options_.tensors.back();
+    m.sums.assign(static_cast<std::size_t>(offsets_.back() + back.elements), 0.0f);
+    m.layers_left = num_layers();
+  }
+  return m.sums.data() + offsets_[static_cast<std::size_t>(t)];
+}
+
+Status Session::on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const runtime::LayerUpdate& u : due) updates_[static_cast<std::size_t>(u.layer)].emplace_back(before, u);
+  decided_ = std::max(decided_, before);
+  cv_.notify_all();
+  return Status::ok();
 }
 
 // ---- the loop thread ----

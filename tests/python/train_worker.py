@@ -54,5 +54,6 @@ for opt_name in args.optimizers.split(","):
         tag = "{}-{}-{}".format(policy, opt_name, qs.rank())
         torch.save(model.state_dict(), os.path.join(args.out, tag + ".pt"))
         with open(os.path.join(args.out, tag + ".json"), "w") as f:
-            json.dump({"report": report, "profile": optimizer.quicksilver_profile()}, f)
+            json.dump({"report": report, "profile": optimizer.quicksilver_profile(),
+                       "updates": optimizer.quicksilver_updates()}, f)
 print("worker {} done".format(qs.rank()), flush=True)

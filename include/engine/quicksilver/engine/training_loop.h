@@ -41,6 +41,12 @@ struct LoopOptions {
   // Check that every gradient byte of every iteration was pushed and pulled (reduced)
   // exactly once (the simulator's verify_bytes; costs time).
   bool verify_bytes = false;
+  // All-reduce only: tell the policy an iteration started (on_iteration_start) when its
+  // first gradient is ready rather than when its backward may begin. For real compute in
+  // an open-ended run (PyTorch), where the user's loop may end instead of computing
+  // another backward (finish_early): the policy must not plan for an iteration that never
+  // comes (DeFT would merge it into a range that is never complete).
+  bool start_on_first_gradient = false;
   // Where the "pushing" periods go (track 1 of the runtime's measured timeline); none by default.
   SpanRecorder pushing;
   // Runtime hooks (all optional): before an iteration's backward (false: stop here, as a
@@ -89,7 +95,11 @@ class TrainingLoop final : public ExchangeListener {
   // (its first backward step has not ended: the Compute will never end it), the run
   // finishes now, without it; the Compute must then drop that pending step. No effect once
   // finished. Every worker of a job must end after the same iteration.
-  void finish_early();
+  // `iterations` >= 0: the driver knows how many iterations its compute produced gradients
+  // for (PyTorch: the backward passes the model ran), and the run trains exactly those,
+  // whatever the loop has begun yet (a backward held at its gate, a step whose end is
+  // still queued).
+  void finish_early(std::int64_t iterations = -1);
   // Iterations completed so far (== options.iterations once finished).
   std::int64_t iterations_done() const { return static_cast<std::int64_t>(records_.size()); }
   bool finished() const { return iterations_done() >= options_.iterations; }
@@ -107,6 +117,9 @@ class TrainingLoop final : public ExchangeListener {
   // the loop's callbacks (the runtime's replicated DeFT, which learns of worker 0's
   // decisions asynchronously). Loop thread only; not from inside a policy callback.
   void recheck_gates();
+  // Real training's measurements (AllReducePolicy::on_feedback); ignored by the PS
+  // architecture and after training ended.
+  void feedback(const TrainingFeedback& f);
 
   // After the run (the event queue drained): the all-reduce byte accounting (every byte of
   // every iteration reduced exactly once, with verify_bytes exactly once per range).
@@ -165,6 +178,7 @@ class TrainingLoop final : public ExchangeListener {
   bool blocked_ = false;           // the forward of layer_ waits for its gate
   bool waiting_backward_ = false;  // the backward of iteration_ waits for its gate
   bool backward_held_ = false;     // ... and the gate was closed when first asked
+  bool start_pending_ = false;     // start_on_first_gradient: on_iteration_start not yet called
   TimeNs iteration_start_ = 0, last_end_ = 0, first_backward_at_ = 0;
   std::vector<Bytes> layer_got_;   // this iteration's bytes summed, per layer
   std::vector<TimeNs> ready_at_;   // when each layer's parameters were complete (-1: not yet)

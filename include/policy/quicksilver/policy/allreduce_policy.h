@@ -72,6 +72,20 @@ class CollectiveSink {
 };
 
 enum class ForwardGate { kAfterAll, kPerLayer, kPolicy };
+
+// What real training measured over one iteration, for a policy that judges its schedule
+// by convergence (DeFT's Preserver, IV-C: "the Profiler collects convergence-related
+// information and submits it to the Preserver"). The integration that trains a real model
+// fills it in (quicksilver.torch); engines with emulated compute never call it.
+struct TrainingFeedback {
+  std::int64_t iteration = 0;  // the backward pass it was measured on
+  double loss = 0;             // the training loss s_t
+  double grad_sq = 0;          // mu_t: the squared norm of the averaged gradient
+  double noise = 0;            // sigma_t: the per-sample deviation of the gradient along
+                               // itself (0: not measurable, e.g. one worker)
+  double lr = 0;               // the optimizer's learning rate eta
+  double batch = 0;            // samples per iteration over all workers (B)
+};
 enum class LinkDiscipline { kFifo, kPriority };
 
 // What a policy may know about the job when it is constructed.
@@ -120,6 +134,12 @@ class AllReducePolicy {
   }
   // kPolicy gate only: may the next iteration's backward start now?
   virtual bool backward_ready() const { return true; }
+  // Real training's measurements of one iteration (TrainingFeedback). Workers apply the
+  // same feedback at the same point of their inputs (worker 0's, replicated), so any
+  // decision it changes is the same on every worker.
+  virtual void on_feedback(const TrainingFeedback& f, TimeNs now, CollectiveSink& out) {
+    (void)f, (void)now, (void)out;
+  }
   // The last iteration ended: issue every gradient still held back.
   virtual void on_training_end(TimeNs now, CollectiveSink& out) { (void)now, (void)out; }
   // Human-readable policy-specific reports (DeFT's update frequency, batch sizes, ...).

@@ -100,6 +100,10 @@ struct DeftOptions {
   int deft_exact_max_items = 12;
   // Preserver (IV-C3): each retry multiplies every knapsack capacity by (1 + step).
   double deft_capacity_step = 0.1;
+  // Every knapsack capacity starts multiplied by this (the Preserver's raises multiply it
+  // further): below 1 the Solver delays and merges more, trading update frequency for
+  // less exposed communication.
+  double deft_capacity_scale = 1.0;
   // Preserver: iterations of the dry run that yields the batch-size sequence.
   int deft_horizon = 16;
   // Preserver loss model (IV-C2, Yin et al.'s random walk with rebound): the start state
@@ -112,6 +116,11 @@ struct DeftOptions {
   double deft_lr = 0.01;
   double deft_loss_mu = 0.144;
   double deft_loss_sigma = 40.0;
+  // The Preserver judges the schedule executed, every deft_horizon iterations, with the
+  // loss, gradient and learning rate that real training measured (on_feedback), instead of
+  // certifying a dry run with the constants above before training (the paper's feedback
+  // loop, IV-C and Fig. 7). Set by the PyTorch integration; emulated compute has no loss.
+  bool deft_loss_feedback = false;
 };
 
 // The aggregate every engine hands to a policy's factory: a policy reads its own struct's

@@ -84,6 +84,10 @@ struct PolicySpec {
   std::vector<std::string> knobs;  // names of the knobs it reads (registered by whoever owns them)
   // Position in listings (`--policy all`, the docs); equal ranks keep registration order.
   int rank = 1000;
+  // Its buckets may merge iterations (DeFT): a sum over several iterations updates the
+  // parameters once, on the policy's schedule, and forward passes do not wait for every
+  // sum of the last backward. A real model's integration applies updates accordingly.
+  bool delays_updates = false;
   PsFactory make_ps;               // set for kPs
   AllReduceFactory make_allreduce;  // set for kAllReduce
 };

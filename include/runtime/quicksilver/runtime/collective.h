@@ -97,10 +97,15 @@ class CollectiveWorker {
   // Thread-safe: runs `fn` on the worker's loop thread.
   void post(std::function<void()> fn);
   // Thread-safe: ends an open-ended run at the next iteration boundary
-  // (TrainingLoop::finish_early). Every worker must end after the same iteration.
-  void finish();
+  // (TrainingLoop::finish_early; `iterations` >= 0: exactly that many). Every worker must
+  // end after the same iteration.
+  void finish(std::int64_t iterations = -1);
   // Thread-safe: makes run() fail soon with "stopped: why".
   void request_stop(const std::string& why);
+  // Thread-safe: real training's measurements of an iteration for the policy
+  // (AllReducePolicy::on_feedback). Worker 0's count: the other workers apply worker 0's,
+  // replicated, and ignore their own.
+  void feedback(const TrainingFeedback& f);
 
   struct Impl;
 

@@ -185,8 +185,9 @@ class Worker {
   void post(std::function<void()> fn);
   // Thread-safe: ends an open-ended run (job.iterations a bound) at the next iteration
   // boundary (TrainingLoop::finish_early), says bye, and lets run() return. Called before
-  // training began, the worker says bye right after the rendezvous.
-  void finish();
+  // training began, the worker says bye right after the rendezvous. `iterations` >= 0:
+  // exactly that many (TrainingLoop::finish_early).
+  void finish(std::int64_t iterations = -1);
 
  private:
   struct Impl;

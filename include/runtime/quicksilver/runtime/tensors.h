@@ -6,7 +6,8 @@
 // tests use KnownContent (synthetic gradients whose sums are checked exactly); the PyTorch
 // integration registers the model's own .grad and parameter storage.
 //
-// Thread safety: every call comes from the worker's loop thread.
+// Thread safety: every call comes from the worker's loop thread, except merged_sum (the
+// all-reduce worker's link threads).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,16 @@ struct TensorBuffer {
   int priority = 0;
 };
 
+// A delayed update (a policy whose PolicySpec::delays_updates, DeFT): `layer`'s parameters
+// are updated once with the sums over iterations first..last, i.e. one step with batch
+// size (last - first + 1) * B (DeFT IV-C1).
+struct LayerUpdate {
+  int layer = 0;
+  std::int64_t first = 0, last = 0;
+};
+// LayerUpdate's `before` when training has ended: applied after the last iteration.
+inline constexpr std::int64_t kAfterTraining = INT64_MAX;
+
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
@@ -42,6 +53,28 @@ class TensorSource {
   // parameters may be updated now. An error stops the worker with it.
   virtual Status on_layer_ready(int layer, std::int64_t iteration) {
     (void)layer, (void)iteration;
+    return Status::ok();
+  }
+  // Delayed updates only. A source that applies them itself (a real model) gives, for the
+  // sums of tensor t over iterations first..last, a buffer of its element count that stays
+  // valid until its update was handed over (on_updates) and used; the all-reduce worker
+  // scatters those sums there instead of into TensorBuffer::sum, since a sum over several
+  // iterations may land while the model is already computing the next. Null (the default):
+  // TensorBuffer::sum, and no on_updates. applies_delayed_updates() says which; merged_sum
+  // is called from the worker's link threads.
+  virtual bool applies_delayed_updates() const { return false; }
+  virtual float* merged_sum(TensorId t, std::int64_t first, std::int64_t last) {
+    (void)t, (void)first, (void)last;
+    return nullptr;
+  }
+  // Delayed updates only: `due` (possibly empty) must be applied before the forward pass
+  // that follows the backward pass number `before` (1 = the first), i.e. before the
+  // forward whose gate has opened for `before` backward passes; kAfterTraining: after the
+  // last iteration. Every worker of the job is handed the same updates with the same
+  // `before` (worker 0 decides; the points are its), so their parameters stay equal. Calls
+  // come in increasing `before`; a layer's updates are all reduced when handed over.
+  virtual Status on_updates(std::int64_t before, const std::vector<LayerUpdate>& due) {
+    (void)before, (void)due;
     return Status::ok();
   }
 };

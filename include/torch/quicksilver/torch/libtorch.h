@@ -228,6 +228,11 @@ class DistributedTrainer {
     js.connect_timeout = options_.timeout;
     auto job = make_job(js);
     if (!job.is_ok()) check(job.status());
+    auto architecture = job_architecture(js);
+    if (architecture.is_ok() && *architecture == Architecture::kAllReduce) {
+      check(invalid_argument("policy '" + js.policy + "': the LibTorch API runs the parameter-server policies; the "
+                             "all-reduce ones run from Python (quicksilver.torch)"));
+    }
     runtime::ServerOptions so;
     so.job = *job;
     so.server_id = options_.rank;

@@ -15,6 +15,16 @@
 //                      (the optimizer may update it: as soon as they are, in place);
 //   finish()           the user's loop ended: the run ends after the last iteration.
 //
+// Delayed updates (an all-reduce policy whose PolicySpec::delays_updates: DeFT): a layer's
+// sums may cover several iterations and arrive while later ones compute, so they land in
+// buffers of the Session's own (runtime::TensorSource::merged_sum), the forward pass waits
+// for its gate and for worker 0's decision of which updates are due (not for the last
+// backward's sums), and the model's thread takes them:
+//   take_updates(l, n) layer l's updates due before the forward pass after n backward
+//                      passes (or after training: runtime::kAfterTraining), in order;
+//   load_update(l, u)  copies update u's sums into layer l's gradient buffers (.grad), to
+//                      be averaged over workers and iterations and applied by the optimizer.
+//
 // The gradients are the model's own buffers (TensorBuffer: gradient == sum, torch's .grad
 // storage); pushes read them and pulls write the sums into them, without a copy.
 // The Session is independent of the Exchange: an all-reduce worker plugs in through
@@ -29,6 +39,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -73,8 +84,8 @@ struct JobSpec {
 // The bound a PyTorch run gives job.iterations (the user's loop ends it: finish()).
 inline constexpr int kOpenEndedIterations = 1 << 30;
 // Errors name the field: the profile's (profile_from_json), "unknown knob 'x' (knobs: ...)",
-// 'oracle' (it sums nothing), 'deft' (its delayed updates need a schedule of updates the
-// integration does not apply yet), a bad value. `servers` is ignored for all-reduce.
+// 'oracle' (it sums nothing), a bad value. `servers` is ignored for all-reduce. DeFT's
+// Preserver judges measured training (deft_loss_feedback is set).
 Result<runtime::JobOptions> make_job(const JobSpec& spec);
 
 // The worker a Session drives, whatever moves its gradients: the TCP parameter-server
@@ -88,11 +99,13 @@ class TrainingWorker {
   virtual Result<runtime::WorkerReport> run() = 0;
   // Thread-safe: runs `fn` on run()'s thread (the loop's), in the order posted.
   virtual void post(std::function<void()> fn) = 0;
-  // Thread-safe: ends the open-ended run at the next iteration boundary
-  // (TrainingLoop::finish_early), then run() returns.
-  virtual void finish() = 0;
+  // Thread-safe: ends the open-ended run after `iterations` iterations (the backward passes
+  // the model ran; TrainingLoop::finish_early), then run() returns.
+  virtual void finish(std::int64_t iterations) = 0;
   // Thread-safe: run() fails soon with "stopped: why"; the peers see this worker go.
   virtual void request_stop(const std::string& why) = 0;
+  // Thread-safe: real training's measurements for the policy (all-reduce only).
+  virtual void feedback(const TrainingFeedback& f) { (void)f; }
 };
 using WorkerFactory = std::function<Result<std::unique_ptr<TrainingWorker>>(runtime::WorkerOptions)>;
 // The parameter-server worker (runtime::Worker over TCP).
@@ -150,6 +163,15 @@ class Session {
   Result<bool> sum_ready(int layer, bool wait);
   // Backward passes reported complete for `layer` so far.
   std::int64_t backwards(int layer) const;
+  // Whether this job's policy delays updates (above); then sum_ready does not apply.
+  bool delayed_updates() const { return delayed_; }
+  // Delayed updates (above). Errors: the job failed; not a delayed-update job; an update
+  // that was not due or was loaded already.
+  Result<std::vector<runtime::LayerUpdate>> take_updates(int layer, std::int64_t before);
+  Status load_update(const runtime::LayerUpdate& u);
+  // Real training's measurements of an iteration (AllReducePolicy::on_feedback); worker
+  // 0's steer every worker's policy. A no-op for the parameter-server policies.
+  void feedback(const TrainingFeedback& f);
 
   // Ends the run after the last iteration the model computed, once every sum of it is in
   // (call sum_ready(l, true) for every layer first, or this waits for them itself), and
@@ -164,6 +186,9 @@ class Session {
   Status error_locked() const;    // the failure, or "ended" once the worker returned
   void on_gate(int layer, std::int64_t iteration);            // loop thread
   void on_sums(int layer, std::int64_t iteration);            // loop thread
+  // Delayed updates: the source's calls (link threads; loop thread).
+  float* merged_sum(TensorId t, std::int64_t first, std::int64_t last);
+  Status on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due);
   void post(void (HookedCompute::*fn)(int, TimeNs), int layer);
 
   SessionOptions options_;
@@ -185,6 +210,19 @@ class Session {
   Status error_;             // the first failure (mu_)
   bool worker_ended_ = false, server_ended_ = false;  // (mu_)
   bool finishing_ = false;   // (mu_)
+  // Delayed updates: per layer, the updates handed over and not yet taken, with their
+  // `before`; the last `before` decided (mu_). The merged sums by range, each with the
+  // layers not yet loaded (merged_mu_: the link threads write into them).
+  bool delayed_ = false;
+  std::vector<std::vector<std::pair<std::int64_t, runtime::LayerUpdate>>> updates_;
+  std::int64_t decided_ = 0;
+  struct Merged {
+    std::vector<float> sums;  // every tensor, at its offset
+    int layers_left = 0;
+  };
+  std::mutex merged_mu_;
+  std::map<std::pair<std::int64_t, std::int64_t>, Merged> merged_;
+  std::vector<std::int64_t> offsets_;  // by tensor id: where its sums start in Merged::sums
   Result<runtime::WorkerReport> report_ = internal_error("the worker has not ended");  // (mu_)
 };
 
