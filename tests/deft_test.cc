@@ -251,6 +251,56 @@ TEST(DeftPreserver, RaisesCapacityUntilTheRatioPasses) {
   EXPECT_NE((*none)->report().back().find("capacity x1.000"), std::string::npos);
 }
 
+// Measured training (PyTorch, deft_loss_feedback): no dry run; every horizon the
+// Preserver judges what ran with the measured loss, |g|^2, noise and lr. Nothing updated
+// yet counts as one update of every iteration so far, which slows convergence when a step
+// moves the loss (raised), and not when the gradient is zero (kept).
+TEST(DeftPreserver, JudgesMeasuredTrainingEveryHorizon) {
+  Profile p = slow_profile();
+  TensorLayout lay(p);
+  AllReduceContext ctx;
+  ctx.profile = &p;
+  ctx.layout = &lay;
+  ctx.workers = 2;
+  ctx.links = {AllReduceCost{100'000, 2.0}};
+  PolicyOptions o;
+  o.deft_partition_size = 4'000'000;
+  o.deft_loss_feedback = true;
+  o.deft_horizon = 4;
+  o.deft_capacity_scale = 0.5;
+  auto made = make_allreduce_policy("deft", o, ctx);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  auto* d = dynamic_cast<DeftPolicy*>(made->get());
+  ASSERT_NE(d, nullptr);
+  EXPECT_DOUBLE_EQ(d->capacity_scale(), 0.5);  // no dry run: the Solver's schedule runs first
+  EXPECT_NE(d->report().back().find("no judgement yet"), std::string::npos) << d->report().back();
+  struct Drop : CollectiveSink {
+    void all_reduce(const CollectiveBucket&, TimeNs) override {}
+  } sink;
+  auto feed = [&](std::int64_t first, int n, double grad_sq) {
+    for (std::int64_t it = first; it < first + n; ++it) {
+      d->on_feedback(TrainingFeedback{it, 2.3, grad_sq, 0.5, 0.05, 16}, 0, sink);
+    }
+  };
+  feed(0, 3, 0.2);
+  EXPECT_TRUE(d->judgements().empty());  // a horizon is 4 iterations
+  feed(3, 1, 0.2);
+  ASSERT_EQ(d->judgements().size(), 1u);
+  const auto& j = d->judgements()[0];
+  EXPECT_EQ(j.cycle, (std::vector<int>{4}));  // iterations 0..3, none updated
+  EXPECT_DOUBLE_EQ(j.loss, 2.3);
+  EXPECT_DOUBLE_EQ(j.lr, 0.05);
+  EXPECT_LT(j.ratio, 1.0 - o.deft_epsilon);  // 4 steps of eta mu beat 1
+  EXPECT_TRUE(j.raised);
+  EXPECT_NEAR(d->capacity_scale(), 0.5 * 1.1, 1e-12);
+  feed(4, 4, 0.0);  // a zero gradient: merged or not, nothing moves
+  ASSERT_EQ(d->judgements().size(), 2u);
+  EXPECT_NEAR(d->judgements()[1].ratio, 1.0, 1e-12);
+  EXPECT_FALSE(d->judgements()[1].raised);
+  EXPECT_NEAR(d->capacity_scale(), 0.55, 1e-12);
+  EXPECT_NE(d->report().back().find("2 judgements, capacity raised 1 times"), std::string::npos) << d->report().back();
+}
+
 // The Preserver judges the schedule the engine runs (issue 14: its dry run let every
 // collective end with its stage, so it certified [2B] here while the run, whose
 // collectives spill over and hold the next stage, merged three iterations at a time and
