@@ -6,7 +6,9 @@ after a warm-up. Run as N processes:
     PYTHONPATH=build/python torchrun --redirects 2 --tee 2 --standalone --nproc_per_node 2 \\
         bench/pytorch_ddp.py --model vgg11
 
-Rank 0 prints one line per mode and, for each Quicksilver policy, the ratio to DDP.
+Rank 0 prints the limit (the longer of the compute, measured with no communication, and
+the bytes each host must send at the link's measured goodput), then one line per mode:
+samples/s, the fraction of the limit, and for each Quicksilver policy the ratio to DDP.
 """
 import argparse
 import os
@@ -20,10 +22,11 @@ import quicksilver.torch as qs
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="resnet18", choices=["resnet18", "vgg11", "digits"])
-ap.add_argument("--policies", default="mercury,bytescheduler,wfbp")
+ap.add_argument("--policies", default="mercury,bytescheduler,wfbp,mgwfbp,deft")
 ap.add_argument("--batch", type=int, default=16)
 ap.add_argument("--iterations", type=int, default=10)
 ap.add_argument("--warmup", type=int, default=3)
+ap.add_argument("--probe-mb", type=float, default=16, help="MB each host sends to measure the link's goodput")
 args = ap.parse_args()
 
 
@@ -39,32 +42,52 @@ def make_model():
 
 
 def train(mode):
+    """samples/s over all workers; mode "alone": every process trains on its own, no
+    communication (the compute the limit is made of, with the processes sharing the
+    machine as in the other modes)."""
     torch.manual_seed(0)
     model, shape = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if mode == "ddp":
         model = nn.parallel.DistributedDataParallel(model)
-    else:
+    elif mode != "alone":
         opt = qs.DistributedOptimizer(opt, model, policy=mode)
         qs.broadcast_parameters(model.state_dict(), root_rank=0)
     x = torch.rand(args.batch, *shape)
     y = torch.randint(0, 10, (args.batch,))
     loss_fn = nn.CrossEntropyLoss()
+    qs_mode = mode not in ("ddp", "alone")
     for it in range(args.warmup + args.iterations):
         if it == args.warmup:
-            if mode != "ddp":
+            if qs_mode:
                 opt.synchronize()
             torch.distributed.barrier()
             start = time.perf_counter()
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
-    if mode != "ddp":
+    if qs_mode:
         opt.synchronize()
+        report = opt.shutdown()  # DeFT: its last updates too
     took = time.perf_counter() - start
-    if mode != "ddp":
-        opt.shutdown()
-    return args.iterations * args.batch * qs.size() / took
+    torch.distributed.barrier()
+    return args.iterations * args.batch * qs.size() / took, sum(p.numel() * 4 for p in model.parameters())
+
+
+def goodput():
+    """Bits/s each host sends while every host sends to the next and receives from the one
+    before at once (a ring: every link busy both ways, as during training)."""
+    n, r = qs.size(), qs.rank()
+    out = torch.ones(int(args.probe_mb * 2**20 / 4))
+    into = torch.empty_like(out)
+    torch.distributed.barrier()
+    start = time.perf_counter()
+    reqs = [torch.distributed.isend(out, (r + 1) % n), torch.distributed.irecv(into, (r - 1) % n)]
+    for q in reqs:
+        q.wait()
+    took = torch.tensor([time.perf_counter() - start])
+    torch.distributed.all_reduce(took, op=torch.distributed.ReduceOp.MAX)
+    return out.numel() * 4 * 8 / took.item()
 
 
 torch.set_num_threads(1)
@@ -73,12 +96,25 @@ if qs.size() < 2:
     sys.exit("run as 2 or more processes (quicksilver run --workers N --script ...)")
 # DDP first and last: the machine's load drifts (its cores are shared), so the spread of
 # the two DDP figures says how far the comparison can be trusted.
-modes = ["ddp"] + args.policies.split(",") + ["ddp again"]
-results = {m: train(m.split()[0]) for m in modes}
+modes = ["alone", "ddp"] + args.policies.split(",") + ["ddp again"]
+bps = goodput()
+results = {}
+for m in modes:
+    results[m], model_bytes = train(m.split()[0])
 ddp = (results["ddp"] + results["ddp again"]) / 2
+n = qs.size()
+# The limit: an iteration is no shorter than its compute, nor than the bytes each host
+# must send for an all-reduce of the gradients (2 (N-1)/N of them, bandwidth-optimal: ring
+# all-reduce, or N co-located parameter servers) at the link's goodput.
+compute_s = args.batch * n / results["alone"]
+wire_s = 2 * (n - 1) / n * model_bytes * 8 / bps
+limit = args.batch * n / max(compute_s, wire_s)
 if qs.rank() == 0:
     print("{}: {} workers, batch {} each, {} iterations after {} of warm-up, one thread per process".format(
-        args.model, qs.size(), args.batch, args.iterations, args.warmup))
+        args.model, n, args.batch, args.iterations, args.warmup))
+    print("  limit {:.1f} samples/s: compute {:.1f} ms per iteration (no communication), {:.1f} MB sent per host "
+          "at {:.3f} Gbit/s goodput {:.1f} ms".format(limit, compute_s * 1e3, 2 * (n - 1) / n * model_bytes / 1e6,
+                                                      bps / 1e9, wire_s * 1e3))
     for m, sps in results.items():
-        ratio = "" if m.startswith("ddp") else "  {:.2f}x DDP (mean of both)".format(sps / ddp)
-        print("  {:<16} {:8.1f} samples/s{}".format(m, sps, ratio))
+        ratio = "" if m.startswith("ddp") or m == "alone" else "  {:.2f}x DDP (mean of both)".format(sps / ddp)
+        print("  {:<16} {:8.1f} samples/s  {:.2f} of the limit{}".format(m, sps, sps / limit, ratio))

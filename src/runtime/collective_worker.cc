@@ -331,6 +331,9 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
   }
 
   void apply(const PolicyRecord& r) {
+    // Seen before it is applied, as worker 0's RecordingPolicy emits before its policy
+    // acts: a bucket the input makes the policy issue comes after the input in both.
+    if (observe_) observe_(r);
     switch (r.kind) {
       case kIterationStart: real_->on_iteration_start(r.iteration, r.now, *this); break;
       case kGradientReady: real_->on_gradient_ready(r.layer, r.now, *this); break;
@@ -346,7 +349,6 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
       case kFeedback: real_->on_feedback(feedback_of(r), r.now, *this); break;
       default: break;
     }
-    if (observe_) observe_(r);
   }
 
   std::unique_ptr<AllReducePolicy> real_;
@@ -599,36 +601,54 @@ struct CollectiveWorker::Impl final : Exchange {
   // ---- delayed updates (a real model under DeFT): which sums update which layer when ----
   //
   // Fed worker 0's policy inputs in worker 0's order (its own RecordingPolicy, or the
-  // replica applying them), so every worker hands over the same updates at the same point:
-  // a layer's update over iterations [first, last] is due before the first forward pass
-  // that worker 0 began after every sum of it was reduced; after training, at once. A
-  // worker never waits for more than worker 0 had (its replica applies a completion only
-  // once it completed that collective itself).
+  // replica applying them, each input before the policy acts on it), so every worker
+  // hands over the same updates at the same points. A layer's update over iterations
+  // [first, last] is due before the forward pass after `last` when every byte of it was
+  // issued during that backward pass (the iteration's update is not delayed: Fig. 9's
+  // first batch; the layer's forward waits for its sums, as WFBP's); otherwise before
+  // the first forward pass that worker 0 began after every sum of it was reduced; after
+  // training, at once. A worker never waits for more than worker 0 had (its replica
+  // applies a completion only once it completed that collective itself).
   void track(const PolicyRecord& r) {
     switch (r.kind) {
       case kCollectiveDone: {
         auto b = delayed_buckets.find(r.id);
         QS_CHECK(b != delayed_buckets.end());
-        auto& got = merged_progress[{b->second.first_iteration, b->second.last_iteration}];
-        if (got.empty()) got.assign(static_cast<std::size_t>(layout.num_layers()) + 1, 0);
+        const std::pair range{b->second.first_iteration, b->second.last_iteration};
+        Progress& p = progress_of(range);
         for (const Chunk& c : b->second.chunks) {
           const int l = layout.tensor(c.tensor).layer;
-          Bytes& g = got[static_cast<std::size_t>(l)];
-          g += c.length;
-          if (g == layout.layer_bytes(l)) {
-            due.push_back(LayerUpdate{l, b->second.first_iteration, b->second.last_iteration});
-            ++got.back();  // layers complete
+          const auto li = static_cast<std::size_t>(l);
+          p.reduced[li] += c.length;
+          if (p.reduced[li] != layout.layer_bytes(l)) continue;
+          ++p.layers_reduced;
+          const LayerUpdate u{l, range.first, range.second, true};
+          if (!p.handed[li]) {
+            due.push_back(u);
+          } else if (Status s = source->on_update_ready(u); !s.is_ok()) {
+            loop->fail(s.with_context(name()));
           }
         }
-        if (got.back() == layout.num_layers()) {
-          merged_progress.erase({b->second.first_iteration, b->second.last_iteration});
-        }
+        if (p.layers_reduced == layout.num_layers()) merged_progress.erase(range);
         delayed_buckets.erase(b);
         if (training_over) hand_over(kAfterTraining);
         break;
       }
       case kForwardStart:
-        if (r.layer == 0) hand_over(r.iteration + 1);
+        if (r.layer == 0) {
+          // The layers of the iteration just computed whose every byte is on its way.
+          for (auto& [range, p] : merged_progress) {
+            if (range.second != r.iteration) continue;
+            for (int l = 0; l < layout.num_layers(); ++l) {
+              const auto li = static_cast<std::size_t>(l);
+              if (p.issued[li] == layout.layer_bytes(l) && p.reduced[li] < p.issued[li]) {
+                p.handed[li] = 1;
+                due.push_back(LayerUpdate{l, range.first, range.second, false});
+              }
+            }
+          }
+          hand_over(r.iteration + 1);
+        }
         break;
       case kTrainingEnd:
         training_over = true;
@@ -636,6 +656,22 @@ struct CollectiveWorker::Impl final : Exchange {
         break;
       default: break;
     }
+  }
+
+  struct Progress {
+    std::vector<Bytes> issued, reduced;  // per layer
+    std::vector<char> handed;            // per layer: handed over before its sums were in
+    int layers_reduced = 0;
+  };
+  Progress& progress_of(std::pair<std::int64_t, std::int64_t> range) {
+    Progress& p = merged_progress[range];
+    if (p.issued.empty()) {
+      const auto n = static_cast<std::size_t>(layout.num_layers());
+      p.issued.assign(n, 0);
+      p.reduced.assign(n, 0);
+      p.handed.assign(n, 0);
+    }
+    return p;
   }
 
   void hand_over(std::int64_t before) {
@@ -711,7 +747,11 @@ struct CollectiveWorker::Impl final : Exchange {
   // ---- the Exchange (loop thread) ----
   void all_reduce(const CollectiveBucket& b) override {
     const std::uint64_t key = bucket_key(b);
-    if (delayed) delayed_buckets.emplace(b.id, b);
+    if (delayed) {
+      delayed_buckets.emplace(b.id, b);
+      Progress& p = progress_of({b.first_iteration, b.last_iteration});
+      for (const Chunk& c : b.chunks) p.issued[static_cast<std::size_t>(layout.tensor(c.tensor).layer)] += c.length;
+    }
     ++outstanding;
     {
       std::lock_guard lock(mu);
@@ -1202,7 +1242,7 @@ struct CollectiveWorker::Impl final : Exchange {
 
   // Loop thread only.
   std::unordered_map<std::uint64_t, CollectiveBucket> delayed_buckets;  // issued, by id
-  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<Bytes>> merged_progress;  // bytes per layer; last: layers done
+  std::map<std::pair<std::int64_t, std::int64_t>, Progress> merged_progress;  // by range
   std::vector<LayerUpdate> due;  // complete, not yet handed over
   bool training_over = false;
   bool finish_requested = false;  // finish() before training began

@@ -217,8 +217,9 @@ PYBIND11_MODULE(_quicksilver, m) {
             for (const qs::runtime::LayerUpdate& u : take(s.take_updates(l, before))) out.emplace_back(u.first, u.last);
             return out;
           },
-          py::arg("layer"), py::arg("before"),
-          "Layer's delayed updates due before the forward pass after `before` backward passes: [(first, last)]")
+          py::arg("layer"), py::arg("before"), py::call_guard<py::gil_scoped_release>(),
+          "Layer's delayed updates due before the forward pass after `before` backward passes, once their sums "
+          "are in: [(first, last)]")
       .def(
           "load_update",
           [](qs::pytorch::Session& s, int l, std::int64_t first, std::int64_t last) {

@@ -15,6 +15,7 @@ namespace {
 struct DelayedHooks {
   std::function<float*(TensorId, std::int64_t, std::int64_t)> merged_sum;
   std::function<Status(std::int64_t, const std::vector<runtime::LayerUpdate>&)> on_updates;
+  std::function<Status(const runtime::LayerUpdate&)> on_update_ready;
 };
 
 class Registered final : public runtime::TensorSource {
@@ -33,6 +34,9 @@ class Registered final : public runtime::TensorSource {
   }
   Status on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due) override {
     return delayed_.on_updates ? delayed_.on_updates(before, due) : Status::ok();
+  }
+  Status on_update_ready(const runtime::LayerUpdate& u) override {
+    return delayed_.on_update_ready ? delayed_.on_update_ready(u) : Status::ok();
   }
 
  private:
@@ -190,6 +194,7 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options, std::uni
     hooks.on_updates = [self](std::int64_t before, const std::vector<runtime::LayerUpdate>& due) {
       return self->on_updates(before, due);
     };
+    hooks.on_update_ready = [self](const runtime::LayerUpdate& u) { return self->on_update_ready(u); };
   }
   s->source_ = std::make_unique<Registered>(
       s->options_.tensors, [self](int l, std::int64_t it) { self->on_sums(l, it); }, std::move(hooks));
@@ -375,11 +380,24 @@ void Session::abort(const std::string& why) {
 // ---- delayed updates ----
 
 Result<std::vector<runtime::LayerUpdate>> Session::take_updates(int layer, std::int64_t before) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (!delayed_) return invalid_argument("take_updates: this job's policy does not delay updates");
   if (layer < 0 || layer >= num_layers()) return invalid_argument("take_updates: no layer " + std::to_string(layer));
-  // Due updates are applied even after a failure (their sums are in), as sum_ready does.
   auto& q = updates_[static_cast<std::size_t>(layer)];
+  // The due updates whose sums are still on the way (LayerUpdate::ready) are waited for.
+  auto pending = [&] {
+    for (const auto& [b, u] : q) {
+      if (b <= before && !u.ready) return true;
+    }
+    return false;
+  };
+  cv_.wait(lock, [&] { return !pending() || !error_locked().is_ok() || worker_ended_; });
+  if (pending()) {
+    QS_RETURN_IF_ERROR(error_locked());
+    return internal_error("take_updates: the worker ended before the sums of a due update of layer '" +
+                          options_.job.profile.layers[static_cast<std::size_t>(layer)].name + "' arrived");
+  }
+  // Due updates are applied even after a failure (their sums are in), as sum_ready does.
   std::vector<runtime::LayerUpdate> out;
   std::size_t k = 0;
   while (k < q.size() && q[k].first <= before) out.push_back(q[k++].second);
@@ -427,6 +445,20 @@ Status Session::on_updates(std::int64_t before, const std::vector<runtime::Layer
   decided_ = std::max(decided_, before);
   cv_.notify_all();
   return Status::ok();
+}
+
+Status Session::on_update_ready(const runtime::LayerUpdate& u) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [before, v] : updates_[static_cast<std::size_t>(u.layer)]) {
+    if (v.first == u.first && v.last == u.last) {
+      v.ready = true;
+      cv_.notify_all();
+      return Status::ok();
+    }
+  }
+  // Taken already would be a bug: it was taken while not ready.
+  return internal_error("on_update_ready: no pending update of layer " + std::to_string(u.layer) + " for iterations " +
+                        std::to_string(u.first) + ".." + std::to_string(u.last));
 }
 
 // ---- the loop thread ----

@@ -36,6 +36,11 @@ struct TensorBuffer {
 struct LayerUpdate {
   int layer = 0;
   std::int64_t first = 0, last = 0;
+  // Its sums are all reduced. An update of the iteration just computed is due before the
+  // next forward pass as soon as all of it was issued in the backward pass (DeFT's "updated
+  // immediately after the iteration", Fig. 9), while its sums may still be on the way:
+  // on_update_ready follows, and the layer's forward must wait for it.
+  bool ready = true;
 };
 // LayerUpdate's `before` when training has ended: applied after the last iteration.
 inline constexpr std::int64_t kAfterTraining = INT64_MAX;
@@ -72,9 +77,15 @@ class TensorSource {
   // forward whose gate has opened for `before` backward passes; kAfterTraining: after the
   // last iteration. Every worker of the job is handed the same updates with the same
   // `before` (worker 0 decides; the points are its), so their parameters stay equal. Calls
-  // come in increasing `before`; a layer's updates are all reduced when handed over.
+  // come in increasing `before`; an update is all reduced when handed over, unless it says
+  // it is not (LayerUpdate::ready).
   virtual Status on_updates(std::int64_t before, const std::vector<LayerUpdate>& due) {
     (void)before, (void)due;
+    return Status::ok();
+  }
+  // An update handed over not ready is now: its sums are in merged_sum's buffers.
+  virtual Status on_update_ready(const LayerUpdate& u) {
+    (void)u;
     return Status::ok();
   }
 };

@@ -21,7 +21,8 @@
 // for its gate and for worker 0's decision of which updates are due (not for the last
 // backward's sums), and the model's thread takes them:
 //   take_updates(l, n) layer l's updates due before the forward pass after n backward
-//                      passes (or after training: runtime::kAfterTraining), in order;
+//                      passes (or after training: runtime::kAfterTraining), in order,
+//                      once their sums are in (it waits for those still on the way);
 //   load_update(l, u)  copies update u's sums into layer l's gradient buffers (.grad), to
 //                      be averaged over workers and iterations and applied by the optimizer.
 //
@@ -189,6 +190,7 @@ class Session {
   // Delayed updates: the source's calls (link threads; loop thread).
   float* merged_sum(TensorId t, std::int64_t first, std::int64_t last);
   Status on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due);
+  Status on_update_ready(const runtime::LayerUpdate& u);
   void post(void (HookedCompute::*fn)(int, TimeNs), int layer);
 
   SessionOptions options_;
