@@ -502,6 +502,7 @@ class _Integration:
             self.measure = None    # this pass's sums (_measure)
             self.measured = None   # the last complete measurement (grad_sq, noise)
             self.noise = None      # sigma, measured on passes whose updates were k = 1
+            self.measured_before = None  # the pass measured last
             self.loss = self.rec_loss = None
         # The first backward's gradients, as its hooks would have reported them.
         for l in reversed(range(L)):
@@ -538,15 +539,17 @@ class _Integration:
         backward passes), each one step on its sums over workers x iterations; then the
         gradient buffers are cleared for the next backward (the last one's gradients were
         copied when it ended)."""
-        if self.tapping and before != _qs.AFTER_TRAINING:
+        # Measured once per training pass (an evaluation pass after it sees zeroed buffers).
+        measuring = self.tapping and before != _qs.AFTER_TRAINING and before != self.measured_before
+        if measuring:
             self._measure_local(l, before)
         for first, last in self.session.take_updates(l, before):
             local = None
-            if self.tapping and first == last == before - 1 and (before % self.MEASURE_EVERY == 1
-                                                                 or self.noise is None):
+            if measuring and first == last == before - 1 and (before % self.MEASURE_EVERY == 1
+                                                             or self.noise is None):
                 local = [g.clone() for g in self.layer_grads[l]]
             self.session.load_update(l, first, last)
-            if self.tapping and before != _qs.AFTER_TRAINING:
+            if measuring:
                 self._measure(l, before, _env["size"] * (last - first + 1), local)
             self._step_layer(l, _env["size"] * (last - first + 1))
             self.update_log.append((before, l, first, last))
@@ -595,6 +598,7 @@ class _Integration:
             return
         before, layers, gg, noisy, gg1, gl, mine, ggl = self.measure
         self.measure = None
+        self.measured_before = before
         L, size = len(self.layers), _env["size"]
         if noisy == L and size > 1:
             self.noise = (self.rec.batch_size * size / (size - 1) * (gl - gg1) ** 2) ** 0.5
