@@ -75,19 +75,24 @@ def train(mode):
 
 
 def goodput():
-    """Bits/s each host sends while every host sends to the next and receives from the one
-    before at once (a ring: every link busy both ways, as during training)."""
-    n, r = qs.size(), qs.rank()
-    out = torch.ones(int(args.probe_mb * 2**20 / 4))
-    into = torch.empty_like(out)
-    torch.distributed.barrier()
-    start = time.perf_counter()
-    reqs = [torch.distributed.isend(out, (r + 1) % n), torch.distributed.irecv(into, (r - 1) % n)]
-    for q in reqs:
-        q.wait()
-    took = torch.tensor([time.perf_counter() - start])
-    torch.distributed.all_reduce(took, op=torch.distributed.ReduceOp.MAX)
-    return out.numel() * 4 * 8 / took.item()
+    """Bits/s of one link: rank 0 sends to rank 1 (a host's uplink and its peer's downlink,
+    shaped alike), the median of three transfers."""
+    r = qs.rank()
+    buf = torch.ones(int(args.probe_mb * 2**20 / 4))
+    took = []
+    for _ in range(3):
+        torch.distributed.barrier()
+        start = time.perf_counter()
+        if r == 0:
+            torch.distributed.send(buf, 1)
+            torch.distributed.recv(buf[:1], 1)  # rank 1 has all of it
+        elif r == 1:
+            torch.distributed.recv(buf, 0)
+            torch.distributed.send(buf[:1], 0)
+        took.append(time.perf_counter() - start)
+    t = torch.tensor([sorted(took)[1]])
+    torch.distributed.broadcast(t, 0)
+    return buf.numel() * 4 * 8 / t.item()
 
 
 torch.set_num_threads(1)
