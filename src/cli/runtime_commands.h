@@ -24,6 +24,7 @@ struct RoleFlags {
   std::string commit_window = "100us";  // JobOptions::commit_window
   int die_at_iteration = -1;    // worker: testing aid, exit abruptly at this iteration
   bool no_verify = false;       // worker: skip the exact check of every sum (benchmarks)
+  bool no_checksum = false;     // frames without payload checksums (JobOptions::payload_checksums)
   // All-reduce workers: this host's address on each link (one per link, in order), and
   // gloo's algorithm (default: from --allreduce).
   std::vector<std::string> links;
@@ -41,6 +42,8 @@ struct RunFlags {
   std::string rto_min = "0ms";  // --netns: every route's minimum retransmission timeout
   bool quickack = false;        // --netns: every route acknowledges at once
   std::string timeout = "300s";
+  std::string peer_timeout = "20s";  // every child's --peer-timeout
+  bool no_checksum = false;          // every child's --no-checksum
   bool keep_going = false;
   int kill_worker = -1;         // testing: this worker dies abruptly...
   int kill_at_iteration = 1;    // ...at this iteration

@@ -257,7 +257,9 @@ std::vector<std::string> job_args(const Job& job, const RunFiles& files, const s
                                    std::to_string(job.sim.warmup), "--bandwidth",
                                    std::to_string(job.cluster.bandwidth.bits_per_second) + "bps", "--seed",
                                    std::to_string(job.sim.seed), "--congestion", f.congestion, "--commit-window",
-                                   std::to_string(f.commit_window) + "ns", "--secret-file", files.secret};
+                                   std::to_string(f.commit_window) + "ns", "--peer-timeout",
+                                   std::to_string(f.peer_timeout) + "ns", "--secret-file", files.secret};
+  if (!f.payload_checksums) args.push_back("--no-checksum");
   if (job.cluster.architecture == Architecture::kAllReduce) {
     args.insert(args.end(), {"--architecture", "allreduce"});
     if (job.cluster.second_link_slowdown != 0) {
@@ -696,6 +698,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   // Written so that NaN fails too.
   if (!(f.scale >= 0 && f.scale <= 1)) return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");
   if (f.commit_window < 0) return invalid_argument("--commit-window must be >= 0");
+  if (f.peer_timeout <= 0) return invalid_argument("--peer-timeout must be > 0");
   if (f.rto_min < 0 || f.rto_min > 60 * kNsPerSec) return invalid_argument("--rto-min must be in 0..60s");
   if (f.rto_min > 0 && !f.netns) {
     return invalid_argument("--rto-min needs --netns (the routes of the machine itself are not changed)");

@@ -52,6 +52,10 @@ struct LaunchOptions {
   // runtime::JobOptions::commit_window of every node. Must be >= 0.
   TimeNs commit_window = 100 * kNsPerUs;
   TimeNs timeout = 300 * kNsPerSec;  // per policy, from the first child's start
+  // Every node's runtime::JobOptions::peer_timeout (longest silence of a connection); > 0.
+  TimeNs peer_timeout = 20 * kNsPerSec;
+  // Every node's runtime::JobOptions::payload_checksums.
+  bool payload_checksums = true;
   // Continue with the next policy when one fails (else stop at the first failure).
   bool keep_going = false;
   // Fault injection (tests): this worker dies abruptly at the start of this iteration.
