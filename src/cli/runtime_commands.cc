@@ -451,6 +451,7 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
   if (!r) return fail("quicksilver run", r.status());
   if (r->ok()) return 0;
   if (r->timed_out) std::cerr << "quicksilver run: timed out\n";
+  if (r->interrupted) std::cerr << "quicksilver run: interrupted\n";
   return r->first_failed >= 0 ? std::max(1, r->exit_codes[static_cast<std::size_t>(r->first_failed)]) : 1;
 }
 
@@ -473,6 +474,20 @@ int run_profile(const std::vector<std::string>& args, const std::string& exe) {
   argv.push_back(nullptr);
   execv(argv_s[0].c_str(), argv.data());
   return fail("quicksilver profile", "cannot execute /usr/bin/python3", 3);
+}
+
+int run_cleanup(bool dry_run) {
+  const StaleCleanup c = cleanup_stale_runs(dry_run);
+  const char* verb = dry_run ? "would remove " : "removed ";
+  for (const std::string& r : c.removed) std::cout << verb << r << "\n";
+  for (const std::string& l : c.live) std::cout << "kept " << l << "\n";
+  for (const std::string& e : c.errors) std::cerr << "quicksilver cleanup: cannot remove " << e << "\n";
+  if (c.removed.empty() && c.errors.empty()) std::cout << "nothing to clean up\n";
+  if (Status s = runtime::NetnsCluster::available(); !s.is_ok()) {
+    std::cout << "(only temporary directories were looked at: " << s.message()
+              << "; namespaces, bridges and the allowed congestion controls need it)\n";
+  }
+  return c.errors.empty() ? 0 : 1;
 }
 
 int run_cluster(const RunFlags& f, const std::string& exe) {
@@ -520,6 +535,10 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   auto run = qs::run_cluster(std::move(*job), o);
   if (!run) return fail("quicksilver run", run.status());
   int rc = run->failures.empty() ? 0 : 1;
+  if (run->interrupted) {
+    std::cerr << "quicksilver run: interrupted (the cluster's processes, namespaces and files are removed)\n";
+    rc = 1;
+  }
   if (!f.sim.trace.empty() && !run->rows.empty()) {
     // Measured and predicted timelines one above the other, per policy.
     std::vector<SimResult> traced;

@@ -74,6 +74,8 @@ void add_run_flags(CLI::App* app, RunFlags* f);
 int run_server_role(const RoleFlags& f);
 int run_worker_role(const RoleFlags& f);
 int run_cluster(const RunFlags& f, const std::string& self_exe);
+// `quicksilver cleanup [--dry-run]`: what launchers killed outright left behind.
+int run_cleanup(bool dry_run);
 // `quicksilver profile ARGS`: runs `/usr/bin/python3 -m quicksilver.profile ARGS` with the
 // package beside this executable on PYTHONPATH (replaces this process).
 int run_profile(const std::vector<std::string>& args, const std::string& self_exe);
