@@ -4,7 +4,7 @@
 //
 //   transport_bench throughput [--seconds=3] [--reps=5] [--tensor-mib=64] [--sizes=4,16,...]
 //       One loopback TCP connection through the project's own transport: a Sender
-//       (PriorityFifo send buffer, headers only) hands 24-byte-header data frames to a
+//       (PriorityFifo send buffer, headers only) hands 32-byte-header data frames to a
 //       Connection that writes them with sendmsg straight from a tensor buffer; the peer's
 //       Connection decodes every header, validates it (validate_data_header) and receives
 //       the payload into its own tensor buffer at the header's offset (PayloadTarget::to).
@@ -16,7 +16,12 @@
 //       push + pop pairs (one push and one pop = one operation) through qs::PriorityFifo at
 //       a steady occupancy, random priorities, 1/64/1024 priorities; baseline a
 //       std::priority_queue of (priority, seq) pairs, the same strict order.
-//   transport_bench            both
+//   transport_bench checksum [--seconds=2] [--reps=5] [--tensor-mib=64] [--sizes=...]
+//       The cost of the frames' end-to-end payload checksum (CRC32C, wire.h): the same
+//       transport run with checksums on (the default) and off
+//       (Connection::set_payload_checksums(false) on both ends), back to back in each
+//       repetition, the order alternating; hot and big tensors as above. No iperf3.
+//   transport_bench            throughput and selection
 //
 // Medians over --reps repetitions; the ratio column is the median of the per-repetition
 // ratios (each repetition measures the candidate and its baseline back to back).
@@ -42,6 +47,7 @@
 
 #include "quicksilver/core/priority_fifo.h"
 #include "quicksilver/transport/connection.h"
+#include "quicksilver/transport/crc32c.h"
 #include "quicksilver/transport/event_loop.h"
 #include "quicksilver/transport/sender.h"
 #include "quicksilver/transport/socket.h"
@@ -151,7 +157,7 @@ double thread_cpu_seconds() {
 }
 
 ThroughputResult run_transport(std::uint32_t packet, std::size_t tensor_bytes, double seconds,
-                               double warmup) {
+                               double warmup, bool checksums = true) {
   const SocketOptions opts = g_socket_options;  // default: the runtime's (SocketOptions{})
   Fd listener = must(listen_tcp("127.0.0.1", 0), "listen");
   const int port = must(local_port(listener.get()), "local_port");
@@ -177,6 +183,7 @@ ThroughputResult run_transport(std::uint32_t packet, std::size_t tensor_bytes, d
   std::thread receiver([&] {
     const double c0 = thread_cpu_seconds();
     Connection conn(*rloop, std::move(server), sink, "sender", 0);
+    conn.set_payload_checksums(checksums);
     must(conn.start(), "receiver start");
     Status s = rloop->run([&] { return conn.closed(); });
     rcpu.store(thread_cpu_seconds() - c0);
@@ -191,6 +198,7 @@ ThroughputResult run_transport(std::uint32_t packet, std::size_t tensor_bytes, d
     const double c0 = thread_cpu_seconds();
     SourceHandler src;
     Connection conn(*sloop, std::move(client), src, "receiver", 0);
+    conn.set_payload_checksums(checksums);
     Sender sender(SendOrder::kPriority, 16, *sloop);
     src.sender = &sender;
     src.loop = sloop.get();
@@ -403,6 +411,65 @@ void throughput(double seconds, int reps, std::size_t big_tensor, std::vector<in
   std::printf("\n");
 }
 
+// ---------------------------------------------------------------- checksum ------------
+
+void checksum_cost(double seconds, int reps, std::size_t big_tensor, std::vector<int> sizes_kib) {
+  const double warmup = 0.3;
+  std::printf("== Payload checksums (CRC32C, %s): one loopback connection, on vs off ==\n",
+              crc32c_implementation());
+  std::printf("hot = tensor of max(128 KiB, packet) per side; big = %zu MiB tensor per side; %.1f s per run "
+              "after %.1f s warm-up; %d repetitions, on and off back to back (order alternating)\n\n",
+              big_tensor >> 20, seconds, warmup, reps);
+  std::printf("| packet | tensor | on Gbit/s | off Gbit/s | on / off | on CPU ns/KiB | off CPU ns/KiB |\n");
+  std::printf("|---:|---|---:|---:|---:|---:|---:|\n");
+  for (int kib : sizes_kib) {
+    const auto packet = static_cast<std::uint32_t>(kib) * 1024u;
+    for (int which = 0; which < 2; ++which) {
+      const std::size_t tb = which == 0 ? std::max<std::size_t>(128 * 1024, packet) : big_tensor;
+      std::vector<double> on, off, ratio, cpu_on, cpu_off;
+      for (int rep = 0; rep < reps; ++rep) {
+        ThroughputResult a, b;
+        if (rep % 2 == 0) {
+          a = run_transport(packet, tb, seconds, warmup, true);
+          b = run_transport(packet, tb, seconds, warmup, false);
+        } else {
+          b = run_transport(packet, tb, seconds, warmup, false);
+          a = run_transport(packet, tb, seconds, warmup, true);
+        }
+        on.push_back(a.gbps);
+        off.push_back(b.gbps);
+        ratio.push_back(a.gbps / b.gbps);
+        cpu_on.push_back(a.cpu_ns_per_kib);
+        cpu_off.push_back(b.cpu_ns_per_kib);
+      }
+      std::printf("| %s | %s | %.2f | %.2f | %.3f | %.0f | %.0f |\n", size_label(kib).c_str(),
+                  which == 0 ? "hot" : "big", median(on), median(off), median(ratio), median(cpu_on),
+                  median(cpu_off));
+      std::fflush(stdout);
+    }
+  }
+  // The checksum alone, on one core: what it costs per byte beside the stack's cost.
+  std::vector<std::byte> buf(big_tensor);
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<std::byte>(i * 131);
+  for (std::size_t len : {std::size_t{32} << 10, big_tensor}) {
+    std::vector<double> gbs;
+    for (int rep = 0; rep < reps; ++rep) {
+      const auto t0 = Clk::now();
+      std::uint32_t c = 0;
+      std::size_t done = 0;
+      while (done < (std::size_t{2} << 30)) {
+        c = crc32c(c, buf.data(), len);
+        done += len;
+      }
+      gbs.push_back(static_cast<double>(done) / seconds_since(t0) / 1e9);
+      if (c == 42) std::printf(" ");
+    }
+    std::printf("\ncrc32c alone over %s (%s): %.1f GB/s", size_label(static_cast<int>(len >> 10)).c_str(),
+                len == big_tensor ? "from memory" : "in cache", median(gbs));
+  }
+  std::printf("\n\n");
+}
+
 // ---------------------------------------------------------------- selection -----------
 
 // A unit as the Sender's send buffer holds it (sender.h Sender::Item): connection, header,
@@ -542,10 +609,10 @@ int main(int argc, char** argv) {
     else if (const char* v = val("--sndbuf-kib=")) g_socket_options.send_buffer = std::atoll(v) * 1024;
     else if (a == "--no-iperf") g_iperf = false;
     else if (a == "--no-iperf-per-size") g_iperf_per_size = false;
-    else if (a == "throughput" || a == "selection" || a == "all") mode = a;
+    else if (a == "throughput" || a == "selection" || a == "checksum" || a == "all") mode = a;
     else {
       std::fprintf(stderr,
-                   "usage: transport_bench [throughput|selection|all] [--seconds=3] [--reps=N] "
+                   "usage: transport_bench [throughput|selection|checksum|all] [--seconds=3] [--reps=N] "
                    "[--ops=N] [--tensor-mib=64] [--sizes=4,16,32,64,256,1024,4096]\n");
       return 2;
     }
@@ -554,5 +621,6 @@ int main(int argc, char** argv) {
   for (int s : sizes) tensor = std::max<std::size_t>(tensor, static_cast<std::size_t>(s) * 1024);
   if (mode == "throughput" || mode == "all") throughput(seconds, reps, tensor, sizes);
   if (mode == "selection" || mode == "all") selection(sel_reps, ops);
+  if (mode == "checksum") checksum_cost(seconds, reps, tensor, sizes);
   return 0;
 }

@@ -4,7 +4,9 @@
 // streamed (kStream), control frames buffered (kBuffer), as the server and worker do.
 // Properties: the connection always ends with on_closed exactly once; no payload byte is
 // written outside an approved range (guard bytes around the tensor stay untouched); every
-// streamed piece lies inside its frame; a buffered payload has the header's length.
+// streamed piece lies inside its frame; a buffered payload has the header's length. The
+// input's headers are sealed first (seal.h: checksums written, unless a header ends in
+// 0xEE), so that the parser behind the header's checksum is reached.
 #include <fcntl.h>
 #include <sys/socket.h>
 
@@ -16,6 +18,7 @@
 #include "quicksilver/core/check.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
+#include "seal.h"
 
 using namespace qs;
 using namespace qs::transport;
@@ -76,8 +79,10 @@ class Receiver : public FrameHandler {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* input, std::size_t size) {
   size = std::min<std::size_t>(size, 64 * 1024);  // within the socket pair's buffer
+  const std::vector<std::uint8_t> sealed = seal_frames(input, size);
+  const std::uint8_t* data = sealed.data();
   int sv[2];
   QS_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
   Fd mine(sv[0]), peer(sv[1]);

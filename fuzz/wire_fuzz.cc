@@ -1,6 +1,7 @@
 // libFuzzer target: the frame header codec (include/transport/quicksilver/transport/wire.h)
-// over a stream of frames, as a receiver walks it: decode each 24-byte header, validate
-// data headers against fixed rules, decode hello bodies, skip payloads.
+// over a stream of frames, as a receiver walks it: decode each 32-byte header, validate
+// data headers against fixed rules, decode hello bodies, skip payloads. The input's
+// headers are sealed first (seal.h: their checksums written, unless a header ends in 0xEE).
 // Properties checked: a header that decodes re-encodes to the same bytes; a header that
 // passes validate_data_header lies inside its tensor; nothing reads past the input.
 #include <cstddef>
@@ -10,10 +11,13 @@
 
 #include "quicksilver/core/check.h"
 #include "quicksilver/transport/wire.h"
+#include "seal.h"
 
 using namespace qs::transport;
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* input, std::size_t size) {
+  const std::vector<std::uint8_t> sealed = seal_frames(input, size);
+  const std::uint8_t* data = sealed.data();
   DataRules rules;
   rules.kind = FrameKind::kPush;
   rules.tensor_bytes = {4096, 1 << 20, 6, 0};

@@ -61,6 +61,13 @@ start=$(date +%s)
 took=$(( $(date +%s) - start ))
 [ $rc -ne 0 ] && grep -q "worker 1 failed" "$tmp/err" && [ $took -lt 30 ] && ok || bad "dying worker: rc $rc after ${took}s: $(cat "$tmp/err")"
 
+# The launcher names the first failure in time, not the first failed child in array order
+# (servers, then workers): worker 2, the last child, dies; the servers and the other
+# workers fail because of it ("lost worker 2", "lost server 0 ... reported ...").
+"$qs" run --policy mercury "${common[@]}" --kill-worker 2 --kill-at-iteration 2 > "$tmp/out" 2> "$tmp/err"; rc=$?
+[ $rc -ne 0 ] && grep -q "worker 2 failed (exit status 1): .*worker 2 died at iteration 2" "$tmp/err" && ok \
+  || bad "the launcher blamed another child: rc $rc: $(cat "$tmp/err")"
+
 # Rendezvous through a coordinator: servers on ephemeral ports register, workers look up.
 # Every role reads the cluster secret from the environment here (--secret-file below).
 head -c 32 /dev/urandom > "$tmp/secret"

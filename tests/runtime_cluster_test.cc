@@ -499,6 +499,36 @@ void expect_exact_run(const ClusterRun& r, const JobOptions& job) {
   }
 }
 
+// A backward pass longer than the peer timeout is not a fault: every idle connection
+// carries a heartbeat, so silence means a stalled peer or link, never a busy one. (Before
+// heartbeats, the server took workers computing for longer than the timeout as lost: "no
+// frame from any worker for 400ms".)
+TEST(Runtime, ComputeLongerThanThePeerTimeoutIsNotAFault) {
+  JobOptions job = small_job("mercury", 2, 2);
+  job.profile.layers = {layer("slow", 100 * kNsPerMs, 1200 * kNsPerMs, {4096}), layer("fc", kNsPerMs, kNsPerMs, {300})};
+  job.iterations = 2;
+  job.peer_timeout = 400 * kNsPerMs;
+  ClusterRun r = run_cluster(job);
+  expect_exact_run(r, job);
+}
+
+// A worker alive but stuck (here: its compute takes minutes; a PyTorch script blocked in
+// its own code looks the same) makes no push while the servers' sums wait for it: the
+// servers name it after 2 x peer_timeout, and every node ends.
+TEST(Runtime, AWorkerAliveButStuckIsNamedAfterTwicethePeerTimeout) {
+  JobOptions job = small_job("mercury", 2, 1);
+  job.peer_timeout = 300 * kNsPerMs;
+  ClusterRun r = run_cluster(job, [](WorkerOptions& w) {
+    if (w.worker_id == 1) w.compute_factor = 1000;  // its first backward pass takes minutes
+  });
+  ASSERT_FALSE(r.servers[0].is_ok());
+  EXPECT_THAT(r.servers[0].message(), HasSubstr("no push from any worker for"));
+  EXPECT_THAT(r.servers[0].message(), HasSubstr("wait for workers {1}"));
+  for (const auto& w : r.workers) EXPECT_FALSE(w.is_ok());
+  std::printf("[ detail ] after %.2f s: %s\n", r.seconds, r.servers[0].to_string().c_str());
+  EXPECT_LT(r.seconds, 8.0);
+}
+
 // Forwards bytes both ways between `a` and `b` until `enough` bytes went from a to b;
 // returns them (an eavesdropper's recording of one direction).
 std::string relay_and_record(int a, int b, std::size_t enough) {
@@ -531,7 +561,7 @@ TEST(RuntimeSecurity, ARecordedWorkerHandshakeCannotBeReplayed) {
   const auto secret = make_secret("a cluster secret of 32 bytes....");
   const JobOptions job = small_job("mercury", 2, 1);
   // 1. An eavesdropper between the real worker 1 and a server of the same job records
-  //    what the worker sends: its authentication (68 bytes) and its hello (48 bytes).
+  //    what the worker sends: its authentication (68 bytes) and its hello (56 bytes).
   std::string recorded;
   {
     ServerOptions so;
@@ -557,13 +587,13 @@ TEST(RuntimeSecurity, ARecordedWorkerHandshakeCannotBeReplayed) {
       return from_worker.valid();
     }));
     transport::Fd to_server = raw_connect(Endpoint{"127.0.0.1", (*srv)->port()});
-    recorded = relay_and_record(from_worker.get(), to_server.get(), 68 + 48);
+    recorded = relay_and_record(from_worker.get(), to_server.get(), 68 + transport::kHeaderSize + transport::kHelloBodySize);
     (*worker)->request_stop("recorded");
     (*srv)->request_stop("recorded");
     (void)worker_run.get();
     (void)server_run.get();
   }
-  ASSERT_EQ(recorded.size(), 68u + 48u);
+  ASSERT_EQ(recorded.size(), 68u + transport::kHeaderSize + transport::kHelloBodySize);
   // 2. A new run of the same job: the recording is replayed before the real worker 1.
   LogLines log;
   std::string answered;

@@ -12,6 +12,7 @@
 
 #include "quicksilver/core/rng.h"
 #include "quicksilver/transport/connection.h"
+#include "quicksilver/transport/crc32c.h"
 #include "quicksilver/transport/sender.h"
 #include "quicksilver/transport/socket.h"
 
@@ -103,6 +104,18 @@ void write_all(int fd, const void* p, std::size_t n) {
   ASSERT_EQ(::send(fd, p, n, MSG_NOSIGNAL), static_cast<ssize_t>(n));
 }
 
+// A whole frame as a peer writes it: the header (payload checksum stamped unless told
+// otherwise) and `payload` bytes.
+std::vector<unsigned char> frame_bytes(Header h, const std::vector<unsigned char>& payload, bool stamp = true) {
+  h.checksummed = stamp;
+  h.payload_crc = stamp ? crc32c(0, payload.data(), payload.size()) : 0;
+  const HeaderBytes hb = encode_header(h);
+  std::vector<unsigned char> f(kHeaderSize + payload.size());
+  std::memcpy(f.data(), hb.data(), kHeaderSize);
+  std::memcpy(f.data() + kHeaderSize, payload.data(), payload.size());
+  return f;
+}
+
 std::vector<std::byte> read_error_frame(int fd) {
   std::vector<std::byte> buf(kHeaderSize + kMaxErrorText);
   std::size_t have = 0;
@@ -117,7 +130,8 @@ std::vector<std::byte> read_error_frame(int fd) {
   return buf;
 }
 
-TEST(Connection, GarbageStreamClosesWithMagicErrorAndWritesNothing) {
+// Garbage fails the header's checksum first (before its magic is even read).
+TEST(Connection, GarbageStreamClosesWithChecksumErrorAndWritesNothing) {
   auto loop = EventLoop::create();
   ASSERT_TRUE(loop.is_ok());
   Pair p = make_pair();
@@ -131,7 +145,8 @@ TEST(Connection, GarbageStreamClosesWithMagicErrorAndWritesNothing) {
   write_all(p.b.get(), junk.data(), junk.size());
   ASSERT_TRUE(run_until_closed(**loop, r).is_ok());
   EXPECT_EQ(r.closed.code(), StatusCode::kProtocolError);
-  EXPECT_THAT(r.closed.message(), HasSubstr("field 'magic'"));
+  EXPECT_THAT(r.closed.message(), HasSubstr("field 'checksum'"));
+  EXPECT_THAT(r.closed.message(), HasSubstr("a frame from peer 0"));
   EXPECT_TRUE(r.frames.empty());
   EXPECT_TRUE(untouched(r.memory));
   // The peer is told why before the connection closes.
@@ -141,7 +156,7 @@ TEST(Connection, GarbageStreamClosesWithMagicErrorAndWritesNothing) {
   ASSERT_TRUE(h.is_ok());
   EXPECT_EQ(h->kind, FrameKind::kError);
   std::string text(reinterpret_cast<const char*>(back.data() + kHeaderSize), back.size() - kHeaderSize);
-  EXPECT_THAT(text, HasSubstr("field 'magic'"));
+  EXPECT_THAT(text, HasSubstr("field 'checksum'"));
 }
 
 // A closed connection holds no buffer until its owner gets round to destroying it, and
@@ -201,10 +216,8 @@ TEST(Connection, EveryBadFieldClosesBeforeAnyPayloadByteIsWritten) {
     Receiver r;
     Connection c(**loop, std::move(p.a), r, "peer 0", 0);
     ASSERT_TRUE(c.start().is_ok());
-    const HeaderBytes hb = encode_header(k.h);
-    std::vector<unsigned char> payload(k.h.length, 0xEE);
-    write_all(p.b.get(), hb.data(), hb.size());
-    write_all(p.b.get(), payload.data(), payload.size());
+    const auto frame = frame_bytes(k.h, std::vector<unsigned char>(k.h.length, 0xEE));
+    write_all(p.b.get(), frame.data(), frame.size());
     ASSERT_TRUE(run_until_closed(**loop, r).is_ok());
     EXPECT_EQ(r.closed.code(), StatusCode::kProtocolError) << k.field;
     EXPECT_THAT(r.closed.message(), HasSubstr(std::string("field '") + k.field + "'"));
@@ -214,7 +227,7 @@ TEST(Connection, EveryBadFieldClosesBeforeAnyPayloadByteIsWritten) {
 }
 
 TEST(Connection, TruncatedHeaderOrPayloadClosesWithClearError) {
-  for (int cut : {10, 24 + 100}) {
+  for (int cut : {10, static_cast<int>(kHeaderSize) + 100}) {
     auto loop = EventLoop::create();
     ASSERT_TRUE(loop.is_ok());
     Pair p = make_pair();
@@ -225,9 +238,7 @@ TEST(Connection, TruncatedHeaderOrPayloadClosesWithClearError) {
     h.kind = FrameKind::kPush;
     h.offset = 2048;
     h.length = 1024;
-    const HeaderBytes hb = encode_header(h);
-    std::vector<unsigned char> frame(hb.size() + h.length, 0xEE);
-    std::memcpy(frame.data(), hb.data(), hb.size());
+    const auto frame = frame_bytes(h, std::vector<unsigned char>(h.length, 0xEE));
     write_all(p.b.get(), frame.data(), static_cast<std::size_t>(cut));
     p.b.reset();  // the peer dies mid-frame
     ASSERT_TRUE(run_until_closed(**loop, r).is_ok());
@@ -239,6 +250,84 @@ TEST(Connection, TruncatedHeaderOrPayloadClosesWithClearError) {
       if (i < 2048 || i >= 3072) {
         ASSERT_EQ(r.memory[i], std::byte{0x5a}) << i;
       }
+    }
+  }
+}
+
+// A payload byte changed in transit (after TCP's checksum: a proxy, a middlebox, memory)
+// fails the frame's CRC32C: the connection closes naming the peer, the frame and both
+// checksums, and the frame is never delivered. Every byte position of a small frame, and
+// one split over many reads.
+TEST(Connection, CorruptedPayloadIsDetectedAndNeverDelivered) {
+  Header h;
+  h.kind = FrameKind::kPush;
+  h.offset = 1024;
+  h.length = 2048;
+  std::vector<unsigned char> payload(h.length);
+  for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<unsigned char>(i * 7);
+  for (std::size_t at : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{2047}}) {
+    for (bool dribble : {false, true}) {
+      auto loop = EventLoop::create();
+      ASSERT_TRUE(loop.is_ok());
+      Pair p = make_pair();
+      Receiver r;
+      Connection c(**loop, std::move(p.a), r, "worker 3", 0);
+      ASSERT_TRUE(c.start().is_ok());
+      auto frame = frame_bytes(h, payload);
+      frame[kHeaderSize + at] ^= 0x10;  // one bit
+      if (dribble) {
+        for (std::size_t i = 0; i < frame.size(); i += 100) {
+          write_all(p.b.get(), frame.data() + i, std::min<std::size_t>(100, frame.size() - i));
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      } else {
+        write_all(p.b.get(), frame.data(), frame.size());
+      }
+      ASSERT_TRUE(run_until_closed(**loop, r).is_ok());
+      EXPECT_EQ(r.closed.code(), StatusCode::kProtocolError);
+      EXPECT_THAT(r.closed.message(), HasSubstr("corrupted payload: the push frame from worker 3 (tensor 0 bytes "
+                                                "[1024, 3072), iteration 0) has payload CRC32C"));
+      EXPECT_TRUE(r.frames.empty()) << "byte " << at;
+    }
+  }
+  // The same frame unharmed is delivered.
+  auto loop = EventLoop::create();
+  ASSERT_TRUE(loop.is_ok());
+  Pair p = make_pair();
+  Receiver r;
+  Connection c(**loop, std::move(p.a), r, "worker 3", 0);
+  ASSERT_TRUE(c.start().is_ok());
+  const auto frame = frame_bytes(h, payload);
+  write_all(p.b.get(), frame.data(), frame.size());
+  (*loop)->schedule_after(kTestDeadline, [&] { (*loop)->fail(unavailable("test deadline")); });
+  ASSERT_TRUE((*loop)->run([&] { return !r.frames.empty(); }).is_ok());
+  EXPECT_EQ(std::memcmp(r.memory.data() + 1024, payload.data(), payload.size()), 0);
+}
+
+// A node that requires payload checksums refuses a frame without one, naming the setting;
+// one that runs without (set_payload_checksums(false)) takes it.
+TEST(Connection, AFrameWithoutPayloadChecksumIsRefusedUnlessChecksumsAreOff) {
+  Header h;
+  h.kind = FrameKind::kPush;
+  h.length = 64;
+  const auto frame = frame_bytes(h, std::vector<unsigned char>(64, 1), /*stamp=*/false);
+  for (bool required : {true, false}) {
+    auto loop = EventLoop::create();
+    ASSERT_TRUE(loop.is_ok());
+    Pair p = make_pair();
+    Receiver r;
+    Connection c(**loop, std::move(p.a), r, "worker 3", 0);
+    c.set_payload_checksums(required);
+    ASSERT_TRUE(c.start().is_ok());
+    write_all(p.b.get(), frame.data(), frame.size());
+    (*loop)->schedule_after(kTestDeadline, [&] { (*loop)->fail(unavailable("test deadline")); });
+    ASSERT_TRUE((*loop)->run([&] { return r.done || !r.frames.empty(); }).is_ok());
+    if (required) {
+      EXPECT_THAT(r.closed.message(), HasSubstr("a push frame from worker 3 carries no payload checksum"));
+      EXPECT_THAT(r.closed.message(), HasSubstr("--no-checksum"));
+      EXPECT_TRUE(untouched(r.memory));
+    } else {
+      EXPECT_EQ(r.frames.size(), 1u);
     }
   }
 }

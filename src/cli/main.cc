@@ -62,6 +62,11 @@ int main(int argc, char** argv) {
   qs::cli::add_tune_flags(tune, &tune_flags);
   // Listed for --help only: main() hands `profile` to Python before parsing.
   app.add_subcommand("profile", "Measure a PyTorch model into a profile JSON (flags: quicksilver profile --help)");
+  bool cleanup_dry_run = false;
+  CLI::App* cleanup = app.add_subcommand(
+      "cleanup", "Remove what `quicksilver run` launchers killed outright left: namespaces, bridges, veths, "
+                 "qs-run-* directories, the allowed congestion controls (a live run's are never touched)");
+  cleanup->add_flag("--dry-run", cleanup_dry_run, "Only print what would be removed");
   qs::cli::RunFlags run_flags;
   CLI::App* run = app.add_subcommand("run", "Run a whole local cluster (processes), compare with the simulator");
   qs::cli::add_run_flags(run, &run_flags);
@@ -89,6 +94,7 @@ int main(int argc, char** argv) {
     if (*server) return qs::cli::run_server_role(server_flags);
     if (*worker) return qs::cli::run_worker_role(worker_flags);
     if (*run) return qs::cli::run_cluster(run_flags, "/proc/self/exe");
+    if (*cleanup) return qs::cli::run_cleanup(cleanup_dry_run);
   } catch (const qs::CheckFailure& e) {
     std::cerr << "quicksilver: internal error: " << e.what() << "\n";
     return 3;

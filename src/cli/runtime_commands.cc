@@ -78,7 +78,11 @@ void add_role_common(CLI::App* app, RoleFlags* f) {
   add_secret_flags(app, &f->secret_file, &f->insecure);
   app->add_option("--congestion", f->congestion, "TCP congestion control (TCP_CONGESTION)")->capture_default_str();
   app->add_option("--connect-timeout", f->connect_timeout, "Rendezvous deadline")->capture_default_str();
-  app->add_option("--peer-timeout", f->peer_timeout, "Longest silence from a peer before failing")->capture_default_str();
+  app->add_option("--peer-timeout", f->peer_timeout,
+                  "Longest silence of a connection (idle ones carry heartbeats) before its peer is lost")
+      ->capture_default_str();
+  app->add_flag("--no-checksum", f->no_checksum,
+                "Frames without payload checksums (CRC32C; docs/reliability.md): every node of the job or none");
   app->add_option("--pacing-rate", f->pacing_rate, "SO_MAX_PACING_RATE per connection, e.g. 2Gbps");
   add_commit_window_flag(app, &f->commit_window);
 }
@@ -121,6 +125,8 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
   auto pt = parse_time(f.peer_timeout);
   if (!pt) return pt.status().with_context("--peer-timeout");
   o.peer_timeout = *pt;
+  if (o.peer_timeout <= 0) return invalid_argument("--peer-timeout must be > 0");
+  o.payload_checksums = !f.no_checksum;
   auto cw = parse_time(f.commit_window);
   if (!cw) return cw.status().with_context("--commit-window");  // parse_time refuses < 0
   o.commit_window = *cw;
@@ -391,6 +397,10 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
   app->add_flag("--quickack", f->quickack,
                 "--netns: every host route acknowledges each segment at once (no delayed acknowledgements)");
   app->add_option("--timeout", f->timeout, "Give up on a policy's run after this long")->capture_default_str();
+  app->add_option("--peer-timeout", f->peer_timeout,
+                  "Every node's longest silence of a connection before its peer is lost (idle ones carry heartbeats)")
+      ->capture_default_str();
+  app->add_flag("--no-checksum", f->no_checksum, "Frames without payload checksums (CRC32C; docs/reliability.md)");
   app->add_option("--gloo-algorithm", f->gloo_algorithm,
                   "--architecture allreduce: gloo's algorithm: ring, ring-chunked, halving-doubling, bcube "
                   "(default: from --allreduce, ring or rhd)");
@@ -441,6 +451,7 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
   if (!r) return fail("quicksilver run", r.status());
   if (r->ok()) return 0;
   if (r->timed_out) std::cerr << "quicksilver run: timed out\n";
+  if (r->interrupted) std::cerr << "quicksilver run: interrupted\n";
   return r->first_failed >= 0 ? std::max(1, r->exit_codes[static_cast<std::size_t>(r->first_failed)]) : 1;
 }
 
@@ -465,6 +476,20 @@ int run_profile(const std::vector<std::string>& args, const std::string& exe) {
   return fail("quicksilver profile", "cannot execute /usr/bin/python3", 3);
 }
 
+int run_cleanup(bool dry_run) {
+  const StaleCleanup c = cleanup_stale_runs(dry_run);
+  const char* verb = dry_run ? "would remove " : "removed ";
+  for (const std::string& r : c.removed) std::cout << verb << r << "\n";
+  for (const std::string& l : c.live) std::cout << "kept " << l << "\n";
+  for (const std::string& e : c.errors) std::cerr << "quicksilver cleanup: cannot remove " << e << "\n";
+  if (c.removed.empty() && c.errors.empty()) std::cout << "nothing to clean up\n";
+  if (Status s = runtime::NetnsCluster::available(); !s.is_ok()) {
+    std::cout << "(only temporary directories were looked at: " << s.message()
+              << "; namespaces, bridges and the allowed congestion controls need it)\n";
+  }
+  return c.errors.empty() ? 0 : 1;
+}
+
 int run_cluster(const RunFlags& f, const std::string& exe) {
   if (!f.script.empty()) return run_script_command(f, exe);
   auto job = make_job(f.sim);
@@ -484,6 +509,11 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   auto timeout = parse_time(f.timeout);
   if (!timeout) return fail("quicksilver", timeout.status().with_context("--timeout"));
   o.timeout = *timeout;
+  auto pt = parse_time(f.peer_timeout);
+  if (!pt) return fail("quicksilver", pt.status().with_context("--peer-timeout"));
+  if (*pt <= 0) return fail("quicksilver", invalid_argument("--peer-timeout must be > 0"));
+  o.peer_timeout = *pt;
+  o.payload_checksums = !f.no_checksum;
   auto cw = parse_time(f.commit_window);  // refuses < 0
   if (!cw) return fail("quicksilver", cw.status().with_context("--commit-window"));
   o.commit_window = *cw;
@@ -505,6 +535,10 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   auto run = qs::run_cluster(std::move(*job), o);
   if (!run) return fail("quicksilver run", run.status());
   int rc = run->failures.empty() ? 0 : 1;
+  if (run->interrupted) {
+    std::cerr << "quicksilver run: interrupted (the cluster's processes, namespaces and files are removed)\n";
+    rc = 1;
+  }
   if (!f.sim.trace.empty() && !run->rows.empty()) {
     // Measured and predicted timelines one above the other, per policy.
     std::vector<SimResult> traced;

@@ -24,6 +24,7 @@ struct RoleFlags {
   std::string commit_window = "100us";  // JobOptions::commit_window
   int die_at_iteration = -1;    // worker: testing aid, exit abruptly at this iteration
   bool no_verify = false;       // worker: skip the exact check of every sum (benchmarks)
+  bool no_checksum = false;     // frames without payload checksums (JobOptions::payload_checksums)
   // All-reduce workers: this host's address on each link (one per link, in order), and
   // gloo's algorithm (default: from --allreduce).
   std::vector<std::string> links;
@@ -41,6 +42,8 @@ struct RunFlags {
   std::string rto_min = "0ms";  // --netns: every route's minimum retransmission timeout
   bool quickack = false;        // --netns: every route acknowledges at once
   std::string timeout = "300s";
+  std::string peer_timeout = "20s";  // every child's --peer-timeout
+  bool no_checksum = false;          // every child's --no-checksum
   bool keep_going = false;
   int kill_worker = -1;         // testing: this worker dies abruptly...
   int kill_at_iteration = 1;    // ...at this iteration
@@ -71,6 +74,8 @@ void add_run_flags(CLI::App* app, RunFlags* f);
 int run_server_role(const RoleFlags& f);
 int run_worker_role(const RoleFlags& f);
 int run_cluster(const RunFlags& f, const std::string& self_exe);
+// `quicksilver cleanup [--dry-run]`: what launchers killed outright left behind.
+int run_cleanup(bool dry_run);
 // `quicksilver profile ARGS`: runs `/usr/bin/python3 -m quicksilver.profile ARGS` with the
 // package beside this executable on PYTHONPATH (replaces this process).
 int run_profile(const std::vector<std::string>& args, const std::string& self_exe);

@@ -83,6 +83,22 @@ transport::HelloBody hello_body(const JobOptions& job) {
                               config_hash(job)};
 }
 
+TimeNs Liveness::tick(transport::Connection& c, TimeNs now, std::uint16_t sender) {
+  if (c.closed()) return 0;
+  if (!started_ || c.bytes_read() != read_) heard_ = now;
+  if (started_ && c.bytes_written() == written_ && c.output_idle()) {
+    transport::Header h;
+    h.kind = transport::FrameKind::kHeartbeat;
+    h.sender = sender;
+    c.send_control(h);
+    (void)c.flush();  // an error closes c, and its owner hears of it
+  }
+  started_ = true;
+  read_ = c.bytes_read();
+  written_ = c.bytes_written();
+  return now - heard_;
+}
+
 std::string hello_mismatch(const transport::HelloBody& a, const transport::HelloBody& b) {
   if (a.workers != b.workers) {
     return "workers differ: " + std::to_string(a.workers) + " here, " + std::to_string(b.workers) + " there";

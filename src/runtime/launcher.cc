@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <regex>
 #include <thread>
 
 #include "quicksilver/policy/registry.h"
@@ -33,7 +34,7 @@
 namespace qs {
 namespace {
 
-// Set by SIGINT/SIGTERM while run_cluster runs with catch_signals (a signal handler can
+// Set by SIGINT/SIGTERM/SIGHUP while run_cluster runs with catch_signals (a signal handler can
 // only reach a global); read by the loops that wait on children.
 volatile std::sig_atomic_t g_interrupted = 0;  // see above
 void on_signal(int) { g_interrupted = 1; }
@@ -205,9 +206,13 @@ const Child* root_failure(const std::vector<Child>& children) {
   for (const Child& c : children) {
     if (at == nullptr && failed(c)) at = &c;
   }
-  for (std::size_t hops = 0; at != nullptr && hops < children.size(); ++hops) {
+  // Two ends that lost each other (a stalled connection: each heard nothing from the other)
+  // form a cycle: the walk stops where it would come back.
+  std::vector<const Child*> seen;
+  while (at != nullptr) {
+    seen.push_back(at);
     const Child* next = lost_peer(children, *at);
-    if (next == nullptr || !failed(*next)) break;
+    if (next == nullptr || !failed(*next) || std::find(seen.begin(), seen.end(), next) != seen.end()) break;
     at = next;
   }
   return at;
@@ -257,7 +262,9 @@ std::vector<std::string> job_args(const Job& job, const RunFiles& files, const s
                                    std::to_string(job.sim.warmup), "--bandwidth",
                                    std::to_string(job.cluster.bandwidth.bits_per_second) + "bps", "--seed",
                                    std::to_string(job.sim.seed), "--congestion", f.congestion, "--commit-window",
-                                   std::to_string(f.commit_window) + "ns", "--secret-file", files.secret};
+                                   std::to_string(f.commit_window) + "ns", "--peer-timeout",
+                                   std::to_string(f.peer_timeout) + "ns", "--secret-file", files.secret};
+  if (!f.payload_checksums) args.push_back("--no-checksum");
   if (job.cluster.architecture == Architecture::kAllReduce) {
     args.insert(args.end(), {"--architecture", "allreduce"});
     if (job.cluster.second_link_slowdown != 0) {
@@ -659,6 +666,45 @@ std::string ClusterRunResult::describe() const {
          ", communication/compute ratios kept)";
 }
 
+StaleCleanup cleanup_stale_run_dirs(bool dry_run) {
+  StaleCleanup out;
+  std::error_code ec;
+  const std::regex name("^qs-run-([0-9]+)-[A-Za-z0-9]{6}$");
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  if (ec) return out;
+  for (const auto& e : std::filesystem::directory_iterator(tmp, ec)) {
+    std::smatch m;
+    const std::string base = e.path().filename().string();
+    if (!std::regex_match(base, m, name) || !e.is_directory(ec) || e.is_symlink(ec)) continue;
+    const std::string digits = m[1].str();
+    const pid_t pid = digits.size() <= 9 ? static_cast<pid_t>(std::stol(digits)) : 0;
+    if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH) {
+      out.live.push_back("directory " + e.path().string() + " (launcher " + digits + " still runs)");
+      continue;
+    }
+    const std::string what = "directory " + e.path().string() + " (launcher " + digits + " is gone)";
+    std::error_code rm;
+    if (!dry_run) std::filesystem::remove_all(e.path(), rm);
+    if (rm) {
+      out.errors.push_back(what + ": " + rm.message());
+    } else {
+      out.removed.push_back(what);
+    }
+  }
+  return out;
+}
+
+StaleCleanup cleanup_stale_runs(bool dry_run) {
+  StaleCleanup out = cleanup_stale_run_dirs(dry_run);
+  if (runtime::NetnsCluster::available().is_ok()) {
+    const StaleCleanup n = runtime::NetnsCluster::cleanup_stale(dry_run);
+    out.removed.insert(out.removed.end(), n.removed.begin(), n.removed.end());
+    out.errors.insert(out.errors.end(), n.errors.begin(), n.errors.end());
+    out.live.insert(out.live.end(), n.live.begin(), n.live.end());
+  }
+  return out;
+}
+
 Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   const bool allreduce = job.cluster.architecture == Architecture::kAllReduce;
   if (allreduce && !runtime::have_gloo()) {
@@ -696,6 +742,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   // Written so that NaN fails too.
   if (!(f.scale >= 0 && f.scale <= 1)) return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");
   if (f.commit_window < 0) return invalid_argument("--commit-window must be >= 0");
+  if (f.peer_timeout <= 0) return invalid_argument("--peer-timeout must be > 0");
   if (f.rto_min < 0 || f.rto_min > 60 * kNsPerSec) return invalid_argument("--rto-min must be in 0..60s");
   if (f.rto_min > 0 && !f.netns) {
     return invalid_argument("--rto-min needs --netns (the routes of the machine itself are not changed)");
@@ -747,7 +794,12 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   out.scale = scale;
   out.rto_min = f.netns ? f.rto_min : 0;
   out.quickack = f.netns && f.quickack;
-  std::string tmpl = (std::filesystem::temp_directory_path() / "qs-run-XXXXXX").string();
+  // What launchers killed outright (SIGKILL) left in the temporary directory. (Their
+  // namespaces go when a cluster is next built: NetnsCluster::create.)
+  (void)cleanup_stale_run_dirs(false);
+  // qs-run-<pid>-XXXXXX: the pid says whose it is, for cleanup_stale_runs().
+  std::string tmpl =
+      (std::filesystem::temp_directory_path() / ("qs-run-" + std::to_string(getpid()) + "-XXXXXX")).string();
   if (mkdtemp(tmpl.data()) == nullptr) return io_error("cannot create a temporary directory");
   struct RemoveTmp {
     std::filesystem::path path;
@@ -762,23 +814,26 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   // server's port (another user's, on loopback) cannot join.
   QS_RETURN_IF_ERROR(transport::Secret::generate().write_file(files.secret));
   g_interrupted = 0;
-  struct sigaction old_int {}, old_term {};
+  // SIGINT, SIGTERM and SIGHUP (a closed terminal) stop the run: children killed,
+  // namespaces, bridge and temporary directory removed, the allowed congestion controls
+  // put back. Only SIGKILL leaves them, for the next run or `quicksilver cleanup`.
+  constexpr int kCaught[] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_actions[3] {};
   if (f.catch_signals) {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    for (int i = 0; i < 3; ++i) sigaction(kCaught[i], &sa, &old_actions[i]);
   }
   struct RestoreSignals {
     bool active;
-    struct sigaction *old_int, *old_term;
+    const int* signals;
+    struct sigaction* old;
     ~RestoreSignals() {
       if (!active) return;
-      sigaction(SIGINT, old_int, nullptr);
-      sigaction(SIGTERM, old_term, nullptr);
+      for (int i = 0; i < 3; ++i) sigaction(signals[i], &old[i], nullptr);
     }
-  } restore_signals{f.catch_signals, &old_int, &old_term};
+  } restore_signals{f.catch_signals, kCaught, old_actions};
   std::unique_ptr<runtime::NetnsCluster> cluster;
   double goodput_ratio = 1448.0 / 1514.0;
   if (f.netns) {
@@ -796,6 +851,12 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     auto c = runtime::NetnsCluster::create(no);
     if (!c) return c.status().with_context("--netns");
     cluster = std::move(*c);
+    if (g_interrupted) {
+      out.interrupted = true;
+      (void)cluster->teardown();
+      out.job = std::move(job);
+      return out;
+    }
     auto g = runtime::measure_goodput(*cluster, allreduce ? 1 : job.cluster.servers, 0, f.congestion);
     if (g) {
       goodput_ratio = static_cast<double>(g->bits_per_second) / static_cast<double>(job.cluster.bandwidth.bits_per_second);
@@ -805,6 +866,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     out.goodput_fraction = goodput_ratio;
   }
   for (const std::string& p : job.policies) {
+    if (g_interrupted) break;
     auto run = run_policy(job, p, f, cluster.get(), goodput_ratio, files, log);
     if (!run) {
       log(p + ": " + run.status().message());

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 
 namespace qs::runtime {
@@ -25,8 +27,43 @@ constexpr const char* kAllowedCc = "/proc/sys/net/ipv4/tcp_allowed_congestion_co
 // cluster on the machine: the last one to go (or the next run's cleanup of a crashed one)
 // puts the list back.
 constexpr const char* kSavedCc = "/run/quicksilver-allowed-cc";
+// Held (flock) while a cluster is built, torn down or stale ones are cleaned, so that one
+// launcher never restores the allowed list between another's check of it and its first
+// namespace. The kernel drops the lock of a process that dies, so it cannot go stale.
+constexpr const char* kLockFile = "/run/quicksilver-netns.lock";
+// Names of a cluster tagged with its launcher's pid (the default tag "qs<pid>"):
+// namespaces qs<pid>h<host>; in the launcher's namespace the bridges qs<pid>br, qs<pid>bs
+// and, until moved into a namespace or deleted with it, veths qs<pid>{v,p,w,q}<host>.
 const std::regex kClusterNamespace("^qs([0-9]+)h[0-9]+$");
+const std::regex kClusterLink("^qs([0-9]+)(br|bs|[vpwq][0-9]+)$");
 
+// flock on kLockFile for the object's life; nothing where the file cannot be opened (not
+// root: no cluster can be built either).
+class MachineLock {
+ public:
+  MachineLock() : fd_(open(kLockFile, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) {
+    if (fd_ >= 0) {
+      while (flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+      }
+    }
+  }
+  ~MachineLock() {
+    if (fd_ >= 0) close(fd_);  // releases the lock
+  }
+  MachineLock(const MachineLock&) = delete;
+  MachineLock& operator=(const MachineLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+// Whether process `pid` exists (or exists and is not ours to signal).
+bool pid_alive(const std::string& digits) {
+  if (digits.empty() || digits.size() > 9) return true;  // not a pid of ours: never touch it
+  const pid_t pid = static_cast<pid_t>(std::stol(digits));
+  if (pid <= 0) return true;
+  return kill(pid, 0) == 0 || errno != ESRCH;
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
@@ -41,17 +78,41 @@ bool write_file(const std::string& path, const std::string& value) {
   return static_cast<bool>(out);
 }
 
-// Restores the allowed list when no cluster namespace is left.
-void restore_allowed_cc_if_unused() {
+// The names of the cluster namespaces on this machine (`live_only`: of launchers that
+// still run).
+std::vector<std::string> cluster_namespaces(bool live_only = false) {
+  std::vector<std::string> out;
   std::error_code ec;
-  if (!std::filesystem::exists(kSavedCc, ec)) return;
   for (const auto& e : std::filesystem::directory_iterator("/var/run/netns", ec)) {
-    if (std::regex_match(e.path().filename().string(), kClusterNamespace)) return;
+    const std::string name = e.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(name, m, kClusterNamespace)) continue;
+    if (!live_only || pid_alive(m[1].str())) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Puts the allowed list back when no cluster namespace is left. Caller holds MachineLock.
+// Returns what it did, or "" when there was nothing to do.
+std::string restore_allowed_cc_if_unused(bool dry_run, std::string* kept) {
+  std::error_code ec;
+  if (!std::filesystem::exists(kSavedCc, ec)) return {};
+  const std::vector<std::string> live = cluster_namespaces(/*live_only=*/true);
+  if (!live.empty()) {
+    if (kept) *kept = std::string(kAllowedCc) + " (" + std::to_string(live.size()) + " cluster namespaces still use it)";
+    return {};
   }
   std::ifstream in(kSavedCc);
   std::string original;
   std::getline(in, original);
-  if (!original.empty() && write_file(kAllowedCc, original)) std::filesystem::remove(kSavedCc, ec);
+  if (original.empty()) return {};
+  const std::string what = std::string("net.ipv4.tcp_allowed_congestion_control back to '") + original + "' (was '" +
+                           read_file(kAllowedCc) + "')";
+  if (dry_run) return what;
+  if (!write_file(kAllowedCc, original)) return {};
+  std::filesystem::remove(kSavedCc, ec);
+  return what;
 }
 
 std::string bridge_name(const std::string& tag) { return tag + "br"; }
@@ -138,11 +199,12 @@ Result<std::unique_ptr<NetnsCluster>> NetnsCluster::create(const NetnsOptions& o
   NetnsOptions o = options;
   if (o.tag.empty()) o.tag = "qs" + std::to_string(getpid());
   if (o.tag.size() > 9) return invalid_argument("netns cluster: tag '" + o.tag + "' longer than 9 characters");
-  cleanup_stale();
+  MachineLock lock;
+  (void)cleanup_stale_locked(false);  // what dead launchers left; a live one's is never touched
   std::unique_ptr<NetnsCluster> c(new NetnsCluster(std::move(o)));
   Status s = c->build();
   if (!s.is_ok()) {
-    (void)c->teardown();  // best effort; the build error is the one to report
+    (void)c->teardown_locked();  // best effort; the build error is the one to report
     return s.with_context("building the emulated cluster");
   }
   return c;
@@ -268,6 +330,12 @@ Status NetnsCluster::set_rate_all(Rate rate) {
 
 Status NetnsCluster::teardown() {
   if (torn_down_) return Status::ok();
+  MachineLock lock;
+  return teardown_locked();
+}
+
+Status NetnsCluster::teardown_locked() {
+  if (torn_down_) return Status::ok();
   torn_down_ = true;
   shapers_.clear();  // their sockets pin the namespaces
   second_shapers_.clear();
@@ -287,7 +355,7 @@ Status NetnsCluster::teardown() {
     if (!s.is_ok() && first.is_ok()) first = s;
     second_bridge_made_ = false;
   }
-  restore_allowed_cc_if_unused();  // unless another live cluster still relies on it
+  (void)restore_allowed_cc_if_unused(false, nullptr);  // unless another live cluster still relies on it
   return first;
 }
 
@@ -331,29 +399,85 @@ Result<Rate> measure_goodput(const NetnsCluster& cluster, int from, int to, cons
   return Rate{static_cast<std::int64_t>(bps)};
 }
 
-int NetnsCluster::cleanup_stale() {
-  const std::regex& kName = kClusterNamespace;
-  int removed = 0;
-  std::error_code ec;
-  std::vector<std::string> dead_tags;
-  for (const auto& e : std::filesystem::directory_iterator("/var/run/netns", ec)) {
-    const std::string name = e.path().filename().string();
+StaleCleanup NetnsCluster::cleanup_stale(bool dry_run) {
+  MachineLock lock;
+  return cleanup_stale_locked(dry_run);
+}
+
+StaleCleanup NetnsCluster::cleanup_stale_locked(bool dry_run) {
+  StaleCleanup out;
+  auto act = [&](const std::string& what, const std::vector<std::string>& argv) {
+    if (dry_run) {
+      out.removed.push_back(what);
+      return;
+    }
+    Status s = run_command(argv);
+    if (s.is_ok()) {
+      out.removed.push_back(what);
+    } else {
+      out.errors.push_back(what + ": " + s.message());
+    }
+  };
+  std::set<std::string> live_tags;
+  // Namespaces first: deleting one deletes the veths inside it and so their peers here.
+  // Processes still inside one (a daemonised iperf3: a launcher's children die with it)
+  // would keep it alive; they are stopped first.
+  for (const std::string& name : cluster_namespaces()) {
     std::smatch m;
-    if (!std::regex_match(name, m, kName)) continue;
-    if (m[1].length() > 9) continue;  // not a pid of ours
-    const pid_t pid = static_cast<pid_t>(std::stol(m[1].str()));
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // still running (or not ours to judge)
-    if (run_command({"ip", "netns", "del", name}).is_ok()) ++removed;
-    dead_tags.push_back("qs" + m[1].str());
+    std::regex_match(name, m, kClusterNamespace);
+    if (pid_alive(m[1].str())) {
+      live_tags.insert("qs" + m[1].str());
+      continue;
+    }
+    std::string pids;
+    if (run_command({"ip", "netns", "pids", name}, &pids).is_ok()) {
+      std::istringstream in(pids);
+      for (long p; in >> p;) {
+        if (p > 1) {
+          if (!dry_run) kill(static_cast<pid_t>(p), SIGKILL);
+          out.removed.push_back("process " + std::to_string(p) + " in namespace " + name);
+        }
+      }
+    }
+    act("namespace " + name + " (launcher " + m[1].str() + " is gone)", {"ip", "netns", "del", name});
   }
-  std::sort(dead_tags.begin(), dead_tags.end());
-  dead_tags.erase(std::unique(dead_tags.begin(), dead_tags.end()), dead_tags.end());
-  for (const auto& tag : dead_tags) {
-    (void)run_command({"ip", "link", "del", bridge_name(tag)});
-    (void)run_command({"ip", "link", "del", second_bridge_name(tag)});  // absent unless it had a second link
+  // Bridges, and veths a launcher killed mid-build left here.
+  std::string links;
+  if (run_command({"ip", "-o", "link", "show"}, &links).is_ok()) {
+    std::istringstream in(links);
+    std::vector<std::string> stale_links;
+    for (std::string line; std::getline(in, line);) {
+      // "12: qs123p0@if11: <BROADCAST,..." -> qs123p0
+      const auto colon = line.find(": ");
+      if (colon == std::string::npos) continue;
+      std::string name = line.substr(colon + 2);
+      name = name.substr(0, name.find_first_of("@:"));
+      std::smatch m;
+      if (!std::regex_match(name, m, kClusterLink)) continue;
+      if (pid_alive(m[1].str())) {
+        live_tags.insert("qs" + m[1].str());
+        continue;
+      }
+      stale_links.push_back(name);
+    }
+    // Veths before bridges (a bridge's ports would otherwise outlive it).
+    std::stable_sort(stale_links.begin(), stale_links.end(), [](const std::string& a, const std::string& b) {
+      const bool abr = a.ends_with("br") || a.ends_with("bs"), bbr = b.ends_with("br") || b.ends_with("bs");
+      return abr < bbr;
+    });
+    for (const std::string& name : stale_links) {
+      if (!dry_run && !std::filesystem::exists("/sys/class/net/" + name)) continue;  // gone with its peer
+      act("link " + name + " (launcher " + name.substr(2, name.find_first_not_of("0123456789", 2) - 2) +
+              " is gone)",
+          {"ip", "link", "del", name});
+    }
   }
-  restore_allowed_cc_if_unused();  // a crashed run may have left the list changed
-  return removed;
+  for (const std::string& tag : live_tags) out.live.push_back("cluster " + tag + " (its launcher still runs)");
+  std::string kept;
+  const std::string restored = restore_allowed_cc_if_unused(dry_run, &kept);
+  if (!restored.empty()) out.removed.push_back(restored);
+  if (!kept.empty()) out.live.push_back(kept);
+  return out;
 }
 
 }  // namespace qs::runtime

@@ -1,6 +1,7 @@
 // Private helpers shared by the worker and the server.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -9,6 +10,7 @@
 #include "quicksilver/policy/layout.h"
 #include "quicksilver/policy/ps_policy.h"
 #include "quicksilver/runtime/runtime.h"
+#include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
 #include "quicksilver/transport/sender.h"
 #include "quicksilver/transport/wire.h"
@@ -51,6 +53,26 @@ transport::SendOrder send_order(QueueDiscipline d);
 transport::SocketOptions socket_options(const JobOptions& job);
 std::uint64_t sender_batch_bytes(const JobOptions& job);
 transport::HelloBody hello_body(const JobOptions& job);
+
+// The liveness of one connection (docs/reliability.md "What is detected, and how fast").
+// Every tick (JobOptions::peer_timeout / 4) a node sends a heartbeat on each connection it
+// wrote nothing to since the last tick, so a connection that carries no byte for
+// peer_timeout means the peer or the link stalled, whatever the job is doing (computing,
+// waiting for another peer). Loop thread only.
+class Liveness {
+ public:
+  // Sends a heartbeat from `sender` on `c` if nothing was written to it since the last
+  // call and its output is idle; returns how long `c` has read nothing (0 at the first
+  // call). A failed send closes `c` (its owner's on_closed reports it).
+  TimeNs tick(transport::Connection& c, TimeNs now, std::uint16_t sender);
+  // The tick period of a job: a quarter of its peer timeout, at least 1 ms.
+  static TimeNs period(const JobOptions& job) { return std::max<TimeNs>(job.peer_timeout / 4, kNsPerMs); }
+
+ private:
+  bool started_ = false;
+  std::uint64_t read_ = 0, written_ = 0;
+  TimeNs heard_ = 0;
+};
 // Explains how two hellos differ ("profile hash differs: ..."), empty when equal.
 std::string hello_mismatch(const transport::HelloBody& mine, const transport::HelloBody& theirs);
 

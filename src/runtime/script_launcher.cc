@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <memory>
 #include <thread>
@@ -37,6 +38,11 @@ Result<int> free_port() {
   return port;
 }
 
+// Set by SIGINT/SIGTERM/SIGHUP while run_script runs with catch_signals (a handler can
+// only reach a global); read by its wait loop.
+volatile std::sig_atomic_t g_script_interrupted = 0;
+void on_script_signal(int) { g_script_interrupted = 1; }
+
 int exit_code(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -54,12 +60,29 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
   auto log = [&](const std::string& m) {
     if (o.log) o.log(m);
   };
+  g_script_interrupted = 0;
+  constexpr int kCaught[] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_actions[3] {};
+  if (o.catch_signals) {
+    struct sigaction sa {};
+    sa.sa_handler = on_script_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; ++i) sigaction(kCaught[i], &sa, &old_actions[i]);
+  }
+  struct RestoreSignals {
+    bool active;
+    const int* signals;
+    struct sigaction* old;
+    ~RestoreSignals() {
+      if (!active) return;
+      for (int i = 0; i < 3; ++i) sigaction(signals[i], &old[i], nullptr);
+    }
+  } restore_signals{o.catch_signals, kCaught, old_actions};
   // The emulated cluster: one namespace per worker; torn down on return.
   std::unique_ptr<runtime::NetnsCluster> cluster;
   std::string master_addr = o.master_addr;
   if (o.netns) {
     QS_RETURN_IF_ERROR(runtime::NetnsCluster::available().with_context("--netns"));
-    runtime::NetnsCluster::cleanup_stale();
     runtime::NetnsOptions no;
     no.hosts = o.workers;
     no.rate = o.bandwidth;
@@ -159,6 +182,11 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
     if (late && !result.timed_out) {
       result.timed_out = true;
       log("timeout: terminating the workers still running");
+      grace_end = now;
+    }
+    if (g_script_interrupted && !result.interrupted) {
+      result.interrupted = true;
+      log("interrupted: terminating the workers");
       grace_end = now;
     }
     if (now >= grace_end && running > 0) {

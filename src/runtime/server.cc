@@ -45,6 +45,10 @@ struct Server::Impl final : transport::FrameHandler {
     Unit* current = nullptr;  // the unit the frame being read adds to
     unsigned char carry[4] = {};
     int carry_n = 0;
+    // Its connection's liveness, watched from its first frame after the hello (the worker
+    // heartbeats once its rendezvous with every server is done).
+    Liveness liveness;
+    bool watched = false;
   };
 
   explicit Impl(ServerOptions o) : opts(std::move(o)), jl(opts.job) {}
@@ -92,7 +96,7 @@ struct Server::Impl final : transport::FrameHandler {
   Status run() {
     QS_RETURN_IF_ERROR(loop->watch(listener.get(), EPOLLIN, [this](std::uint32_t) { accept_all(); }));
     const TimeNs start = loop->now();
-    last_rx = start;
+    last_push = start;
     loop->schedule_at(start + opts.job.connect_timeout, [this] {
       std::string missing;
       for (std::size_t w = 0; w < peers.size(); ++w) {
@@ -143,25 +147,66 @@ struct Server::Impl final : transport::FrameHandler {
     return sender->idle() && live[0] == 0 && live[1] == 0;
   }
 
+  // Every tick: a heartbeat to each worker this server wrote nothing to; a worker whose
+  // connection carried nothing for peer_timeout is lost (it or its link stalled); and when
+  // sums wait but no push came from any worker for 2 x peer_timeout, the workers they wait
+  // for are named (alive, but making no progress).
   void schedule_watchdog() {
-    loop->schedule_after(std::max<TimeNs>(opts.job.peer_timeout / 4, kNsPerMs), [this] {
+    loop->schedule_after(Liveness::period(opts.job), [this] {
+      const TimeNs now = loop->now();
+      std::vector<int> silent;
+      int watched = 0;
+      for (std::size_t w = 0; w < peers.size(); ++w) {
+        Peer& p = peers[w];
+        if (!p.conn || p.conn->closed() || p.bye) continue;
+        const TimeNs quiet = p.liveness.tick(*p.conn, now, static_cast<std::uint16_t>(opts.server_id));
+        if (!p.watched) continue;
+        ++watched;
+        if (quiet > opts.job.peer_timeout) silent.push_back(static_cast<int>(w));
+      }
+      if (!silent.empty()) {
+        loop->fail(unavailable(silence_message(silent, watched)));
+        return;
+      }
       bool all_connected = true;
       for (const Peer& p : peers) all_connected = all_connected && p.conn;
-      if (all_connected && loop->now() - last_rx > opts.job.peer_timeout) {
-        std::string byes;
-        for (std::size_t w = 0; w < peers.size(); ++w) {
-          if (!peers[w].bye) byes += (byes.empty() ? "" : ", ") + std::to_string(w);
-        }
-        loop->fail(unavailable(name() + ": no frame from any worker for " +
-                               format_time(opts.job.peer_timeout) + " (" +
-                               std::to_string(live[0] + live[1]) + " units incomplete, " +
-                               std::to_string(sender->queued()) + " pulls queued" +
-                               (sender->idle() ? "" : ", sender busy") + "; workers {" + byes +
-                               "} still active)"));
+      if (all_connected && live[0] + live[1] > 0 && now - last_push > 2 * opts.job.peer_timeout) {
+        loop->fail(unavailable(name() + ": no push from any worker for " + format_time(now - last_push) + " while " +
+                               std::to_string(live[0] + live[1]) + " sums wait for workers {" + waited_for() +
+                               "}, whose connections are alive (heartbeats): stuck outside the transport?"));
         return;
       }
       schedule_watchdog();
     });
+  }
+
+  // "server 0: lost worker 2 (last iteration 7): nothing received for 3 s (...)", or, when
+  // every watched worker is silent, "lost every worker (0, 1): ...".
+  std::string silence_message(const std::vector<int>& silent, int watched) const {
+    const std::string how = "nothing received for more than " + format_time(opts.job.peer_timeout);
+    if (silent.size() > 1 && static_cast<int>(silent.size()) == watched) {
+      std::string list;
+      for (int w : silent) list += (list.empty() ? "" : ", ") + std::to_string(w);
+      return name() + ": lost every worker (" + list + "): " + how +
+             " from any (this host's link is down, or every worker stalled)";
+    }
+    const int w = silent.front();
+    return name() + ": lost worker " + std::to_string(w) + " (last iteration " +
+           std::to_string(peers[static_cast<std::size_t>(w)].last_iteration) + "): " + how +
+           ", heartbeats included (the worker or its link stalled)";
+  }
+
+  // The workers some incomplete unit still lacks, "1, 2".
+  std::string waited_for() const {
+    std::uint64_t missing = 0;
+    for (const auto& map : units) {
+      for (const auto& [key, u] : map) missing |= ~u.mask;
+    }
+    std::string list;
+    for (std::size_t w = 0; w < peers.size(); ++w) {
+      if (missing & (std::uint64_t{1} << w)) list += (list.empty() ? "" : ", ") + std::to_string(w);
+    }
+    return list;
   }
 
   // ---- accepting: strangers are bounded (docs/reliability.md) ----
@@ -275,6 +320,7 @@ struct Server::Impl final : transport::FrameHandler {
     p.conn = std::make_unique<Connection>(*loop, std::move(fd), *this, "unidentified peer " + p.from + " of " + name(),
                                           idx);
     p.conn->set_read_buffer_size(transport::kHeaderSize + transport::kHelloBodySize);  // a hello, no more
+    p.conn->set_payload_checksums(opts.job.payload_checksums);
     Status s = p.conn->start();
     if (!s.is_ok()) loop->fail(s);
   }
@@ -322,7 +368,6 @@ struct Server::Impl final : transport::FrameHandler {
 
   // ---- FrameHandler ----
   Result<PayloadTarget> on_header(Connection& c, const Header& h) override {
-    last_rx = loop->now();
     if (c.index() >= kPendingBase) {
       if (h.kind != FrameKind::kHello) {
         return transport::header_error(HeaderField::kKind, std::string("expected hello first, got ") +
@@ -331,10 +376,12 @@ struct Server::Impl final : transport::FrameHandler {
       return PayloadTarget::buffer();
     }
     Peer& p = peers[static_cast<std::size_t>(c.index())];
+    p.watched = true;
     switch (h.kind) {
       case FrameKind::kPush: return on_push_header(c, p, h);
       case FrameKind::kBye:
-      case FrameKind::kError: return PayloadTarget::buffer();
+      case FrameKind::kError:
+      case FrameKind::kHeartbeat: return PayloadTarget::buffer();
       default:
         return transport::header_error(HeaderField::kKind, std::string("a worker may not send ") +
                                                                transport::frame_kind_name(h.kind));
@@ -421,6 +468,7 @@ struct Server::Impl final : transport::FrameHandler {
                                                                std::to_string(h.iteration));
     }
     u.open |= bit;
+    last_push = loop->now();
     p.current = &u;
     p.carry_n = 0;
     p.last_iteration = std::max<std::int64_t>(p.last_iteration, h.iteration);
@@ -429,7 +477,7 @@ struct Server::Impl final : transport::FrameHandler {
 
   Status on_payload(Connection& c, const Header&, std::uint64_t at, const std::byte* data,
                     std::size_t n) override {
-    last_rx = loop->now();  // a long payload still streaming in is life too
+    last_push = loop->now();  // a long payload still streaming in is progress too
     Peer& p = peers[static_cast<std::size_t>(c.index())];
     Unit& u = *p.current;
     std::uint64_t pos = at;
@@ -501,6 +549,7 @@ struct Server::Impl final : transport::FrameHandler {
         return unavailable(name() + ": worker " + std::to_string(w) + " reported: " +
                            std::string(reinterpret_cast<const char*>(text.data()), text.size()));
       }
+      case FrameKind::kHeartbeat: return Status::ok();
       default: return internal_error("unreachable frame kind");
     }
   }
@@ -610,7 +659,7 @@ struct Server::Impl final : transport::FrameHandler {
     std::atomic<std::int64_t> accept_failures{0};
   } counters;                       // published copies of the above, for other threads
   int next_pending = 0;
-  TimeNs last_rx = 0;
+  TimeNs last_push = 0;  // when a push last began to arrive from any worker
 };
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -6,6 +6,7 @@
 // buffers). One event-loop thread.
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "quicksilver/core/check.h"
 #include "quicksilver/core/reservoir.h"
@@ -133,6 +134,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
         if (cc.is_ok()) congestion = *cc;
       }
       conns.push_back(std::make_unique<Connection>(*loop, std::move(*fd), *this, server_name(s), s));
+      conns.back()->set_payload_checksums(job.payload_checksums);
       // Where the kernel offers them, transmit timestamps date when a push left the host
       // (check_drained; without them it falls back on acknowledgements).
       (void)conns.back()->enable_wire_timestamps();
@@ -147,6 +149,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     std::vector<Connection*> raw;
     for (auto& c : conns) raw.push_back(c.get());
     sender->set_connections(raw);
+    liveness.assign(conns.size(), Liveness());
     auto hello_timer = loop->schedule_at(deadline, [this] {
       loop->fail(unavailable(name() + ": only " + std::to_string(hellos) + " of " +
                              std::to_string(opts.job.servers) + " servers answered hello before the deadline"));
@@ -154,7 +157,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     QS_RETURN_IF_ERROR(loop->run([this] { return hellos == opts.job.servers; }));
     loop->cancel(hello_timer);
     // Training.
-    last_rx = loop->now();
+    last_progress = loop->now();
     bytes_at_start = bytes_written();
     (void)take_repairs();  // the baseline: what the rendezvous needed does not count
     schedule_watchdog();
@@ -176,28 +179,54 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     return true;
   }
 
+  // Every tick: a heartbeat to each server this worker wrote nothing to; a server whose
+  // connection carried nothing for peer_timeout is lost (it or the link stalled); and a
+  // worker that waits (a forward gated, units not yet acknowledged or pulled) without a
+  // pull or ack for 3 x peer_timeout names the servers it waits for.
   void schedule_watchdog() {
-    loop->schedule_after(std::max<TimeNs>(opts.job.peer_timeout / 4, kNsPerMs), [this] {
+    loop->schedule_after(Liveness::period(opts.job), [this] {
       if (finished) return;
-      // Bytes still streaming in (a long payload) count as life, not only headers.
-      std::uint64_t read = 0;
-      for (const auto& c : conns) read += c ? c->bytes_read() : 0;
-      if (read != rx_bytes_seen) {
-        rx_bytes_seen = read;
-        last_rx = loop->now();
+      const TimeNs now = loop->now();
+      std::vector<int> silent;
+      for (std::size_t s = 0; s < conns.size(); ++s) {
+        const TimeNs quiet = liveness[s].tick(*conns[s], now, static_cast<std::uint16_t>(opts.worker_id));
+        if (started && quiet > opts.job.peer_timeout) silent.push_back(static_cast<int>(s));
       }
-      const bool waiting = training->blocked() || !outstanding.empty();
-      if (waiting && loop->now() - last_rx > opts.job.peer_timeout) {
-        loop->fail(unavailable(name() + ": no frame from any server for " + format_time(opts.job.peer_timeout) +
-                               " in iteration " + std::to_string(training->iteration()) + " (" +
-                               std::to_string(outstanding.size()) + " units not yet pulled" +
-                               (training->blocked() ? "; forward of layer " + std::to_string(training->layer() + 1) + " waits"
+      if (!silent.empty()) {
+        loop->fail(unavailable(silence_message(silent)));
+        return;
+      }
+      const bool waiting = started && (training->blocked() || !outstanding.empty());
+      if (waiting && now - last_progress > 3 * opts.job.peer_timeout) {
+        std::set<int> owing;
+        for (const auto& [key, o] : outstanding) owing.insert(o.unit.server);
+        std::string list;
+        for (int s : owing) list += (list.empty() ? "" : ", ") + std::to_string(s);
+        loop->fail(unavailable(name() + ": waited " + format_time(now - last_progress) + " in iteration " +
+                               std::to_string(training->iteration()) + " for " + std::to_string(outstanding.size()) +
+                               " units from servers {" + list + "}" +
+                               (training->blocked() ? " (forward of layer " + std::to_string(training->layer() + 1) + " waits)"
                                                     : "") +
-                               ")"));
+                               ", whose connections are alive (heartbeats): stuck?"));
         return;
       }
       schedule_watchdog();
     });
+  }
+
+  // "worker 1: lost server 0 (HOST:PORT) in iteration 5: nothing received for 3 s ...", or,
+  // when every server is silent (M > 1), "lost every server (0, 1): ...".
+  std::string silence_message(const std::vector<int>& silent) const {
+    const std::string how = "nothing received for more than " + format_time(opts.job.peer_timeout);
+    const std::string it = " in iteration " + std::to_string(iteration);
+    if (silent.size() > 1 && silent.size() == conns.size()) {
+      std::string list;
+      for (int s : silent) list += (list.empty() ? "" : ", ") + std::to_string(s);
+      return name() + ": lost every server (" + list + ")" + it + ": " + how +
+             " from any (this host's link is down, or every server stalled)";
+    }
+    return name() + ": lost " + server_name(silent.front()) + it + ": " + how +
+           ", heartbeats included (the server or the link stalled)";
   }
 
   // ---- the loop's runtime hooks ----
@@ -273,6 +302,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     const auto* payload =
         reinterpret_cast<const std::byte*>(buffers[static_cast<std::size_t>(u.chunk.tensor)].gradient) + u.chunk.offset;
     if (transport_since < 0) transport_since = loop->now();
+    last_progress = loop->now();  // a wait begins with what was pushed
     sender->enqueue(u.server, h, payload, 0);
     bytes_pushed += u.chunk.length;
     ++units_pushed;
@@ -350,12 +380,12 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
 
   // ---- FrameHandler: hello, acks and pulls from servers ----
   Result<PayloadTarget> on_header(Connection& c, const Header& h) override {
-    last_rx = loop->now();
     const int s = c.index();
     switch (h.kind) {
       case FrameKind::kHello:
       case FrameKind::kError:
-      case FrameKind::kBye: return PayloadTarget::buffer();
+      case FrameKind::kBye:
+      case FrameKind::kHeartbeat: return PayloadTarget::buffer();
       case FrameKind::kAck:
       case FrameKind::kPull: {
         rules.kind = h.kind;
@@ -372,6 +402,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
                                         ") matches no unit this worker pushed to server " + std::to_string(s) +
                                         " and awaits");
         }
+        last_progress = loop->now();
         if (h.kind == FrameKind::kAck) return PayloadTarget::buffer();  // no payload
         pull_header_at[static_cast<std::size_t>(s)] = loop->now();
         return PayloadTarget::to(reinterpret_cast<std::byte*>(buffers[h.tensor].sum) + h.offset);
@@ -400,7 +431,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
         return unavailable(name() + ": " + server_name(s) + " reported: " +
                            std::string(reinterpret_cast<const char*>(text.data()), text.size()));
       }
-      case FrameKind::kBye: return Status::ok();
+      case FrameKind::kBye:
+      case FrameKind::kHeartbeat: return Status::ok();
       case FrameKind::kAck: {
         auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset});
         it->second.acked = true;
@@ -499,8 +531,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   std::unique_ptr<TrainingLoop> training;
   std::int64_t iteration = 0;  // the loop's iteration, as stamped on the wire
   bool finished = false;
-  TimeNs last_rx = 0;
-  std::uint64_t rx_bytes_seen = 0;     // bytes read by the last watchdog check
+  std::vector<Liveness> liveness;  // by server
+  TimeNs last_progress = 0;        // the last push, ack or pull header
   std::vector<TimeNs> pull_header_at;  // by server: when the pull being read began
   std::vector<TraceSpan> trace;        // absolute times until make_report()
   static constexpr TimeNs kDrainPoll = 100 * kNsPerUs;

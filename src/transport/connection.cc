@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "quicksilver/core/check.h"
+#include "quicksilver/transport/crc32c.h"
 
 namespace qs::transport {
 namespace {
@@ -108,6 +110,7 @@ Status Connection::read_some() {
       bytes_read_ += static_cast<std::uint64_t>(r);
       budget -= std::min<std::uint64_t>(budget, static_cast<std::uint64_t>(r));
       if (direct) {
+        payload_crc_ = crc32c(payload_crc_, target_.direct + got_, static_cast<std::size_t>(r));
         got_ += static_cast<std::uint64_t>(r);
         if (got_ == want_) QS_RETURN_IF_ERROR(end_of_frame());
         continue;
@@ -124,11 +127,19 @@ Status Connection::read_some() {
         rpos_ += take;
         if (hhave_ < kHeaderSize) break;
         hhave_ = 0;
-        QS_ASSIGN_OR_RETURN(cur_, decode_header(hbuf_.data()));
+        auto decoded = decode_header(hbuf_.data());
+        if (!decoded.is_ok()) return decoded.status().with_context("a frame from " + peer_);
+        cur_ = *decoded;
+        want_ = wire_payload_length(cur_);
+        if (want_ > 0 && !cur_.checksummed && checksums_) {
+          return protocol_error("a " + std::string(frame_kind_name(cur_.kind)) + " frame from " + peer_ +
+                                " carries no payload checksum, which this node requires (is --no-checksum "
+                                "given to some nodes of the job only?)");
+        }
         QS_ASSIGN_OR_RETURN(target_, handler_.on_header(*this, cur_));
         if (closed_) return Status::ok();
         got_ = 0;
-        want_ = wire_payload_length(cur_);
+        payload_crc_ = 0;
         small_.clear();
         if (target_.mode == PayloadTarget::Mode::kDirect) QS_CHECK(target_.direct != nullptr || want_ == 0);
         in_payload_ = true;
@@ -147,6 +158,7 @@ Status Connection::read_some() {
 }
 
 Status Connection::deliver(const std::byte* p, std::size_t n) {
+  if (cur_.checksummed) payload_crc_ = crc32c(payload_crc_, p, n);
   switch (target_.mode) {
     case PayloadTarget::Mode::kDirect: std::memcpy(target_.direct + got_, p, n); return Status::ok();
     case PayloadTarget::Mode::kStream: return handler_.on_payload(*this, cur_, got_, p, n);
@@ -161,12 +173,30 @@ Status Connection::deliver(const std::byte* p, std::size_t n) {
 Status Connection::end_of_frame() {
   in_payload_ = false;
   const Header h = cur_;
+  if (h.checksummed && want_ > 0 && payload_crc_ != h.payload_crc) {
+    char crcs[64];
+    std::snprintf(crcs, sizeof crcs, "0x%08x, its header says 0x%08x", payload_crc_, h.payload_crc);
+    const bool data = h.kind == FrameKind::kPush || h.kind == FrameKind::kPull;
+    return protocol_error(std::string("corrupted payload: the ") + frame_kind_name(h.kind) + " frame from " + peer_ +
+                          (data ? " (tensor " + std::to_string(h.tensor) + " bytes [" + std::to_string(h.offset) +
+                                      ", " + std::to_string(h.offset + h.length) + "), iteration " +
+                                      std::to_string(h.iteration) + ")"
+                                : std::string()) +
+                          " has payload CRC32C " + crcs + "; nothing of it was used");
+  }
   return handler_.on_frame(*this, h);
 }
 
-void Connection::send_control(const Header& h, std::span<const std::byte> body) {
-  QS_CHECK(body.size() == wire_payload_length(h));
+void Connection::stamp(Header& h, const void* payload, std::size_t n) const {
+  h.checksummed = checksums_;
+  h.payload_crc = checksums_ ? crc32c(0, payload, n) : 0;
+}
+
+void Connection::send_control(const Header& header, std::span<const std::byte> body) {
+  QS_CHECK(body.size() == wire_payload_length(header));
   if (closed_) return;
+  Header h = header;
+  stamp(h, body.data(), body.size());
   OutFrame f;
   f.header = encode_header(h);
   f.body.assign(body.begin(), body.end());
@@ -177,9 +207,11 @@ void Connection::send_control(const Header& h, std::span<const std::byte> body) 
   out_.insert(pos, std::move(f));
 }
 
-void Connection::send_data(const Header& h, const std::byte* payload, std::uint64_t tag) {
-  QS_CHECK(h.kind == FrameKind::kPush || h.kind == FrameKind::kPull);
+void Connection::send_data(const Header& header, const std::byte* payload, std::uint64_t tag) {
+  QS_CHECK(header.kind == FrameKind::kPush || header.kind == FrameKind::kPull);
   if (closed_) return;
+  Header h = header;
+  stamp(h, payload, h.length);  // one pass over the payload, which sendmsg reads next
   OutFrame f;
   f.header = encode_header(h);
   f.data = true;
@@ -270,6 +302,7 @@ void Connection::close(const Status& why, bool tell_peer, bool abort) {
     Header h;
     h.kind = FrameKind::kError;
     h.length = static_cast<std::uint32_t>(text.size());
+    stamp(h, text.data(), text.size());
     const HeaderBytes hb = encode_header(h);
     iovec iov[2] = {{const_cast<std::byte*>(hb.data()), kHeaderSize}, {text.data(), text.size()}};
     msghdr msg{};

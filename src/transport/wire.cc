@@ -1,6 +1,7 @@
 #include "quicksilver/transport/wire.h"
 
 #include "quicksilver/core/check.h"
+#include "quicksilver/transport/crc32c.h"
 
 namespace qs::transport {
 namespace {
@@ -14,6 +15,16 @@ std::uint64_t get_le(const std::byte* p, int n) {
   return v;
 }
 
+constexpr std::uint8_t kChecksummedBit = 0x80;  // in the kind byte
+constexpr std::size_t kCrcOffset = 28;          // the header's checksum covers bytes [0, 28)
+
+std::string hex32(std::uint32_t v) {
+  static const char* digits = "0123456789abcdef";
+  std::string s = "0x";
+  for (int i = 7; i >= 0; --i) s += digits[(v >> (4 * i)) & 0xf];
+  return s;
+}
+
 }  // namespace
 
 const char* frame_kind_name(FrameKind k) {
@@ -24,6 +35,7 @@ const char* frame_kind_name(FrameKind k) {
     case FrameKind::kHello: return "hello";
     case FrameKind::kBye: return "bye";
     case FrameKind::kError: return "error";
+    case FrameKind::kHeartbeat: return "heartbeat";
   }
   return "?";
 }
@@ -39,6 +51,7 @@ const char* header_field_name(HeaderField f) {
     case HeaderField::kLength: return "length";
     case HeaderField::kOffset: return "offset";
     case HeaderField::kPriority: return "priority";
+    case HeaderField::kChecksum: return "checksum";
   }
   return "?";
 }
@@ -51,17 +64,27 @@ HeaderBytes encode_header(const Header& h) {
   QS_CHECK(h.offset <= kMaxOffset);
   HeaderBytes b{};
   b[0] = static_cast<std::byte>((kMagic << 4) | kVersion);
-  b[1] = static_cast<std::byte>(h.kind);
+  b[1] = static_cast<std::byte>(static_cast<std::uint8_t>(h.kind) | (h.checksummed ? kChecksummedBit : 0));
   put_le(&b[2], h.sender, 2);
   put_le(&b[4], h.tensor, 4);
   put_le(&b[8], h.iteration, 4);
   put_le(&b[12], h.length, 4);
   put_le(&b[16], h.offset, 6);
   put_le(&b[22], h.priority, 2);
+  put_le(&b[24], h.checksummed ? h.payload_crc : 0, 4);
+  put_le(&b[28], crc32c(0, b.data(), kCrcOffset), 4);
   return b;
 }
 
 Result<Header> decode_header(const std::byte* b) {
+  // First: a header whose bytes changed in transit says nothing reliable (magic included).
+  const auto want = static_cast<std::uint32_t>(get_le(&b[kCrcOffset], 4));
+  if (const std::uint32_t got = crc32c(0, b, kCrcOffset); got != want) {
+    return header_error(HeaderField::kChecksum, "the header's CRC32C is " + hex32(got) + ", its checksum field says " +
+                                                    hex32(want) +
+                                                    ": corrupted in transit (or not a Quicksilver peer, or one "
+                                                    "that speaks another version)");
+  }
   const auto mv = static_cast<std::uint8_t>(b[0]);
   if ((mv >> 4) != kMagic) {
     return header_error(HeaderField::kMagic, "0x" + std::to_string(mv >> 4) +
@@ -73,9 +96,9 @@ Result<Header> decode_header(const std::byte* b) {
                                                    " unsupported (this build speaks " +
                                                    std::to_string(kVersion) + ")");
   }
-  const auto kind = static_cast<std::uint8_t>(b[1]);
+  const auto kind = static_cast<std::uint8_t>(static_cast<std::uint8_t>(b[1]) & ~kChecksummedBit);
   if (kind < static_cast<std::uint8_t>(FrameKind::kPush) ||
-      kind > static_cast<std::uint8_t>(FrameKind::kError)) {
+      kind > static_cast<std::uint8_t>(FrameKind::kHeartbeat)) {
     return header_error(HeaderField::kKind, "unknown frame kind " + std::to_string(kind));
   }
   Header h;
@@ -86,13 +109,19 @@ Result<Header> decode_header(const std::byte* b) {
   h.length = static_cast<std::uint32_t>(get_le(&b[12], 4));
   h.offset = get_le(&b[16], 6);
   h.priority = static_cast<std::uint16_t>(get_le(&b[22], 2));
+  h.checksummed = (static_cast<std::uint8_t>(b[1]) & kChecksummedBit) != 0;
+  h.payload_crc = static_cast<std::uint32_t>(get_le(&b[24], 4));
+  if (!h.checksummed && h.payload_crc != 0) {
+    return header_error(HeaderField::kChecksum, "a payload checksum without the flag that says it is one");
+  }
   const char* kn = frame_kind_name(h.kind);
   switch (h.kind) {
     case FrameKind::kAck:
     case FrameKind::kBye:
+    case FrameKind::kHeartbeat:
       // An ack's length names the acknowledged bytes; it carries no payload, so the
-      // receiver reads none. A bye carries nothing at all.
-      if (h.kind == FrameKind::kBye && h.length != 0) {
+      // receiver reads none. A bye or a heartbeat carries nothing at all.
+      if (h.kind != FrameKind::kAck && h.length != 0) {
         return header_error(HeaderField::kLength, std::string(kn) + " must have length 0, got " +
                                                       std::to_string(h.length));
       }

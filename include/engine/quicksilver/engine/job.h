@@ -59,7 +59,8 @@ struct ClusterConfig {
   // bytes on the wire beside its payload, and holds each link it crosses `frame_cpu`
   // longer than its bytes take (the CPU a frame costs, not overlapped with the wire).
   // 0 and 0 (default): a frame costs nothing. Calibrated from bench/transport_bench:
-  // 24 B (transport/wire.h kHeaderSize) and 1 us (docs/simulator.md).
+  // 24 B and 1 us (docs/simulator.md), measured before transport/wire.h's kHeaderSize grew to
+  // 32 B with the frames' checksums.
   Bytes frame_header = 0;
   TimeNs frame_cpu = 0;
   // An acknowledgement waits behind the pull in flight on the server's uplink and the

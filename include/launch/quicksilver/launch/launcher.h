@@ -22,6 +22,7 @@
 #include "quicksilver/core/units.h"
 #include "quicksilver/engine/job.h"
 #include "quicksilver/engine/result.h"
+#include "quicksilver/runtime/netns.h"
 #include "quicksilver/runtime/runtime.h"
 
 namespace qs {
@@ -52,13 +53,18 @@ struct LaunchOptions {
   // runtime::JobOptions::commit_window of every node. Must be >= 0.
   TimeNs commit_window = 100 * kNsPerUs;
   TimeNs timeout = 300 * kNsPerSec;  // per policy, from the first child's start
+  // Every node's runtime::JobOptions::peer_timeout (longest silence of a connection); > 0.
+  TimeNs peer_timeout = 20 * kNsPerSec;
+  // Every node's runtime::JobOptions::payload_checksums.
+  bool payload_checksums = true;
   // Continue with the next policy when one fails (else stop at the first failure).
   bool keep_going = false;
   // Fault injection (tests): this worker dies abruptly at the start of this iteration.
   int kill_worker = -1;
   int kill_at_iteration = 1;
-  // SIGINT/SIGTERM stop the run (children killed, namespaces removed) instead of the
-  // process; the previous handlers are restored at the end.
+  // SIGINT/SIGTERM/SIGHUP stop the run (children killed, namespaces, bridge and temporary
+  // directory removed) instead of the process; the previous handlers are restored at the
+  // end.
   bool catch_signals = true;
   // Progress messages as they happen: a policy's failure ("mercury: ..."), a warning.
   // Also collected in ClusterRunResult::messages. May be empty.
@@ -98,6 +104,17 @@ struct ClusterRunResult {
 // no temporary directory, no namespaces. A policy's failure is not an error: it is in
 // `failures`.
 Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& options);
+
+// What launchers that no longer run left behind (docs/cli.md `quicksilver cleanup`): their
+// temporary directories (qs-run-<pid>-*, in the temporary directory); with root, their
+// clusters' namespaces, processes inside them, bridges and veths, and the allowed
+// congestion controls (runtime::NetnsCluster::cleanup_stale). A live launcher's are never
+// touched. `dry_run`: only says what it would remove. run_cluster cleans the directories
+// itself, and NetnsCluster::create the rest, so a later run tidies up after a killed one.
+using runtime::StaleCleanup;
+StaleCleanup cleanup_stale_runs(bool dry_run = false);
+// The temporary directories alone (any user).
+StaleCleanup cleanup_stale_run_dirs(bool dry_run = false);
 
 // `p` with every tensor's element count scaled by `scale` (at least 1 element each).
 Profile scale_profile(const Profile& p, double scale);

@@ -7,7 +7,9 @@
 // Exit is clean: when a worker fails, the others are expected to fail on their own within
 // moments (their peers' sockets close); whoever is still running after `grace` is
 // terminated (SIGTERM, then SIGKILL), and so is everyone at `timeout`. Children never
-// outlive the launcher (PR_SET_PDEATHSIG).
+// outlive the launcher (PR_SET_PDEATHSIG). With catch_signals, SIGINT, SIGTERM and SIGHUP
+// end the run the same way (the workers terminated, the namespaces removed) instead of
+// the process.
 #pragma once
 
 #include <functional>
@@ -38,6 +40,8 @@ struct ScriptLaunchOptions {
   std::string congestion = "cubic";  // allowed inside the namespaces (NetnsOptions)
   TimeNs timeout = 0;                        // 0: none
   TimeNs grace = 15 * kNsPerSec;             // after the first failure (see above)
+  // SIGINT/SIGTERM/SIGHUP stop the run (above); the previous handlers come back at the end.
+  bool catch_signals = true;
   // Progress messages ("worker 1 exited with status 1", "terminating ..."). May be empty.
   std::function<void(std::string_view)> log;
 };
@@ -46,7 +50,8 @@ struct ScriptRunResult {
   std::vector<int> exit_codes;  // by rank: the exit status, or 128 + signal
   int first_failed = -1;        // the rank that failed first (-1: none)
   bool timed_out = false;
-  bool ok() const { return first_failed < 0 && !timed_out; }
+  bool interrupted = false;  // a signal stopped the run (catch_signals)
+  bool ok() const { return first_failed < 0 && !timed_out && !interrupted; }
 };
 
 // Errors (nothing ran): no script, a bad worker count, fork failures.

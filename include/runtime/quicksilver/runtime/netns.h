@@ -4,7 +4,9 @@
 // shapes its uplink, the bridge side its downlink). Requires root and iproute2.
 //
 // Everything is torn down by the destructor, on every path; a process killed outright
-// leaves names tagged with its pid, which cleanup_stale() removes on the next run.
+// leaves names tagged with its pid (the default tag), which cleanup_stale() removes on the
+// next cluster's creation, or `quicksilver cleanup` at once. Names of a launcher still
+// running are never touched.
 // Addresses are 10.213.0.0/16, private to the namespaces this object creates.
 //
 // Thread safety: not thread-safe; one owner (the launcher).
@@ -20,6 +22,13 @@
 namespace qs::runtime {
 
 class TbfLink;
+
+// What NetnsCluster::cleanup_stale did (or would do, dry run): one line per thing.
+struct StaleCleanup {
+  std::vector<std::string> removed;  // "namespace qs123h0 (launcher 123 is gone)", ...
+  std::vector<std::string> errors;   // what could not be removed, and why
+  std::vector<std::string> live;     // left alone: clusters whose launcher still runs
+};
 
 struct NetnsOptions {
   int hosts = 2;
@@ -76,15 +85,20 @@ class NetnsCluster {
   // Moves the calling process into namespace `name` (setns). For a child between fork
   // and exec.
   static Status enter(const std::string& name);
-  // Removes namespaces and bridges left by Quicksilver processes that no longer run.
-  // Returns how many namespaces it removed.
-  static int cleanup_stale();
+  // Removes what clusters of launchers that no longer run left (their pid is in every
+  // name): processes still inside their namespaces, the namespaces, bridges and veths; and
+  // puts net.ipv4.tcp_allowed_congestion_control back from its saved copy once no cluster
+  // namespace is left. `dry_run`: only says what it would do. Needs root (else finds
+  // nothing it may remove). Serialised with every cluster's build and teardown.
+  static StaleCleanup cleanup_stale(bool dry_run = false);
   // Whether this process can build clusters (root, iproute2 present).
   static Status available();
 
  private:
   explicit NetnsCluster(NetnsOptions options);
   Status build();
+  Status teardown_locked();
+  static StaleCleanup cleanup_stale_locked(bool dry_run);
   // Installs the shaper of `dev` in namespace `ns` ("" = the launcher's) at the nominal
   // rate and keeps its netlink socket in shapers_.
   Status shape(const std::string& ns, const std::string& dev, Rate rate,

@@ -15,9 +15,14 @@
 //
 // Rendezvous: servers listen; workers connect to every server (retrying until
 // connect_timeout) and send hello{worker id, N, M, profile hash, config hash}; the server
-// answers hello or an error naming the mismatch and closes. A peer that dies or stalls is
-// detected within `peer_timeout` (no frame while waiting) or at once on a closed socket;
-// a server that loses a worker closes all its connections, so the others fail fast too.
+// answers hello or an error naming the mismatch and closes. A peer that dies is detected
+// at once on a closed socket; a peer or link that stalls within 1.25 x `peer_timeout`
+// (every connection carries a heartbeat when idle, so silence is a fault, never a pause);
+// a peer that is alive but makes no progress within 2.25 x `peer_timeout` (a server whose
+// sums wait; a worker that waits notices after 3 x, the servers' verdict coming first). A server that
+// loses a worker closes all its connections, so the others fail fast too. Every frame
+// carries CRC32C checksums (transport/wire.h): a corrupted frame fails the job, naming the
+// peer, and is never summed (docs/reliability.md).
 #pragma once
 
 #include <atomic>
@@ -76,7 +81,14 @@ struct JobOptions {
   // 256 KiB batch, as given.
   TimeNs commit_window = 100 * kNsPerUs;
   TimeNs connect_timeout = 10 * kNsPerSec;  // rendezvous deadline
-  TimeNs peer_timeout = 10 * kNsPerSec;     // longest silence while waiting on peers
+  // Longest silence of a connection (no byte, heartbeats included) before its peer is
+  // taken as lost. Twice this without a push reaching a server whose sums wait (three
+  // times without a pull or ack reaching a worker that waits) fails the job too, naming who
+  // is waited for: a peer alive but stuck.
+  TimeNs peer_timeout = 10 * kNsPerSec;
+  // Every frame's payload carries its CRC32C and every received one is checked
+  // (transport::Connection::set_payload_checksums). Must be the same on every node.
+  bool payload_checksums = true;
 };
 
 // Checks a job before any node starts: sizes (check_job_size), the profile (float32

@@ -12,6 +12,13 @@
 //   kBuffer  into a small owned buffer (hello, error text), read in on_frame.
 // A stream that ends inside a frame closes with an error saying how much of what arrived.
 //
+// Integrity (wire.h; docs/reliability.md "Corruption"). decode_header checks the header's
+// CRC32C before anything else. The payload's CRC32C is computed as its bytes arrive and
+// checked before on_frame: a frame that fails closes the connection with an error naming
+// the peer, the frame and both checksums, and is never delivered (a kStream payload may
+// have reached on_payload by then: the owner must act on a frame only in on_frame, as the
+// server does; a kDirect payload may have been written to its approved destination).
+//
 // Send path. Control frames (hello, ack, bye, error) carry owned bytes; a data frame
 // (push, pull) carries a pointer to payload memory that must stay valid and unchanged
 // until the frame is written (the send queue holds headers only: Mercury IV-C). Frames go
@@ -89,6 +96,14 @@ class Connection {
   const std::string& peer() const { return peer_; }
   bool closed() const { return closed_; }
 
+  // ---- integrity ----
+  // On (the default): every frame sent carries its payload's CRC32C, and every frame
+  // received with a payload must carry one (a peer without is refused, naming the
+  // setting). Off: frames go without (the header keeps its own checksum); frames that do
+  // carry one are still checked. Set before the first frame.
+  void set_payload_checksums(bool on) { checksums_ = on; }
+  bool payload_checksums() const { return checksums_; }
+
   // ---- send ----
   // Queues a control frame; `body` is copied (its size must equal wire_payload_length(h)).
   void send_control(const Header& h, std::span<const std::byte> body = {});
@@ -157,6 +172,8 @@ class Connection {
   Status read_some();
   Status deliver(const std::byte* p, std::size_t n);
   Status end_of_frame();
+  // Stamps h with the CRC32C of its payload when checksums are on.
+  void stamp(Header& h, const void* payload, std::size_t n) const;
   void set_want_write(bool on);
   void maybe_shutdown();
 
@@ -181,6 +198,8 @@ class Connection {
   Header cur_{};
   PayloadTarget target_{};
   std::uint64_t got_ = 0, want_ = 0;
+  std::uint32_t payload_crc_ = 0;  // CRC32C of the current payload's bytes so far
+  bool checksums_ = true;
   std::vector<std::byte> small_;
   std::uint64_t bytes_read_ = 0;
   bool wire_enabled_ = false;

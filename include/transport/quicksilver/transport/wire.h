@@ -1,33 +1,46 @@
-// The Quicksilver wire format: a fixed 24-byte frame header followed by `length` payload
-// bytes (Mercury IV-C, Fig. 9: "3 long integers (24 B)" of header per packet).
+// The Quicksilver wire format: a fixed 32-byte frame header followed by `length` payload
+// bytes. Mercury IV-C, Fig. 9 has "3 long integers (24 B)" of header per packet; version 2
+// adds 8 bytes of end-to-end checksums (docs/reliability.md "Corruption"): 0.05 % of a
+// 16 KiB packet.
 //
-// Layout (version 1), every integer little-endian, encoded and decoded byte by byte so the
+// Layout (version 2), every integer little-endian, encoded and decoded byte by byte so the
 // format does not depend on the host's endianness or on struct padding:
 //
 //   byte  size  field         meaning
-//   0     1     magic_version high nibble: magic 0xC; low nibble: version (1)
-//   1     1     kind          FrameKind below
+//   0     1     magic_version high nibble: magic 0xC; low nibble: version (2)
+//   1     1     kind          FrameKind below (bits 0-6); bit 7: the payload is checksummed
 //   2     2     sender        worker id (push, hello from a worker) or server id
 //   4     4     tensor        tensor id (TensorLayout order); 0 for control frames
 //   8     4     iteration     training iteration the bytes belong to
 //   12    4     length        payload bytes that follow the header
 //   16    6     offset        byte offset inside the tensor (48 bits: up to 256 TiB)
 //   22    2     priority      scheduling priority, 0 = most urgent
+//   24    4     payload_crc   CRC32C of the payload bytes (crc32c.h); 0 when bit 7 of kind
+//                             is clear (the sender runs without payload checksums)
+//   28    4     header_crc    CRC32C of bytes 0..27, always
+//
+// The header's CRC is checked before anything else, so a corrupted offset, length or
+// tensor never directs a payload byte anywhere; the payload's is computed as the bytes
+// arrive and checked before the frame is delivered (Connection), so a corrupted gradient
+// or sum is never summed into a result, acknowledged or handed to the training loop.
 //
 // Kinds and their payloads:
-//   push   worker -> server  `length` bytes of gradient, tensor[offset, offset+length)
-//   pull   server -> worker  `length` bytes of the aggregated sum of the same range
-//   ack    server -> worker  no payload; (tensor, offset, length, iteration) name the push
-//                            whose bytes the server now holds (credit-based policies)
-//   hello  both directions   HelloBody (24 bytes) below; the first frame on a connection
-//   bye    both directions   no payload; orderly end of the session
-//   error  both directions   UTF-8 text (at most kMaxErrorText bytes), then the sender
-//                            closes the connection
+//   push      worker -> server  `length` bytes of gradient, tensor[offset, offset+length)
+//   pull      server -> worker  `length` bytes of the aggregated sum of the same range
+//   ack       server -> worker  no payload; (tensor, offset, length, iteration) name the
+//                               push whose bytes the server now holds (credit-based policies)
+//   hello     both directions   HelloBody (24 bytes) below; the first frame on a connection
+//   bye       both directions   no payload; orderly end of the session
+//   error     both directions   UTF-8 text (at most kMaxErrorText bytes), then the sender
+//                               closes the connection
+//   heartbeat both directions   no payload; sent on a connection that carried nothing for a
+//                               while, so that silence means a stalled peer or link
 //
-// decode_header() checks what the header alone can tell (magic, version, kind, and the
-// payload length that a control kind allows); validate_data_header() checks a push or pull
-// against what the receiver knows (tensor, bounds, alignment, iteration window, sender).
-// Every failure is a kProtocolError whose message starts "bad header field '<name>'".
+// decode_header() checks what the header alone can tell (its checksum, magic, version,
+// kind, and the payload length that a control kind allows); validate_data_header() checks
+// a push or pull against what the receiver knows (tensor, bounds, alignment, iteration
+// window, sender). Every failure is a kProtocolError whose message starts "bad header
+// field '<name>'".
 #pragma once
 
 #include <array>
@@ -42,9 +55,9 @@
 
 namespace qs::transport {
 
-inline constexpr std::size_t kHeaderSize = 24;
+inline constexpr std::size_t kHeaderSize = 32;
 inline constexpr std::uint8_t kMagic = 0xC;
-inline constexpr std::uint8_t kVersion = 1;
+inline constexpr std::uint8_t kVersion = 2;
 inline constexpr std::uint64_t kMaxOffset = (std::uint64_t{1} << 48) - 1;
 inline constexpr std::uint32_t kMaxErrorText = 4096;
 inline constexpr std::uint32_t kHelloBodySize = 24;
@@ -56,6 +69,7 @@ enum class FrameKind : std::uint8_t {
   kHello = 4,
   kBye = 5,
   kError = 6,
+  kHeartbeat = 7,
 };
 const char* frame_kind_name(FrameKind k);
 
@@ -70,6 +84,7 @@ enum class HeaderField {
   kLength,
   kOffset,
   kPriority,
+  kChecksum,
 };
 const char* header_field_name(HeaderField f);
 // kProtocolError "bad header field '<name>': <detail>".
@@ -83,16 +98,22 @@ struct Header {
   std::uint32_t length = 0;
   std::uint64_t offset = 0;  // < 2^48
   std::uint16_t priority = 0;
+  // The payload's CRC32C, when `checksummed` (set by Connection as it sends; checked by it
+  // as it receives). Control frames without payload carry crc32c of nothing: 0.
+  bool checksummed = false;
+  std::uint32_t payload_crc = 0;
 
   friend bool operator==(const Header&, const Header&) = default;
 };
 
 using HeaderBytes = std::array<std::byte, kHeaderSize>;
 
-// Precondition: h.offset <= kMaxOffset (a programming error otherwise: QS_CHECK).
+// Precondition: h.offset <= kMaxOffset (a programming error otherwise: QS_CHECK). Computes
+// the header's own checksum.
 HeaderBytes encode_header(const Header& h);
-// Checks magic, version, kind and the length a control kind allows (ack and bye: 0; hello:
-// kHelloBodySize; error: at most kMaxErrorText).
+// Checks the header's checksum, then magic, version, kind and the length a control kind
+// allows (ack, bye and heartbeat: 0 bytes of payload; hello: kHelloBodySize; error: at
+// most kMaxErrorText).
 Result<Header> decode_header(const std::byte* bytes);
 
 // The hello payload: both sides must agree on all of it or the session is refused.

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Faults on the wire (issue 15, point 7; docs/reliability.md "Faults on the wire"): the
+# project's fault proxy (tools/faultproxy.py) between worker 1 and server 0 of a PS job of
+# separate processes (2 workers, 2 servers, loopback, --peer-timeout 3s). Worker 1 is given
+# the proxy's address for server 0 (--connect), worker 0 the server's own. Every case ends
+# within its stated bound, either with exact sums (masked) or with every process exiting
+# and the two ends of the faulty connection naming each other; never a hang, never a wrong
+# sum. Without checksums (--no-checksum) the corrupted bytes pass TCP (the proxy sends them
+# under a fresh, valid TCP checksum) and only the exact-sum check of the synthetic
+# gradients catches them: real gradients would be summed wrong.
+set -u
+qs=${QS_BIN:?set QS_BIN to the quicksilver binary}
+here=$(cd "$(dirname "$0")" && pwd)
+proxy_py="$here/../tools/faultproxy.py"
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+pass=0; fail=0
+ok() { pass=$((pass+1)); }
+bad() { echo "FAIL: $*"; fail=$((fail+1)); }
+
+# 6 layers, 2.6 MB of gradients (1.3 MB per server), ~20 ms of compute per iteration.
+cat > "$tmp/small.json" <<'JSON'
+{"name": "small", "batch_size": 8, "layers": [
+ {"name": "c1", "forward_ms": 1.0, "backward_ms": 2.0, "tensors": [{"name": "c1.w", "elements": 20000}, {"name": "c1.b", "elements": 64}]},
+ {"name": "c2", "forward_ms": 1.5, "backward_ms": 3.0, "tensors": [{"name": "c2.w", "elements": 90000}]},
+ {"name": "c3", "forward_ms": 1.5, "backward_ms": 3.0, "tensors": [{"name": "c3.w", "elements": 150000}]},
+ {"name": "f1", "forward_ms": 0.5, "backward_ms": 1.0, "tensors": [{"name": "f1.w", "elements": 300000}, {"name": "f1.b", "elements": 500}]},
+ {"name": "f2", "forward_ms": 0.5, "backward_ms": 1.0, "tensors": [{"name": "f2.w", "elements": 100000}]},
+ {"name": "f3", "forward_ms": 0.2, "backward_ms": 0.4, "tensors": [{"name": "f3.w", "elements": 5000}]}
+]}
+JSON
+head -c 32 /dev/urandom > "$tmp/secret"
+
+wait_line() {  # file, pattern: up to 10 s
+  for _ in $(seq 200); do grep -q "$2" "$1" 2> /dev/null && return 0; sleep 0.05; done
+  return 1
+}
+
+# start_case NAME ITERATIONS [JOB FLAGS...] -- [PROXY FLAGS...]: starts servers, the proxy and the
+# workers; leaves pids in s0 s1 px w0 w1 and outputs in $tmp/NAME.{s0,s1,w0,w1,px}.
+start_case() {
+  local name=$1 iters=$2; shift 2
+  local extra=()
+  while [ "$1" != "--" ]; do extra+=("$1"); shift; done
+  shift
+  job=(--model "$tmp/small.json" --policy mercury --workers 2 --servers 2 --iterations "$iters" --packet-size 16KiB
+       --peer-timeout 3s --connect-timeout 10s --secret-file "$tmp/secret" "${extra[@]}")
+  out=$tmp/$name
+  "$qs" server --server-id 0 --listen 127.0.0.1:0 "${job[@]}" > "$out.s0" 2> "$out.s0err" & s0=$!
+  "$qs" server --server-id 1 --listen 127.0.0.1:0 "${job[@]}" > "$out.s1" 2> "$out.s1err" & s1=$!
+  pids+=($s0 $s1)
+  wait_line "$out.s0" listening && wait_line "$out.s1" listening || { bad "$name: servers did not start"; return 1; }
+  a0=$(awk '/listening/{print $2}' "$out.s0"); a1=$(awk '/listening/{print $2}' "$out.s1")
+  /usr/bin/python3 "$proxy_py" --listen 127.0.0.1:0 --target "$a0" "$@" > "$out.px" 2> "$out.pxerr" & px=$!
+  pids+=($px)
+  wait_line "$out.px" listening || { bad "$name: the proxy did not start: $(cat "$out.pxerr")"; return 1; }
+  ap=$(awk '/listening/{print $2}' "$out.px")
+  "$qs" worker --worker-id 0 --connect "$a0,$a1" "${job[@]}" --json > "$out.w0" 2> "$out.w0err" & w0=$!
+  "$qs" worker --worker-id 1 --connect "$ap,$a1" "${job[@]}" --json > "$out.w1" 2> "$out.w1err" & w1=$!
+  pids+=($w0 $w1)
+  started=$(date +%s.%N)
+}
+
+# Waits for the four processes up to BOUND seconds after the proxy's fault (or after the
+# start, for cases without one); kills what is left. Sets rc_s0.., hung, and took: from the
+# fault to the last exit, give or take the 50 ms of this loop's polling.
+finish_case() {
+  local bound=$1 from=$started
+  if [ "${2:-}" = fault ]; then  # from the proxy's own time stamp of the fault (wall clock)
+    wait_line "$out.pxerr" "fault:" && from=$(sed -n 's/^faultproxy \([0-9.]*\): fault:.*/\1/p' "$out.pxerr" | head -1)
+  fi
+  local until_=$(echo "$from + $bound" | bc)
+  hung=""
+  for who in s0 s1 w0 w1; do
+    local p=${!who}
+    while kill -0 "$p" 2> /dev/null && [ "$(echo "$(date +%s.%N) < $until_" | bc)" -eq 1 ]; do sleep 0.05; done
+    if kill -0 "$p" 2> /dev/null; then hung="$hung $who"; kill -9 "$p" 2> /dev/null; fi
+    wait "$p" 2> /dev/null; eval "rc_$who=$?"
+  done
+  took=$(echo "$(date +%s.%N) - $from" | bc | sed 's/^\./0./')
+  kill "$px" 2> /dev/null; wait "$px" 2> /dev/null
+}
+
+all_err() { cat "$out.s0err" "$out.s1err" "$out.w0err" "$out.w1err"; }
+no_wrong_sum() { ! all_err | grep -q "wrong sum"; }
+
+# 1. Delay: 20 ms each way on one connection: exact sums, a slower run.
+start_case delay 10 -- --delay 20 && {
+  finish_case 60
+  if [ -z "$hung" ] && [ $rc_w0$rc_w1$rc_s0$rc_s1 = 0000 ] && grep -q '"iterations_verified":10' "$out.w0" \
+     && grep -q '"iterations_verified":10' "$out.w1"; then ok
+  else bad "delay: rc $rc_w0/$rc_w1/$rc_s0/$rc_s1 hung [$hung]: $(all_err | tail -4)"; fi
+}
+
+# 2. A stall shorter than the peer timeout (1 s < 3 s) is masked: exact sums.
+start_case short-stall 30 -- --fault stall --after 3000000 --stall-for 1 && {
+  finish_case 60
+  if [ -z "$hung" ] && [ $rc_w0$rc_w1$rc_s0$rc_s1 = 0000 ] && grep -q "fault: stall" "$out.pxerr" \
+     && grep -q '"iterations_verified":30' "$out.w0" && grep -q '"iterations_verified":30' "$out.w1"; then ok
+  else bad "short stall: rc $rc_w0/$rc_w1/$rc_s0/$rc_s1 hung [$hung]: $(all_err | tail -4) $(tail -2 "$out.pxerr")"; fi
+}
+
+# 3. A stall past the peer timeout: an end of the stalled connection notices within
+#    1.25 x 3 s and names the other; every process ends at once after, its message carrying
+#    that finding (which end's watchdog fires first, and so which node the others hear it
+#    from, is a race). Bound: 6 s.
+start_case long-stall 100000 -- --fault stall --after 3000000 --stall-for 60 && {
+  finish_case 6 fault
+  root="lost worker 1 (last iteration [0-9]*): nothing received for more than 3s"
+  root="$root\|lost server 0 (127.0.0.1:[0-9]*) in iteration [0-9]*: nothing received for more than 3s"
+  named=0
+  for who in s0 s1 w0 w1; do grep -q "$root" "$out.${who}err" && named=$((named + 1)); done
+  if [ -z "$hung" ] && [ $rc_s0 -ne 0 ] && [ $rc_s1 -ne 0 ] && [ $rc_w0 -ne 0 ] && [ $rc_w1 -ne 0 ] && [ $named -eq 4 ]; then
+    ok; echo "long stall: every process ended ${took}s after the stall began: $(grep -o "$root" "$out.s0err" | head -1)"
+  else bad "long stall: rc $rc_w0/$rc_w1/$rc_s0/$rc_s1 after ${took}s hung [$hung], $named of 4 name the stalled connection: $(all_err)"; fi
+}
+
+# 4. A cut connection: both ends name each other at once. Bound: 2 s.
+start_case cut 100000 -- --fault cut --after 3000000 && {
+  finish_case 2 fault
+  if [ -z "$hung" ] && [ $rc_s0 -ne 0 ] && [ $rc_s1 -ne 0 ] && [ $rc_w0 -ne 0 ] && [ $rc_w1 -ne 0 ] \
+     && grep -q "lost worker 1" "$out.s0err" && grep -q "lost server 0" "$out.w1err"; then
+    ok; echo "cut: every process ended ${took}s after the cut"
+  else bad "cut: rc $rc_w0/$rc_w1/$rc_s0/$rc_s1 after ${took}s hung [$hung]: $(all_err)"; fi
+}
+
+# 5. One bit flipped in the pushes (up) and one in the pulls (down): the receiver's
+#    checksum catches it, naming the sender; nothing is summed wrong. Bound: 2 s.
+for dir in up down; do
+  if [ $dir = up ]; then catcher=s0; named="worker 1"; else catcher=w1; named="server 0"; fi
+  start_case corrupt-$dir 100000 -- --fault corrupt --direction $dir --after 3000000 && {
+    finish_case 2 fault
+    err=$(cat "$out.${catcher}err")
+    if [ -z "$hung" ] && [ $rc_s0 -ne 0 ] && [ $rc_s1 -ne 0 ] && [ $rc_w0 -ne 0 ] && [ $rc_w1 -ne 0 ] && no_wrong_sum \
+       && echo "$err" | grep -q "frame from $named" \
+       && echo "$err" | grep -Eq "corrupted payload|field 'checksum'"; then
+      ok; echo "corrupt $dir: caught in ${took}s: $(echo "$err" | grep -o "corrupted payload.*\|field 'checksum'.*" | head -1 | cut -c1-150)"
+    else bad "corrupt $dir: rc $rc_w0/$rc_w1/$rc_s0/$rc_s1 after ${took}s hung [$hung]: $(all_err)"; fi
+  }
+done
+
+# 6. The same flipped bit without payload checksums: it passes TCP's checksum (the proxy's
+#    kernel computed a fresh one) and reaches the sums; here only the exact-sum check of
+#    the synthetic gradients catches it (or the header's own checksum, if it hit a header).
+start_case no-checksum 100000 --no-checksum -- --fault corrupt --direction down --after 3000000 && {
+  finish_case 5 fault
+  if [ -z "$hung" ] && [ $rc_w1 -ne 0 ] && grep -Eq "wrong sum|field 'checksum'" "$out.w1err"; then
+    ok; echo "no checksum: $(grep -o "wrong sum.*\|field 'checksum'.*" "$out.w1err" | head -1 | cut -c1-120)"
+  else bad "no checksum: rc $rc_w0/$rc_w1/$rc_s0/$rc_s1 after ${took}s hung [$hung]: $(all_err)"; fi
+}
+
+# 7. Nodes that disagree on --no-checksum are refused at the hello, naming the setting.
+job=(--model "$tmp/small.json" --policy mercury --workers 1 --servers 1 --iterations 3 --peer-timeout 3s
+     --connect-timeout 5s --secret-file "$tmp/secret")
+"$qs" server --server-id 0 --listen 127.0.0.1:0 "${job[@]}" > "$tmp/m.s0" 2> "$tmp/m.s0err" & s0=$!
+pids+=($s0)
+wait_line "$tmp/m.s0" listening
+"$qs" worker --worker-id 0 --connect "$(awk '/listening/{print $2}' "$tmp/m.s0")" "${job[@]}" --no-checksum \
+  > /dev/null 2> "$tmp/m.w0err"; rc=$?
+wait $s0 2> /dev/null
+[ $rc -ne 0 ] && grep -q -- "--no-checksum" "$tmp/m.w0err" "$tmp/m.s0err" && ok \
+  || bad "mixed checksums: rc $rc: $(cat "$tmp/m.w0err" "$tmp/m.s0err")"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
