@@ -117,9 +117,11 @@ Profile light_profile() {
   return p;
 }
 
-// Runs `workers` workers of `policy` on loopback; returns their reports.
+// Runs `workers` workers of `policy` on loopback; returns their reports. `sources`: each
+// worker's tensor source (default: known content, checked exactly).
 std::vector<Result<WorkerReport>> run_job(const std::string& policy, int workers, int iterations, int links,
-                                          PolicyOptions knobs = {}, const Profile& profile = small_profile()) {
+                                          PolicyOptions knobs = {}, const Profile& profile = small_profile(),
+                                          const std::vector<TensorSource*>& sources = {}) {
   auto server = StoreServer::create(Endpoint{"127.0.0.1", 0}, workers, 60 * kNsPerSec);
   EXPECT_TRUE(server.is_ok());
   auto served = std::async(std::launch::async, [&] { return (*server)->run(); });
@@ -137,7 +139,8 @@ std::vector<Result<WorkerReport>> run_job(const std::string& policy, int workers
     o.store = Endpoint{"127.0.0.1", (*server)->port()};
     o.links = links == 2 ? std::vector<std::string>{"127.0.0.1", "127.0.0.2"} : std::vector<std::string>{"127.0.0.1"};
     o.calibration_repeats = 2;
-    o.record_trace = true;
+    o.record_trace = sources.empty();
+    if (!sources.empty()) o.tensors = sources[static_cast<std::size_t>(w)];
     running.push_back(std::async(std::launch::async, [o] { return run_collective_worker(o); }));
   }
   std::vector<Result<WorkerReport>> out;
@@ -312,36 +315,17 @@ struct Handed {
 
 Handed delayed_job(const Profile& profile, double capacity_scale) {
   const int workers = 2, iterations = 8;
-  auto server = StoreServer::create(Endpoint{"127.0.0.1", 0}, workers, 60 * kNsPerSec);
-  if (!server.is_ok()) {
-    ADD_FAILURE() << server.status().to_string();
-    return {};
-  }
-  auto served = std::async(std::launch::async, [&] { return (*server)->run(); });
   std::vector<std::unique_ptr<DelayedSource>> sources;
-  std::vector<std::future<Result<WorkerReport>>> running;
-  for (int w = 0; w < workers; ++w) sources.push_back(std::make_unique<DelayedSource>(profile, w, workers));
+  std::vector<TensorSource*> views;
   for (int w = 0; w < workers; ++w) {
-    CollectiveOptions o;
-    o.job.profile = profile;
-    o.job.policy = "deft";
-    o.job.policy_options.deft_capacity_scale = capacity_scale;
-    o.job.workers = workers;
-    o.job.iterations = iterations;
-    o.job.bandwidth = Rate::gbps(1);
-    o.job.peer_timeout = 20 * kNsPerSec;
-    o.rank = w;
-    o.store = Endpoint{"127.0.0.1", (*server)->port()};
-    o.links = {"127.0.0.1"};
-    o.calibration_repeats = 2;
-    o.tensors = sources[static_cast<std::size_t>(w)].get();
-    running.push_back(std::async(std::launch::async, [o] { return run_collective_worker(o); }));
+    sources.push_back(std::make_unique<DelayedSource>(profile, w, workers));
+    views.push_back(sources.back().get());
   }
-  for (auto& r : running) {
-    auto report = r.get();
-    EXPECT_TRUE(report.is_ok()) << report.status().message();
+  PolicyOptions knobs;
+  knobs.deft_capacity_scale = capacity_scale;
+  for (const auto& r : run_job("deft", workers, iterations, 1, knobs, profile, views)) {
+    EXPECT_TRUE(r.is_ok()) << r.status().message();
   }
-  EXPECT_TRUE(served.get().is_ok());
   const auto& log = sources[0]->log;
   EXPECT_FALSE(log.empty());
   int merged = 0, early = 0;
