@@ -19,7 +19,7 @@ void SpanRecorder::add(TimeNs start, TimeNs end, std::string name) {
 Status write_chrome_trace(const std::vector<SimResult>& results, const std::string& path) {
   using nlohmann::json;
   json events = json::array();
-  static const char* kTracks[] = {"compute", "uplink", "downlink"};
+  static const char* kTracks[] = {"compute", "uplink", "downlink", "gradients"};
   int pid_base = 0;
   for (const SimResult& r : results) {
     int max_host = 0;
@@ -27,7 +27,7 @@ Status write_chrome_trace(const std::vector<SimResult>& results, const std::stri
     for (int h = 0; h <= max_host; ++h) {
       events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid_base + h},
                         {"args", {{"name", r.policy + " worker " + std::to_string(h)}}}});
-      for (int t = 0; t < 3; ++t) {
+      for (int t = 0; t < 4; ++t) {
         events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid_base + h}, {"tid", t},
                           {"args", {{"name", kTracks[t]}}}});
       }

@@ -303,6 +303,11 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
         reinterpret_cast<const std::byte*>(buffers[static_cast<std::size_t>(u.chunk.tensor)].gradient) + u.chunk.offset;
     if (transport_since < 0) transport_since = loop->now();
     last_progress = loop->now();  // a wait begins with what was pushed
+    if (opts.record_trace) {
+      if (first_push.empty()) first_push.assign(buffers.size(), -1), last_pull.assign(buffers.size(), -1);
+      TimeNs& f = first_push[static_cast<std::size_t>(u.chunk.tensor)];
+      if (f < 0) f = loop->now();
+    }
     sender->enqueue(u.server, h, payload, 0);
     bytes_pushed += u.chunk.length;
     ++units_pushed;
@@ -315,6 +320,16 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   }
 
   Traffic take_traffic(TimeNs now) override {
+    // The iteration ended (every pull is in): each tensor's transfer, first push to last
+    // pull (Prophet Fig. 11's start and end of a gradient's transfer).
+    for (std::size_t t = 0; t < first_push.size(); ++t) {
+      if (first_push[t] < 0) continue;
+      const TensorInfo& info = jl.layout.tensor(static_cast<TensorId>(t));
+      trace.push_back(TraceSpan{opts.worker_id, 3, first_push[t], last_pull[t] < 0 ? now : last_pull[t],
+                                "grad " + std::to_string(t) + " " + std::to_string(info.bytes) + "B " +
+                                    opts.job.profile.layers[static_cast<std::size_t>(info.layer)].name});
+      first_push[t] = last_pull[t] = -1;
+    }
     if (transport_since >= 0) transport_total += now - transport_since;
     transport_since = -1;
     if (drain_timer != 0) loop->cancel(drain_timer);
@@ -449,6 +464,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
         if (opts.record_trace) {
           trace.push_back(TraceSpan{opts.worker_id, 2, pull_header_at[static_cast<std::size_t>(s)], loop->now(),
                                     "pull " + std::to_string(h.tensor)});
+          if (h.tensor < last_pull.size()) last_pull[h.tensor] = loop->now();
         }
         // The tensor constructor: the loop counts the layer's bytes and releases a
         // complete layer (after the tensor source checked it).
@@ -535,6 +551,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   TimeNs last_progress = 0;        // the last push, ack or pull header
   std::vector<TimeNs> pull_header_at;  // by server: when the pull being read began
   std::vector<TraceSpan> trace;        // absolute times until make_report()
+  std::vector<TimeNs> first_push, last_pull;  // per tensor, this iteration (record_trace)
   static constexpr TimeNs kDrainPoll = 100 * kNsPerUs;
   // Since when the transport holds undelivered bytes (-1: none), and this iteration's
   // total of such time (the bandwidth monitor's busy time).

@@ -11,7 +11,8 @@ namespace qs {
 
 struct TraceSpan {
   int host = 0;    // worker index (servers: workers + server index)
-  int track = 0;   // 0 compute, 1 uplink, 2 downlink
+  int track = 0;   // 0 compute, 1 uplink, 2 downlink, 3 gradients (the PS runtime: a
+                   // tensor from its first push to its last pull, one span per iteration)
   TimeNs start = 0;
   TimeNs end = 0;
   std::string name;
