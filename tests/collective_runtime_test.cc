@@ -190,7 +190,9 @@ INSTANTIATE_TEST_SUITE_P(Collective, EveryPolicy,
 // worker 0's decisions, so every worker reports the same schedule.
 TEST(CollectiveDeft, MergedIterationsOnTwoLinksSumExactlyAndEveryWorkerFollowsWorkerZero) {
   if (!have_gloo()) GTEST_SKIP() << "built without gloo";
-  auto reports = run_job("deft", 3, 6, 2, {}, light_profile());
+  PolicyOptions knobs;
+  knobs.deft_partition_size = 64 * kKiB;  // buckets enough that one per stage cannot keep up
+  auto reports = run_job("deft", 3, 6, 2, knobs, light_profile());
   // Some update merged iterations (an update frequency below 1), and was still exact.
   double frequency = 1;
   for (const std::string& n : reports[0].is_ok() ? reports[0]->notes : std::vector<std::string>{}) {
@@ -313,7 +315,7 @@ struct Handed {
   int updates = 0, merged = 0, early = 0;
 };
 
-Handed delayed_job(const Profile& profile, double capacity_scale) {
+Handed delayed_job(const Profile& profile, double capacity_scale, Bytes partition = 26'000'000) {
   const int workers = 2, iterations = 8;
   std::vector<std::unique_ptr<DelayedSource>> sources;
   std::vector<TensorSource*> views;
@@ -323,6 +325,7 @@ Handed delayed_job(const Profile& profile, double capacity_scale) {
   }
   PolicyOptions knobs;
   knobs.deft_capacity_scale = capacity_scale;
+  knobs.deft_partition_size = partition;
   for (const auto& r : run_job("deft", workers, iterations, 1, knobs, profile, views)) {
     EXPECT_TRUE(r.is_ok()) << r.status().message();
   }
@@ -356,8 +359,8 @@ Handed delayed_job(const Profile& profile, double capacity_scale) {
 
 TEST(CollectiveDeft, DelayedUpdatesAreHandedOverAtWorkerZerosPointsExactly) {
   if (!have_gloo()) GTEST_SKIP() << "built without gloo";
-  // Little compute and half the knapsacks: DeFT merges iterations.
-  const Handed merging = delayed_job(light_profile(), 0.5);
+  // Little compute, half the knapsacks and 64 KiB buckets: DeFT merges iterations.
+  const Handed merging = delayed_job(light_profile(), 0.5, 64 * kKiB);
   EXPECT_GT(merging.merged, 0) << "DeFT merged no iterations: the test checks no merged sum";
   // Tens of milliseconds of compute and large knapsacks: iterations whose every bucket was
   // issued in their backward pass, due before the next forward while their sums are on

@@ -228,7 +228,13 @@ std::vector<Block> deft_buckets(const AllReduceContext& ctx, const PolicyOptions
       continue;
     }
     // III-D: re-partition until the communication fits the smallest knapsack; at most 64
-    // pieces and none under 4 KiB (with a large startup a it may not fit at all).
+    // pieces and none under 4 KiB. Deliberate: not at all when the startup a alone
+    // exceeds the knapsack (no piece could fit, and every piece would pay a again: a
+    // real model on a slow, high-latency link split 72 KB into 17 buckets of 3 ms each).
+    if (m.cost.a >= cap) {
+      out.push_back(b);
+      continue;
+    }
     const int most = static_cast<int>(std::clamp<Bytes>(b.bytes / (4 * kKiB), 1, 64));
     int k = 2;
     while (k < most && m.cost.time((b.bytes + k - 1) / k) > cap) ++k;
@@ -268,6 +274,36 @@ DeftPolicy::DeftPolicy(const AllReduceContext& ctx, const PolicyOptions& o, std:
   }
   link_free_.assign(link_cost_.size(), 0);
   link_busy_.assign(link_cost_.size(), 0);
+}
+
+// Deliberate (the paper is silent): III-D splits a bucket until it fits the smallest
+// knapsack, which cannot work when the startup a alone exceeds it (a slow, high-latency
+// link: a real model's 72 KB took 3 ms per collective against 1 ms of compute). Such a
+// bucket fits no stage, and without this rule it is never reduced (one update in 281
+// iterations). So when the shortest old bucket is longer than an idle stage, the
+// backward stage takes it anyway once the iterations merged behind it (the future task
+// queue, with this one) bring enough computation to cover it: k >= its time / one
+// iteration's compute. Merging then amortises its startup as DeFT intends (the update of
+// k iterations is one step of batch kB), and the Preserver's raises shorten k.
+void DeftPolicy::take_one_if_none_fits(KnapsackSolution& sol, const std::vector<KnapsackItem>& items,
+                                       std::int64_t iteration) const {
+  if (!sol.ids.empty() || items.empty()) return;
+  const KnapsackItem* best = &items[0];
+  for (const KnapsackItem& it : items) {
+    if (it.time < best->time) best = &it;
+  }
+  const double stage = scale_ * static_cast<double>(backward_total_);
+  if (static_cast<double>(best->time) <= stage) return;  // it fits an idle stage: the knapsack's call
+  const double per_iteration = std::max(1.0, scale_ * static_cast<double>(backward_total_ + forward_total_));
+  const std::int64_t merged = future_ ? iteration - future_first_ + 1 : 1;
+  if (static_cast<double>(merged) < std::ceil(static_cast<double>(best->time) / per_iteration)) return;
+  int link = 0;
+  for (std::size_t l = 1; l < link_free_.size(); ++l) {
+    if (link_free_[l] < link_free_[static_cast<std::size_t>(link)]) link = static_cast<int>(l);
+  }
+  sol.ids.push_back(best->id);
+  sol.links.push_back(link);
+  sol.total += best->time;
 }
 
 std::pair<TimeNs, TimeNs> DeftPolicy::capacities(TimeNs compute, TimeNs now) const {
@@ -342,7 +378,8 @@ void DeftPolicy::on_iteration_start(std::int64_t iteration, TimeNs now, Collecti
   if (!current_.empty()) {
     std::vector<KnapsackItem> items;
     for (std::size_t i = 0; i < current_.size(); ++i) items.push_back({static_cast<int>(i), comm(current_[i].bucket)});
-    const KnapsackSolution sol = naive_knapsack(items, cap0, cap1);
+    KnapsackSolution sol = naive_knapsack(items, cap0, cap1);
+    take_one_if_none_fits(sol, items, iteration);
     std::vector<bool> chosen(current_.size(), false);
     for (std::size_t k = 0; k < sol.ids.size(); ++k) {
       const std::size_t i = static_cast<std::size_t>(sol.ids[k]);

@@ -100,6 +100,10 @@ class DeftPolicy final : public AllReducePolicy {
 
   TimeNs comm(int bucket) const { return comm_[static_cast<std::size_t>(bucket)]; }
   void issue(const Item& it, int link, TimeNs now, CollectiveSink& out);
+  // No old bucket fits even an idle backward stage: the knapsack takes the shortest once
+  // enough iterations merged behind it (deft.cc).
+  void take_one_if_none_fits(KnapsackSolution& sol, const std::vector<KnapsackItem>& items,
+                             std::int64_t iteration) const;
   // Capacities (link-0 units) of a stage of `compute` ns, less each link's backlog.
   std::pair<TimeNs, TimeNs> capacities(TimeNs compute, TimeNs now) const;
   void open_range(std::int64_t first, std::int64_t last);
