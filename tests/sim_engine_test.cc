@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "quicksilver/core/rng.h"
 #include "quicksilver/sim/event_queue.h"
 #include "quicksilver/sim/simulator.h"
 #include "quicksilver/policy/layout.h"
@@ -21,6 +24,54 @@ TEST(EventQueue, FiresInTimeThenSchedulingOrder) {
   EXPECT_EQ(order, (std::vector<int>{2, 4, 1, 3}));
   EXPECT_EQ(q.now(), 5);
   EXPECT_EQ(q.fired(), 4u);
+}
+
+// Issue 14 (simulator scale): lanes hold events scheduled in time order, a tournament tree
+// picks the earliest lane head, and the rest go to the heap; the order must be exactly the
+// (time, scheduling order) of one queue. Random schedules against that reference: events
+// on lanes (mostly monotone, sometimes not, which must fall back to the heap), without a
+// lane, and scheduled while popping.
+TEST(EventQueue, LanesFireInTimeThenSchedulingOrder) {
+  Rng rng(7);
+  for (int round = 0; round < 200; ++round) {
+    EventQueue<int> q;
+    const int lanes = 1 + static_cast<int>(rng.uniform_int(0, 9));
+    for (int l = 0; l < lanes; ++l) EXPECT_EQ(q.add_lane(), l);
+    std::vector<TimeNs> last(static_cast<std::size_t>(lanes), 0);
+    std::vector<std::pair<TimeNs, int>> reference;  // (time, id): ids are scheduling order
+    int next_id = 0;
+    auto schedule_some = [&](TimeNs now) {
+      const int n = static_cast<int>(rng.uniform_int(0, 4));
+      for (int i = 0; i < n; ++i) {
+        const int lane = static_cast<int>(rng.uniform_int(-1, lanes - 1));
+        TimeNs at = now + static_cast<TimeNs>(rng.uniform_int(0, 20));
+        if (lane >= 0 && rng.uniform_int(0, 9) > 0) {
+          at = std::max(at, last[static_cast<std::size_t>(lane)]);  // mostly monotone
+        }
+        if (lane >= 0) {
+          last[static_cast<std::size_t>(lane)] = std::max(last[static_cast<std::size_t>(lane)], at);
+          q.schedule(at, next_id, lane);
+        } else {
+          q.schedule(at, next_id);
+        }
+        reference.emplace_back(at, next_id++);
+      }
+    };
+    schedule_some(0);
+    std::vector<int> order;
+    while (!q.empty()) {
+      EXPECT_EQ(q.size(), reference.size() - order.size());
+      const auto e = q.pop();
+      order.push_back(e.payload);
+      if (order.size() < 300) schedule_some(e.time);
+    }
+    std::stable_sort(reference.begin(), reference.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<int> expected;
+    for (const auto& r : reference) expected.push_back(r.second);
+    ASSERT_EQ(order, expected) << "round " << round;
+    EXPECT_EQ(q.fired(), expected.size());
+  }
 }
 
 TEST(EventQueue, RejectsThePast) {

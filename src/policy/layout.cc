@@ -51,9 +51,14 @@ Placement::Placement(const TensorLayout& layout, int servers, Bytes split_thresh
 
 const Slice* Placement::owning_slice(const Chunk& c, int server) const {
   if (c.tensor < 0 || c.tensor >= static_cast<TensorId>(slices_.size()) || c.offset < 0 || c.length < 0) return nullptr;
-  for (const Slice& s : slices_[static_cast<std::size_t>(c.tensor)]) {
-    if (s.server == server && c.offset >= s.chunk.offset && c.end() <= s.chunk.end()) return &s;
-  }
+  // The slices are in offset order and tile the tensor: the one holding c.offset is the
+  // last that starts at or before it (a binary search: a tensor has up to M slices).
+  const auto& slices = slices_[static_cast<std::size_t>(c.tensor)];
+  auto it = std::upper_bound(slices.begin(), slices.end(), c.offset,
+                             [](Bytes off, const Slice& s) { return off < s.chunk.offset; });
+  if (it == slices.begin()) return nullptr;
+  const Slice& s = *(it - 1);
+  if (s.server == server && c.end() <= s.chunk.end()) return &s;
   return nullptr;
 }
 

@@ -23,6 +23,7 @@
 // latency only; it does not wait for pulls the server has not started, as the runtime's
 // control frames go ahead of those (issue 14 point 7; docs/simulator.md).
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <variant>
@@ -56,6 +57,11 @@ class TxQueue {
       std::get<PriorityFifo<T>>(q_).push(priority, std::move(v));
     }
   }
+  // The element pop() would return, to update in place.
+  T& front() {
+    if (auto* f = std::get_if<std::deque<T>>(&q_)) return f->front();
+    return std::get<PriorityFifo<T>>(q_).top();
+  }
   T pop() {
     if (auto* f = std::get_if<std::deque<T>>(&q_)) {
       T v = std::move(f->front());
@@ -79,13 +85,27 @@ struct Link {
   // carried them too, behind what it already carries. Returns (this link's end, the
   // arrival at the far end).
   std::pair<TimeNs, TimeNs> transfer(TimeNs now, Bytes bytes, Link& to) {
-    const TimeNs fin1 = schedule->finish_time(now, bytes) + frame_cpu;
+    const TimeNs fin1 = finish_time(now, bytes) + frame_cpu;
     const TimeNs start2 = std::max(now, to.busy_until);
-    const TimeNs fin2 = std::max(fin1, to.schedule->finish_time(start2, bytes) + to.frame_cpu);
+    const TimeNs fin2 = std::max(fin1, to.finish_time(start2, bytes) + to.frame_cpu);
     to.busy_until = fin2;
     busy_until = fin1;
     return {fin1, fin2};
   }
+  // schedule->finish_time(), remembering the last size's time at a constant rate (a link
+  // mostly carries units of one size, and the division is a good part of a transfer).
+  TimeNs finish_time(TimeNs start, Bytes bytes) {
+    if (!schedule->is_constant()) return schedule->finish_time(start, bytes);
+    if (bytes != memo_bytes_) {
+      memo_bytes_ = bytes;
+      memo_time_ = transfer_time(bytes, schedule->segments().front().rate);
+    }
+    return add_saturated(start, memo_time_);
+  }
+
+ private:
+  Bytes memo_bytes_ = -1;
+  TimeNs memo_time_ = 0;
 };
 
 // Open-addressing (linear probing, backward-shift deletion) map from a unit's key to
@@ -140,6 +160,39 @@ class AggMap {
   std::vector<Slot> slots_;
   std::size_t size_ = 0;
 };
+// Units in flight, by reference: an event carries a 4-byte slot instead of a 32-byte unit
+// (a simulation of N workers and M servers may have millions of events pending). A
+// pull's unit lives until it arrived, an acknowledged unit until its acknowledgement did.
+class UnitPool {
+ public:
+  std::uint32_t add(const PushUnit& u, int refs) {
+    std::uint32_t slot;
+    if (free_.empty()) {
+      QS_CHECK(units_.size() < UINT32_MAX);
+      slot = static_cast<std::uint32_t>(units_.size());
+      units_.push_back(Entry{u, refs});
+    } else {
+      slot = free_.back();
+      free_.pop_back();
+      units_[slot] = Entry{u, refs};
+    }
+    return slot;
+  }
+  // A copy: the slot may be reused and the storage moved once released.
+  PushUnit get(std::uint32_t slot) const { return units_[slot].unit; }
+  void release(std::uint32_t slot) {
+    if (--units_[slot].refs == 0) free_.push_back(slot);
+  }
+
+ private:
+  struct Entry {
+    PushUnit unit;
+    int refs;
+  };
+  std::vector<Entry> units_;
+  std::vector<std::uint32_t> free_;
+};
+
 enum Ev : std::uint8_t {
   kUplinkFree,     // a worker's uplink finished serialising a unit
   kServerArrive,   // a unit fully arrived at its server
@@ -156,9 +209,11 @@ class PsNetwork {
   // its NIC, and what it sent this iteration.
   class Port final : public Exchange {
    public:
-    Port(PsNetwork& net, int id, QueueDiscipline d, int priorities) : net_(net), id_(id), tx_(d, priorities) {
+    Port(PsNetwork& net, int id, QueueDiscipline d, int priorities)
+        : net_(net), id_(id), tx_(d, priorities), up_lane_(net.clock_.add_lane()), down_lane_(net.clock_.add_lane()) {
       up_.schedule = down_.schedule = &net.schedule_;
       up_.frame_cpu = down_.frame_cpu = net.cluster_.frame_cpu;
+      pulls_sent_.assign(static_cast<std::size_t>(net.layout_.num_layers()), 0);
     }
     void set_listener(ExchangeListener* l) { listener_ = l; }
     void record(std::vector<TraceSpan>* trace) {
@@ -185,6 +240,9 @@ class PsNetwork {
     ExchangeListener* listener_ = nullptr;
     TxQueue<PushUnit> tx_;
     Link up_, down_;
+    int up_lane_;    // up_'s end of serialisation (one at a time)
+    int down_lane_;  // the pulls arriving over down_, in the order it delivers them
+    std::vector<Bytes> pulls_sent_;  // per layer, this iteration's pulls sent so far (try_send_server)
     Bytes bytes_ = 0;
     std::int64_t units_ = 0;
     TimeNs busy_ = 0;  // uplink serialisation time this iteration
@@ -197,7 +255,7 @@ class PsNetwork {
         schedule_(cluster.link_schedule()), acks_(acks) {
     const int priorities = layout.num_tensors() + 1;
     for (int s = 0; s < cluster.servers; ++s) {
-      auto& srv = servers_.emplace_back(std::make_unique<Server>(server_discipline, priorities));
+      auto& srv = servers_.emplace_back(std::make_unique<Server>(server_discipline, priorities, clock.add_lane(), clock.add_lane()));
       srv->in.schedule = srv->out.schedule = &schedule_;
       srv->in.frame_cpu = srv->out.frame_cpu = cluster.frame_cpu;
     }
@@ -209,23 +267,48 @@ class PsNetwork {
   }
   const BandwidthSchedule& schedule() const { return schedule_; }
   const Status& error() const { return error_; }
+  // Arrivals the model has but the event queue did not need (try_send, try_send_server):
+  // the events reported are the queue's and these, the same count as with one event each.
+  std::uint64_t silent_events() const { return silent_; }
 
   void dispatch(const SimEvent& e) {
     switch (e.kind) {
       case kUplinkFree: on_uplink_free(port(e.index)); break;
-      case kServerArrive: on_server_arrive(e.index, e.unit); break;
-      case kAck: port(e.index).listener_->on_push_acked(e.unit); break;
+      case kServerArrive: on_server_arrive(e.index, e.ref); break;
+      case kAck: {
+        const PushUnit u = units_.get(e.ref);
+        units_.release(e.ref);
+        port(e.index).listener_->on_push_acked(u);
+        break;
+      }
       case kServerOutFree: try_send_server(e.index); break;
-      case kPullArrive: port(e.index).listener_->on_pulled(e.unit, clock_.now()); break;
+      case kPullArrive: {
+        const PushUnit u = units_.get(e.ref);
+        units_.release(e.ref);
+        port(e.index).listener_->on_pulled(u, clock_.now());
+        break;
+      }
     }
   }
 
  private:
+  // A complete sum waiting on a server's uplink: its pulls to workers next..N-1 (one entry
+  // for all N pulls, sent in worker order: exactly N consecutive entries of one FIFO).
+  struct Pull {
+    PushUnit unit;
+    int next = 0;
+  };
   struct Server {
-    Server(QueueDiscipline d, int priorities) : out_q(d, priorities) {}
+    Server(QueueDiscipline d, int priorities, int in_lane, int out_lane)
+        : in_lane(in_lane), out_lane(out_lane), out_q(d, priorities) {}
     Link in, out;
+    int in_lane;   // the pushes arriving over `in`, in the order it delivers them
+    // Their units, in the same order (an arrival event names only the server; the units
+    // are read in sequence, not from scattered slots).
+    Ring<std::pair<int, PushUnit>> arriving;
+    int out_lane;  // out's end of serialisation (one at a time)
     AggMap agg;
-    TxQueue<std::pair<int, PushUnit>> out_q;
+    TxQueue<Pull> out_q;
   };
 
   Port& port(int w) { return *ports_[static_cast<std::size_t>(w)]; }
@@ -246,8 +329,31 @@ class PsNetwork {
     w.bytes_ += u.chunk.length;
     ++w.units_;
     if (w.rec_up_.enabled()) w.rec_up_.add(now, fin1, "push " + std::to_string(u.chunk.tensor));
-    clock_.schedule_event(fin1, kUplinkFree, w.id_);
-    clock_.schedule_event(add_saturated(fin2, cluster_.latency), kServerArrive, w.id_, u);
+    clock_.schedule_event_on(w.up_lane_, fin1, kUplinkFree, w.id_, 0);
+    if (!acks_) {
+      // Without acknowledgements an arrival that does not complete its sum changes nothing
+      // but the count, and the server's link delivers in the order it is given work: the
+      // copy sent N-th is the one that arrives N-th. So the count is kept here and only
+      // the completing arrival is an event (the others are counted in silent_events()).
+      auto& a = s.agg.find_or_insert(key(u.chunk));
+      if (a.count == 0) {
+        a.length = u.chunk.length;
+      } else if (a.length != u.chunk.length) {
+        return fail(mismatch(u));
+      }
+      if (++a.count < cluster_.workers) {
+        ++silent_;
+        return;
+      }
+      s.agg.erase(a);
+    }
+    s.arriving.push({w.id_, u});
+    clock_.schedule_event_on(s.in_lane, add_saturated(fin2, cluster_.latency), kServerArrive, w.id_,
+                             static_cast<std::uint32_t>(u.server));
+  }
+  static Status mismatch(const PushUnit& u) {
+    return internal_error("workers cut different units: tensor " + std::to_string(u.chunk.tensor) + " offset " +
+                          std::to_string(u.chunk.offset));
   }
 
   // The uplink finished a unit: with nothing queued, everything handed over is on the wire.
@@ -256,31 +362,36 @@ class PsNetwork {
     try_send(w);
   }
 
-  void on_server_arrive(int worker, const PushUnit& u) {
-    Server& s = *servers_[static_cast<std::size_t>(u.server)];
-    if (acks_) clock_.schedule_event(add_saturated(ack_time(s, port(worker)), cluster_.latency), kAck, worker, u);
-    auto& a = s.agg.find_or_insert(key(u.chunk));
-    if (a.count == 0) {
-      a.length = u.chunk.length;
-    } else if (a.length != u.chunk.length) {
-      fail(internal_error("workers cut different units: tensor " + std::to_string(u.chunk.tensor) +
-                          " offset " + std::to_string(u.chunk.offset)));
-      return;
-    }
-    if (++a.count < cluster_.workers) return;
-    s.agg.erase(a);
+  void on_server_arrive(int worker, std::uint32_t server) {
+    Server& s = *servers_[server];
+    // A link delivers in order, and its arrivals are a lane of the clock: the same order.
+    QS_CHECK(!s.arriving.empty() && s.arriving.front().first == worker);
+    const PushUnit u = s.arriving.pop().second;
+    if (acks_) {
+      clock_.schedule_event(add_saturated(ack_time(s, port(worker)), cluster_.latency), kAck, worker,
+                            units_.add(u, 1));
+      auto& a = s.agg.find_or_insert(key(u.chunk));
+      if (a.count == 0) {
+        a.length = u.chunk.length;
+      } else if (a.length != u.chunk.length) {
+        return fail(mismatch(u));
+      }
+      if (++a.count < cluster_.workers) return;
+      s.agg.erase(a);
+    }  // else try_send counted the copies, and this one completes the sum
     // Sum complete: one pull per worker (Mercury IV-C "PS Sender").
     if (cluster_.overlapping_pulls) {
       // Mercury eq. 7: tau_pull = tau_push + t_pull, no pull waits for another.
       const TimeNs now = clock_.now();
       const TimeNs fin = schedule_.finish_time(now, u.chunk.length + cluster_.frame_header) + cluster_.frame_cpu;
+      const std::uint32_t sum = units_.add(u, cluster_.workers);
       for (int w = 0; w < cluster_.workers; ++w) {
         if (port(w).rec_down_.enabled()) port(w).rec_down_.add(now, fin, "pull " + std::to_string(u.chunk.tensor));
-        clock_.schedule_event(add_saturated(fin, cluster_.latency), kPullArrive, w, u);
+        clock_.schedule_event(add_saturated(fin, cluster_.latency), kPullArrive, w, sum);
       }
       return;
     }
-    for (int w = 0; w < cluster_.workers; ++w) s.out_q.push(u.priority, {w, u});
+    s.out_q.push(u.priority, Pull{u, 0});
     try_send_server(u.server);
   }
 
@@ -299,13 +410,30 @@ class PsNetwork {
     Server& s = *servers_[static_cast<std::size_t>(server)];
     const TimeNs now = clock_.now();
     if (s.out.busy_until > now || s.out_q.empty()) return;
-    auto [wid, u] = s.out_q.pop();
+    Pull& next = s.out_q.front();
+    const int wid = next.next++;
+    const PushUnit u = next.unit;
+    if (next.next == cluster_.workers) s.out_q.pop();
     Port& w = port(wid);
     const TimeNs start2 = std::max(now, w.down_.busy_until);
     const auto [fin1, fin2] = s.out.transfer(now, u.chunk.length + cluster_.frame_header, w.down_);
     if (w.rec_down_.enabled()) w.rec_down_.add(start2, fin2, "pull " + std::to_string(u.chunk.tensor));
-    clock_.schedule_event(fin1, kServerOutFree, server);
-    clock_.schedule_event(add_saturated(fin2, cluster_.latency), kPullArrive, wid, u);
+    clock_.schedule_event_on(s.out_lane, fin1, kServerOutFree, server, 0);
+    const TimeNs at = add_saturated(fin2, cluster_.latency);
+    // A pull that does not complete its layer only adds to the layer's count in the
+    // worker's loop (the forward gate opens on the last one), and the worker's downlink
+    // delivers in the order it is given work: such a pull is reported now, with the time
+    // it arrives, and only the layer's last pull is an event (ExchangeListener::on_pulled).
+    const int layer = layout_.tensor(u.chunk.tensor).layer;
+    Bytes& sent = w.pulls_sent_[static_cast<std::size_t>(layer)];
+    sent += u.chunk.length;
+    if (sent < layout_.layer_bytes(layer)) {
+      ++silent_;
+      w.listener_->on_pulled(u, at);
+      return;
+    }
+    sent = 0;
+    clock_.schedule_event_on(w.down_lane_, at, kPullArrive, wid, units_.add(u, 1));
   }
 
   SimClock& clock_;
@@ -316,6 +444,8 @@ class PsNetwork {
   bool acks_;
   std::vector<std::unique_ptr<Port>> ports_;
   std::vector<std::unique_ptr<Server>> servers_;
+  UnitPool units_;
+  std::uint64_t silent_ = 0;  // arrivals that needed no event (counted as events all the same)
   Status error_;
 };
 
@@ -342,6 +472,7 @@ Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy_
   PsNetwork net(clock, cluster, layout, placement, policies[0]->server_discipline(), policies[0]->wants_acks());
   std::vector<std::unique_ptr<EmulatedCompute>> gpus;
   std::vector<std::unique_ptr<TrainingLoop>> loops;
+  bool any_failed = false;  // some loop failed: look for the first error (not O(N) per event)
   for (int w = 0; w < cluster.workers; ++w) {
     const double factor = factor_of(w);
     PsNetwork::Port& port = net.add_port(policies[static_cast<std::size_t>(w)]->discipline());
@@ -351,6 +482,7 @@ Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy_
     LoopOptions lo;
     lo.iterations = opts.iterations;
     lo.verify_bytes = opts.verify_bytes;
+    lo.failed = [&any_failed](const Status&) { any_failed = true; };
     loops.push_back(std::make_unique<TrainingLoop>(profile, layout, *policies[static_cast<std::size_t>(w)], clock,
                                                    *gpus.back(), port, std::move(lo)));
     port.set_listener(loops.back().get());
@@ -367,6 +499,7 @@ Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy_
     const auto e = clock.pop();
     if (e.time >= kSimHorizon) return horizon_error();
     if (!clock.run_callback(e)) net.dispatch(e.payload);
+    if (!any_failed && net.error().is_ok()) continue;
     if (Status s = first_error(); !s.is_ok()) return s;
   }
   for (std::size_t w = 0; w < loops.size(); ++w) {
@@ -389,7 +522,8 @@ Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy_
   result.link_utilisation = steady_median(utilisation, opts.warmup);
   result.bytes_pushed_per_iteration = r0.back().traffic.bytes;
   result.messages_per_iteration = r0.back().traffic.messages;
-  result.events = clock.fired();
+  result.events = clock.fired() + net.silent_events();
+  result.queue_events = clock.fired();
   finish_result(profile, cluster, opts, &result);
   return result;
 }
