@@ -116,6 +116,7 @@ expect_bad "--slice-size 1B" simulate --policy p3 --slice-size 1B
 expect_bad "--prophet-partition-size 1B" simulate --policy prophet --prophet-partition-size 1B
 expect_bad "--deft-partition-size 1B" simulate --architecture allreduce --policy deft --deft-partition-size 1B
 expect_bad "over all workers" simulate --policy mercury --workers 4096
+expect_bad "the limit is 33554432 over all workers" simulate --policy mercury --workers 1207 --servers 1207
 expect_bad "--packet-size 1B" run --model vgg16 --policy mercury --packet-size 1B
 expect_bad "--deft-exact-items must be in 0..20" simulate --architecture allreduce --policy deft --deft-exact-items 25
 "$qs" bogus-command > /dev/null 2>&1; [ $? -ne 0 ] && ok || bad "unknown subcommand accepted"

@@ -690,7 +690,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
       }
     }
     QS_RETURN_IF_ERROR(check_unit_budget(job.profile, p, job.cluster.architecture, job.policy_options,
-                                         job.cluster.workers)
+                                         job.cluster.workers, job.cluster.servers)
                            .with_context(p));
   }
   // Written so that NaN fails too.

@@ -28,7 +28,8 @@ Result<SimResult> simulate(const Profile& profile, const std::string& policy,
     for (const auto& n : all_policy_names()) known += (known.empty() ? "" : ", ") + n;
     return invalid_argument("unknown policy '" + policy + "' (known: " + known + ")");
   }
-  QS_RETURN_IF_ERROR(check_unit_budget(profile, policy, cluster.architecture, policy_options, cluster.workers));
+  QS_RETURN_IF_ERROR(check_unit_budget(profile, policy, cluster.architecture, policy_options, cluster.workers,
+                                       cluster.servers));
   try {
     if (cluster.architecture == Architecture::kPs) {
       return simulate_ps(profile, policy, policy_options, cluster, options);
