@@ -210,7 +210,8 @@ class PsNetwork {
   class Port final : public Exchange {
    public:
     Port(PsNetwork& net, int id, QueueDiscipline d, int priorities)
-        : net_(net), id_(id), tx_(d, priorities), up_lane_(net.clock_.add_lane()), down_lane_(net.clock_.add_lane()) {
+        : net_(net), id_(id), tx_(d, priorities), up_lane_(net.clock_.add_lane()),
+          ack_lane_(net.acks_ ? net.clock_.add_lane() : -1) {
       up_.schedule = down_.schedule = &net.schedule_;
       up_.frame_cpu = down_.frame_cpu = net.cluster_.frame_cpu;
       pulls_sent_.assign(static_cast<std::size_t>(net.layout_.num_layers()), 0);
@@ -241,7 +242,7 @@ class PsNetwork {
     TxQueue<PushUnit> tx_;
     Link up_, down_;
     int up_lane_;    // up_'s end of serialisation (one at a time)
-    int down_lane_;  // the pulls arriving over down_, in the order it delivers them
+    int ack_lane_;   // acknowledgements for this worker (mostly in time order), if any
     std::vector<Bytes> pulls_sent_;  // per layer, this iteration's pulls sent so far (try_send_server)
     Bytes bytes_ = 0;
     std::int64_t units_ = 0;
@@ -255,7 +256,10 @@ class PsNetwork {
         schedule_(cluster.link_schedule()), acks_(acks) {
     const int priorities = layout.num_tensors() + 1;
     for (int s = 0; s < cluster.servers; ++s) {
-      auto& srv = servers_.emplace_back(std::make_unique<Server>(server_discipline, priorities, clock.add_lane(), clock.add_lane()));
+      // Without acknowledgements only an arrival that completes a sum is an event (try_send):
+      // few, and the heap takes them; with them every arrival is, on the server's lane.
+      const int in_lane = acks ? clock.add_lane() : -1;
+      auto& srv = servers_.emplace_back(std::make_unique<Server>(server_discipline, priorities, in_lane, clock.add_lane()));
       srv->in.schedule = srv->out.schedule = &schedule_;
       srv->in.frame_cpu = srv->out.frame_cpu = cluster.frame_cpu;
     }
@@ -302,7 +306,7 @@ class PsNetwork {
     Server(QueueDiscipline d, int priorities, int in_lane, int out_lane)
         : in_lane(in_lane), out_lane(out_lane), out_q(d, priorities) {}
     Link in, out;
-    int in_lane;   // the pushes arriving over `in`, in the order it delivers them
+    int in_lane;   // the pushes arriving over `in`, in the order it delivers them (-1: the heap)
     // Their units, in the same order (an arrival event names only the server; the units
     // are read in sequence, not from scattered slots).
     Ring<std::pair<int, PushUnit>> arriving;
@@ -368,8 +372,8 @@ class PsNetwork {
     QS_CHECK(!s.arriving.empty() && s.arriving.front().first == worker);
     const PushUnit u = s.arriving.pop().second;
     if (acks_) {
-      clock_.schedule_event(add_saturated(ack_time(s, port(worker)), cluster_.latency), kAck, worker,
-                            units_.add(u, 1));
+      clock_.schedule_event_on(port(worker).ack_lane_, add_saturated(ack_time(s, port(worker)), cluster_.latency),
+                               kAck, worker, units_.add(u, 1));
       auto& a = s.agg.find_or_insert(key(u.chunk));
       if (a.count == 0) {
         a.length = u.chunk.length;
@@ -433,7 +437,7 @@ class PsNetwork {
       return;
     }
     sent = 0;
-    clock_.schedule_event_on(w.down_lane_, at, kPullArrive, wid, units_.add(u, 1));
+    clock_.schedule_event(at, kPullArrive, wid, units_.add(u, 1));  // few: a layer's last
   }
 
   SimClock& clock_;
@@ -471,20 +475,22 @@ Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy_
   SimClock clock;
   PsNetwork net(clock, cluster, layout, placement, policies[0]->server_discipline(), policies[0]->wants_acks());
   std::vector<std::unique_ptr<EmulatedCompute>> gpus;
+  std::vector<std::unique_ptr<LaneTimer>> timers;  // per worker: its GPU's and its loop's callbacks
   std::vector<std::unique_ptr<TrainingLoop>> loops;
   bool any_failed = false;  // some loop failed: look for the first error (not O(N) per event)
   for (int w = 0; w < cluster.workers; ++w) {
     const double factor = factor_of(w);
     PsNetwork::Port& port = net.add_port(policies[static_cast<std::size_t>(w)]->discipline());
     if (opts.record_trace) port.record(&result.trace);
+    LaneTimer& timer = *timers.emplace_back(std::make_unique<LaneTimer>(clock));
     gpus.push_back(std::make_unique<EmulatedCompute>(
-        profile, factor, clock, opts.record_trace ? SpanRecorder(&result.trace, w, 0, true) : SpanRecorder()));
+        profile, factor, timer, opts.record_trace ? SpanRecorder(&result.trace, w, 0, true) : SpanRecorder()));
     LoopOptions lo;
     lo.iterations = opts.iterations;
     lo.verify_bytes = opts.verify_bytes;
     lo.failed = [&any_failed](const Status&) { any_failed = true; };
-    loops.push_back(std::make_unique<TrainingLoop>(profile, layout, *policies[static_cast<std::size_t>(w)], clock,
-                                                   *gpus.back(), port, std::move(lo)));
+    loops.push_back(std::make_unique<TrainingLoop>(profile, layout, *policies[static_cast<std::size_t>(w)],
+                                                   timer, *gpus.back(), port, std::move(lo)));
     port.set_listener(loops.back().get());
   }
   auto first_error = [&]() -> Status {
