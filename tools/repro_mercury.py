@@ -6,12 +6,15 @@ BERT-Base on an RTX 3090, one worker and one PS (the model of eq. 1-2).
 Fig. 12: the minimum bandwidth at which a scheduler reaches 0.99 of the oracle (0.90 for
 BERT-Base), per model and GPU, found by bisection; WFBP also with the paper's eq. 7
 (overlapping pulls) and Mercury also with the paper's FIFO server Ready Queue.
+Fig. 13: training speed (samples/s) against the number of workers at 10 Gbps, every model
+of Table II on a GTX 1080 Ti, N workers and N PSes; the paper's 2..4 workers extended to 64.
 Fig. 17: Mercury's normalised speed against its packet size (4 KiB to 4 MiB), VGG-16 and
 AlexNet, 2 workers and 2 PSes, under three per-frame costs (docs/simulator.md).
 
 Usage: /usr/bin/python3 tools/repro_mercury.py [--bin build/quicksilver] [--out docs/img]
-           [--only fig11|fig12|fig17]
-Prints markdown tables; writes mercury_fig11.png, mercury_fig12.png and mercury_fig17.png.
+           [--only fig11|fig12|fig13|fig17]
+Prints markdown tables; writes mercury_fig11.png, mercury_fig12.png, mercury_fig13.png and
+mercury_fig17.png.
 """
 import argparse
 import json
@@ -149,6 +152,78 @@ def fig12(qs, policies, out_dir):
     fig.savefig(f"{out_dir}/mercury_fig12.png", dpi=110)
 
 
+# Fig. 13 (section VI-B): the testbed's GTX 1080 Ti, 10 Gbps, as many PSes as workers.
+FIG13_MODELS = ["vgg16_cifar10", "vgg16", "vgg19", "alexnet", "resnet50", "bert_base"]
+FIG13_WORKERS = [2, 4, 8, 16, 32, 64]
+FIG13_POLICIES = ["oracle", "wfbp", "bytescheduler", "mercury-nopreempt", "mercury"]
+# What the paper states of Fig. 13 in its text (2..4 workers; the bars' values are not in
+# the text): the largest gains of Mercury over each scheme.
+FIG13_PAPER_MAX_GAIN = {"wfbp": 130, "bytescheduler": 40, "mercury-nopreempt": 15}
+
+
+def samples_per_second(qs, model, device, gbps, policies, hosts, extra=()):
+    cmd = [qs, "simulate", "--model", model, "--device", device, "--policy", ",".join(policies),
+           "--workers", str(hosts), "--servers", str(hosts), "--bandwidth", f"{gbps}Gbps",
+           "--iterations", "3", "--json", *extra]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return {r["policy"]: r["samples_per_second"] for r in json.loads(out)["results"]}
+
+
+def fig13(qs, out_dir):
+    """Training speed against the number of workers (the paper's 2..4, extended to 64)."""
+    policies = FIG13_POLICIES
+    data = {(m, n): samples_per_second(qs, m, "gtx1080ti", 10, policies, n)
+            for m in FIG13_MODELS for n in FIG13_WORKERS}
+    print("### Fig. 13: samples/s against workers, GTX 1080 Ti, 10 Gbps, N workers + N PSes\n")
+    print("| model | N | linear (oracle) | wfbp | bytescheduler | mercury-nopreempt | mercury | "
+          "mercury / wfbp | mercury / bytescheduler | mercury / nopreempt |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    gains = {p: [] for p in FIG13_PAPER_MAX_GAIN}
+    for m in FIG13_MODELS:
+        for n in FIG13_WORKERS:
+            r = data[(m, n)]
+            cells = [f"{r[p]:.0f}" for p in policies]
+            ratios = []
+            for p in FIG13_PAPER_MAX_GAIN:
+                g = 100 * (r["mercury"] / r[p] - 1)
+                ratios.append(f"{g:+.0f} %")
+                if n <= 4:
+                    gains[p].append((g, m, n))
+            print(f"| {m} | {n} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    print()
+    for p, paper in FIG13_PAPER_MAX_GAIN.items():
+        g, m, n = max(gains[p])
+        print(f"largest gain of mercury over {p} at 2-4 workers: {g:+.0f} % ({m}, N={n}); paper: up to {paper} %")
+    print()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
+    styles = {"oracle": ("k", ":"), "wfbp": ("tab:gray", "-"), "bytescheduler": ("tab:blue", "-"),
+              "mercury-nopreempt": ("tab:orange", "--"), "mercury": ("tab:red", "-")}
+    for ax, m in zip(axes.flat, FIG13_MODELS):
+        for p in policies:
+            colour, ls = styles[p]
+            ax.plot(FIG13_WORKERS, [data[(m, n)][p] for n in FIG13_WORKERS], color=colour, ls=ls, marker="o", ms=3,
+                    label="linear scaling" if p == "oracle" else p)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(FIG13_WORKERS)
+        ax.set_xticklabels([str(n) for n in FIG13_WORKERS])
+        ax.set_title(m)
+        ax.set_xlabel("workers (= PSes)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("samples/s")
+    axes[1][0].set_ylabel("samples/s")
+    axes[0][2].legend(fontsize=7)
+    fig.suptitle("Mercury Fig. 13 extended to 64 workers, simulated (GTX 1080 Ti, 10 Gbps)")
+    fig.tight_layout()
+    fig.savefig(f"{out_dir}/mercury_fig13.png", dpi=110)
+
+
 FIG17_PACKETS_KIB = [4, 8, 16, 32, 64, 128, 256, 1024, 4096]
 FIG17_GBPS = [1, 3, 5, 10]
 # Per-frame costs compared in Fig. 17: free frames, and Quicksilver's transport as
@@ -206,13 +281,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="build/quicksilver")
     ap.add_argument("--out", default="docs/img")
-    ap.add_argument("--only", choices=["fig11", "fig12", "fig17"])
+    ap.add_argument("--only", choices=["fig11", "fig12", "fig13", "fig17"])
     a = ap.parse_args()
     policies = available(a.bin)
     if a.only in (None, "fig11"):
         fig11(a.bin, policies, a.out)
     if a.only in (None, "fig12"):
         fig12(a.bin, policies, a.out)
+    if a.only in (None, "fig13"):
+        fig13(a.bin, a.out)
     if a.only in (None, "fig17"):
         fig17(a.bin, a.out)
 
