@@ -155,7 +155,7 @@ def fig12(qs, policies, out_dir):
 # Fig. 13 (section VI-B): the testbed's GTX 1080 Ti, 10 Gbps, as many PSes as workers.
 FIG13_MODELS = ["vgg16_cifar10", "vgg16", "vgg19", "alexnet", "resnet50", "bert_base"]
 FIG13_WORKERS = [2, 4, 8, 16, 32, 64]
-FIG13_POLICIES = ["oracle", "wfbp", "bytescheduler", "mercury-nopreempt", "mercury"]
+FIG13_POLICIES = ["oracle", "wfbp", "p3", "tictac", "bytescheduler", "prophet", "mercury-nopreempt", "mercury"]
 # What the paper states of Fig. 13 in its text (2..4 workers; the bars' values are not in
 # the text): the largest gains of Mercury over each scheme.
 FIG13_PAPER_MAX_GAIN = {"wfbp": 130, "bytescheduler": 40, "mercury-nopreempt": 15}
@@ -175,9 +175,9 @@ def fig13(qs, out_dir):
     data = {(m, n): samples_per_second(qs, m, "gtx1080ti", 10, policies, n)
             for m in FIG13_MODELS for n in FIG13_WORKERS}
     print("### Fig. 13: samples/s against workers, GTX 1080 Ti, 10 Gbps, N workers + N PSes\n")
-    print("| model | N | linear (oracle) | wfbp | bytescheduler | mercury-nopreempt | mercury | "
+    print("| model | N | linear (oracle) | " + " | ".join(policies[1:]) + " | "
           "mercury / wfbp | mercury / bytescheduler | mercury / nopreempt |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|" + "---|" * (len(policies) + 3))
     gains = {p: [] for p in FIG13_PAPER_MAX_GAIN}
     for m in FIG13_MODELS:
         for n in FIG13_WORKERS:
@@ -202,7 +202,8 @@ def fig13(qs, out_dir):
     except ImportError:
         return
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
-    styles = {"oracle": ("k", ":"), "wfbp": ("tab:gray", "-"), "bytescheduler": ("tab:blue", "-"),
+    styles = {"oracle": ("k", ":"), "wfbp": ("tab:gray", "-"), "p3": ("tab:green", ":"), "tictac": ("tab:brown", ":"),
+              "bytescheduler": ("tab:blue", "-"), "prophet": ("tab:purple", "--"),
               "mercury-nopreempt": ("tab:orange", "--"), "mercury": ("tab:red", "-")}
     for ax, m in zip(axes.flat, FIG13_MODELS):
         for p in policies:
