@@ -116,6 +116,13 @@ expect_bad "--slice-size 1B" simulate --policy p3 --slice-size 1B
 expect_bad "--prophet-partition-size 1B" simulate --policy prophet --prophet-partition-size 1B
 expect_bad "--deft-partition-size 1B" simulate --architecture allreduce --policy deft --deft-partition-size 1B
 expect_bad "over all workers" simulate --policy mercury --workers 4096
+expect_bad "--server-shares lists 2 values for 4 servers" simulate --policy mercury --server-shares 1,2
+expect_bad "--server-bandwidths: server 9 does not exist" simulate --policy mercury --server-bandwidths 9=1Gbps
+expect_bad "--worker-bandwidths: cannot read '1=fast'" simulate --policy mercury --worker-bandwidths 1=fast
+expect_bad "--server-shares values must be in (0, 1000000]" simulate --policy mercury --server-shares 0=0
+expect_bad "--server-shares needs --architecture ps" simulate --architecture allreduce --policy ddp --server-shares 1,1,1,1
+expect_bad "are the simulator's" run --model vgg16 --policy mercury --server-shares 2,1,1,1
+expect_bad "cannot be combined with --bandwidth-trace" simulate --policy mercury --bandwidth-trace random:1Gbps:2Gbps:1s --server-bandwidths 0=1Gbps
 expect_bad "the limit is 33554432 over all workers" simulate --policy mercury --workers 1207 --servers 1207
 expect_bad "--packet-size 1B" run --model vgg16 --policy mercury --packet-size 1B
 expect_bad "--deft-exact-items must be in 0..20" simulate --architecture allreduce --policy deft --deft-exact-items 25

@@ -1,3 +1,4 @@
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -96,6 +97,32 @@ TEST(Placement, SplitsLargeTensorsOverAllServersAndBalancesSmallOnes) {
   EXPECT_EQ(pl.server_of(0, 3 * kMiB + 5), 3);
 }
 
+// Server shares (issue 14, Mercury Fig. 21(b)): split tensors in proportion, small ones to
+// the server with the least load per share; equal shares are the balanced placement.
+TEST(Placement, SharesWeightTheSplitAndTheSmallTensors) {
+  Profile p;
+  p.layers = {layer("big", 1, 1, 4 * kMiB), layer("a", 1, 1, 400), layer("b", 1, 1, 400),
+              layer("c", 1, 1, 400), layer("d", 1, 1, 400)};
+  TensorLayout lay(p);
+  Placement pl(lay, 2, Placement::kDefaultSplitThreshold, {3, 1});
+  ASSERT_EQ(pl.slices(0).size(), 2u);
+  EXPECT_EQ(pl.slices(0)[0].chunk.length, 3 * kMiB);
+  EXPECT_EQ(pl.slices(0)[1].chunk.length, kMiB);
+  // Loads 3 MiB : 1 MiB are equal per share; ties go to server 0, then it is ahead.
+  EXPECT_EQ(pl.slices(1)[0].server, 0);
+  EXPECT_EQ(pl.slices(2)[0].server, 1);
+  EXPECT_EQ(pl.server_bytes(0) + pl.server_bytes(1), 4 * kMiB + 1600);
+  Placement equal(lay, 4, Placement::kDefaultSplitThreshold, {2, 2, 2, 2});
+  Placement balanced(lay, 4);
+  for (TensorId t = 0; t < lay.num_tensors(); ++t) {
+    ASSERT_EQ(equal.slices(t).size(), balanced.slices(t).size());
+    for (std::size_t i = 0; i < equal.slices(t).size(); ++i) {
+      EXPECT_EQ(equal.slices(t)[i].server, balanced.slices(t)[i].server);
+      EXPECT_EQ(equal.slices(t)[i].chunk, balanced.slices(t)[i].chunk);
+    }
+  }
+}
+
 TEST(SplitChunk, AlignsAndCovers) {
   auto v = split_chunk(Chunk{0, 100, 1003}, 500, 4);
   ASSERT_EQ(v.size(), 3u);
@@ -148,6 +175,53 @@ TEST(Simulator, BalancedPushTakesSizeOverBandwidth) {
   EXPECT_GE(r->iteration_time, 4 * kMiB + 1024);
   EXPECT_LE(r->iteration_time, 4 * kMiB + 5 * 1024);
   EXPECT_GT(r->link_utilisation, 0.99);
+}
+
+// Mercury Fig. 21(b): hosts not in a perfect load balance. A slower server NIC, or a
+// server holding more of the parameters, is the bottleneck: the iteration is set by the
+// busiest server link (issue 14 item 11).
+TEST(Simulator, PerHostBandwidthsAndServerSharesSetTheBottleneck) {
+  Profile p;
+  p.layers = {layer("fc", 0, 0, 4 * kMiB)};
+  PolicyOptions o;
+  o.packet_size = 1024;
+  const TimeNs balanced = simulate(p, "mercury", o, cluster(4, 4, Rate::gbps(8)), {})->iteration_time;
+  // Server 0 at half the rate: its quarter of every worker's push takes twice as long.
+  ClusterConfig slow = cluster(4, 4, Rate::gbps(8));
+  slow.server_bandwidth = {Rate::gbps(4), Rate::gbps(8), Rate::gbps(8), Rate::gbps(8)};
+  auto r = simulate(p, "mercury", o, slow, {});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_GE(r->iteration_time, 2 * 4 * kMiB);
+  EXPECT_LE(r->iteration_time, 2 * 4 * kMiB + 10 * 2048);
+  // Equal rates given per host are the plain cluster, exactly.
+  ClusterConfig same = cluster(4, 4, Rate::gbps(8));
+  same.worker_bandwidth.assign(4, Rate::gbps(8));
+  same.server_bandwidth.assign(4, Rate::gbps(8));
+  same.server_shares.assign(4, 2.5);
+  EXPECT_EQ(simulate(p, "mercury", o, same, {})->iteration_time, balanced);
+  // Server 0 holds 2/5 of the tensor: 1.6 times a quarter.
+  ClusterConfig shares = cluster(4, 4, Rate::gbps(8));
+  shares.server_shares = {2, 1, 1, 1};
+  auto s = simulate(p, "mercury", o, shares, {});
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_GE(s->iteration_time, 4 * 4 * kMiB * 2 / 5);
+  EXPECT_LE(s->iteration_time, 4 * 4 * kMiB * 2 / 5 + 10 * 1024);
+  // A slow worker NIC holds everyone back by its push and its pull.
+  ClusterConfig worker = cluster(4, 4, Rate::gbps(8));
+  worker.worker_bandwidth = {Rate::gbps(8), Rate::gbps(8), Rate::gbps(8), Rate::gbps(2)};
+  auto w = simulate(p, "mercury", o, worker, {});
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  EXPECT_GE(w->iteration_time, 4 * 4 * kMiB);
+  // Validation: one value per host, PS only, not with a time-varying rate.
+  ClusterConfig bad = cluster(4, 4, Rate::gbps(8));
+  bad.server_shares = {1, 1};
+  EXPECT_THAT(bad.validate().message(), ::testing::HasSubstr("--server-shares lists 2 values for 4 servers"));
+  bad.server_shares = {1, 1, 0, 1};
+  EXPECT_THAT(bad.validate().message(), ::testing::HasSubstr("--server-shares values must be in"));
+  bad.server_shares.clear();
+  bad.worker_bandwidth.assign(4, Rate::gbps(1));
+  bad.schedule = *BandwidthSchedule::parse_random("random:1Gbps:10Gbps:1ms", 5, kNsPerSec);
+  EXPECT_THAT(bad.validate().message(), ::testing::HasSubstr("cannot be combined with --bandwidth-trace"));
 }
 
 // Link utilisation counts the time some ready gradient is not yet on the wire: a compute

@@ -10,11 +10,13 @@ Fig. 13: training speed (samples/s) against the number of workers at 10 Gbps, ev
 of Table II on a GTX 1080 Ti, N workers and N PSes; the paper's 2..4 workers extended to 64.
 Fig. 17: Mercury's normalised speed against its packet size (4 KiB to 4 MiB), VGG-16 and
 AlexNet, 2 workers and 2 PSes, under three per-frame costs (docs/simulator.md).
+Fig. 21: (a) heterogeneous GPU workers (--compute-factor) and (b) hosts not in a perfect
+load balance (--server-shares, --server-bandwidths), 4 workers and 4 PSes at 10 Gbps.
 
 Usage: /usr/bin/python3 tools/repro_mercury.py [--bin build/quicksilver] [--out docs/img]
-           [--only fig11|fig12|fig13|fig17]
-Prints markdown tables; writes mercury_fig11.png, mercury_fig12.png, mercury_fig13.png and
-mercury_fig17.png.
+           [--only fig11|fig12|fig13|fig17|fig21]
+Prints markdown tables; writes mercury_fig11.png, mercury_fig12.png, mercury_fig13.png,
+mercury_fig17.png and mercury_fig21.png.
 """
 import argparse
 import json
@@ -278,11 +280,77 @@ def fig17(qs, out_dir):
     fig.savefig(f"{out_dir}/mercury_fig17.png", dpi=110)
 
 
+# Fig. 21 (section VI-D): 4 workers and 4 PSes, 10 Gbps, GTX 1080 Ti. The paper's text
+# names neither the GPU mix of (a) nor the imbalance of (b); these are ours.
+FIG21_MODELS = ["vgg16", "vgg19", "alexnet", "resnet50", "bert_base"]
+FIG21_POLICIES = ["wfbp", "p3", "tictac", "bytescheduler", "prophet", "mercury-nopreempt", "mercury"]
+FIG21_SCENARIOS = [
+    ("balanced", "4 alike workers, balanced placement", ()),
+    # (a) two 1080 Tis and two GPUs twice as fast (an RTX 3090 in our device model: 10 vs 5
+    # TFLOPS), as a cluster grown with newer cards.
+    ("(a) heterogeneous workers", "workers 2, 3 compute 2x faster", ("--compute-factor", "1,1,0.5,0.5")),
+    # (b) server 0 holds 40 % of the parameters (shares 2:1:1:1) ...
+    ("(b) unequal placement", "server 0 holds 2/5 of the parameters", ("--server-shares", "2,1,1,1")),
+    # ... or one PS's NIC is half as fast.
+    ("(b) slow server link", "server 0's NIC at 5 Gbps", ("--server-bandwidths", "0=5Gbps")),
+]
+# What the paper states of Fig. 21 in its text: Mercury's largest gains.
+FIG21_PAPER = {
+    "(a) heterogeneous workers": "over Native-PS up to 93 % and BytePS 37 % (VGG-19); BERT-Base 26 % and 14 %; "
+                                 "ResNet-50 none",
+    "(b) unequal placement": "Mercury outperforms other methods for all DNN models",
+    "(b) slow server link": "Mercury outperforms other methods for all DNN models",
+}
+
+
+def fig21(qs, out_dir):
+    data = {(label, m): samples_per_second(qs, m, "gtx1080ti", 10, FIG21_POLICIES, 4, extra)
+            for label, _, extra in FIG21_SCENARIOS for m in FIG21_MODELS}
+    print("### Fig. 21: samples/s, GTX 1080 Ti, 10 Gbps, 4 workers + 4 PSes\n")
+    print("| scenario | model | " + " | ".join(FIG21_POLICIES) + " | mercury / wfbp | mercury / bytescheduler | "
+          "mercury / best other |")
+    print("|---|---|" + "---|" * (len(FIG21_POLICIES) + 3))
+    for label, _, _ in FIG21_SCENARIOS:
+        for m in FIG21_MODELS:
+            r = data[(label, m)]
+            best_other = max(r[p] for p in FIG21_POLICIES if p != "mercury")
+            gains = [100 * (r["mercury"] / r[p] - 1) for p in ("wfbp", "bytescheduler")]
+            gains.append(100 * (r["mercury"] / best_other - 1))
+            print(f"| {label} | {m} | " + " | ".join(f"{r[p]:.0f}" for p in FIG21_POLICIES) + " | " +
+                  " | ".join(f"{g:+.0f} %" for g in gains) + " |")
+    print()
+    for label, what, extra in FIG21_SCENARIOS:
+        print(f"- {label}: {what} (`{' '.join(extra)}`)" + (f"; paper: {FIG21_PAPER[label]}" if label in FIG21_PAPER
+                                                              else ""))
+    print()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, len(FIG21_SCENARIOS), figsize=(16, 4.2), sharey=True)
+    width = 0.8 / len(FIG21_POLICIES)
+    for ax, (label, what, _) in zip(axes, FIG21_SCENARIOS):
+        for k, p in enumerate(FIG21_POLICIES):
+            ax.bar([i + k * width for i in range(len(FIG21_MODELS))],
+                   [data[(label, m)][p] / data[(label, m)]["wfbp"] for m in FIG21_MODELS], width, label=p)
+        ax.set_xticks([i + width * (len(FIG21_POLICIES) - 1) / 2 for i in range(len(FIG21_MODELS))])
+        ax.set_xticklabels(FIG21_MODELS, rotation=30, fontsize=8)
+        ax.set_title(f"{label}\n{what}", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("speed normalised by Native-PS (wfbp)")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle("Mercury Fig. 21, simulated: heterogeneous workers and unbalanced servers (GTX 1080 Ti, 10 Gbps)")
+    fig.tight_layout()
+    fig.savefig(f"{out_dir}/mercury_fig21.png", dpi=110)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="build/quicksilver")
     ap.add_argument("--out", default="docs/img")
-    ap.add_argument("--only", choices=["fig11", "fig12", "fig13", "fig17"])
+    ap.add_argument("--only", choices=["fig11", "fig12", "fig13", "fig17", "fig21"])
     a = ap.parse_args()
     policies = available(a.bin)
     if a.only in (None, "fig11"):
@@ -293,6 +361,8 @@ def main():
         fig13(a.bin, a.out)
     if a.only in (None, "fig17"):
         fig17(a.bin, a.out)
+    if a.only in (None, "fig21"):
+        fig21(a.bin, a.out)
 
 
 if __name__ == "__main__":

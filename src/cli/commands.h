@@ -27,6 +27,7 @@ struct SimFlags {
   std::string allreduce = "ring";
   std::string bandwidth_trace;
   std::string compute_factor;
+  std::string worker_bandwidths, server_bandwidths, server_shares;  // ps simulator, per host
   std::string reduction_rate, allreduce_a, allreduce_b, allreduce_fit;
   double second_link = 0;
   bool overlapping_pulls = false;

@@ -125,6 +125,15 @@ void print_json(const Job& job, const std::vector<Row>& rows, std::optional<doub
                  {"warmup", job.sim.warmup},
                  {"statistic", statistic_name(job.sim.statistic)}};
   if (goodput) config["goodput_fraction"] = *goodput;
+  // Hosts that are not alike (shown only when given, so other outputs stay as they were).
+  auto rates = [](const std::vector<Rate>& v) {
+    json a = json::array();
+    for (Rate r : v) a.push_back(r.bits_per_second);
+    return a;
+  };
+  if (!c.worker_bandwidth.empty()) config["worker_bandwidths_bps"] = rates(c.worker_bandwidth);
+  if (!c.server_bandwidth.empty()) config["server_bandwidths_bps"] = rates(c.server_bandwidth);
+  if (!c.server_shares.empty()) config["server_shares"] = c.server_shares;
   // replace: a name that is not UTF-8 (a profile built by a caller) prints, with U+FFFD.
   std::cout << json{{"results", results}, {"config", config}, {"seed", job.sim.seed}}.dump(
                    1, ' ', false, json::error_handler_t::replace)

@@ -63,6 +63,14 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
                   "Time-varying bandwidth: a trace file of 'TIME RATE' lines, or random:MIN:MAX:PERIOD[:SEED]");
   app->add_option("--compute-factor", f->compute_factor,
                   "Per-worker compute slowdown: a comma list of N factors, or W=F pairs (e.g. 3=2.0)");
+  app->add_option("--worker-bandwidths", f->worker_bandwidths,
+                  "ps simulator: each worker's NIC rate, a comma list of N rates or W=RATE pairs (others at "
+                  "--bandwidth), e.g. 3=5Gbps");
+  app->add_option("--server-bandwidths", f->server_bandwidths,
+                  "ps simulator: each server's NIC rate, a comma list of M rates or S=RATE pairs, e.g. 0=2.5Gbps");
+  app->add_option("--server-shares", f->server_shares,
+                  "ps simulator: the share of the parameters each server holds, a comma list of M weights or "
+                  "S=W pairs (others 1), e.g. 2,1,1,1 (default: equal, the balanced placement)");
   app->add_option("--reduction-rate", f->reduction_rate, "All-reduce: reduction rate (gamma = 1/rate), e.g. 80GB/s");
   app->add_option("--allreduce-a", f->allreduce_a, "All-reduce: a of T=a+bM directly (a time)");
   app->add_option("--allreduce-b", f->allreduce_b, "All-reduce: b of T=a+bM directly, as a rate (M/b per byte)");
@@ -94,37 +102,56 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
 
 namespace {
 
-Status parse_compute_factor(const std::string& text, int workers, std::vector<double>* out) {
+// A value per host: a comma list of `hosts` values, or I=VALUE pairs (the others at
+// `fallback`). `parse` reads one value. Errors name the flag. The count of a plain list is
+// checked by ClusterConfig::validate().
+template <typename T, typename Parse>
+Status parse_host_list(const std::string& text, int hosts, const char* flag, const char* host, T fallback,
+                       Parse parse, std::vector<T>* out) {
   if (text.empty()) return Status::ok();
+  if (text.size() > 1'000'000) return invalid_argument(std::string(flag) + ": longer than 1000000 characters");
   std::vector<std::string> items;
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) items.push_back(item);
   const bool pairs = text.find('=') != std::string::npos;
-  if (pairs) out->assign(static_cast<std::size_t>(workers), 1.0);
+  if (pairs) out->assign(static_cast<std::size_t>(hosts), fallback);
   for (const std::string& item : items) {
-    try {
+    std::string value = item;
+    int index = -1;
+    if (pairs) {
+      const auto eq = item.find('=');
       std::size_t used = 0;
-      if (pairs) {
-        auto eq = item.find('=');
+      try {
         if (eq == std::string::npos) throw std::invalid_argument(item);
-        int w = std::stoi(item.substr(0, eq), &used);
-        if (used != eq) throw std::invalid_argument(item);
-        double f = std::stod(item.substr(eq + 1), &used);
-        if (used != item.size() - eq - 1) throw std::invalid_argument(item);
-        if (w < 0 || w >= workers) {
-          return invalid_argument("--compute-factor: worker " + std::to_string(w) + " does not exist");
-        }
-        (*out)[static_cast<std::size_t>(w)] = f;
-      } else {
-        double f = std::stod(item, &used);
-        if (used != item.size()) throw std::invalid_argument(item);
-        out->push_back(f);
+        index = std::stoi(item.substr(0, eq), &used);
+      } catch (const std::exception&) {
+        return invalid_argument(std::string(flag) + ": cannot read '" + item + "'");
       }
-    } catch (const std::exception&) {
-      return invalid_argument("--compute-factor: cannot read '" + item + "'");
+      if (used != eq) return invalid_argument(std::string(flag) + ": cannot read '" + item + "'");
+      if (index < 0 || index >= hosts) {
+        return invalid_argument(std::string(flag) + ": " + host + " " + std::to_string(index) + " does not exist");
+      }
+      value = item.substr(eq + 1);
+    }
+    Result<T> v = parse(value);
+    if (!v) return invalid_argument(std::string(flag) + ": cannot read '" + item + "': " + v.status().message());
+    if (pairs) {
+      (*out)[static_cast<std::size_t>(index)] = *v;
+    } else {
+      out->push_back(*v);
     }
   }
   return Status::ok();
+}
+
+Result<double> parse_number(const std::string& text) {
+  try {
+    std::size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  return invalid_argument("not a number");
 }
 
 }  // namespace
@@ -158,7 +185,18 @@ Result<Job> make_job(const SimFlags& f) {
     }
   }
   if (f.workers < 1 || f.workers > 4096) return invalid_argument("--workers must be in 1..4096");
-  QS_RETURN_IF_ERROR(parse_compute_factor(f.compute_factor, f.workers, &job.cluster.compute_factor));
+  QS_RETURN_IF_ERROR(parse_host_list(f.compute_factor, f.workers, "--compute-factor", "worker", 1.0, parse_number,
+                                     &job.cluster.compute_factor));
+  if ((!f.server_bandwidths.empty() || !f.server_shares.empty()) && (f.servers < 1 || f.servers > 4096)) {
+    return invalid_argument("--servers must be in 1..4096");
+  }
+  auto rate = [](const std::string& t) { return parse_rate(t); };
+  QS_RETURN_IF_ERROR(parse_host_list(f.worker_bandwidths, f.workers, "--worker-bandwidths", "worker",
+                                     job.cluster.bandwidth, rate, &job.cluster.worker_bandwidth));
+  QS_RETURN_IF_ERROR(parse_host_list(f.server_bandwidths, f.servers, "--server-bandwidths", "server",
+                                     job.cluster.bandwidth, rate, &job.cluster.server_bandwidth));
+  QS_RETURN_IF_ERROR(parse_host_list(f.server_shares, f.servers, "--server-shares", "server", 1.0, parse_number,
+                                     &job.cluster.server_shares));
   if (!f.reduction_rate.empty()) {
     auto r = parse_rate(f.reduction_rate);
     if (!r) return r.status().with_context("--reduction-rate");

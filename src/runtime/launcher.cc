@@ -693,6 +693,12 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
                                          job.cluster.workers, job.cluster.servers)
                            .with_context(p));
   }
+  if (!job.cluster.worker_bandwidth.empty() || !job.cluster.server_bandwidth.empty() ||
+      !job.cluster.server_shares.empty()) {
+    return invalid_argument(
+        "--worker-bandwidths, --server-bandwidths and --server-shares are the simulator's: the runtime gives "
+        "every host one rate and the balanced placement");
+  }
   // Written so that NaN fails too.
   if (!(f.scale >= 0 && f.scale <= 1)) return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");
   if (f.commit_window < 0) return invalid_argument("--commit-window must be >= 0");

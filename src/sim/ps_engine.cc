@@ -212,7 +212,7 @@ class PsNetwork {
     Port(PsNetwork& net, int id, QueueDiscipline d, int priorities)
         : net_(net), id_(id), tx_(d, priorities), up_lane_(net.clock_.add_lane()),
           ack_lane_(net.acks_ ? net.clock_.add_lane() : -1) {
-      up_.schedule = down_.schedule = &net.schedule_;
+      up_.schedule = down_.schedule = net.host_schedule(net.cluster_.worker_bandwidth, id);
       up_.frame_cpu = down_.frame_cpu = net.cluster_.frame_cpu;
       pulls_sent_.assign(static_cast<std::size_t>(net.layout_.num_layers()), 0);
     }
@@ -260,7 +260,7 @@ class PsNetwork {
       // few, and the heap takes them; with them every arrival is, on the server's lane.
       const int in_lane = acks ? clock.add_lane() : -1;
       auto& srv = servers_.emplace_back(std::make_unique<Server>(server_discipline, priorities, in_lane, clock.add_lane()));
-      srv->in.schedule = srv->out.schedule = &schedule_;
+      srv->in.schedule = srv->out.schedule = host_schedule(cluster.server_bandwidth, s);
       srv->in.frame_cpu = srv->out.frame_cpu = cluster.frame_cpu;
     }
   }
@@ -269,7 +269,12 @@ class PsNetwork {
     ports_.push_back(std::make_unique<Port>(*this, static_cast<int>(ports_.size()), d, layout_.num_tensors() + 1));
     return *ports_.back();
   }
-  const BandwidthSchedule& schedule() const { return schedule_; }
+  // Host i's NIC: its own rate from `rates` (ClusterConfig::worker_bandwidth,
+  // server_bandwidth; Mercury Fig. 21(b)), or the one schedule every host follows.
+  const BandwidthSchedule* host_schedule(const std::vector<Rate>& rates, int i) {
+    if (rates.empty()) return &schedule_;
+    return &host_schedules_.emplace_back(rates[static_cast<std::size_t>(i)]);
+  }
   const Status& error() const { return error_; }
   // Arrivals the model has but the event queue did not need (try_send, try_send_server):
   // the events reported are the queue's and these, the same count as with one event each.
@@ -387,9 +392,12 @@ class PsNetwork {
     if (cluster_.overlapping_pulls) {
       // Mercury eq. 7: tau_pull = tau_push + t_pull, no pull waits for another.
       const TimeNs now = clock_.now();
-      const TimeNs fin = schedule_.finish_time(now, u.chunk.length + cluster_.frame_header) + cluster_.frame_cpu;
+      // With hosts of different rates, each pull takes its time at the slower of the two NICs.
+      const Bytes bytes = u.chunk.length + cluster_.frame_header;
+      const TimeNs from_server = s.out.finish_time(now, bytes);
       const std::uint32_t sum = units_.add(u, cluster_.workers);
       for (int w = 0; w < cluster_.workers; ++w) {
+        const TimeNs fin = std::max(from_server, port(w).down_.finish_time(now, bytes)) + cluster_.frame_cpu;
         if (port(w).rec_down_.enabled()) port(w).rec_down_.add(now, fin, "pull " + std::to_string(u.chunk.tensor));
         clock_.schedule_event(add_saturated(fin, cluster_.latency), kPullArrive, w, sum);
       }
@@ -445,6 +453,7 @@ class PsNetwork {
   const TensorLayout& layout_;
   const Placement& placement_;
   BandwidthSchedule schedule_;
+  std::deque<BandwidthSchedule> host_schedules_;  // per-host rates (stable addresses)
   bool acks_;
   std::vector<std::unique_ptr<Port>> ports_;
   std::vector<std::unique_ptr<Server>> servers_;
@@ -459,14 +468,14 @@ Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy_
                               const PolicyOptions& popts, const ClusterConfig& cluster,
                               const SimOptions& opts) {
   const TensorLayout layout(profile);
-  const Placement placement(layout, cluster.servers, popts.split_threshold);
+  const Placement placement(layout, cluster.servers, popts.split_threshold, cluster.server_shares);
   auto factor_of = [&](int w) {
     return cluster.compute_factor.empty() ? 1.0 : cluster.compute_factor[static_cast<std::size_t>(w)];
   };
   std::vector<std::unique_ptr<PsPolicy>> policies;
   for (int w = 0; w < cluster.workers; ++w) {
     const PsContext ctx{&profile, &layout, &placement, cluster.workers, cluster.servers,
-                        cluster.link_schedule().rate_at(0), cluster.latency, factor_of(w)};
+                        cluster.worker_rate(w), cluster.latency, factor_of(w)};
     QS_ASSIGN_OR_RETURN(auto p, make_ps_policy(policy_name, popts, ctx));
     policies.push_back(std::move(p));
   }
