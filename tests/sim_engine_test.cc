@@ -224,6 +224,117 @@ TEST(Simulator, PerHostBandwidthsAndServerSharesSetTheBottleneck) {
   EXPECT_THAT(bad.validate().message(), ::testing::HasSubstr("cannot be combined with --bandwidth-trace"));
 }
 
+// Mercury Fig. 20 (issue 14 item 10): several jobs sharing the cluster's links.
+TEST(SharedJobs, OneJobIsThePlainSimulationExactly) {
+  Rng rng(5);
+  for (int round = 0; round < 6; ++round) {
+    Profile p = testing::random_profile(rng);
+    ClusterConfig c = cluster(3, 2, Rate::gbps(2));
+    SimOptions o;
+    o.record_trace = true;
+    for (const char* policy : {"mercury", "bytescheduler", "wfbp", "prophet"}) {
+      auto plain = simulate(p, policy, {}, c, o);
+      for (JobSharing sharing : {JobSharing::kFair, JobSharing::kStrict, JobSharing::kDeadline}) {
+        auto shared = simulate_shared({SharedJob{p, policy, {}}}, c, o, SharingOptions{sharing, true});
+        ASSERT_TRUE(plain.is_ok() && shared.is_ok()) << shared.status().to_string();
+        ASSERT_EQ(shared->size(), 1u);
+        EXPECT_EQ(shared->front().iteration_times, plain->iteration_times) << policy;
+        EXPECT_EQ(shared->front().events, plain->events) << policy;
+        EXPECT_EQ(shared->front().trace.size(), plain->trace.size()) << policy;
+      }
+    }
+  }
+}
+
+TEST(SharedJobs, TwoJobsShareTheLinks) {
+  // A link-bound job: 4 MiB over 1 byte/ns, no compute. Two of them on one cluster each
+  // get half the links: twice as long (fair); job 0 first: job 0 as if alone, job 1
+  // after it (strict).
+  Profile p;
+  p.name = "bulk";
+  p.layers = {layer("fc", 0, 0, 4 * kMiB)};
+  PolicyOptions o;
+  o.packet_size = 4096;
+  const ClusterConfig c = cluster(2, 2, Rate::gbps(8));
+  const TimeNs alone = simulate(p, "mercury", o, c, {})->iteration_time;
+  const std::vector<SharedJob> two = {SharedJob{p, "mercury", o}, SharedJob{p, "mercury", o}};
+  auto fair = simulate_shared(two, c, {}, SharingOptions{JobSharing::kFair, false});
+  ASSERT_TRUE(fair.is_ok()) << fair.status().to_string();
+  for (const SimResult& r : *fair) {
+    EXPECT_GE(r.iteration_time, 2 * alone - 4 * 4096);
+    EXPECT_LE(r.iteration_time, 2 * alone + 4 * 4096);
+  }
+  auto strict = simulate_shared(two, c, {}, SharingOptions{JobSharing::kStrict, false});
+  ASSERT_TRUE(strict.is_ok()) << strict.status().to_string();
+  EXPECT_LE((*strict)[0].iteration_time, alone + 4 * 4096);  // at most a unit of job 1 in its way
+  EXPECT_GT((*strict)[1].iteration_time, alone * 3 / 2);
+  // Fair sharing is by bytes, not units: a job of 4 KiB units beside one of 64 KiB units
+  // still gets half the links (its iteration is as long as the other's).
+  PolicyOptions big = o;
+  big.packet_size = 64 * kKiB;
+  auto mixed = simulate_shared({SharedJob{p, "mercury", o}, SharedJob{p, "mercury", big}}, c, {},
+                               SharingOptions{JobSharing::kFair, false});
+  ASSERT_TRUE(mixed.is_ok()) << mixed.status().to_string();
+  EXPECT_NEAR(static_cast<double>((*mixed)[0].iteration_time), static_cast<double>((*mixed)[1].iteration_time),
+              0.05 * static_cast<double>((*mixed)[1].iteration_time));
+}
+
+TEST(SharedJobs, DeadlinesHoldAcrossJobsAndGpusAreShared) {
+  // Both jobs push 1 MiB at time 0. Job 0 needs its layer at once (no compute); job 1's
+  // waits behind 10 ms of backward and 10 ms of forward. Fair sharing halves job 0's rate;
+  // earliest deadline first lets it through as if it were alone, and job 1's megabyte goes
+  // when its deadline comes (job 0, link-bound, keeps the links busy until then), so job 1
+  // is late by about its own transfer (1 ms), where fair sharing delivered it in time. The
+  // first iteration, where both start together.
+  Profile urgent;
+  urgent.name = "urgent";
+  urgent.layers = {layer("a", 0, 0, kMiB)};
+  Profile patient;
+  patient.name = "patient";
+  patient.layers = {layer("b0", 10 * kNsPerMs, 10 * kNsPerMs, 4), layer("b1", 0, 0, kMiB)};
+  PolicyOptions o;
+  o.packet_size = 4096;
+  const ClusterConfig c = cluster(2, 2, Rate::gbps(8));
+  SimOptions first;
+  first.iterations = 1;
+  first.warmup = 0;
+  const TimeNs alone = simulate(urgent, "mercury", o, c, first)->iteration_time;
+  const std::vector<SharedJob> jobs = {SharedJob{urgent, "mercury", o}, SharedJob{patient, "mercury", o}};
+  auto fair = simulate_shared(jobs, c, first, SharingOptions{JobSharing::kFair, false});
+  auto edf = simulate_shared(jobs, c, first, SharingOptions{JobSharing::kDeadline, false});
+  ASSERT_TRUE(fair.is_ok() && edf.is_ok()) << edf.status().to_string();
+  EXPECT_GT((*fair)[0].iteration_time, alone * 3 / 2);
+  EXPECT_LE((*edf)[0].iteration_time, alone + 2 * 4096);
+  EXPECT_LE((*fair)[1].iteration_time, 20 * kNsPerMs + 10 * kNsPerUs);
+  EXPECT_GT((*edf)[1].iteration_time, 20 * kNsPerMs + kMiB / 2);
+  EXPECT_LE((*edf)[1].iteration_time, 20 * kNsPerMs + 2 * kMiB);
+  // A shared GPU runs both jobs' steps one at a time: two compute-only jobs of 20 ms
+  // iterations take 40 ms each; on GPUs of their own 20 ms.
+  const std::vector<SharedJob> oracles = {SharedJob{patient, "oracle", o}, SharedJob{patient, "oracle", o}};
+  auto gpu = simulate_shared(oracles, c, {}, SharingOptions{JobSharing::kFair, true});
+  auto own = simulate_shared(oracles, c, {}, SharingOptions{JobSharing::kFair, false});
+  ASSERT_TRUE(gpu.is_ok() && own.is_ok());
+  EXPECT_EQ((*own)[0].iteration_time, 20 * kNsPerMs);
+  EXPECT_EQ((*gpu)[0].iteration_time, 40 * kNsPerMs);
+  EXPECT_EQ((*gpu)[1].iteration_time, 40 * kNsPerMs);
+  // Processor sharing, not one step after another: a job of forty 0.5 ms steps beside
+  // one of two 10 ms steps gets half the GPU too (taking turns per step, it would wait
+  // 10 ms at each of its steps).
+  Profile many;
+  many.name = "many";
+  for (int l = 0; l < 20; ++l) many.layers.push_back(layer("m" + std::to_string(l), kNsPerMs / 2, kNsPerMs / 2, 4));
+  auto mixed = simulate_shared({SharedJob{patient, "oracle", o}, SharedJob{many, "oracle", o}}, c, {},
+                               SharingOptions{JobSharing::kFair, true});
+  ASSERT_TRUE(mixed.is_ok());
+  EXPECT_LE((*mixed)[1].iteration_time, 41 * kNsPerMs);
+  // Validation.
+  EXPECT_THAT(simulate_shared({}, c, {}).status().message(), ::testing::HasSubstr("between 1 and 16 jobs"));
+  EXPECT_THAT(simulate_shared({SharedJob{urgent, "ddp", o}}, c, {}).status().message(),
+              ::testing::HasSubstr("job 0: 'ddp' is not a parameter-server policy"));
+  EXPECT_EQ(parse_job_sharing("deadline").value(), JobSharing::kDeadline);
+  EXPECT_FALSE(parse_job_sharing("lottery").is_ok());
+}
+
 // Link utilisation counts the time some ready gradient is not yet on the wire: a compute
 // gap with nothing to send does not count against the link, a scheduler's own waits do.
 TEST(Simulator, LinkUtilisationCountsOnlyTimeSpentPushing) {

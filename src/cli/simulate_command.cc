@@ -100,6 +100,17 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--trace", f->trace, "Write a Chrome trace (open in Perfetto) to this file");
 }
 
+void add_shared_job_flags(CLI::App* app, SimFlags* f) {
+  app->add_option("--job", f->jobs,
+                  "ps simulator: one of several jobs sharing the cluster, MODEL[:POLICY[:BATCH]] (repeat it; the "
+                  "policy defaults to --policy when that names one; knobs apply to every job)");
+  app->add_option("--job-sharing", f->job_sharing,
+                  "with --job: how a link serves the jobs' queues: fair (round robin, each job's own scheduler), "
+                  "strict (job order), deadline (the unit whose layer's next forward comes soonest, across jobs)")
+      ->capture_default_str();
+  app->add_flag("--separate-gpus", f->separate_gpus, "with --job: each job has GPUs of its own (default: shared)");
+}
+
 namespace {
 
 // A value per host: a comma list of `hosts` values, or I=VALUE pairs (the others at
@@ -320,9 +331,61 @@ int fail(std::string_view prefix, std::string_view message, int code) {
   return code;
 }
 
+// simulate --job ...: several jobs sharing the cluster (simulate_shared).
+int run_shared(const SimFlags& f, const Job& job) {
+  if (static_cast<int>(f.jobs.size()) > kMaxSharedJobs) {
+    return fail("quicksilver", invalid_argument("--job: at most " + std::to_string(kMaxSharedJobs) + " jobs"));
+  }
+  auto sharing = parse_job_sharing(f.job_sharing);
+  if (!sharing) return fail("quicksilver", sharing.status().with_context("--job-sharing"));
+  std::vector<SharedJob> jobs;
+  for (const std::string& spec : f.jobs) {
+    const std::string where = "--job '" + spec.substr(0, 200) + "'";
+    std::vector<std::string> parts;
+    std::stringstream ss(spec);
+    for (std::string p; std::getline(ss, p, ':');) parts.push_back(p);
+    if (spec.empty() || spec.size() > 4096 || parts.empty() || parts.size() > 3 || parts[0].empty()) {
+      return fail("quicksilver", invalid_argument(where + ": expected MODEL[:POLICY[:BATCH]]"));
+    }
+    int batch = f.batch_size;
+    if (parts.size() == 3) {
+      try {
+        std::size_t used = 0;
+        batch = std::stoi(parts[2], &used);
+        if (used != parts[2].size() || batch < 1 || batch > 1'000'000) throw std::invalid_argument(parts[2]);
+      } catch (const std::exception&) {
+        return fail("quicksilver", invalid_argument(where + ": the batch must be an integer in 1..1000000"));
+      }
+    }
+    auto profile = load_model(parts[0], f.device, batch);
+    if (!profile) return fail("quicksilver", profile.status().with_context(where));
+    std::string policy = parts.size() >= 2 && !parts[1].empty() ? parts[1] : "";
+    if (policy.empty()) {
+      if (job.policies.size() != 1 || f.policy == "all") {
+        return fail("quicksilver", invalid_argument(where + ": name its policy (MODEL:POLICY) or give --policy one"));
+      }
+      policy = job.policies[0];
+    }
+    jobs.push_back(SharedJob{std::move(*profile), policy, job.policy_options});
+  }
+  const SharingOptions options{*sharing, !f.separate_gpus};
+  auto results = simulate_shared(jobs, job.cluster, job.sim, options);
+  if (!results) return fail("quicksilver", results.status());
+  if (!f.trace.empty()) {
+    Status s = write_chrome_trace(*results, f.trace);
+    if (!s.is_ok()) return fail("quicksilver", s.with_context("--trace"));
+  }
+  print_shared(job, jobs, *results, options, f.json);
+  return 0;
+}
+
 int run_simulate(const SimFlags& f) {
   auto job = make_job(f);
   if (!job) return fail("quicksilver", job.status());
+  if (!f.jobs.empty()) return run_shared(f, *job);
+  if (f.job_sharing != "fair" || f.separate_gpus) {
+    return fail("quicksilver", invalid_argument("--job-sharing and --separate-gpus need --job"));
+  }
   auto rows = simulate(*job);
   if (!rows) return fail("quicksilver", rows.status());
   if (!f.trace.empty()) {
