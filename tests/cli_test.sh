@@ -68,6 +68,13 @@ assert abs(r['iteration_ms'] - sorted(it)[len(it) // 2]) > 1e-3, 'mean equals th
 " && ok || bad "--statistic mean is not the mean of the steady iterations"
 expect_ok simulate --model resnet50 --policy mercury --iterations 4 --statistic mean
 grep -q "mean of 3 iterations after 1 warm-up" "$tmp/out" && ok || bad "table title does not say mean: $(head -1 "$tmp/out")"
+# Several jobs sharing the cluster (Mercury Fig. 20): one row per job.
+expect_ok simulate --job vgg16_cifar10:mercury --job alexnet:wfbp:64 --iterations 2 --job-sharing deadline --json
+python3 -c "
+import json; d = json.load(open('$tmp/out')); r = d['results']
+assert [x['model'] for x in r] == ['vgg16_cifar10', 'alexnet'] and r[1]['batch_size'] == 64, r
+assert d['config']['job_sharing'] == 'deadline' and d['config']['share_gpus'] is True, d['config']
+" && ok || bad "simulate --job: not one result per job"
 expect_error "--statistic: 'average' is neither median nor mean" simulate --policy wfbp --statistic average
 python3 -c "import json; d=json.load(open('$tmp/t.json')); assert d['traceEvents']" && ok || bad "trace"
 
@@ -116,6 +123,22 @@ expect_bad "--slice-size 1B" simulate --policy p3 --slice-size 1B
 expect_bad "--prophet-partition-size 1B" simulate --policy prophet --prophet-partition-size 1B
 expect_bad "--deft-partition-size 1B" simulate --architecture allreduce --policy deft --deft-partition-size 1B
 expect_bad "over all workers" simulate --policy mercury --workers 4096
+expect_bad "--server-shares lists 2 values for 4 servers" simulate --policy mercury --server-shares 1,2
+expect_bad "--server-bandwidths: server 9 does not exist" simulate --policy mercury --server-bandwidths 9=1Gbps
+expect_bad "--worker-bandwidths: cannot read '1=fast'" simulate --policy mercury --worker-bandwidths 1=fast
+expect_bad "--server-shares values must be in (0, 1000000]" simulate --policy mercury --server-shares 0=0
+expect_bad "--server-shares needs --architecture ps" simulate --architecture allreduce --policy ddp --server-shares 1,1,1,1
+expect_bad "are the simulator's" run --model vgg16 --policy mercury --server-shares 2,1,1,1
+expect_bad "--job-sharing and --separate-gpus need --job" simulate --policy mercury --job-sharing strict
+expect_bad "--job 'vgg16': name its policy" simulate --job vgg16
+expect_bad "--job 'vgg16:mercury:0': the batch must be an integer in 1..1000000" simulate --job vgg16:mercury:0
+expect_bad "--job 'a:b:c:d': expected MODEL[:POLICY[:BATCH]]" simulate --job a:b:c:d
+expect_bad "unknown job sharing 'lottery'" simulate --job vgg16:mercury --job-sharing lottery
+expect_bad "job 0: 'ddp' is not a parameter-server policy" simulate --job vgg16:ddp
+expect_bad "the parameter-server architecture only" simulate --architecture allreduce --job vgg16:ddp
+expect_bad "--job: at most 16 jobs" simulate $(for i in $(seq 17); do printf -- '--job vgg16:wfbp '; done)
+expect_bad "cannot be combined with --bandwidth-trace" simulate --policy mercury --bandwidth-trace random:1Gbps:2Gbps:1s --server-bandwidths 0=1Gbps
+expect_bad "the limit is 33554432 over all workers" simulate --policy mercury --workers 1207 --servers 1207
 expect_bad "--packet-size 1B" run --model vgg16 --policy mercury --packet-size 1B
 expect_bad "--deft-exact-items must be in 0..20" simulate --architecture allreduce --policy deft --deft-exact-items 25
 "$qs" bogus-command > /dev/null 2>&1; [ $? -ne 0 ] && ok || bad "unknown subcommand accepted"

@@ -11,6 +11,7 @@
 
 #include "quicksilver/policy/registry.h"
 #include "quicksilver/launch/launcher.h"
+#include "quicksilver/model/zoo.h"
 #include "quicksilver/runtime/runtime.h"
 #include "quicksilver/sim/simulator.h"
 #include "test_profiles.h"
@@ -211,13 +212,36 @@ TEST(KnobTable, UnitBudgetBoundsUnitsPerIteration) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), ::testing::HasSubstr("--packet-size 2B cuts m's"));
   EXPECT_THAT(s.message(), ::testing::HasSubstr("the limit is 1048576 per worker"));
-  o.packet_size = 4;  // 1 Mi units per worker: fits one worker, not 8 (8 Mi over all)
+  o.packet_size = 4;  // 1 Mi units per worker: fits 32 workers, not 33 (33 Mi over all)
   EXPECT_TRUE(check_unit_budget(p, "mercury", Architecture::kPs, o, 1).is_ok());
-  EXPECT_THAT(check_unit_budget(p, "mercury", Architecture::kPs, o, 8).message(),
-              ::testing::HasSubstr("the limit is 4194304 over all workers"));
+  EXPECT_TRUE(check_unit_budget(p, "mercury", Architecture::kPs, o, 32).is_ok());
+  EXPECT_THAT(check_unit_budget(p, "mercury", Architecture::kPs, o, 33).message(),
+              ::testing::HasSubstr("the limit is 33554432 over all workers"));
   // wfbp reads no cutting knob; an unknown policy is the caller's to report.
   EXPECT_TRUE(check_unit_budget(p, "wfbp", Architecture::kPs, o, 8).is_ok());
   EXPECT_TRUE(check_unit_budget(p, "nope", Architecture::kPs, o, 8).is_ok());
+}
+
+// Issue 14 (simulator scale): a unit never straddles two servers, so a tensor split over M
+// servers is cut per slice, and the count says so; the bound lets VGG-16 with 32 KiB
+// packets run on 1024 workers and 1024 servers (25,649 units per worker) and no further
+// than about 1.3 times that.
+TEST(KnobTable, UnitBudgetCountsPerServerSliceAndAllowsVgg16On1024Hosts) {
+  Profile p;
+  p.name = "m";
+  p.layers.push_back(LayerSpec{.name = "l", .forward = 1, .backward = 1, .tensors = {{"t", 1 << 20, 4}}});  // 4 MiB
+  PolicyOptions o;
+  o.packet_size = 768 * 1024;  // per tensor 6 units; per 1 MiB slice of 4 servers 2 each
+  EXPECT_THAT(check_unit_budget(p, "mercury", Architecture::kPs, o, 5'000'000, 4).message(),
+              ::testing::HasSubstr("into 8 units per iteration, 40000000 over --workers 5000000"));
+  EXPECT_THAT(check_unit_budget(p, "mercury", Architecture::kPs, o, 6'000'000, 1).message(),
+              ::testing::HasSubstr("into 6 units per iteration"));
+
+  const Profile vgg = *load_model("vgg16", "rtx3090");
+  const PolicyOptions d;  // 32 KiB packets
+  EXPECT_TRUE(check_unit_budget(vgg, "mercury", Architecture::kPs, d, 1024, 1024).is_ok());
+  const Status s = check_unit_budget(vgg, "mercury", Architecture::kPs, d, 1400, 1400);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("over --workers 1400; the limit is 33554432 over all workers"));
 }
 
 TEST(KnobTable, ScalingTouchesOnlyScalingKnobs) {

@@ -1,5 +1,9 @@
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "quicksilver/core/rng.h"
 #include "quicksilver/sim/event_queue.h"
 #include "quicksilver/sim/simulator.h"
 #include "quicksilver/policy/layout.h"
@@ -23,6 +27,54 @@ TEST(EventQueue, FiresInTimeThenSchedulingOrder) {
   EXPECT_EQ(q.fired(), 4u);
 }
 
+// Issue 14 (simulator scale): lanes hold events scheduled in time order, a tournament tree
+// picks the earliest lane head, and the rest go to the heap; the order must be exactly the
+// (time, scheduling order) of one queue. Random schedules against that reference: events
+// on lanes (mostly monotone, sometimes not, which must fall back to the heap), without a
+// lane, and scheduled while popping.
+TEST(EventQueue, LanesFireInTimeThenSchedulingOrder) {
+  Rng rng(7);
+  for (int round = 0; round < 200; ++round) {
+    EventQueue<int> q;
+    const int lanes = 1 + static_cast<int>(rng.uniform_int(0, 9));
+    for (int l = 0; l < lanes; ++l) EXPECT_EQ(q.add_lane(), l);
+    std::vector<TimeNs> last(static_cast<std::size_t>(lanes), 0);
+    std::vector<std::pair<TimeNs, int>> reference;  // (time, id): ids are scheduling order
+    int next_id = 0;
+    auto schedule_some = [&](TimeNs now) {
+      const int n = static_cast<int>(rng.uniform_int(0, 4));
+      for (int i = 0; i < n; ++i) {
+        const int lane = static_cast<int>(rng.uniform_int(-1, lanes - 1));
+        TimeNs at = now + static_cast<TimeNs>(rng.uniform_int(0, 20));
+        if (lane >= 0 && rng.uniform_int(0, 9) > 0) {
+          at = std::max(at, last[static_cast<std::size_t>(lane)]);  // mostly monotone
+        }
+        if (lane >= 0) {
+          last[static_cast<std::size_t>(lane)] = std::max(last[static_cast<std::size_t>(lane)], at);
+          q.schedule(at, next_id, lane);
+        } else {
+          q.schedule(at, next_id);
+        }
+        reference.emplace_back(at, next_id++);
+      }
+    };
+    schedule_some(0);
+    std::vector<int> order;
+    while (!q.empty()) {
+      EXPECT_EQ(q.size(), reference.size() - order.size());
+      const auto e = q.pop();
+      order.push_back(e.payload);
+      if (order.size() < 300) schedule_some(e.time);
+    }
+    std::stable_sort(reference.begin(), reference.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<int> expected;
+    for (const auto& r : reference) expected.push_back(r.second);
+    ASSERT_EQ(order, expected) << "round " << round;
+    EXPECT_EQ(q.fired(), expected.size());
+  }
+}
+
 TEST(EventQueue, RejectsThePast) {
   EventQueue<int> q;
   q.schedule(10, 0);
@@ -43,6 +95,32 @@ TEST(Placement, SplitsLargeTensorsOverAllServersAndBalancesSmallOnes) {
   EXPECT_NE(pl.slices(2)[0].server, pl.slices(3)[0].server);
   EXPECT_NE(pl.slices(1)[0].server, pl.slices(3)[0].server);
   EXPECT_EQ(pl.server_of(0, 3 * kMiB + 5), 3);
+}
+
+// Server shares (issue 14, Mercury Fig. 21(b)): split tensors in proportion, small ones to
+// the server with the least load per share; equal shares are the balanced placement.
+TEST(Placement, SharesWeightTheSplitAndTheSmallTensors) {
+  Profile p;
+  p.layers = {layer("big", 1, 1, 4 * kMiB), layer("a", 1, 1, 400), layer("b", 1, 1, 400),
+              layer("c", 1, 1, 400), layer("d", 1, 1, 400)};
+  TensorLayout lay(p);
+  Placement pl(lay, 2, Placement::kDefaultSplitThreshold, {3, 1});
+  ASSERT_EQ(pl.slices(0).size(), 2u);
+  EXPECT_EQ(pl.slices(0)[0].chunk.length, 3 * kMiB);
+  EXPECT_EQ(pl.slices(0)[1].chunk.length, kMiB);
+  // Loads 3 MiB : 1 MiB are equal per share; ties go to server 0, then it is ahead.
+  EXPECT_EQ(pl.slices(1)[0].server, 0);
+  EXPECT_EQ(pl.slices(2)[0].server, 1);
+  EXPECT_EQ(pl.server_bytes(0) + pl.server_bytes(1), 4 * kMiB + 1600);
+  Placement equal(lay, 4, Placement::kDefaultSplitThreshold, {2, 2, 2, 2});
+  Placement balanced(lay, 4);
+  for (TensorId t = 0; t < lay.num_tensors(); ++t) {
+    ASSERT_EQ(equal.slices(t).size(), balanced.slices(t).size());
+    for (std::size_t i = 0; i < equal.slices(t).size(); ++i) {
+      EXPECT_EQ(equal.slices(t)[i].server, balanced.slices(t)[i].server);
+      EXPECT_EQ(equal.slices(t)[i].chunk, balanced.slices(t)[i].chunk);
+    }
+  }
 }
 
 TEST(SplitChunk, AlignsAndCovers) {
@@ -97,6 +175,164 @@ TEST(Simulator, BalancedPushTakesSizeOverBandwidth) {
   EXPECT_GE(r->iteration_time, 4 * kMiB + 1024);
   EXPECT_LE(r->iteration_time, 4 * kMiB + 5 * 1024);
   EXPECT_GT(r->link_utilisation, 0.99);
+}
+
+// Mercury Fig. 21(b): hosts not in a perfect load balance. A slower server NIC, or a
+// server holding more of the parameters, is the bottleneck: the iteration is set by the
+// busiest server link (issue 14 item 11).
+TEST(Simulator, PerHostBandwidthsAndServerSharesSetTheBottleneck) {
+  Profile p;
+  p.layers = {layer("fc", 0, 0, 4 * kMiB)};
+  PolicyOptions o;
+  o.packet_size = 1024;
+  const TimeNs balanced = simulate(p, "mercury", o, cluster(4, 4, Rate::gbps(8)), {})->iteration_time;
+  // Server 0 at half the rate: its quarter of every worker's push takes twice as long.
+  ClusterConfig slow = cluster(4, 4, Rate::gbps(8));
+  slow.server_bandwidth = {Rate::gbps(4), Rate::gbps(8), Rate::gbps(8), Rate::gbps(8)};
+  auto r = simulate(p, "mercury", o, slow, {});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_GE(r->iteration_time, 2 * 4 * kMiB);
+  EXPECT_LE(r->iteration_time, 2 * 4 * kMiB + 10 * 2048);
+  // Equal rates given per host are the plain cluster, exactly.
+  ClusterConfig same = cluster(4, 4, Rate::gbps(8));
+  same.worker_bandwidth.assign(4, Rate::gbps(8));
+  same.server_bandwidth.assign(4, Rate::gbps(8));
+  same.server_shares.assign(4, 2.5);
+  EXPECT_EQ(simulate(p, "mercury", o, same, {})->iteration_time, balanced);
+  // Server 0 holds 2/5 of the tensor: 1.6 times a quarter.
+  ClusterConfig shares = cluster(4, 4, Rate::gbps(8));
+  shares.server_shares = {2, 1, 1, 1};
+  auto s = simulate(p, "mercury", o, shares, {});
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_GE(s->iteration_time, 4 * 4 * kMiB * 2 / 5);
+  EXPECT_LE(s->iteration_time, 4 * 4 * kMiB * 2 / 5 + 10 * 1024);
+  // A slow worker NIC holds everyone back by its push and its pull.
+  ClusterConfig worker = cluster(4, 4, Rate::gbps(8));
+  worker.worker_bandwidth = {Rate::gbps(8), Rate::gbps(8), Rate::gbps(8), Rate::gbps(2)};
+  auto w = simulate(p, "mercury", o, worker, {});
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  EXPECT_GE(w->iteration_time, 4 * 4 * kMiB);
+  // Validation: one value per host, PS only, not with a time-varying rate.
+  ClusterConfig bad = cluster(4, 4, Rate::gbps(8));
+  bad.server_shares = {1, 1};
+  EXPECT_THAT(bad.validate().message(), ::testing::HasSubstr("--server-shares lists 2 values for 4 servers"));
+  bad.server_shares = {1, 1, 0, 1};
+  EXPECT_THAT(bad.validate().message(), ::testing::HasSubstr("--server-shares values must be in"));
+  bad.server_shares.clear();
+  bad.worker_bandwidth.assign(4, Rate::gbps(1));
+  bad.schedule = *BandwidthSchedule::parse_random("random:1Gbps:10Gbps:1ms", 5, kNsPerSec);
+  EXPECT_THAT(bad.validate().message(), ::testing::HasSubstr("cannot be combined with --bandwidth-trace"));
+}
+
+// Mercury Fig. 20 (issue 14 item 10): several jobs sharing the cluster's links.
+TEST(SharedJobs, OneJobIsThePlainSimulationExactly) {
+  Rng rng(5);
+  for (int round = 0; round < 6; ++round) {
+    Profile p = testing::random_profile(rng);
+    ClusterConfig c = cluster(3, 2, Rate::gbps(2));
+    SimOptions o;
+    o.record_trace = true;
+    for (const char* policy : {"mercury", "bytescheduler", "wfbp", "prophet"}) {
+      auto plain = simulate(p, policy, {}, c, o);
+      for (JobSharing sharing : {JobSharing::kFair, JobSharing::kStrict, JobSharing::kDeadline}) {
+        auto shared = simulate_shared({SharedJob{p, policy, {}}}, c, o, SharingOptions{sharing, true});
+        ASSERT_TRUE(plain.is_ok() && shared.is_ok()) << shared.status().to_string();
+        ASSERT_EQ(shared->size(), 1u);
+        EXPECT_EQ(shared->front().iteration_times, plain->iteration_times) << policy;
+        EXPECT_EQ(shared->front().events, plain->events) << policy;
+        EXPECT_EQ(shared->front().trace.size(), plain->trace.size()) << policy;
+      }
+    }
+  }
+}
+
+TEST(SharedJobs, TwoJobsShareTheLinks) {
+  // A link-bound job: 4 MiB over 1 byte/ns, no compute. Two of them on one cluster each
+  // get half the links: twice as long (fair); job 0 first: job 0 as if alone, job 1
+  // after it (strict).
+  Profile p;
+  p.name = "bulk";
+  p.layers = {layer("fc", 0, 0, 4 * kMiB)};
+  PolicyOptions o;
+  o.packet_size = 4096;
+  const ClusterConfig c = cluster(2, 2, Rate::gbps(8));
+  const TimeNs alone = simulate(p, "mercury", o, c, {})->iteration_time;
+  const std::vector<SharedJob> two = {SharedJob{p, "mercury", o}, SharedJob{p, "mercury", o}};
+  auto fair = simulate_shared(two, c, {}, SharingOptions{JobSharing::kFair, false});
+  ASSERT_TRUE(fair.is_ok()) << fair.status().to_string();
+  for (const SimResult& r : *fair) {
+    EXPECT_GE(r.iteration_time, 2 * alone - 4 * 4096);
+    EXPECT_LE(r.iteration_time, 2 * alone + 4 * 4096);
+  }
+  auto strict = simulate_shared(two, c, {}, SharingOptions{JobSharing::kStrict, false});
+  ASSERT_TRUE(strict.is_ok()) << strict.status().to_string();
+  EXPECT_LE((*strict)[0].iteration_time, alone + 4 * 4096);  // at most a unit of job 1 in its way
+  EXPECT_GT((*strict)[1].iteration_time, alone * 3 / 2);
+  // Fair sharing is by bytes, not units: a job of 4 KiB units beside one of 64 KiB units
+  // still gets half the links (its iteration is as long as the other's).
+  PolicyOptions big = o;
+  big.packet_size = 64 * kKiB;
+  auto mixed = simulate_shared({SharedJob{p, "mercury", o}, SharedJob{p, "mercury", big}}, c, {},
+                               SharingOptions{JobSharing::kFair, false});
+  ASSERT_TRUE(mixed.is_ok()) << mixed.status().to_string();
+  EXPECT_NEAR(static_cast<double>((*mixed)[0].iteration_time), static_cast<double>((*mixed)[1].iteration_time),
+              0.05 * static_cast<double>((*mixed)[1].iteration_time));
+}
+
+TEST(SharedJobs, DeadlinesHoldAcrossJobsAndGpusAreShared) {
+  // Both jobs push 1 MiB at time 0. Job 0 needs its layer at once (no compute); job 1's
+  // waits behind 10 ms of backward and 10 ms of forward. Fair sharing halves job 0's rate;
+  // earliest deadline first lets it through as if it were alone, and job 1's megabyte goes
+  // when its deadline comes (job 0, link-bound, keeps the links busy until then), so job 1
+  // is late by about its own transfer (1 ms), where fair sharing delivered it in time. The
+  // first iteration, where both start together.
+  Profile urgent;
+  urgent.name = "urgent";
+  urgent.layers = {layer("a", 0, 0, kMiB)};
+  Profile patient;
+  patient.name = "patient";
+  patient.layers = {layer("b0", 10 * kNsPerMs, 10 * kNsPerMs, 4), layer("b1", 0, 0, kMiB)};
+  PolicyOptions o;
+  o.packet_size = 4096;
+  const ClusterConfig c = cluster(2, 2, Rate::gbps(8));
+  SimOptions first;
+  first.iterations = 1;
+  first.warmup = 0;
+  const TimeNs alone = simulate(urgent, "mercury", o, c, first)->iteration_time;
+  const std::vector<SharedJob> jobs = {SharedJob{urgent, "mercury", o}, SharedJob{patient, "mercury", o}};
+  auto fair = simulate_shared(jobs, c, first, SharingOptions{JobSharing::kFair, false});
+  auto edf = simulate_shared(jobs, c, first, SharingOptions{JobSharing::kDeadline, false});
+  ASSERT_TRUE(fair.is_ok() && edf.is_ok()) << edf.status().to_string();
+  EXPECT_GT((*fair)[0].iteration_time, alone * 3 / 2);
+  EXPECT_LE((*edf)[0].iteration_time, alone + 2 * 4096);
+  EXPECT_LE((*fair)[1].iteration_time, 20 * kNsPerMs + 10 * kNsPerUs);
+  EXPECT_GT((*edf)[1].iteration_time, 20 * kNsPerMs + kMiB / 2);
+  EXPECT_LE((*edf)[1].iteration_time, 20 * kNsPerMs + 2 * kMiB);
+  // A shared GPU runs both jobs' steps one at a time: two compute-only jobs of 20 ms
+  // iterations take 40 ms each; on GPUs of their own 20 ms.
+  const std::vector<SharedJob> oracles = {SharedJob{patient, "oracle", o}, SharedJob{patient, "oracle", o}};
+  auto gpu = simulate_shared(oracles, c, {}, SharingOptions{JobSharing::kFair, true});
+  auto own = simulate_shared(oracles, c, {}, SharingOptions{JobSharing::kFair, false});
+  ASSERT_TRUE(gpu.is_ok() && own.is_ok());
+  EXPECT_EQ((*own)[0].iteration_time, 20 * kNsPerMs);
+  EXPECT_EQ((*gpu)[0].iteration_time, 40 * kNsPerMs);
+  EXPECT_EQ((*gpu)[1].iteration_time, 40 * kNsPerMs);
+  // Processor sharing, not one step after another: a job of forty 0.5 ms steps beside
+  // one of two 10 ms steps gets half the GPU too (taking turns per step, it would wait
+  // 10 ms at each of its steps).
+  Profile many;
+  many.name = "many";
+  for (int l = 0; l < 20; ++l) many.layers.push_back(layer("m" + std::to_string(l), kNsPerMs / 2, kNsPerMs / 2, 4));
+  auto mixed = simulate_shared({SharedJob{patient, "oracle", o}, SharedJob{many, "oracle", o}}, c, {},
+                               SharingOptions{JobSharing::kFair, true});
+  ASSERT_TRUE(mixed.is_ok());
+  EXPECT_LE((*mixed)[1].iteration_time, 41 * kNsPerMs);
+  // Validation.
+  EXPECT_THAT(simulate_shared({}, c, {}).status().message(), ::testing::HasSubstr("between 1 and 16 jobs"));
+  EXPECT_THAT(simulate_shared({SharedJob{urgent, "ddp", o}}, c, {}).status().message(),
+              ::testing::HasSubstr("job 0: 'ddp' is not a parameter-server policy"));
+  EXPECT_EQ(parse_job_sharing("deadline").value(), JobSharing::kDeadline);
+  EXPECT_FALSE(parse_job_sharing("lottery").is_ok());
 }
 
 // Link utilisation counts the time some ready gradient is not yet on the wire: a compute

@@ -15,6 +15,8 @@ const std::map<std::string, std::int64_t> kReferenceTotals = {
     {"resnet50", 25'557'032},     {"resnet101", 44'549'160},  {"resnet152", 60'192'808},
     {"googlenet", 13'004'888},    {"inception_v3", 27'161'264}, {"bert_base", 109'482'240},
     {"gpt2", 124'439'808},        {"vgg16_cifar10", 33'638'218},
+    // Issue 14: the two smaller CNNs the papers also train (Mercury Fig. 3: MobileNet v2).
+    {"resnet18", 11'689'512},     {"mobilenet_v2", 3'504'872},
 };
 
 TEST(Zoo, HasEveryModelOfTheIssue) {
@@ -43,6 +45,27 @@ TEST(Zoo, LayersAreInForwardOrder) {
   auto resnet = *find_zoo_model("resnet50");
   EXPECT_EQ(resnet->layers.front().name, "conv1");
   EXPECT_EQ(resnet->layers.back().name, "fc");
+}
+
+// Layer sizes as torchvision 0.14 builds them (tools/gen_zoo.py checks every tensor's
+// count against the module when it generates the data; these are a few written by hand).
+TEST(Zoo, ResNet18AndMobileNetV2MatchTorchvision) {
+  auto r18 = *find_zoo_model("resnet18");
+  EXPECT_EQ(r18->layers.size(), 41u);
+  EXPECT_EQ(r18->layers.front().name, "conv1");
+  EXPECT_EQ(r18->layers.front().tensors[0].elements, 64 * 3 * 7 * 7);
+  EXPECT_EQ(r18->layers.back().name, "fc");
+  EXPECT_EQ(r18->layers.back().tensors[0].elements, 512 * 1000);
+  auto mb = *find_zoo_model("mobilenet_v2");
+  EXPECT_EQ(mb->layers.size(), 105u);
+  EXPECT_EQ(mb->layers.front().name, "features.0.0");
+  EXPECT_EQ(mb->layers.front().tensors[0].elements, 32 * 3 * 3 * 3);
+  // The first block's depthwise 3x3 convolution: one 3x3 filter per channel (groups 32).
+  EXPECT_EQ(mb->layers[2].name, "features.1.conv.0.0");
+  EXPECT_EQ(mb->layers[2].tensors[0].elements, 32 * 1 * 3 * 3);
+  EXPECT_EQ(mb->layers.back().name, "classifier.1");
+  EXPECT_EQ(mb->layers.back().tensors[0].elements, 1280 * 1000);
+  EXPECT_EQ(mb->default_batch_size, 32);
 }
 
 TEST(Zoo, DefaultBatchSizesFollowMercuryTableII) {

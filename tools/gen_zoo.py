@@ -316,12 +316,18 @@ MODELS: List[ModelSpec] = [
               "3x224x224", 32, 138_357_544, "torchvision 0.14 models.vgg16"),
     ModelSpec("vgg19", "VGG-19", torchvision_model("vgg19"), image_input(224),
               "3x224x224", 32, 143_667_240, "torchvision 0.14 models.vgg19"),
+    ModelSpec("resnet18", "ResNet-18", torchvision_model("resnet18"), image_input(224),
+              "3x224x224", 32, 11_689_512, "torchvision 0.14 models.resnet18"),
     ModelSpec("resnet50", "ResNet-50", torchvision_model("resnet50"), image_input(224),
               "3x224x224", 32, 25_557_032, "torchvision 0.14 models.resnet50"),
     ModelSpec("resnet101", "ResNet-101", torchvision_model("resnet101"), image_input(224),
               "3x224x224", 32, 44_549_160, "torchvision 0.14 models.resnet101"),
     ModelSpec("resnet152", "ResNet-152", torchvision_model("resnet152"), image_input(224),
               "3x224x224", 32, 60_192_808, "torchvision 0.14 models.resnet152"),
+    # MobileNet v2 (the Mercury paper's MobileNet, Fig. 3): depthwise separable inverted
+    # residual blocks with ReLU6 (ATen hardtanh), width 1.0.
+    ModelSpec("mobilenet_v2", "MobileNet v2", torchvision_model("mobilenet_v2"), image_input(224),
+              "3x224x224", 32, 3_504_872, "torchvision 0.14 models.mobilenet_v2"),
     # Trained architecture: both auxiliary classifiers (aux1, aux2) included. Without them
     # the total is 6,624,904 (torchvision's published count for the exported weights).
     ModelSpec("googlenet", "GoogLeNet", torchvision_model("googlenet", aux_logits=True,
@@ -383,8 +389,8 @@ ZERO_FLOP_OPS = frozenset({
 
 # ATen ops costing one FLOP per output element.
 ELEMENTWISE_OPS = frozenset({
-    "add", "add_", "div", "div_", "gelu", "masked_fill", "mul", "mul_", "relu", "relu_",
-    "sub", "tanh",
+    "add", "add_", "div", "div_", "gelu", "hardtanh", "hardtanh_", "masked_fill", "mul", "mul_",
+    "relu", "relu_", "sub", "tanh",
 })
 
 

@@ -27,6 +27,11 @@ struct SimFlags {
   std::string allreduce = "ring";
   std::string bandwidth_trace;
   std::string compute_factor;
+  std::string worker_bandwidths, server_bandwidths, server_shares;  // ps simulator, per host
+  // simulate only: several jobs sharing the cluster (MODEL[:POLICY[:BATCH]] each).
+  std::vector<std::string> jobs;
+  std::string job_sharing = "fair";
+  bool separate_gpus = false;
   std::string reduction_rate, allreduce_a, allreduce_b, allreduce_fit;
   double second_link = 0;
   bool overlapping_pulls = false;
@@ -45,6 +50,8 @@ struct SimFlags {
 };
 
 void add_sim_flags(CLI::App* app, SimFlags* f);
+// simulate's own: --job, --job-sharing, --separate-gpus (Mercury Fig. 20).
+void add_shared_job_flags(CLI::App* app, SimFlags* f);
 // Validates flags into a Job; errors name the flag.
 Result<Job> make_job(const SimFlags& f);
 
@@ -54,6 +61,9 @@ void print_table(const Job& job, const std::vector<Row>& rows, const std::string
 // Prints the --json document (stdout). `goodput`: the measured TCP goodput of the links
 // as a fraction of the nominal rate (run --netns), put into the config when given.
 void print_json(const Job& job, const std::vector<Row>& rows, std::optional<double> goodput = std::nullopt);
+// Several jobs sharing one cluster (simulate --job): one row per job.
+void print_shared(const Job& job, const std::vector<SharedJob>& jobs, const std::vector<SimResult>& results,
+                  const SharingOptions& sharing, bool as_json);
 
 // Prints "PREFIX: MESSAGE" on stderr and returns `code`: every command's error exit (2:
 // bad input, naming the flag; 1: a run that failed).

@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   qs::cli::SimFlags sim_flags;
   CLI::App* simulate = app.add_subcommand("simulate", "Simulate schedulers on a model and network");
   qs::cli::add_sim_flags(simulate, &sim_flags);
+  qs::cli::add_shared_job_flags(simulate, &sim_flags);
 
   qs::cli::CoordinatorFlags coordinator_flags;
   CLI::App* coordinator = app.add_subcommand("coordinator", "Rendezvous for a job on real hosts: servers register, workers look up");

@@ -26,6 +26,24 @@ std::string config_line(const Job& job) {
   return s;
 }
 
+nlohmann::json result_json(const SimResult& r) {
+  using nlohmann::json;
+  json it = json::array();
+  for (TimeNs t : r.iteration_times) it.push_back(to_ms(t));
+  return json{{"policy", r.policy},
+              {"iteration_ms", to_ms(r.iteration_time)},
+              {"samples_per_second", r.samples_per_second},
+              {"scaling_efficiency", r.scaling_efficiency},
+              {"link_utilisation", r.link_utilisation},
+              {"gpu_idle_ms", to_ms(r.gpu_idle)},
+              {"compute_ms", to_ms(r.compute_time)},
+              {"iterations_ms", it},
+              {"bytes_per_iteration", r.bytes_pushed_per_iteration},
+              {"messages_per_iteration", r.messages_per_iteration},
+              {"events", r.events},
+              {"notes", r.notes}};
+}
+
 double rel_error(const SimResult& measured, const SimResult& predicted) {
   return measured.iteration_time > 0
              ? (static_cast<double>(predicted.iteration_time) - static_cast<double>(measured.iteration_time)) /
@@ -81,22 +99,7 @@ void print_table(const Job& job, const std::vector<Row>& rows, const std::string
 void print_json(const Job& job, const std::vector<Row>& rows, std::optional<double> goodput) {
   using nlohmann::json;
   json results = json::array();
-  auto one = [](const SimResult& r) {
-    json it = json::array();
-    for (TimeNs t : r.iteration_times) it.push_back(to_ms(t));
-    return json{{"policy", r.policy},
-                {"iteration_ms", to_ms(r.iteration_time)},
-                {"samples_per_second", r.samples_per_second},
-                {"scaling_efficiency", r.scaling_efficiency},
-                {"link_utilisation", r.link_utilisation},
-                {"gpu_idle_ms", to_ms(r.gpu_idle)},
-                {"compute_ms", to_ms(r.compute_time)},
-                {"iterations_ms", it},
-                {"bytes_per_iteration", r.bytes_pushed_per_iteration},
-                {"messages_per_iteration", r.messages_per_iteration},
-                {"events", r.events},
-                {"notes", r.notes}};
-  };
+  auto one = [](const SimResult& r) { return result_json(r); };
   auto with_cpu = [](json j, const SimResult& r) {
     if (r.cpu_idle >= 0) j["cpu_idle"] = r.cpu_idle;
     if (!r.retransmits.empty()) j["retransmits_per_iteration"] = r.retransmits;
@@ -125,10 +128,67 @@ void print_json(const Job& job, const std::vector<Row>& rows, std::optional<doub
                  {"warmup", job.sim.warmup},
                  {"statistic", statistic_name(job.sim.statistic)}};
   if (goodput) config["goodput_fraction"] = *goodput;
+  // Hosts that are not alike (shown only when given, so other outputs stay as they were).
+  auto rates = [](const std::vector<Rate>& v) {
+    json a = json::array();
+    for (Rate r : v) a.push_back(r.bits_per_second);
+    return a;
+  };
+  if (!c.worker_bandwidth.empty()) config["worker_bandwidths_bps"] = rates(c.worker_bandwidth);
+  if (!c.server_bandwidth.empty()) config["server_bandwidths_bps"] = rates(c.server_bandwidth);
+  if (!c.server_shares.empty()) config["server_shares"] = c.server_shares;
   // replace: a name that is not UTF-8 (a profile built by a caller) prints, with U+FFFD.
   std::cout << json{{"results", results}, {"config", config}, {"seed", job.sim.seed}}.dump(
                    1, ' ', false, json::error_handler_t::replace)
             << "\n";
+}
+
+void print_shared(const Job& job, const std::vector<SharedJob>& jobs, const std::vector<SimResult>& results,
+                  const SharingOptions& sharing, bool as_json) {
+  const ClusterConfig& c = job.cluster;
+  if (as_json) {
+    using nlohmann::json;
+    json rows = json::array();
+    for (std::size_t j = 0; j < results.size(); ++j) {
+      json r = result_json(results[j]);
+      r["job"] = j;
+      r["model"] = jobs[j].profile.name;
+      r["batch_size"] = jobs[j].profile.batch_size;
+      rows.push_back(r);
+    }
+    json config = {{"jobs", jobs.size()},
+                   {"job_sharing", job_sharing_name(sharing.sharing)},
+                   {"share_gpus", sharing.share_gpus},
+                   {"architecture", architecture_name(c.architecture)},
+                   {"workers", c.workers},
+                   {"servers", c.servers},
+                   {"bandwidth_bps", c.bandwidth.bits_per_second},
+                   {"latency_ns", c.latency},
+                   {"iterations", job.sim.iterations},
+                   {"warmup", job.sim.warmup},
+                   {"statistic", statistic_name(job.sim.statistic)}};
+    std::cout << json{{"results", rows}, {"config", config}, {"seed", job.sim.seed}}.dump(
+                     1, ' ', false, json::error_handler_t::replace)
+              << "\n";
+    return;
+  }
+  std::printf("simulated: %zu jobs sharing %d workers, %d servers (ps), %s, latency %s; links shared %s, GPUs %s; "
+              "seed %llu; %s of %d iterations after %d warm-up\n",
+              jobs.size(), c.workers, c.servers,
+              (c.schedule && !c.schedule->is_constant() ? std::string("time-varying bandwidth")
+                                                        : format_rate(c.bandwidth)).c_str(),
+              format_time(c.latency).c_str(), job_sharing_name(sharing.sharing),
+              sharing.share_gpus ? "shared" : "one per job and worker", static_cast<unsigned long long>(job.sim.seed),
+              std::string(statistic_name(job.sim.statistic)).c_str(), job.sim.iterations - job.sim.warmup,
+              job.sim.warmup);
+  std::printf("%-4s %-14s %6s %-18s %12s %12s %10s %10s\n", "job", "model", "batch", "policy", "iteration",
+              "samples/s", "scaling", "link util");
+  for (std::size_t j = 0; j < results.size(); ++j) {
+    const SimResult& r = results[j];
+    std::printf("%-4zu %-14s %6d %-18s %10.3fms %12.1f %10.3f %9.1f%%\n", j, jobs[j].profile.name.c_str(),
+                jobs[j].profile.batch_size, r.policy.c_str(), to_ms(r.iteration_time), r.samples_per_second,
+                r.scaling_efficiency, 100.0 * r.link_utilisation);
+  }
 }
 
 }  // namespace qs::cli

@@ -109,6 +109,10 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
   if (job.policies.size() != 1 || f.sim.policy == "all") {
     return invalid_argument("--policy: a server or worker runs exactly one policy");
   }
+  if (!job.cluster.worker_bandwidth.empty() || !job.cluster.server_bandwidth.empty() ||
+      !job.cluster.server_shares.empty()) {
+    return invalid_argument("--worker-bandwidths, --server-bandwidths and --server-shares are the simulator's");
+  }
   runtime::JobOptions o;
   o.profile = std::move(job.profile);
   o.policy = job.policies[0];

@@ -63,6 +63,14 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
                   "Time-varying bandwidth: a trace file of 'TIME RATE' lines, or random:MIN:MAX:PERIOD[:SEED]");
   app->add_option("--compute-factor", f->compute_factor,
                   "Per-worker compute slowdown: a comma list of N factors, or W=F pairs (e.g. 3=2.0)");
+  app->add_option("--worker-bandwidths", f->worker_bandwidths,
+                  "ps simulator: each worker's NIC rate, a comma list of N rates or W=RATE pairs (others at "
+                  "--bandwidth), e.g. 3=5Gbps");
+  app->add_option("--server-bandwidths", f->server_bandwidths,
+                  "ps simulator: each server's NIC rate, a comma list of M rates or S=RATE pairs, e.g. 0=2.5Gbps");
+  app->add_option("--server-shares", f->server_shares,
+                  "ps simulator: the share of the parameters each server holds, a comma list of M weights or "
+                  "S=W pairs (others 1), e.g. 2,1,1,1 (default: equal, the balanced placement)");
   app->add_option("--reduction-rate", f->reduction_rate, "All-reduce: reduction rate (gamma = 1/rate), e.g. 80GB/s");
   app->add_option("--allreduce-a", f->allreduce_a, "All-reduce: a of T=a+bM directly (a time)");
   app->add_option("--allreduce-b", f->allreduce_b, "All-reduce: b of T=a+bM directly, as a rate (M/b per byte)");
@@ -92,39 +100,69 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--trace", f->trace, "Write a Chrome trace (open in Perfetto) to this file");
 }
 
+void add_shared_job_flags(CLI::App* app, SimFlags* f) {
+  app->add_option("--job", f->jobs,
+                  "ps simulator: one of several jobs sharing the cluster, MODEL[:POLICY[:BATCH]] (repeat it; the "
+                  "policy defaults to --policy when that names one; knobs apply to every job)");
+  app->add_option("--job-sharing", f->job_sharing,
+                  "with --job: how a link serves the jobs' queues: fair (round robin, each job's own scheduler), "
+                  "strict (job order), deadline (the unit whose layer's next forward comes soonest, across jobs)")
+      ->capture_default_str();
+  app->add_flag("--separate-gpus", f->separate_gpus, "with --job: each job has GPUs of its own (default: shared)");
+}
+
 namespace {
 
-Status parse_compute_factor(const std::string& text, int workers, std::vector<double>* out) {
+// A value per host: a comma list of `hosts` values, or I=VALUE pairs (the others at
+// `fallback`). `parse` reads one value. Errors name the flag. The count of a plain list is
+// checked by ClusterConfig::validate().
+template <typename T, typename Parse>
+Status parse_host_list(const std::string& text, int hosts, const char* flag, const char* host, T fallback,
+                       Parse parse, std::vector<T>* out) {
   if (text.empty()) return Status::ok();
+  if (text.size() > 1'000'000) return invalid_argument(std::string(flag) + ": longer than 1000000 characters");
   std::vector<std::string> items;
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) items.push_back(item);
   const bool pairs = text.find('=') != std::string::npos;
-  if (pairs) out->assign(static_cast<std::size_t>(workers), 1.0);
+  if (pairs) out->assign(static_cast<std::size_t>(hosts), fallback);
   for (const std::string& item : items) {
-    try {
+    std::string value = item;
+    int index = -1;
+    if (pairs) {
+      const auto eq = item.find('=');
       std::size_t used = 0;
-      if (pairs) {
-        auto eq = item.find('=');
+      try {
         if (eq == std::string::npos) throw std::invalid_argument(item);
-        int w = std::stoi(item.substr(0, eq), &used);
-        if (used != eq) throw std::invalid_argument(item);
-        double f = std::stod(item.substr(eq + 1), &used);
-        if (used != item.size() - eq - 1) throw std::invalid_argument(item);
-        if (w < 0 || w >= workers) {
-          return invalid_argument("--compute-factor: worker " + std::to_string(w) + " does not exist");
-        }
-        (*out)[static_cast<std::size_t>(w)] = f;
-      } else {
-        double f = std::stod(item, &used);
-        if (used != item.size()) throw std::invalid_argument(item);
-        out->push_back(f);
+        index = std::stoi(item.substr(0, eq), &used);
+      } catch (const std::exception&) {
+        return invalid_argument(std::string(flag) + ": cannot read '" + item + "'");
       }
-    } catch (const std::exception&) {
-      return invalid_argument("--compute-factor: cannot read '" + item + "'");
+      if (used != eq) return invalid_argument(std::string(flag) + ": cannot read '" + item + "'");
+      if (index < 0 || index >= hosts) {
+        return invalid_argument(std::string(flag) + ": " + host + " " + std::to_string(index) + " does not exist");
+      }
+      value = item.substr(eq + 1);
+    }
+    Result<T> v = parse(value);
+    if (!v) return invalid_argument(std::string(flag) + ": cannot read '" + item + "': " + v.status().message());
+    if (pairs) {
+      (*out)[static_cast<std::size_t>(index)] = *v;
+    } else {
+      out->push_back(*v);
     }
   }
   return Status::ok();
+}
+
+Result<double> parse_number(const std::string& text) {
+  try {
+    std::size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  return invalid_argument("not a number");
 }
 
 }  // namespace
@@ -158,7 +196,18 @@ Result<Job> make_job(const SimFlags& f) {
     }
   }
   if (f.workers < 1 || f.workers > 4096) return invalid_argument("--workers must be in 1..4096");
-  QS_RETURN_IF_ERROR(parse_compute_factor(f.compute_factor, f.workers, &job.cluster.compute_factor));
+  QS_RETURN_IF_ERROR(parse_host_list(f.compute_factor, f.workers, "--compute-factor", "worker", 1.0, parse_number,
+                                     &job.cluster.compute_factor));
+  if ((!f.server_bandwidths.empty() || !f.server_shares.empty()) && (f.servers < 1 || f.servers > 4096)) {
+    return invalid_argument("--servers must be in 1..4096");
+  }
+  auto rate = [](const std::string& t) { return parse_rate(t); };
+  QS_RETURN_IF_ERROR(parse_host_list(f.worker_bandwidths, f.workers, "--worker-bandwidths", "worker",
+                                     job.cluster.bandwidth, rate, &job.cluster.worker_bandwidth));
+  QS_RETURN_IF_ERROR(parse_host_list(f.server_bandwidths, f.servers, "--server-bandwidths", "server",
+                                     job.cluster.bandwidth, rate, &job.cluster.server_bandwidth));
+  QS_RETURN_IF_ERROR(parse_host_list(f.server_shares, f.servers, "--server-shares", "server", 1.0, parse_number,
+                                     &job.cluster.server_shares));
   if (!f.reduction_rate.empty()) {
     auto r = parse_rate(f.reduction_rate);
     if (!r) return r.status().with_context("--reduction-rate");
@@ -282,9 +331,61 @@ int fail(std::string_view prefix, std::string_view message, int code) {
   return code;
 }
 
+// simulate --job ...: several jobs sharing the cluster (simulate_shared).
+int run_shared(const SimFlags& f, const Job& job) {
+  if (static_cast<int>(f.jobs.size()) > kMaxSharedJobs) {
+    return fail("quicksilver", invalid_argument("--job: at most " + std::to_string(kMaxSharedJobs) + " jobs"));
+  }
+  auto sharing = parse_job_sharing(f.job_sharing);
+  if (!sharing) return fail("quicksilver", sharing.status().with_context("--job-sharing"));
+  std::vector<SharedJob> jobs;
+  for (const std::string& spec : f.jobs) {
+    const std::string where = "--job '" + spec.substr(0, 200) + "'";
+    std::vector<std::string> parts;
+    std::stringstream ss(spec);
+    for (std::string p; std::getline(ss, p, ':');) parts.push_back(p);
+    if (spec.empty() || spec.size() > 4096 || parts.empty() || parts.size() > 3 || parts[0].empty()) {
+      return fail("quicksilver", invalid_argument(where + ": expected MODEL[:POLICY[:BATCH]]"));
+    }
+    int batch = f.batch_size;
+    if (parts.size() == 3) {
+      try {
+        std::size_t used = 0;
+        batch = std::stoi(parts[2], &used);
+        if (used != parts[2].size() || batch < 1 || batch > 1'000'000) throw std::invalid_argument(parts[2]);
+      } catch (const std::exception&) {
+        return fail("quicksilver", invalid_argument(where + ": the batch must be an integer in 1..1000000"));
+      }
+    }
+    auto profile = load_model(parts[0], f.device, batch);
+    if (!profile) return fail("quicksilver", profile.status().with_context(where));
+    std::string policy = parts.size() >= 2 && !parts[1].empty() ? parts[1] : "";
+    if (policy.empty()) {
+      if (job.policies.size() != 1 || f.policy == "all") {
+        return fail("quicksilver", invalid_argument(where + ": name its policy (MODEL:POLICY) or give --policy one"));
+      }
+      policy = job.policies[0];
+    }
+    jobs.push_back(SharedJob{std::move(*profile), policy, job.policy_options});
+  }
+  const SharingOptions options{*sharing, !f.separate_gpus};
+  auto results = simulate_shared(jobs, job.cluster, job.sim, options);
+  if (!results) return fail("quicksilver", results.status());
+  if (!f.trace.empty()) {
+    Status s = write_chrome_trace(*results, f.trace);
+    if (!s.is_ok()) return fail("quicksilver", s.with_context("--trace"));
+  }
+  print_shared(job, jobs, *results, options, f.json);
+  return 0;
+}
+
 int run_simulate(const SimFlags& f) {
   auto job = make_job(f);
   if (!job) return fail("quicksilver", job.status());
+  if (!f.jobs.empty()) return run_shared(f, *job);
+  if (f.job_sharing != "fair" || f.separate_gpus) {
+    return fail("quicksilver", invalid_argument("--job-sharing and --separate-gpus need --job"));
+  }
   auto rows = simulate(*job);
   if (!rows) return fail("quicksilver", rows.status());
   if (!f.trace.empty()) {

@@ -47,6 +47,30 @@ Status ClusterConfig::validate() const {
   for (double f : compute_factor) {
     if (!(f > 0 && f < 1e6)) return invalid_argument("--compute-factor values must be > 0");
   }
+  auto check_hosts = [&](const char* flag, std::size_t n, int hosts, const char* what) -> Status {
+    if (n == 0) return Status::ok();
+    if (static_cast<int>(n) != hosts) {
+      return invalid_argument(std::string(flag) + " lists " + std::to_string(n) + " values for " +
+                              std::to_string(hosts) + " " + what);
+    }
+    if (architecture != Architecture::kPs) return invalid_argument(std::string(flag) + " needs --architecture ps");
+    if (schedule) return invalid_argument(std::string(flag) + " cannot be combined with --bandwidth-trace");
+    return Status::ok();
+  };
+  QS_RETURN_IF_ERROR(check_hosts("--worker-bandwidths", worker_bandwidth.size(), workers, "workers"));
+  QS_RETURN_IF_ERROR(check_hosts("--server-bandwidths", server_bandwidth.size(), servers, "servers"));
+  QS_RETURN_IF_ERROR(check_hosts("--server-shares", server_shares.size(), servers, "servers"));
+  for (const auto* rates : {&worker_bandwidth, &server_bandwidth}) {
+    for (Rate r : *rates) {
+      if (r.bits_per_second <= 0 || r.bits_per_second > 1'000'000'000'000'000) {
+        return invalid_argument(std::string(rates == &worker_bandwidth ? "--worker-bandwidths" : "--server-bandwidths") +
+                                " values must be in 1bps..1000000Gbps");
+      }
+    }
+  }
+  for (double s : server_shares) {
+    if (!(s > 0 && s <= 1e6)) return invalid_argument("--server-shares values must be in (0, 1000000]");
+  }
   if (allreduce_b_ns_per_byte && !(*allreduce_b_ns_per_byte >= 0)) {
     return invalid_argument("all-reduce b must be >= 0");
   }

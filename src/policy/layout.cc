@@ -1,6 +1,8 @@
 #include "quicksilver/policy/layout.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <string>
 
 #include "knob_table.h"
@@ -23,14 +25,36 @@ TensorLayout::TensorLayout(const Profile& profile) {
   }
 }
 
-Placement::Placement(const TensorLayout& layout, int servers, Bytes split_threshold)
+Placement::Placement(const TensorLayout& layout, int servers, Bytes split_threshold,
+                     const std::vector<double>& shares)
     : servers_(servers), slices_(static_cast<std::size_t>(layout.num_tensors())),
       load_(static_cast<std::size_t>(servers), 0) {
   QS_CHECK(servers >= 1 && split_threshold >= 1);
+  QS_CHECK(shares.empty() || static_cast<int>(shares.size()) == servers);
+  for (double s : shares) QS_CHECK(s > 0 && s < 1e300);
+  // Equal shares are the balanced placement, exactly (the same integer rules below).
+  const bool weighted = std::adjacent_find(shares.begin(), shares.end(), std::not_equal_to<>()) != shares.end();
+  double total_share = 0;
+  for (double s : shares) total_share += s;
   for (const TensorInfo& t : layout.tensors()) {
     auto& out = slices_[static_cast<std::size_t>(t.id)];
     const Bytes elems = t.bytes / t.element_size;
-    if (servers > 1 && t.bytes >= split_threshold && elems >= servers) {
+    const bool split = servers > 1 && t.bytes >= split_threshold && elems >= servers;
+    if (split && weighted) {
+      // Slice s ends at round(elems x (shares up to s) / total), at least one element each.
+      Bytes offset = 0;
+      double upto = 0;
+      for (int s = 0; s < servers; ++s) {
+        upto += shares[static_cast<std::size_t>(s)];
+        Bytes end = s + 1 == servers ? elems : std::llround(static_cast<double>(elems) * upto / total_share);
+        end = std::clamp<Bytes>(end, offset / t.element_size + 1, elems - (servers - 1 - s));
+        const Bytes n = end * t.element_size - offset;
+        out.push_back(Slice{s, Chunk{t.id, offset, n}});
+        load_[static_cast<std::size_t>(s)] += n;
+        offset += n;
+      }
+      QS_CHECK(offset == t.bytes);
+    } else if (split) {
       // Equal element counts; the first (elems % M) servers take one extra element.
       Bytes offset = 0;
       for (int s = 0; s < servers; ++s) {
@@ -40,6 +64,14 @@ Placement::Placement(const TensorLayout& layout, int servers, Bytes split_thresh
         offset += n;
       }
       QS_CHECK(offset == t.bytes);
+    } else if (weighted) {
+      // The server whose load over its share is least (ties: lowest id).
+      std::size_t best = 0;
+      for (std::size_t s = 1; s < load_.size(); ++s) {
+        if (static_cast<double>(load_[s]) * shares[best] < static_cast<double>(load_[best]) * shares[s]) best = s;
+      }
+      out.push_back(Slice{static_cast<int>(best), Chunk{t.id, 0, t.bytes}});
+      load_[best] += t.bytes;
     } else {
       auto it = std::min_element(load_.begin(), load_.end());
       int s = static_cast<int>(it - load_.begin());
@@ -51,9 +83,14 @@ Placement::Placement(const TensorLayout& layout, int servers, Bytes split_thresh
 
 const Slice* Placement::owning_slice(const Chunk& c, int server) const {
   if (c.tensor < 0 || c.tensor >= static_cast<TensorId>(slices_.size()) || c.offset < 0 || c.length < 0) return nullptr;
-  for (const Slice& s : slices_[static_cast<std::size_t>(c.tensor)]) {
-    if (s.server == server && c.offset >= s.chunk.offset && c.end() <= s.chunk.end()) return &s;
-  }
+  // The slices are in offset order and tile the tensor: the one holding c.offset is the
+  // last that starts at or before it (a binary search: a tensor has up to M slices).
+  const auto& slices = slices_[static_cast<std::size_t>(c.tensor)];
+  auto it = std::upper_bound(slices.begin(), slices.end(), c.offset,
+                             [](Bytes off, const Slice& s) { return off < s.chunk.offset; });
+  if (it == slices.begin()) return nullptr;
+  const Slice& s = *(it - 1);
+  if (s.server == server && c.end() <= s.chunk.end()) return &s;
   return nullptr;
 }
 

@@ -10,6 +10,7 @@
 
 #include "knob_table.h"
 #include "quicksilver/core/check.h"
+#include "quicksilver/policy/layout.h"
 
 namespace qs {
 
@@ -359,18 +360,33 @@ Result<std::unique_ptr<AllReducePolicy>> make_allreduce_policy(std::string_view 
 }
 
 Status check_unit_budget(const Profile& profile, std::string_view policy, Architecture architecture,
-                         const PolicyOptions& options, int workers) {
+                         const PolicyOptions& options, int workers, int servers) {
   const PolicyRegistry& reg = policy_registry();
   const PolicySpec* spec = reg.find(policy, architecture);
   if (spec == nullptr) return Status::ok();
+  // The ranges a policy cuts: PS, each server's slice of a tensor; all-reduce, the tensor.
+  std::vector<std::pair<Bytes, Bytes>> ranges;  // (bytes, element size)
+  if (architecture == Architecture::kPs && servers > 1 && options.split_threshold >= 1) {
+    const TensorLayout layout(profile);
+    const Placement placement(layout, servers, options.split_threshold);
+    for (const TensorInfo& t : layout.tensors()) {
+      for (const Slice& s : placement.slices(t.id)) ranges.emplace_back(s.chunk.length, t.element_size);
+    }
+  } else {
+    for (const LayerSpec& l : profile.layers) {
+      for (const TensorSpec& t : l.tensors) ranges.emplace_back(t.bytes(), 1);
+    }
+  }
   for (const std::string& name : spec->knobs) {
     const Knob* k = reg.find_knob(name);
     if (k == nullptr || !k->cuts) continue;
     const Bytes size = k->get_int(options);
     if (size <= 0) return invalid_argument(k->flag + " must be positive");
     std::int64_t units = 0;
-    for (const LayerSpec& l : profile.layers) {
-      for (const TensorSpec& t : l.tensors) units += (t.bytes() + size - 1) / size;
+    for (const auto& [bytes, align] : ranges) {
+      // As split_chunk() cuts: pieces of `size` rounded down to whole elements.
+      const Bytes step = std::max(align, size / align * align);
+      units += (bytes + step - 1) / step;
     }
     const std::string what = k->flag + " " + k->display(options) + " cuts " + profile.name + "'s " +
                              format_size(profile.total_bytes()) + " of gradients into " + std::to_string(units) +

@@ -33,7 +33,8 @@ Status validate_job(const JobOptions& job) {
     }
   }
   if (!is_known_policy(job.policy)) return invalid_argument("unknown policy '" + job.policy + "'");
-  QS_RETURN_IF_ERROR(check_unit_budget(job.profile, job.policy, Architecture::kPs, job.policy_options, job.workers));
+  QS_RETURN_IF_ERROR(check_unit_budget(job.profile, job.policy, Architecture::kPs, job.policy_options, job.workers,
+                                       job.servers));
   return Status::ok();
 }
 

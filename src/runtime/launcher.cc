@@ -736,8 +736,14 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
       }
     }
     QS_RETURN_IF_ERROR(check_unit_budget(job.profile, p, job.cluster.architecture, job.policy_options,
-                                         job.cluster.workers)
+                                         job.cluster.workers, job.cluster.servers)
                            .with_context(p));
+  }
+  if (!job.cluster.worker_bandwidth.empty() || !job.cluster.server_bandwidth.empty() ||
+      !job.cluster.server_shares.empty()) {
+    return invalid_argument(
+        "--worker-bandwidths, --server-bandwidths and --server-shares are the simulator's: the runtime gives "
+        "every host one rate and the balanced placement");
   }
   // Written so that NaN fails too.
   if (!(f.scale >= 0 && f.scale <= 1)) return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");

@@ -13,6 +13,7 @@
 // schedule's rates.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <deque>
 #include <queue>
 
@@ -126,7 +127,7 @@ class AllReduceLinks final : public Exchange {
   void dispatch(const SimEvent& e) {
     links_[static_cast<std::size_t>(e.index)].busy = false;
     // The deque keeps the bucket in place while the policy issues more.
-    listener_->on_collective_done(buckets_[static_cast<std::size_t>(e.unit.chunk.offset)]);
+    listener_->on_collective_done(buckets_[static_cast<std::size_t>(e.ref)]);
   }
 
  private:
@@ -160,9 +161,8 @@ class AllReduceLinks final : public Exchange {
                                  (cb.last_iteration != cb.first_iteration ? "-" + std::to_string(cb.last_iteration) : "") +
                                  " " + format_size(m));
     }
-    PushUnit ref;
-    ref.chunk.offset = static_cast<Bytes>(b);  // the bucket's index travels in the event
-    clock_.schedule_event(end, kCollectiveDone, li, ref);
+    QS_CHECK(b <= UINT32_MAX);
+    clock_.schedule_event(end, kCollectiveDone, li, static_cast<std::uint32_t>(b));  // the bucket's index
   }
 
   SimClock& clock_;
@@ -260,7 +260,7 @@ Result<SimResult> simulate_allreduce(const Profile& profile, const std::string& 
   result.link_utilisation = steady_median(utilisation, opts.warmup);
   result.bytes_pushed_per_iteration = loop.records().back().traffic.bytes;
   result.messages_per_iteration = loop.records().back().traffic.messages;
-  result.events = clock.fired();
+  result.events = result.queue_events = clock.fired();
   result.notes = policy->report();
   finish_result(profile, cluster, opts, &result);
   return result;

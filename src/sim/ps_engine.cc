@@ -23,7 +23,9 @@
 // latency only; it does not wait for pulls the server has not started, as the runtime's
 // control frames go ahead of those (issue 14 point 7; docs/simulator.md).
 #include <algorithm>
+#include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <variant>
 
@@ -56,6 +58,11 @@ class TxQueue {
       std::get<PriorityFifo<T>>(q_).push(priority, std::move(v));
     }
   }
+  // The element pop() would return, to update in place.
+  T& front() {
+    if (auto* f = std::get_if<std::deque<T>>(&q_)) return f->front();
+    return std::get<PriorityFifo<T>>(q_).top();
+  }
   T pop() {
     if (auto* f = std::get_if<std::deque<T>>(&q_)) {
       T v = std::move(f->front());
@@ -79,13 +86,27 @@ struct Link {
   // carried them too, behind what it already carries. Returns (this link's end, the
   // arrival at the far end).
   std::pair<TimeNs, TimeNs> transfer(TimeNs now, Bytes bytes, Link& to) {
-    const TimeNs fin1 = schedule->finish_time(now, bytes) + frame_cpu;
+    const TimeNs fin1 = finish_time(now, bytes) + frame_cpu;
     const TimeNs start2 = std::max(now, to.busy_until);
-    const TimeNs fin2 = std::max(fin1, to.schedule->finish_time(start2, bytes) + to.frame_cpu);
+    const TimeNs fin2 = std::max(fin1, to.finish_time(start2, bytes) + to.frame_cpu);
     to.busy_until = fin2;
     busy_until = fin1;
     return {fin1, fin2};
   }
+  // schedule->finish_time(), remembering the last size's time at a constant rate (a link
+  // mostly carries units of one size, and the division is a good part of a transfer).
+  TimeNs finish_time(TimeNs start, Bytes bytes) {
+    if (!schedule->is_constant()) return schedule->finish_time(start, bytes);
+    if (bytes != memo_bytes_) {
+      memo_bytes_ = bytes;
+      memo_time_ = transfer_time(bytes, schedule->segments().front().rate);
+    }
+    return add_saturated(start, memo_time_);
+  }
+
+ private:
+  Bytes memo_bytes_ = -1;
+  TimeNs memo_time_ = 0;
 };
 
 // Open-addressing (linear probing, backward-shift deletion) map from a unit's key to
@@ -140,6 +161,42 @@ class AggMap {
   std::vector<Slot> slots_;
   std::size_t size_ = 0;
 };
+// Units in flight, by reference: an event carries a 4-byte slot instead of a 32-byte unit
+// (a simulation of N workers and M servers may have millions of events pending). A
+// pull's unit lives until it arrived, an acknowledged unit until its acknowledgement did.
+// The slot also names the unit's job.
+class UnitPool {
+ public:
+  std::uint32_t add(const PushUnit& u, int refs, int job) {
+    std::uint32_t slot;
+    if (free_.empty()) {
+      QS_CHECK(units_.size() < UINT32_MAX);
+      slot = static_cast<std::uint32_t>(units_.size());
+      units_.push_back(Entry{u, refs, job});
+    } else {
+      slot = free_.back();
+      free_.pop_back();
+      units_[slot] = Entry{u, refs, job};
+    }
+    return slot;
+  }
+  // A copy: the slot may be reused and the storage moved once released.
+  PushUnit get(std::uint32_t slot) const { return units_[slot].unit; }
+  int job(std::uint32_t slot) const { return units_[slot].job; }
+  void release(std::uint32_t slot) {
+    if (--units_[slot].refs == 0) free_.push_back(slot);
+  }
+
+ private:
+  struct Entry {
+    PushUnit unit;
+    int refs;
+    int job;
+  };
+  std::vector<Entry> units_;
+  std::vector<std::uint32_t> free_;
+};
+
 enum Ev : std::uint8_t {
   kUplinkFree,     // a worker's uplink finished serialising a unit
   kServerArrive,   // a unit fully arrived at its server
@@ -148,29 +205,63 @@ enum Ev : std::uint8_t {
   kPullArrive,     // a pulled (aggregated) unit fully arrived at the worker
 };
 
-// The simulated parameter-server network: every worker's Exchange (its Port) and the
-// servers that sum and answer.
+// What the network needs of one training job: its tensors and their placement, its
+// policies' server discipline and whether they want acknowledgements, and the slack that
+// JobSharing::kDeadline gives its units.
+struct NetJob {
+  const TensorLayout* layout = nullptr;
+  const Placement* placement = nullptr;
+  QueueDiscipline server_discipline = QueueDiscipline::kFifo;
+  bool acks = false;
+  // Per tensor: from its layer's gradient being ready to its layer's next forward, if the
+  // job computes without waiting (the backward of the layers before it in forward order,
+  // then their update and forward): a unit's deadline is when it was handed over (a
+  // worker's) or its sum completed (a server's) plus this.
+  std::vector<TimeNs> slack;
+};
+
+// The simulated parameter-server network: every worker's Exchange (its Port, one per job)
+// and the servers that sum and answer. Several jobs share the hosts' NICs (Mercury Fig.
+// 20): each link serves one unit at a time, the jobs' queues by JobSharing; with one job
+// the network is the single job's, exactly.
 class PsNetwork {
  public:
-  // One worker's side of the network: its transport queue (under its policy's discipline),
-  // its NIC, and what it sent this iteration.
+  // One job's side of one worker: its transport queue (under its policy's discipline) and
+  // what it sent this iteration. The worker's NIC (Nic) is shared by its jobs.
   class Port final : public Exchange {
    public:
-    Port(PsNetwork& net, int id, QueueDiscipline d, int priorities) : net_(net), id_(id), tx_(d, priorities) {
-      up_.schedule = down_.schedule = &net.schedule_;
-      up_.frame_cpu = down_.frame_cpu = net.cluster_.frame_cpu;
+    Port(PsNetwork& net, int job, int worker, QueueDiscipline d)
+        : net_(net), job_(job), id_(worker), tx_(d, net.jobs_[static_cast<std::size_t>(job)].layout->num_tensors() + 1),
+          ack_lane_(net.jobs_[static_cast<std::size_t>(job)].acks ? net.clock_.add_lane() : -1) {
+      const auto layers = static_cast<std::size_t>(net.jobs_[static_cast<std::size_t>(job)].layout->num_layers());
+      pulls_sent_.assign(layers, 0);
+      queued_.assign(layers, 0);
+      handed_at_.assign(layers, 0);
     }
     void set_listener(ExchangeListener* l) { listener_ = l; }
+    // Trace processes: worker w of job j is process j * N + w (one job: the worker).
     void record(std::vector<TraceSpan>* trace) {
-      rec_up_ = SpanRecorder(trace, id_, 1, true);
-      rec_down_ = SpanRecorder(trace, id_, 2, true);
+      const int pid = job_ * net_.cluster_.workers + id_;
+      rec_up_ = SpanRecorder(trace, pid, 1, true);
+      rec_down_ = SpanRecorder(trace, pid, 2, true);
     }
 
     // Queues without sending: the loop flushes once the policy callback that pushed
     // returns, so that all units pushed in one callback compete by priority.
-    void push(const PushUnit& u) override { tx_.push(u.priority, u); }
-    void flush() override { net_.try_send(*this); }
-    Status check(const PushUnit& u) const override { return check_push_unit(u, net_.layout_, net_.placement_); }
+    void push(const PushUnit& u) override {
+      if (net_.sharing_ == JobSharing::kDeadline && net_.jobs_.size() > 1) {
+        // The layer's units entered the queue when its first one did (its gradient was
+        // ready): the same deadline for all.
+        const auto l = static_cast<std::size_t>(net_.jobs_[static_cast<std::size_t>(job_)].layout->tensor(u.chunk.tensor).layer);
+        if (queued_[l]++ == 0) handed_at_[l] = net_.clock_.now();
+      }
+      tx_.push(u.priority, u);
+    }
+    void flush() override { net_.try_send(id_); }
+    Status check(const PushUnit& u) const override {
+      const NetJob& j = net_.jobs_[static_cast<std::size_t>(job_)];
+      return check_push_unit(u, *j.layout, *j.placement);
+    }
     Traffic take_traffic(TimeNs) override {
       Traffic t{bytes_, units_, static_cast<std::uint64_t>(bytes_), busy_, 0};
       bytes_ = busy_ = 0;
@@ -181,54 +272,137 @@ class PsNetwork {
    private:
     friend class PsNetwork;
     PsNetwork& net_;
-    int id_;
+    int job_;
+    int id_;  // the worker
     ExchangeListener* listener_ = nullptr;
     TxQueue<PushUnit> tx_;
-    Link up_, down_;
+    int ack_lane_;   // acknowledgements for this worker (mostly in time order), if any
+    std::vector<Bytes> pulls_sent_;  // per layer, this iteration's pulls sent so far (try_send_server)
+    // JobSharing::kDeadline: per layer, units queued and when the first of them was.
+    std::vector<int> queued_;
+    std::vector<TimeNs> handed_at_;
     Bytes bytes_ = 0;
     std::int64_t units_ = 0;
     TimeNs busy_ = 0;  // uplink serialisation time this iteration
     SpanRecorder rec_up_, rec_down_;
   };
 
-  PsNetwork(SimClock& clock, const ClusterConfig& cluster, const TensorLayout& layout,
-            const Placement& placement, QueueDiscipline server_discipline, bool acks)
-      : clock_(clock), cluster_(cluster), layout_(layout), placement_(placement),
-        schedule_(cluster.link_schedule()), acks_(acks) {
-    const int priorities = layout.num_tensors() + 1;
+  PsNetwork(SimClock& clock, const ClusterConfig& cluster, std::vector<NetJob> jobs, JobSharing sharing)
+      : clock_(clock), cluster_(cluster), jobs_(std::move(jobs)), sharing_(sharing),
+        schedule_(cluster.link_schedule()) {
+    bool acks = false;
+    for (const NetJob& j : jobs_) acks |= j.acks;
+    for (int w = 0; w < cluster.workers; ++w) {
+      Nic& n = *nics_.emplace_back(std::make_unique<Nic>());
+      n.up.schedule = n.down.schedule = host_schedule(cluster.worker_bandwidth, w);
+      n.up.frame_cpu = n.down.frame_cpu = cluster.frame_cpu;
+      n.up_lane = clock.add_lane();
+      n.ports.resize(jobs_.size(), nullptr);
+      n.fair.finish.assign(jobs_.size(), 0);
+    }
     for (int s = 0; s < cluster.servers; ++s) {
-      auto& srv = servers_.emplace_back(std::make_unique<Server>(server_discipline, priorities));
-      srv->in.schedule = srv->out.schedule = &schedule_;
-      srv->in.frame_cpu = srv->out.frame_cpu = cluster.frame_cpu;
+      // Without acknowledgements only an arrival that completes a sum is an event (try_send):
+      // few, and the heap takes them; with them every arrival is, on the server's lane.
+      const int in_lane = acks ? clock.add_lane() : -1;
+      Server& srv = *servers_.emplace_back(std::make_unique<Server>(in_lane, clock.add_lane()));
+      srv.in.schedule = srv.out.schedule = host_schedule(cluster.server_bandwidth, s);
+      srv.in.frame_cpu = srv.out.frame_cpu = cluster.frame_cpu;
+      for (const NetJob& j : jobs_) srv.jobs.emplace_back(j.server_discipline, j.layout->num_tensors() + 1);
+      srv.fair.finish.assign(jobs_.size(), 0);
     }
   }
 
-  Port& add_port(QueueDiscipline d) {
-    ports_.push_back(std::make_unique<Port>(*this, static_cast<int>(ports_.size()), d, layout_.num_tensors() + 1));
+  // Job `job`'s port at the next worker without one (ports are added worker by worker).
+  Port& add_port(int job, QueueDiscipline d) {
+    auto& mine = ports_.emplace_back();
+    (void)mine;
+    const int worker = static_cast<int>(ports_by_job_[static_cast<std::size_t>(job)].size());
+    QS_CHECK(worker < cluster_.workers);
+    ports_.back() = std::make_unique<Port>(*this, job, worker, d);
+    ports_by_job_[static_cast<std::size_t>(job)].push_back(ports_.back().get());
+    nics_[static_cast<std::size_t>(worker)]->ports[static_cast<std::size_t>(job)] = ports_.back().get();
     return *ports_.back();
   }
-  const BandwidthSchedule& schedule() const { return schedule_; }
+  // Host i's NIC: its own rate from `rates` (ClusterConfig::worker_bandwidth,
+  // server_bandwidth; Mercury Fig. 21(b)), or the one schedule every host follows.
+  const BandwidthSchedule* host_schedule(const std::vector<Rate>& rates, int i) {
+    if (rates.empty()) return &schedule_;
+    return &host_schedules_.emplace_back(rates[static_cast<std::size_t>(i)]);
+  }
   const Status& error() const { return error_; }
+  // Arrivals the model has but the event queue did not need (try_send, try_send_server):
+  // the events reported are the queue's and these, the same count as with one event each.
+  std::uint64_t silent_events() const { return silent_; }
 
   void dispatch(const SimEvent& e) {
     switch (e.kind) {
-      case kUplinkFree: on_uplink_free(port(e.index)); break;
-      case kServerArrive: on_server_arrive(e.index, e.unit); break;
-      case kAck: port(e.index).listener_->on_push_acked(e.unit); break;
+      case kUplinkFree: on_uplink_free(e.index); break;
+      case kServerArrive: on_server_arrive(e.index, e.ref); break;
+      case kAck: {
+        const PushUnit u = units_.get(e.ref);
+        const int job = units_.job(e.ref);
+        units_.release(e.ref);
+        port(job, e.index).listener_->on_push_acked(u);
+        break;
+      }
       case kServerOutFree: try_send_server(e.index); break;
-      case kPullArrive: port(e.index).listener_->on_pulled(e.unit, clock_.now()); break;
+      case kPullArrive: {
+        const PushUnit u = units_.get(e.ref);
+        const int job = units_.job(e.ref);
+        units_.release(e.ref);
+        port(job, e.index).listener_->on_pulled(u, clock_.now());
+        break;
+      }
     }
   }
 
  private:
-  struct Server {
-    Server(QueueDiscipline d, int priorities) : out_q(d, priorities) {}
-    Link in, out;
+  // JobSharing::kFair's state on one link: its virtual time, and per job where its last
+  // unit ends (in bytes of the link).
+  struct FairShare {
+    Bytes virtual_time = 0;
+    std::vector<Bytes> finish;
+  };
+  // A worker's NIC: one uplink and one downlink for all its jobs.
+  struct Nic {
+    Link up, down;
+    int up_lane = -1;       // up's end of serialisation (one at a time)
+    std::vector<Port*> ports;  // by job
+    int sending = -1;       // the job whose unit the uplink carries (or last carried)
+    FairShare fair;         // the uplink's
+  };
+  // A complete sum waiting on a server's uplink: its pulls to workers next..N-1 (one entry
+  // for all N pulls, sent in worker order: exactly N consecutive entries of one FIFO).
+  struct Pull {
+    PushUnit unit;
+    int next = 0;
+    TimeNs deadline = 0;  // JobSharing::kDeadline: the completing copy's
+  };
+  // One job's side of a server: its sums in progress and the pulls it owes.
+  struct ServerJob {
+    ServerJob(QueueDiscipline d, int priorities) : out_q(d, priorities) {}
     AggMap agg;
-    TxQueue<std::pair<int, PushUnit>> out_q;
+    TxQueue<Pull> out_q;
+  };
+  // A unit on its way in: its job and worker (an arrival event names only the worker and
+  // the server; the units are read in sequence, not from scattered slots).
+  struct Arrival {
+    int job;
+    int worker;
+    PushUnit unit;
+    TimeNs deadline;  // JobSharing::kDeadline: when the worker needs the unit's sum
+  };
+  struct Server {
+    Server(int in_lane, int out_lane) : in_lane(in_lane), out_lane(out_lane) {}
+    Link in, out;
+    int in_lane;   // the pushes arriving over `in`, in the order it delivers them (-1: the heap)
+    int out_lane;  // out's end of serialisation (one at a time)
+    Ring<Arrival> arriving;  // in the order they arrive
+    std::vector<ServerJob> jobs;
+    FairShare fair;  // the uplink's
   };
 
-  Port& port(int w) { return *ports_[static_cast<std::size_t>(w)]; }
+  Port& port(int job, int w) { return *ports_by_job_[static_cast<std::size_t>(job)][static_cast<std::size_t>(w)]; }
   static std::uint64_t key(const Chunk& c) {
     return (static_cast<std::uint64_t>(c.tensor) << 40) ^ static_cast<std::uint64_t>(c.offset);
   }
@@ -236,162 +410,476 @@ class PsNetwork {
     if (error_.is_ok()) error_ = std::move(s);
   }
 
-  void try_send(Port& w) {
+  // JobSharing::kDeadline: when worker `p`'s unit of `tensor` is needed (its layer's next
+  // forward, if the job computes without waiting): when the layer's first unit was
+  // handed over plus the layer's slack.
+  TimeNs deadline(const Port& p, TensorId tensor) const {
+    const NetJob& nj = jobs_[static_cast<std::size_t>(p.job_)];
+    return p.handed_at_[static_cast<std::size_t>(nj.layout->tensor(tensor).layer)] +
+           nj.slack[static_cast<std::size_t>(tensor)];
+  }
+
+  // The job whose queue a free link serves next (-1: all empty). `empty(j)` is job j's
+  // queue's, `bytes(j)` and `deadline(j)` its front unit's; with one job, that job whenever
+  // it has something.
+  template <typename Empty, typename Size, typename Deadline>
+  int pick_job(FairShare& fair, Empty empty, Size bytes, Deadline deadline) const {
+    const int n = static_cast<int>(jobs_.size());
+    if (n == 1) return empty(0) ? -1 : 0;
+    int best = -1;
+    std::int64_t best_key = 0;  // bytes (kFair) or a time (kDeadline)
+    for (int j = 0; j < n; ++j) {
+      if (empty(j)) continue;
+      if (sharing_ == JobSharing::kStrict) return j;
+      // kFair: start-time fair queueing (Goyal et al., SIGCOMM'96) over the link's bytes: a
+      // job's next unit starts at the later of the link's virtual time and the end of the
+      // job's previous unit, and the earliest start goes first, so jobs of any unit size
+      // share the link's bytes equally (separate transports sharing a NIC).
+      // kDeadline (Mercury Fig. 20, the paper's future work: priorities that hold across
+      // jobs): earliest deadline first. Within one job the deadlines follow Mercury's order
+      // (a layer's deadline is its next forward's start), so each job's own scheduler still
+      // decides among its units. Ties: the lower job.
+      const std::int64_t key = sharing_ == JobSharing::kFair
+                             ? std::max(fair.virtual_time, fair.finish[static_cast<std::size_t>(j)])
+                             : deadline(j);
+      if (best < 0 || key < best_key) {
+        best = j;
+        best_key = key;
+      }
+    }
+    if (best >= 0 && sharing_ == JobSharing::kFair) {
+      fair.virtual_time = best_key;
+      fair.finish[static_cast<std::size_t>(best)] = best_key + bytes(best);
+    }
+    return best;
+  }
+
+  void try_send(int worker) {
+    Nic& n = *nics_[static_cast<std::size_t>(worker)];
     const TimeNs now = clock_.now();
-    if (w.up_.busy_until > now || w.tx_.empty()) return;
+    if (n.up.busy_until > now) return;
+    const int job = pick_job(
+        n.fair, [&](int j) { return n.ports[static_cast<std::size_t>(j)]->tx_.empty(); },
+        [&](int j) { return n.ports[static_cast<std::size_t>(j)]->tx_.front().chunk.length; },
+        [&](int j) {
+          Port& p = *n.ports[static_cast<std::size_t>(j)];
+          return deadline(p, p.tx_.front().chunk.tensor);
+        });
+    if (job < 0) return;
+    Port& w = *n.ports[static_cast<std::size_t>(job)];
+    const NetJob& nj = jobs_[static_cast<std::size_t>(job)];
     PushUnit u = w.tx_.pop();
+    TimeNs due = 0;
+    if (sharing_ == JobSharing::kDeadline && jobs_.size() > 1) {
+      due = deadline(w, u.chunk.tensor);
+      --w.queued_[static_cast<std::size_t>(nj.layout->tensor(u.chunk.tensor).layer)];
+    }
     Server& s = *servers_[static_cast<std::size_t>(u.server)];
-    const auto [fin1, fin2] = w.up_.transfer(now, u.chunk.length + cluster_.frame_header, s.in);
+    const auto [fin1, fin2] = n.up.transfer(now, u.chunk.length + cluster_.frame_header, s.in);
     w.busy_ += fin1 - now;
     w.bytes_ += u.chunk.length;
     ++w.units_;
+    n.sending = job;
     if (w.rec_up_.enabled()) w.rec_up_.add(now, fin1, "push " + std::to_string(u.chunk.tensor));
-    clock_.schedule_event(fin1, kUplinkFree, w.id_);
-    clock_.schedule_event(add_saturated(fin2, cluster_.latency), kServerArrive, w.id_, u);
-  }
-
-  // The uplink finished a unit: with nothing queued, everything handed over is on the wire.
-  void on_uplink_free(Port& w) {
-    if (w.tx_.empty()) w.listener_->on_drained(clock_.now());
-    try_send(w);
-  }
-
-  void on_server_arrive(int worker, const PushUnit& u) {
-    Server& s = *servers_[static_cast<std::size_t>(u.server)];
-    if (acks_) clock_.schedule_event(add_saturated(ack_time(s, port(worker)), cluster_.latency), kAck, worker, u);
-    auto& a = s.agg.find_or_insert(key(u.chunk));
-    if (a.count == 0) {
-      a.length = u.chunk.length;
-    } else if (a.length != u.chunk.length) {
-      fail(internal_error("workers cut different units: tensor " + std::to_string(u.chunk.tensor) +
-                          " offset " + std::to_string(u.chunk.offset)));
-      return;
+    clock_.schedule_event_on(n.up_lane, fin1, kUplinkFree, worker, 0);
+    if (!nj.acks) {
+      // Without acknowledgements an arrival that does not complete its sum changes nothing
+      // but the count, and the server's link delivers in the order it is given work: the
+      // copy sent N-th is the one that arrives N-th. So the count is kept here and only
+      // the completing arrival is an event (the others are counted in silent_events()).
+      auto& a = s.jobs[static_cast<std::size_t>(job)].agg.find_or_insert(key(u.chunk));
+      if (a.count == 0) {
+        a.length = u.chunk.length;
+      } else if (a.length != u.chunk.length) {
+        return fail(mismatch(u));
+      }
+      if (++a.count < cluster_.workers) {
+        ++silent_;
+        return;
+      }
+      s.jobs[static_cast<std::size_t>(job)].agg.erase(a);
     }
-    if (++a.count < cluster_.workers) return;
-    s.agg.erase(a);
+    s.arriving.push(Arrival{job, worker, u, due});
+    clock_.schedule_event_on(s.in_lane, add_saturated(fin2, cluster_.latency), kServerArrive, worker,
+                             static_cast<std::uint32_t>(u.server));
+  }
+  static Status mismatch(const PushUnit& u) {
+    return internal_error("workers cut different units: tensor " + std::to_string(u.chunk.tensor) + " offset " +
+                          std::to_string(u.chunk.offset));
+  }
+
+  // The uplink finished a unit: with nothing queued, everything its job handed over is on
+  // the wire.
+  void on_uplink_free(int worker) {
+    Nic& n = *nics_[static_cast<std::size_t>(worker)];
+    Port& w = *n.ports[static_cast<std::size_t>(n.sending)];
+    if (w.tx_.empty()) w.listener_->on_drained(clock_.now());
+    try_send(worker);
+  }
+
+  void on_server_arrive(int worker, std::uint32_t server) {
+    Server& s = *servers_[server];
+    // A link delivers in order, and its arrivals are a lane of the clock: the same order.
+    QS_CHECK(!s.arriving.empty() && s.arriving.front().worker == worker);
+    const Arrival arrival = s.arriving.pop();
+    const int job = arrival.job;
+    const PushUnit& u = arrival.unit;
+    ServerJob& sj = s.jobs[static_cast<std::size_t>(job)];
+    if (jobs_[static_cast<std::size_t>(job)].acks) {
+      clock_.schedule_event_on(port(job, worker).ack_lane_,
+                               add_saturated(ack_time(s, worker), cluster_.latency), kAck, worker,
+                               units_.add(u, 1, job));
+      auto& a = sj.agg.find_or_insert(key(u.chunk));
+      if (a.count == 0) {
+        a.length = u.chunk.length;
+      } else if (a.length != u.chunk.length) {
+        return fail(mismatch(u));
+      }
+      if (++a.count < cluster_.workers) return;
+      sj.agg.erase(a);
+    }  // else try_send counted the copies, and this one completes the sum
     // Sum complete: one pull per worker (Mercury IV-C "PS Sender").
     if (cluster_.overlapping_pulls) {
       // Mercury eq. 7: tau_pull = tau_push + t_pull, no pull waits for another.
       const TimeNs now = clock_.now();
-      const TimeNs fin = schedule_.finish_time(now, u.chunk.length + cluster_.frame_header) + cluster_.frame_cpu;
+      // With hosts of different rates, each pull takes its time at the slower of the two NICs.
+      const Bytes bytes = u.chunk.length + cluster_.frame_header;
+      const TimeNs from_server = s.out.finish_time(now, bytes);
+      const std::uint32_t sum = units_.add(u, cluster_.workers, job);
       for (int w = 0; w < cluster_.workers; ++w) {
-        if (port(w).rec_down_.enabled()) port(w).rec_down_.add(now, fin, "pull " + std::to_string(u.chunk.tensor));
-        clock_.schedule_event(add_saturated(fin, cluster_.latency), kPullArrive, w, u);
+        const TimeNs fin =
+            std::max(from_server, nics_[static_cast<std::size_t>(w)]->down.finish_time(now, bytes)) +
+            cluster_.frame_cpu;
+        if (port(job, w).rec_down_.enabled()) {
+          port(job, w).rec_down_.add(now, fin, "pull " + std::to_string(u.chunk.tensor));
+        }
+        clock_.schedule_event(add_saturated(fin, cluster_.latency), kPullArrive, w, sum);
       }
       return;
     }
-    for (int w = 0; w < cluster_.workers; ++w) s.out_q.push(u.priority, {w, u});
-    try_send_server(u.server);
+    sj.out_q.push(u.priority, Pull{u, 0, arrival.deadline});
+    try_send_server(static_cast<int>(server));
   }
 
   // When the server's acknowledgement of a push leaves for the worker: at once, or with
   // ClusterConfig::ack_queue behind the pull in flight on the server's uplink and the
   // backlog of the worker's downlink, up to ack_queue.
-  TimeNs ack_time(const Server& s, const Port& w) const {
+  TimeNs ack_time(const Server& s, int worker) const {
     const TimeNs now = clock_.now();
     if (cluster_.ack_queue <= 0) return now;
     const TimeNs server_backlog = std::max<TimeNs>(0, s.out.busy_until - now);
-    const TimeNs worker_backlog = std::max<TimeNs>(0, w.down_.busy_until - now);
+    const TimeNs worker_backlog = std::max<TimeNs>(0, nics_[static_cast<std::size_t>(worker)]->down.busy_until - now);
     return now + std::min(cluster_.ack_queue, std::max(server_backlog, worker_backlog));
   }
 
   void try_send_server(int server) {
     Server& s = *servers_[static_cast<std::size_t>(server)];
     const TimeNs now = clock_.now();
-    if (s.out.busy_until > now || s.out_q.empty()) return;
-    auto [wid, u] = s.out_q.pop();
-    Port& w = port(wid);
-    const TimeNs start2 = std::max(now, w.down_.busy_until);
-    const auto [fin1, fin2] = s.out.transfer(now, u.chunk.length + cluster_.frame_header, w.down_);
+    if (s.out.busy_until > now) return;
+    const int job = pick_job(
+        s.fair, [&](int j) { return s.jobs[static_cast<std::size_t>(j)].out_q.empty(); },
+        [&](int j) { return s.jobs[static_cast<std::size_t>(j)].out_q.front().unit.chunk.length; },
+        [&](int j) { return s.jobs[static_cast<std::size_t>(j)].out_q.front().deadline; });
+    if (job < 0) return;
+    ServerJob& sj = s.jobs[static_cast<std::size_t>(job)];
+    Pull& next = sj.out_q.front();
+    const int wid = next.next++;
+    const PushUnit u = next.unit;
+    if (next.next == cluster_.workers) sj.out_q.pop();
+    Port& w = port(job, wid);
+    Nic& n = *nics_[static_cast<std::size_t>(wid)];
+    const TimeNs start2 = std::max(now, n.down.busy_until);
+    const auto [fin1, fin2] = s.out.transfer(now, u.chunk.length + cluster_.frame_header, n.down);
     if (w.rec_down_.enabled()) w.rec_down_.add(start2, fin2, "pull " + std::to_string(u.chunk.tensor));
-    clock_.schedule_event(fin1, kServerOutFree, server);
-    clock_.schedule_event(add_saturated(fin2, cluster_.latency), kPullArrive, wid, u);
+    clock_.schedule_event_on(s.out_lane, fin1, kServerOutFree, server, 0);
+    const TimeNs at = add_saturated(fin2, cluster_.latency);
+    // A pull that does not complete its layer only adds to the layer's count in the
+    // worker's loop (the forward gate opens on the last one), and the worker's downlink
+    // delivers in the order it is given work: such a pull is reported now, with the time
+    // it arrives, and only the layer's last pull is an event (ExchangeListener::on_pulled).
+    const TensorLayout& layout = *jobs_[static_cast<std::size_t>(job)].layout;
+    const int layer = layout.tensor(u.chunk.tensor).layer;
+    Bytes& sent = w.pulls_sent_[static_cast<std::size_t>(layer)];
+    sent += u.chunk.length;
+    if (sent < layout.layer_bytes(layer)) {
+      ++silent_;
+      w.listener_->on_pulled(u, at);
+      return;
+    }
+    sent = 0;
+    clock_.schedule_event(at, kPullArrive, wid, units_.add(u, 1, job));  // few: a layer's last
   }
 
   SimClock& clock_;
   const ClusterConfig& cluster_;
-  const TensorLayout& layout_;
-  const Placement& placement_;
+  std::vector<NetJob> jobs_;
+  JobSharing sharing_;
   BandwidthSchedule schedule_;
-  bool acks_;
+  std::deque<BandwidthSchedule> host_schedules_;  // per-host rates (stable addresses)
+  std::vector<std::unique_ptr<Nic>> nics_;           // by worker
   std::vector<std::unique_ptr<Port>> ports_;
+  std::vector<std::vector<Port*>> ports_by_job_ = std::vector<std::vector<Port*>>(jobs_.size());
   std::vector<std::unique_ptr<Server>> servers_;
+  UnitPool units_;
+  std::uint64_t silent_ = 0;  // arrivals that needed no event (counted as events all the same)
   Status error_;
 };
 
+// A worker host's GPU shared by several jobs (Mercury Fig. 20: "the same 4 workers and 4
+// PSes are utilized for all jobs"): processor sharing, as a GPU time-slices between
+// processes: with k steps on the device each advances at 1/k of its speed alone. A job
+// has one step at a time (its loop waits for each). Progress is kept in integers: a step's
+// remaining work is its time alone times kScale, which every k up to kMaxSharedJobs
+// divides, so that k steps each advance kScale / k per nanosecond exactly.
+class SharedGpu {
+ public:
+  explicit SharedGpu(Timer& timer) : timer_(timer) {}
+  // Starts a step that takes `solo` alone on the device; done(end) when it completes.
+  void start(TimeNs solo, std::function<void(TimeNs)> done) {
+    advance();
+    active_.push_back(Step{static_cast<__int128>(solo) * kScale, std::move(done)});
+    schedule_next();
+  }
+
+ private:
+  static constexpr __int128 kScale = 720720;  // lcm(1..16)
+  static_assert(kMaxSharedJobs <= 16);
+  struct Step {
+    __int128 remaining;
+    std::function<void(TimeNs)> done;
+  };
+  void advance() {
+    const TimeNs now = timer_.now();
+    if (!active_.empty()) {
+      const __int128 per_ns = kScale / static_cast<__int128>(active_.size());
+      for (Step& s : active_) s.remaining = std::max<__int128>(0, s.remaining - (now - last_) * per_ns);
+    }
+    last_ = now;
+  }
+  // The next completion, at the current sharing; a change of the active steps makes the
+  // event scheduled before it stale (its generation is past).
+  void schedule_next() {
+    const std::uint64_t generation = ++generation_;
+    if (active_.empty()) return;
+    __int128 least = active_.front().remaining;
+    for (const Step& s : active_) least = std::min(least, s.remaining);
+    const __int128 per_ns = kScale / static_cast<__int128>(active_.size());
+    const auto wait = static_cast<TimeNs>((least + per_ns - 1) / per_ns);
+    timer_.schedule_at(timer_.now() + wait, [this, generation] {
+      if (generation != generation_) return;
+      advance();
+      std::vector<std::function<void(TimeNs)>> finished;
+      std::erase_if(active_, [&](Step& s) {
+        if (s.remaining > 0) return false;
+        finished.push_back(std::move(s.done));
+        return true;
+      });
+      schedule_next();
+      for (auto& done : finished) done(timer_.now());  // may start the next steps
+    });
+  }
+
+  Timer& timer_;
+  std::vector<Step> active_;  // in the order they started
+  TimeNs last_ = 0;           // when active_ last advanced
+  std::uint64_t generation_ = 0;
+};
+
+// One job's view of a shared GPU (the Compute seam): EmulatedCompute's durations, on a
+// device other jobs use too.
+class SharedGpuCompute final : public Compute {
+ public:
+  SharedGpuCompute(const Profile& profile, double factor, Timer& timer, SharedGpu& gpu, SpanRecorder recorder)
+      : durations_(profile, factor, timer), profile_(profile), timer_(timer), gpu_(gpu),
+        recorder_(std::move(recorder)) {}
+  void run(const ComputeStep& step, TimeNs earliest, Done done) override {
+    done_ = std::move(done);
+    if (earliest > timer_.now()) {
+      timer_.schedule_at(earliest, [this, step] { begin(step); });
+    } else {
+      begin(step);
+    }
+  }
+
+ private:
+  void begin(const ComputeStep& step) {
+    const TimeNs start = timer_.now();
+    gpu_.start(durations_.duration(step), [this, step, start](TimeNs end) {
+      if (recorder_.enabled()) {
+        recorder_.add(start, end, (step.pass == Pass::kBackward ? "bp " : "fp ") +
+                                      profile_.layers[static_cast<std::size_t>(step.layer)].name);
+      }
+      Done d = std::move(done_);
+      d(end);
+    });
+  }
+
+  EmulatedCompute durations_;  // for duration() only
+  const Profile& profile_;
+  Timer& timer_;
+  SharedGpu& gpu_;
+  SpanRecorder recorder_;
+  Done done_;
+};
+
+// Per tensor, NetJob::slack: the layers before its own, in forward order, compute their
+// backward after it and their update and forward before it.
+std::vector<TimeNs> slacks(const Profile& profile, const TensorLayout& layout) {
+  std::vector<TimeNs> at_layer;
+  TimeNs t = 0;
+  for (const LayerSpec& l : profile.layers) {
+    at_layer.push_back(t);
+    t += l.backward + l.update + l.forward;
+  }
+  std::vector<TimeNs> out;
+  for (const TensorInfo& ti : layout.tensors()) out.push_back(at_layer[static_cast<std::size_t>(ti.layer)]);
+  return out;
+}
+
 }  // namespace
+
+Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& inputs, const ClusterConfig& cluster,
+                                                const SimOptions& opts, const SharingOptions& sharing) {
+  const bool shared = inputs.size() > 1;
+  struct JobRun {
+    std::unique_ptr<TensorLayout> layout;
+    std::unique_ptr<Placement> placement;
+    std::vector<std::unique_ptr<PsPolicy>> policies;
+    std::vector<std::unique_ptr<Compute>> gpus;
+    std::vector<std::unique_ptr<TrainingLoop>> loops;
+    int workers_done = 0;  // workers that completed opts.iterations (shared runs)
+    SimResult result;
+  };
+  auto factor_of = [&](int w) {
+    return cluster.compute_factor.empty() ? 1.0 : cluster.compute_factor[static_cast<std::size_t>(w)];
+  };
+  std::vector<JobRun> runs(inputs.size());
+  std::vector<NetJob> net_jobs;
+  for (std::size_t j = 0; j < inputs.size(); ++j) {
+    const PsJobInput& in = inputs[j];
+    JobRun& run = runs[j];
+    run.layout = std::make_unique<TensorLayout>(*in.profile);
+    run.placement = std::make_unique<Placement>(*run.layout, cluster.servers, in.options->split_threshold,
+                                                cluster.server_shares);
+    for (int w = 0; w < cluster.workers; ++w) {
+      const PsContext ctx{in.profile, run.layout.get(), run.placement.get(), cluster.workers, cluster.servers,
+                          cluster.worker_rate(w), cluster.latency, factor_of(w)};
+      auto p = make_ps_policy(in.policy, *in.options, ctx);
+      if (!p) return shared ? p.status().with_context("job " + std::to_string(j)) : p.status();
+      run.policies.push_back(std::move(*p));
+    }
+    run.result.policy = in.policy;
+    net_jobs.push_back(NetJob{run.layout.get(), run.placement.get(), run.policies[0]->server_discipline(),
+                              run.policies[0]->wants_acks(), slacks(*in.profile, *run.layout)});
+  }
+  SimClock clock;
+  PsNetwork net(clock, cluster, std::move(net_jobs), sharing.sharing);
+  std::vector<std::unique_ptr<LaneTimer>> timers;  // per job and worker: its GPU's and its loop's callbacks
+  std::vector<std::unique_ptr<LaneTimer>> gpu_timers;  // per worker host: its shared GPU's
+  std::vector<std::unique_ptr<SharedGpu>> host_gpus;
+  if (shared && sharing.share_gpus) {
+    for (int w = 0; w < cluster.workers; ++w) {
+      host_gpus.push_back(std::make_unique<SharedGpu>(*gpu_timers.emplace_back(std::make_unique<LaneTimer>(clock))));
+    }
+  }
+  bool any_failed = false;  // some loop failed: look for the first error (not O(N) per event)
+  std::size_t jobs_done = 0;  // shared runs: jobs whose every worker completed opts.iterations
+  // A shared run keeps every job training until all have completed opts.iterations (a job
+  // that finished early would stop competing for the links), then stops.
+  const int loop_iterations = shared ? std::min(1'000'000, opts.iterations * 100 + 100) : opts.iterations;
+  for (std::size_t j = 0; j < runs.size(); ++j) {
+    JobRun& run = runs[j];
+    const Profile& profile = *inputs[j].profile;
+    for (int w = 0; w < cluster.workers; ++w) {
+      const double factor = factor_of(w);
+      PsPolicy& policy = *run.policies[static_cast<std::size_t>(w)];
+      PsNetwork::Port& port = net.add_port(static_cast<int>(j), policy.discipline());
+      const int pid = static_cast<int>(j) * cluster.workers + w;
+      if (opts.record_trace) port.record(&run.result.trace);
+      LaneTimer& timer = *timers.emplace_back(std::make_unique<LaneTimer>(clock));
+      SpanRecorder rec = opts.record_trace ? SpanRecorder(&run.result.trace, pid, 0, true) : SpanRecorder();
+      if (shared && sharing.share_gpus) {
+        run.gpus.push_back(std::make_unique<SharedGpuCompute>(profile, factor, timer,
+                                                              *host_gpus[static_cast<std::size_t>(w)], rec));
+      } else {
+        run.gpus.push_back(std::make_unique<EmulatedCompute>(profile, factor, timer, rec));
+      }
+      LoopOptions lo;
+      lo.iterations = loop_iterations;
+      lo.verify_bytes = opts.verify_bytes;
+      lo.failed = [&any_failed](const Status&) { any_failed = true; };
+      if (shared) {
+        lo.iteration_ended = [&run, &jobs_done, &opts, &cluster](std::int64_t it) {
+          if (it + 1 == opts.iterations && ++run.workers_done == cluster.workers) ++jobs_done;
+        };
+      }
+      run.loops.push_back(
+          std::make_unique<TrainingLoop>(profile, *run.layout, policy, timer, *run.gpus.back(), port, std::move(lo)));
+      port.set_listener(run.loops.back().get());
+    }
+  }
+  auto first_error = [&]() -> Status {
+    if (!net.error().is_ok()) return net.error();
+    for (std::size_t j = 0; j < runs.size(); ++j) {
+      for (std::size_t w = 0; w < runs[j].loops.size(); ++w) {
+        if (!runs[j].loops[w]->error().is_ok()) {
+          const std::string where = (shared ? "job " + std::to_string(j) + " " : "") + "worker " + std::to_string(w);
+          return runs[j].loops[w]->error().with_context(where);
+        }
+      }
+    }
+    return Status::ok();
+  };
+  for (auto& run : runs) {
+    for (auto& l : run.loops) l->start();
+  }
+  while (!clock.empty() && !(shared && jobs_done == runs.size())) {
+    const auto e = clock.pop();
+    if (e.time >= kSimHorizon) return horizon_error();
+    if (!clock.run_callback(e)) net.dispatch(e.payload);
+    if (!any_failed && net.error().is_ok()) continue;
+    if (Status s = first_error(); !s.is_ok()) return s;
+  }
+  std::vector<SimResult> results;
+  for (std::size_t j = 0; j < runs.size(); ++j) {
+    JobRun& run = runs[j];
+    for (std::size_t w = 0; w < run.loops.size(); ++w) {
+      if (run.loops[w]->iterations_done() < opts.iterations) {
+        return internal_error("simulation stalled: " + (shared ? "job " + std::to_string(j) + " " : std::string()) +
+                              "worker " + std::to_string(w) + " finished " +
+                              std::to_string(run.loops[w]->iterations_done()) + " of " +
+                              std::to_string(opts.iterations) + " iterations (a policy never pushed some gradient?)");
+      }
+    }
+    // Iteration k of the cluster ends when its slowest worker's does (with an oracle or
+    // unequal compute speeds, workers differ).
+    SimResult& result = run.result;
+    const auto& r0 = run.loops[0]->records();
+    std::vector<double> utilisation;
+    for (std::size_t k = 0; k < static_cast<std::size_t>(opts.iterations); ++k) {
+      TimeNs t = 0;
+      for (const auto& l : run.loops) t = std::max(t, l->records()[k].time);
+      result.iteration_times.push_back(t);
+      utilisation.push_back(r0[k].utilisation);
+    }
+    const IterationRecord& last = r0[static_cast<std::size_t>(opts.iterations) - 1];
+    result.link_utilisation = steady_median(utilisation, opts.warmup);
+    result.bytes_pushed_per_iteration = last.traffic.bytes;
+    result.messages_per_iteration = last.traffic.messages;
+    result.events = clock.fired() + net.silent_events();
+    result.queue_events = clock.fired();
+    finish_result(*inputs[j].profile, cluster, opts, &result);
+    results.push_back(std::move(result));
+  }
+  return results;
+}
 
 Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy_name,
                               const PolicyOptions& popts, const ClusterConfig& cluster,
                               const SimOptions& opts) {
-  const TensorLayout layout(profile);
-  const Placement placement(layout, cluster.servers, popts.split_threshold);
-  auto factor_of = [&](int w) {
-    return cluster.compute_factor.empty() ? 1.0 : cluster.compute_factor[static_cast<std::size_t>(w)];
-  };
-  std::vector<std::unique_ptr<PsPolicy>> policies;
-  for (int w = 0; w < cluster.workers; ++w) {
-    const PsContext ctx{&profile, &layout, &placement, cluster.workers, cluster.servers,
-                        cluster.link_schedule().rate_at(0), cluster.latency, factor_of(w)};
-    QS_ASSIGN_OR_RETURN(auto p, make_ps_policy(policy_name, popts, ctx));
-    policies.push_back(std::move(p));
-  }
-  SimResult result;
-  result.policy = policy_name;
-  SimClock clock;
-  PsNetwork net(clock, cluster, layout, placement, policies[0]->server_discipline(), policies[0]->wants_acks());
-  std::vector<std::unique_ptr<EmulatedCompute>> gpus;
-  std::vector<std::unique_ptr<TrainingLoop>> loops;
-  for (int w = 0; w < cluster.workers; ++w) {
-    const double factor = factor_of(w);
-    PsNetwork::Port& port = net.add_port(policies[static_cast<std::size_t>(w)]->discipline());
-    if (opts.record_trace) port.record(&result.trace);
-    gpus.push_back(std::make_unique<EmulatedCompute>(
-        profile, factor, clock, opts.record_trace ? SpanRecorder(&result.trace, w, 0, true) : SpanRecorder()));
-    LoopOptions lo;
-    lo.iterations = opts.iterations;
-    lo.verify_bytes = opts.verify_bytes;
-    loops.push_back(std::make_unique<TrainingLoop>(profile, layout, *policies[static_cast<std::size_t>(w)], clock,
-                                                   *gpus.back(), port, std::move(lo)));
-    port.set_listener(loops.back().get());
-  }
-  auto first_error = [&]() -> Status {
-    if (!net.error().is_ok()) return net.error();
-    for (std::size_t w = 0; w < loops.size(); ++w) {
-      if (!loops[w]->error().is_ok()) return loops[w]->error().with_context("worker " + std::to_string(w));
-    }
-    return Status::ok();
-  };
-  for (auto& l : loops) l->start();
-  while (!clock.empty()) {
-    const auto e = clock.pop();
-    if (e.time >= kSimHorizon) return horizon_error();
-    if (!clock.run_callback(e)) net.dispatch(e.payload);
-    if (Status s = first_error(); !s.is_ok()) return s;
-  }
-  for (std::size_t w = 0; w < loops.size(); ++w) {
-    if (!loops[w]->finished()) {
-      return internal_error("simulation stalled: worker " + std::to_string(w) + " finished " +
-                            std::to_string(loops[w]->iterations_done()) + " of " + std::to_string(opts.iterations) +
-                            " iterations (a policy never pushed some gradient?)");
-    }
-  }
-  // Iteration k of the cluster ends when its slowest worker's does (with an oracle or
-  // unequal compute speeds, workers differ).
-  const auto& r0 = loops[0]->records();
-  std::vector<double> utilisation;
-  for (std::size_t k = 0; k < r0.size(); ++k) {
-    TimeNs t = 0;
-    for (const auto& l : loops) t = std::max(t, l->records()[k].time);
-    result.iteration_times.push_back(t);
-    utilisation.push_back(r0[k].utilisation);
-  }
-  result.link_utilisation = steady_median(utilisation, opts.warmup);
-  result.bytes_pushed_per_iteration = r0.back().traffic.bytes;
-  result.messages_per_iteration = r0.back().traffic.messages;
-  result.events = clock.fired();
-  finish_result(profile, cluster, opts, &result);
-  return result;
+  QS_ASSIGN_OR_RETURN(auto results, simulate_ps_jobs({PsJobInput{&profile, policy_name, &popts}}, cluster, opts,
+                                                     SharingOptions{}));
+  return std::move(results.front());
 }
 
 }  // namespace qs

@@ -9,24 +9,27 @@
 #include <vector>
 
 #include "quicksilver/engine/timer.h"
-#include "quicksilver/policy/ps_policy.h"
 #include "quicksilver/sim/event_queue.h"
 
 namespace qs {
 
-// Trivially copyable, so that the event heap moves plain bytes: a callback waits in a
-// side table, and its event carries the slot.
+// Trivially copyable and small (12 bytes), so that the event queue moves and keeps little
+// (a large simulation has millions of events pending): a callback waits in a side table,
+// and its event carries the slot; a network model's event carries a reference of its own
+// (the PS model's units in flight, the all-reduce model's buckets).
 struct SimEvent {
   static constexpr std::uint8_t kCallback = 255;
   std::uint8_t kind = 0;  // the network model's event type, or kCallback
   int index = 0;          // its host, or the callback's slot
-  PushUnit unit{};
+  std::uint32_t ref = 0;  // the network model's: what the event is about
 };
 
 class SimClock final : public Timer {
  public:
   TimeNs now() const override { return q_.now(); }
-  void schedule_at(TimeNs when, Callback fn) override {
+  void schedule_at(TimeNs when, Callback fn) override { schedule_callback(when, std::move(fn), -1); }
+  // A callback on `lane` (-1: none): LaneTimer.
+  void schedule_callback(TimeNs when, Callback fn, int lane) {
     int slot;
     if (free_.empty()) {
       slot = static_cast<int>(callbacks_.size());
@@ -36,13 +39,27 @@ class SimClock final : public Timer {
       free_.pop_back();
       callbacks_[static_cast<std::size_t>(slot)] = std::move(fn);
     }
-    q_.schedule(std::max(when, q_.now()), SimEvent{SimEvent::kCallback, slot, {}});
+    const SimEvent e{SimEvent::kCallback, slot, 0};
+    if (lane < 0) {
+      q_.schedule(std::max(when, q_.now()), e);
+    } else {
+      q_.schedule(std::max(when, q_.now()), e, lane);
+    }
   }
   // A network model's event.
-  void schedule_event(TimeNs when, std::uint8_t kind, int index, const PushUnit& unit = {}) {
-    q_.schedule(when, SimEvent{kind, index, unit});
+  void schedule_event(TimeNs when, std::uint8_t kind, int index, std::uint32_t ref = 0) {
+    q_.schedule(when, SimEvent{kind, index, ref});
+  }
+  // A lane for a network model's events that come in time order (one link's arrivals;
+  // EventQueue "Lanes"), and an event on it: the same firing order, a smaller heap.
+  int add_lane() { return q_.add_lane(); }
+  // lane -1: none (schedule_event).
+  void schedule_event_on(int lane, TimeNs when, std::uint8_t kind, int index, std::uint32_t ref) {
+    if (lane < 0) return schedule_event(when, kind, index, ref);
+    q_.schedule(when, SimEvent{kind, index, ref}, lane);
   }
   bool empty() const { return q_.empty(); }
+  std::size_t pending() const { return q_.size(); }
   std::uint64_t fired() const { return q_.fired(); }
 
   // Removes the earliest event and advances now() to its time.
@@ -60,6 +77,20 @@ class SimClock final : public Timer {
   EventQueue<SimEvent> q_;
   std::vector<Callback> callbacks_;  // by slot
   std::vector<int> free_;            // unused slots
+};
+
+// One worker's view of the clock: its callbacks (its GPU's steps, its policy's startup
+// delays) go on a lane of their own, mostly in time order, so that N workers' callbacks do
+// not make the heap N deep. The firing order is the SimClock's (EventQueue "Lanes").
+class LaneTimer final : public Timer {
+ public:
+  explicit LaneTimer(SimClock& clock) : clock_(clock), lane_(clock.add_lane()) {}
+  TimeNs now() const override { return clock_.now(); }
+  void schedule_at(TimeNs when, Callback fn) override { clock_.schedule_callback(when, std::move(fn), lane_); }
+
+ private:
+  SimClock& clock_;
+  int lane_;
 };
 
 }  // namespace qs

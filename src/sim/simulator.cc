@@ -28,7 +28,8 @@ Result<SimResult> simulate(const Profile& profile, const std::string& policy,
     for (const auto& n : all_policy_names()) known += (known.empty() ? "" : ", ") + n;
     return invalid_argument("unknown policy '" + policy + "' (known: " + known + ")");
   }
-  QS_RETURN_IF_ERROR(check_unit_budget(profile, policy, cluster.architecture, policy_options, cluster.workers));
+  QS_RETURN_IF_ERROR(check_unit_budget(profile, policy, cluster.architecture, policy_options, cluster.workers,
+                                       cluster.servers));
   try {
     if (cluster.architecture == Architecture::kPs) {
       return simulate_ps(profile, policy, policy_options, cluster, options);
@@ -36,6 +37,56 @@ Result<SimResult> simulate(const Profile& profile, const std::string& policy,
     return simulate_allreduce(profile, policy, policy_options, cluster, options);
   } catch (const CheckFailure& e) {
     return internal_error(std::string("simulating ") + policy + ": " + e.what());
+  }
+}
+
+Result<JobSharing> parse_job_sharing(const std::string& s) {
+  if (s == "fair") return JobSharing::kFair;
+  if (s == "strict") return JobSharing::kStrict;
+  if (s == "deadline") return JobSharing::kDeadline;
+  return invalid_argument("unknown job sharing '" + s + "' (known: fair, strict, deadline)");
+}
+
+const char* job_sharing_name(JobSharing s) {
+  switch (s) {
+    case JobSharing::kFair: return "fair";
+    case JobSharing::kStrict: return "strict";
+    case JobSharing::kDeadline: return "deadline";
+  }
+  return "?";
+}
+
+Result<std::vector<SimResult>> simulate_shared(const std::vector<SharedJob>& jobs, const ClusterConfig& cluster,
+                                               const SimOptions& options, const SharingOptions& sharing) {
+  if (jobs.empty() || static_cast<int>(jobs.size()) > kMaxSharedJobs) {
+    return invalid_argument("--job: between 1 and " + std::to_string(kMaxSharedJobs) + " jobs");
+  }
+  QS_RETURN_IF_ERROR(cluster.validate());
+  if (cluster.architecture != Architecture::kPs) {
+    return invalid_argument("jobs sharing a cluster: the parameter-server architecture only (--architecture ps)");
+  }
+  if (options.iterations < 1 || options.iterations > 1'000'000) {
+    return invalid_argument("--iterations must be in 1..1000000");
+  }
+  if (options.warmup < 0) return invalid_argument("warm-up must be >= 0");
+  std::vector<PsJobInput> inputs;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const SharedJob& job = jobs[j];
+    const std::string where = "job " + std::to_string(j);
+    QS_RETURN_IF_ERROR(validate_profile(job.profile).with_context(where));
+    const auto ps = ps_policy_names();
+    if (std::find(ps.begin(), ps.end(), job.policy) == ps.end()) {
+      return invalid_argument(where + ": '" + job.policy + "' is not a parameter-server policy");
+    }
+    QS_RETURN_IF_ERROR(check_unit_budget(job.profile, job.policy, Architecture::kPs, job.policy_options,
+                                         cluster.workers, cluster.servers)
+                           .with_context(where));
+    inputs.push_back(PsJobInput{&job.profile, job.policy, &job.policy_options});
+  }
+  try {
+    return simulate_ps_jobs(inputs, cluster, options, sharing);
+  } catch (const CheckFailure& e) {
+    return internal_error(std::string("simulating shared jobs: ") + e.what());
   }
 }
 

@@ -51,6 +51,8 @@ class PriorityFifo {
     return static_cast<int>(idx);
   }
   const T& top() const { return queues_[static_cast<std::size_t>(top_priority())].front(); }
+  // The most urgent element, to update in place (its priority stays). Precondition: !empty().
+  T& top() { return queues_[static_cast<std::size_t>(top_priority())].front(); }
   T pop() {
     const auto p = static_cast<std::size_t>(top_priority());
     auto& q = queues_[p];

@@ -40,6 +40,13 @@ struct ClusterConfig {
   // Per-worker compute slowdown (1 = the profile's times); empty = all 1. The Mercury
   // paper's heterogeneous case.
   std::vector<double> compute_factor;
+  // PS simulator: hosts that are not alike (Mercury Fig. 21(b), "workers and PSes are not
+  // in a perfect load balancing"). Each worker's and each server's own NIC rate, both
+  // directions (empty: every host at `bandwidth`; not with `schedule`); and the share of
+  // the parameters each server holds (empty: equal shares, the balanced placement). The
+  // runtime ignores them.
+  std::vector<Rate> worker_bandwidth, server_bandwidth;
+  std::vector<double> server_shares;
   // All-reduce model T_ar(M) = a + b*M (MG-WFBP eq. 4 and Table II).
   AllReduceAlgorithm allreduce = AllReduceAlgorithm::kRing;
   std::optional<Rate> reduction_rate;  // gamma = 1 / reduction_rate per byte; none = 0
@@ -71,6 +78,13 @@ struct ClusterConfig {
   Status validate() const;
   BandwidthSchedule link_schedule() const {
     return schedule ? *schedule : BandwidthSchedule(bandwidth);
+  }
+  // The NIC rate of worker `w` or server `s` at time 0 (worker_bandwidth, server_bandwidth).
+  Rate worker_rate(int w) const {
+    return worker_bandwidth.empty() ? link_schedule().rate_at(0) : worker_bandwidth[static_cast<std::size_t>(w)];
+  }
+  Rate server_rate(int s) const {
+    return server_bandwidth.empty() ? link_schedule().rate_at(0) : server_bandwidth[static_cast<std::size_t>(s)];
   }
 };
 

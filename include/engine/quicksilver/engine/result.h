@@ -30,7 +30,11 @@ struct SimResult {
   double link_utilisation = 0;
   Bytes bytes_pushed_per_iteration = 0;  // worker 0
   std::int64_t messages_per_iteration = 0;  // units pushed by worker 0
+  // Simulator: the events of the model (every push, arrival and pull, each compute step),
+  // and how many of them went through the event queue (the PS engine reports an arrival
+  // that completes nothing with its send; docs/benchmarks.md "Simulator at scale").
   std::uint64_t events = 0;
+  std::uint64_t queue_events = 0;
   std::vector<TraceSpan> trace;
   std::vector<std::string> notes;  // policy-specific reports (e.g. DeFT's update frequency)
   // Measured runs: the fraction of the machine's CPU time that was idle while the run ran

@@ -7,6 +7,10 @@
 // per server; a smaller tensor goes whole to the currently least-loaded server (ties:
 // lowest server id), in forward order. Both engines and every policy use the same
 // placement, so a unit never straddles two servers.
+// With shares (the simulator's --server-shares; Mercury Fig. 21(b), servers not in a
+// perfect load balance), server s holds about shares[s] / sum of the bytes instead: a split
+// tensor's slices are in proportion to the shares, and a small tensor goes to the server
+// whose load over its share is least. Equal shares give the balanced placement exactly.
 #pragma once
 
 #include <cstdint>
@@ -67,8 +71,10 @@ class Placement {
  public:
   static constexpr Bytes kDefaultSplitThreshold = 1 * kMiB;
 
-  // Precondition: servers >= 1, split_threshold >= 1.
-  Placement(const TensorLayout& layout, int servers, Bytes split_threshold = kDefaultSplitThreshold);
+  // Precondition: servers >= 1, split_threshold >= 1; shares empty or one positive finite
+  // value per server.
+  Placement(const TensorLayout& layout, int servers, Bytes split_threshold = kDefaultSplitThreshold,
+            const std::vector<double>& shares = {});
 
   int num_servers() const { return servers_; }
   // The slices of a tensor, in offset order (one entry when the tensor is not split).

@@ -132,16 +132,21 @@ Status register_policy(std::vector<PolicySpec> policies, std::vector<Knob> knobs
 // Units (packets, partitions, slices) per iteration are bounded before a simulation or a
 // run starts: every unit is an event in the simulator and a frame in the runtime, so a
 // 1-byte packet would run for hours and hold gigabytes. Per worker, and (PS, where every
-// worker is simulated) over all workers. Measured on 2 cores: 16 Mi units over all workers
-// took 28 s and 1.4 GB per two iterations, hence 4 Mi (4.5 s and 350 MB).
+// worker is simulated) over all workers. The simulator's cost is about 2 queue events and
+// 32 bytes of queue per unit and worker (issue 14; docs/benchmarks.md "Simulator at
+// scale"): VGG-16 with 32 KiB packets on 1024 workers and 1024 servers is 26.3 Mi units,
+// one iteration in about 7 s and 650 MB on 2 cores; the bound, 32 Mi, about 1.3 times that.
+// (Before issue 14 the bound was 4 Mi: 16 Mi took 28 s and 1.4 GB for two iterations.)
 inline constexpr std::int64_t kMaxUnitsPerIteration = std::int64_t{1} << 20;           // 1,048,576
-inline constexpr std::int64_t kMaxUnitsPerIterationAllWorkers = std::int64_t{1} << 22;  // 4,194,304
+inline constexpr std::int64_t kMaxUnitsPerIterationAllWorkers = std::int64_t{1} << 25;  // 33,554,432
 // Checks `policy` (on `architecture`) with `options` on `profile` and `workers` against
-// those bounds, counting each tensor's units for every knob the policy reads that `cuts`.
-// Errors name the knob, its value, the count and the bound; an unknown policy is OK here
-// (the caller reports it).
+// those bounds, counting the units of every knob the policy reads that `cuts`: on PS, per
+// server's slice of each tensor as the placement makes them over `servers` (a unit never
+// straddles two servers, so a tensor split over M servers is cut M times); on all-reduce,
+// per tensor. Errors name the knob, its value, the count and the bound; an unknown policy
+// is OK here (the caller reports it).
 Status check_unit_budget(const Profile& profile, std::string_view policy, Architecture architecture,
-                         const PolicyOptions& options, int workers);
+                         const PolicyOptions& options, int workers, int servers = 1);
 
 // The text the runtime's configuration hash is taken of: every hashed knob as
 // "name=value" (Knob::format), in registration order, '|'-separated.
