@@ -901,7 +901,12 @@ struct CollectiveWorker::Impl final : Exchange {
       }
     } catch (const std::exception& ex) {
       if (stopping) return;
-      Status s = unavailable(std::string("control: ") + ex.what());
+      // gloo's error names no peer ("Application timeout caused pair closure"): the ones
+      // this thread hears from are the candidates.
+      std::string who;
+      for (int r : others) who += (who.empty() ? "" : ", ") + std::to_string(r);
+      Status s = unavailable((others.size() == 1 ? "lost worker " + who : "lost one of workers {" + who + "}") +
+                             " (its reports of issued buckets): " + ex.what());
       loop->post([this, s] { loop->fail(s.with_context(name())); });
     }
   }
