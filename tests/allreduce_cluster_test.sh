@@ -74,8 +74,9 @@ for stalled in 1 0; do
   other=$((1 - stalled))
   "$qs" coordinator --architecture allreduce --workers 2 --listen 127.0.0.1:0 --timeout 60s --secret-file "$tmp/secret" > "$tmp/coord" 2>&1 &
   cpid=$!
-  for _ in $(seq 50); do grep -q listening "$tmp/coord" && break; sleep 0.1; done
+  for _ in $(seq 200); do grep -q listening "$tmp/coord" && break; sleep 0.05; done
   addr=$(sed -n 's/^listening //p' "$tmp/coord")
+  [ -n "$addr" ] || bad "stalled worker $stalled: the coordinator did not start: $(cat "$tmp/coord")"
   role=(worker --architecture allreduce --model "$tmp/small.json" --workers 2 --iterations 100000 --policy wfbp
         --coordinator "$addr" --peer-timeout 2s --secret-file "$tmp/secret")
   "$qs" "${role[@]}" --worker-id $stalled > "$tmp/ws" 2>&1 & ws=$!

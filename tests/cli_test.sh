@@ -38,6 +38,20 @@ expect_error "neither a built-in model" simulate --model /no/such/file.json
 expect_error "--compute-factor" simulate --policy wfbp --workers 2 --compute-factor 1,2,3
 expect_error "--bandwidth-trace" simulate --policy wfbp --bandwidth-trace random:1Gbps
 expect_error "congestion control 'nosuchcc' is not available" run --model vgg16 --policy mercury --congestion nosuchcc
+# Issue 15 (points 6-7): the peer timeout, the checksum switch and cleanup's flags.
+expect_exit2() {
+  local needle=$1; shift
+  "$qs" "$@" > "$tmp/out" 2> "$tmp/err"; local rc=$?
+  [ $rc -eq 2 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -qF -- "$needle" "$tmp/err" && ok \
+    || bad "quicksilver $*: exit $rc, not 2 with one line naming '$needle': $(cat "$tmp/err")"
+}
+expect_exit2 "--peer-timeout must be > 0" run --model vgg16 --policy mercury --peer-timeout 0s
+expect_exit2 "--peer-timeout" run --model vgg16 --policy mercury --peer-timeout soon
+expect_exit2 "--peer-timeout must be > 0" server --server-id 0 --policy mercury --insecure --peer-timeout 0ms
+expect_exit2 "--peer-timeout" worker --worker-id 0 --policy mercury --insecure --connect 127.0.0.1:1 --peer-timeout -3s
+expect_exit2 "--bogus" cleanup --bogus
+"$qs" cleanup --dry-run > "$tmp/out" 2> "$tmp/err"; rc=$?
+[ $rc -eq 0 ] && [ -s "$tmp/out" ] && ok || bad "cleanup --dry-run: exit $rc: $(cat "$tmp/err")"
 expect_error "congestion control 'nosuchcc' is not available" worker --worker-id 0 --servers 1 --connect 127.0.0.1:1 --policy mercury --congestion nosuchcc
 expect_error "a server records no timeline" server --server-id 0 --listen 127.0.0.1:0 --policy mercury --trace "$tmp/s.json"
 expect_error "--commit-window" run --model vgg16 --policy mercury --commit-window fast

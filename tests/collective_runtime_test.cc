@@ -121,6 +121,7 @@ Profile light_profile() {
 // worker's tensor source (default: known content, checked exactly).
 std::vector<Result<WorkerReport>> run_job(const std::string& policy, int workers, int iterations, int links,
                                           PolicyOptions knobs = {}, const Profile& profile = small_profile(),
+                                          std::vector<double> compute_factors = {},
                                           const std::vector<TensorSource*>& sources = {}) {
   auto server = StoreServer::create(Endpoint{"127.0.0.1", 0}, workers, 60 * kNsPerSec);
   EXPECT_TRUE(server.is_ok());
@@ -136,6 +137,7 @@ std::vector<Result<WorkerReport>> run_job(const std::string& policy, int workers
     o.job.bandwidth = Rate::gbps(1);
     o.job.peer_timeout = 20 * kNsPerSec;
     o.rank = w;
+    if (static_cast<std::size_t>(w) < compute_factors.size()) o.compute_factor = compute_factors[static_cast<std::size_t>(w)];
     o.store = Endpoint{"127.0.0.1", (*server)->port()};
     o.links = links == 2 ? std::vector<std::string>{"127.0.0.1", "127.0.0.2"} : std::vector<std::string>{"127.0.0.1"};
     o.calibration_repeats = 2;
@@ -326,7 +328,7 @@ Handed delayed_job(const Profile& profile, double capacity_scale, Bytes partitio
   PolicyOptions knobs;
   knobs.deft_capacity_scale = capacity_scale;
   knobs.deft_partition_size = partition;
-  for (const auto& r : run_job("deft", workers, iterations, 1, knobs, profile, views)) {
+  for (const auto& r : run_job("deft", workers, iterations, 1, knobs, profile, {}, views)) {
     EXPECT_TRUE(r.is_ok()) << r.status().message();
   }
   const auto& log = sources[0]->log;
@@ -369,6 +371,23 @@ TEST(CollectiveDeft, DelayedUpdatesAreHandedOverAtWorkerZerosPointsExactly) {
   for (LayerSpec& l : heavy.layers) l.forward *= 10, l.backward *= 10;
   const Handed prompt = delayed_job(heavy, 8.0);
   EXPECT_GT(prompt.early, 0) << "no update was handed over before its sums: the test checks no wait";
+}
+
+// A replica ahead of worker 0 waits for it before another backward pass. Worker 0
+// computes 4 times slower here; before, worker 1's replica let it start backward after
+// backward (its copy of worker 0's gate was behind its own progress), staging a copy of
+// its gradients each time: it held 23 iterations at once in a run of 30, worker 0 1-2 (a
+// soak grew a replica to 421 MB so). Now both hold 2.
+TEST(CollectiveDeft, AReplicaAheadOfWorkerZeroStagesNoMoreThanWorkerZero) {
+  if (!have_gloo()) GTEST_SKIP() << "built without gloo";
+  auto reports = run_job("deft", 2, 30, 1, {}, small_profile(), {4.0, 1.0});
+  for (const auto& r : reports) ASSERT_TRUE(r.is_ok()) << r.status().message();
+  std::printf("[ detail ] most iterations staged at once: worker 0 %lld, worker 1 %lld\n",
+              static_cast<long long>(reports[0]->staged_iterations_max),
+              static_cast<long long>(reports[1]->staged_iterations_max));
+  EXPECT_EQ(reports[1]->iterations_verified, 30);
+  EXPECT_GT(reports[0]->staged_iterations_max, 0);
+  EXPECT_LE(reports[1]->staged_iterations_max, reports[0]->staged_iterations_max + 2);
 }
 
 }  // namespace

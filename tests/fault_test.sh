@@ -136,7 +136,7 @@ for dir in up down; do
     if [ -z "$hung" ] && [ $rc_s0 -ne 0 ] && [ $rc_s1 -ne 0 ] && [ $rc_w0 -ne 0 ] && [ $rc_w1 -ne 0 ] && no_wrong_sum \
        && echo "$err" | grep -q "frame from $named" \
        && echo "$err" | grep -Eq "corrupted payload|field 'checksum'"; then
-      ok; echo "corrupt $dir: caught in ${took}s: $(echo "$err" | grep -o "corrupted payload.*\|field 'checksum'.*" | head -1 | cut -c1-150)"
+      ok; echo "corrupt $dir: caught in ${took}s: $(echo "$err" | grep -o "corrupted payload.*\|field .checksum..*" | head -1 | cut -c1-230)"
     else bad "corrupt $dir: rc $rc_w0/$rc_w1/$rc_s0/$rc_s1 after ${took}s hung [$hung]: $(all_err)"; fi
   }
 done

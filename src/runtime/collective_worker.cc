@@ -273,7 +273,14 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
   }
   void on_training_end(TimeNs, CollectiveSink&) override { reached({kTrainingEnd, 0, -1, 0, 0}); }
   bool forward_ready(int layer) const override { return real_->forward_ready(layer); }
-  bool backward_ready() const override { return real_->backward_ready(); }
+  // The replica's state is worker 0's at the last input both have reached. While this
+  // worker is ahead of worker 0 (inputs it reached that worker 0's stream has not yet
+  // matched), that state is behind this worker's own: its gate would let this worker start
+  // backward pass after backward pass, each staging a copy of its gradients, with nothing
+  // to stop it (the soak grew a replica to 421 MB so: docs/reliability.md). So a new
+  // backward pass waits until worker 0 is where this worker is, and then asks the gate
+  // worker 0 asked at the same point. changed_ runs when worker 0's inputs are applied.
+  bool backward_ready() const override { return reached_.empty() && real_->backward_ready(); }
   std::vector<std::string> report() const override { return real_->report(); }
 
   // Worker 0's inputs, in its order (loop thread).
@@ -576,6 +583,7 @@ struct CollectiveWorker::Impl final : Exchange {
     std::lock_guard lock(mu);
     auto& s = stages[it];
     if (!s) s = std::make_unique<std::vector<float>>(static_cast<std::size_t>(layout.total_bytes() / 4));
+    max_staged = std::max<std::int64_t>(max_staged, static_cast<std::int64_t>(stages.size()));
     return *s;
   }
 
@@ -1032,7 +1040,12 @@ struct CollectiveWorker::Impl final : Exchange {
       }
     } catch (const std::exception& ex) {
       if (stopping) return;
-      Status s = unavailable(std::string("control: ") + ex.what());
+      // gloo's error names no peer ("Application timeout caused pair closure"): the ones
+      // this thread hears from are the candidates.
+      std::string who;
+      for (int r : others) who += (who.empty() ? "" : ", ") + std::to_string(r);
+      Status s = unavailable((others.size() == 1 ? "lost worker " + who : "lost one of workers {" + who + "}") +
+                             " (its reports of issued buckets): " + ex.what());
       loop->post([this, s] { loop->fail(s.with_context(name())); });
     }
   }
@@ -1196,6 +1209,7 @@ struct CollectiveWorker::Impl final : Exchange {
     r.allreduce_fit = fits;
     r.notes = sweeps;
     for (std::string& n : policy->report()) r.notes.push_back(std::move(n));
+    r.staged_iterations_max = max_staged;  // the threads are joined: nobody else writes it
     return r;
   }
 
@@ -1227,6 +1241,7 @@ struct CollectiveWorker::Impl final : Exchange {
   std::atomic<bool> stopping{false};  // set under mu (the waits' predicates read it there)
   std::unordered_map<std::uint64_t, int> reports;                          // guarded by mu
   std::map<std::int64_t, std::unique_ptr<std::vector<float>>> stages;      // guarded by mu
+  std::int64_t max_staged = 0;  // the most iterations staged at once, guarded by mu
   std::thread control_rx_thread;
   std::unique_ptr<gloo::transport::UnboundBuffer> report_rx;
   std::unique_ptr<gloo::transport::UnboundBuffer> report_buf;

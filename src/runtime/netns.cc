@@ -340,6 +340,15 @@ Status NetnsCluster::teardown_locked() {
   shapers_.clear();  // their sockets pin the namespaces
   second_shapers_.clear();
   Status first;
+  // Each veth pair first, from the bridge's end (one deletion takes both ends, at once):
+  // left to the namespace's deletion, the kernel removes them a moment after `ip netns
+  // del` returns, and a check (or the next cluster) would still see them.
+  for (std::size_t h = 0; h < namespaces_.size(); ++h) {
+    (void)run_command({"ip", "link", "del", veth_bridge(options_.tag, static_cast<int>(h))});
+    if (second_bridge_made_) {
+      (void)run_command({"ip", "link", "del", second_veth_bridge(options_.tag, static_cast<int>(h))});
+    }
+  }
   for (const std::string& ns : namespaces_) {
     Status s = run_command({"ip", "netns", "del", ns});
     if (!s.is_ok() && first.is_ok()) first = s;

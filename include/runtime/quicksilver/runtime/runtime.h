@@ -180,6 +180,9 @@ struct WorkerReport {
   // start-up (MG-WFBP II-D), the same on every worker; and the policy's report lines.
   std::vector<AllReduceCost> allreduce_fit;
   std::vector<std::string> notes;
+  // All-reduce workers under delayed updates (DeFT): the most iterations whose gradients
+  // were staged at once (each a copy of the model's gradients); 0 otherwise.
+  std::int64_t staged_iterations_max = 0;
   std::string to_string() const;
 };
 
