@@ -373,7 +373,7 @@ TEST(CollectiveDeft, DelayedUpdatesAreHandedOverAtWorkerZerosPointsExactly) {
   EXPECT_GT(prompt.early, 0) << "no update was handed over before its sums: the test checks no wait";
 }
 
-// A replica ahead of worker 0 waits for it before another backward pass. Worker 0
+// A replica ahead of worker 0 waits for it before another iteration. Worker 0
 // computes 4 times slower here; before, worker 1's replica let it start backward after
 // backward (its copy of worker 0's gate was behind its own progress), staging a copy of
 // its gradients each time: it held 23 iterations at once in a run of 30, worker 0 1-2 (a

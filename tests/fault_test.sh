@@ -117,11 +117,14 @@ start_case long-stall 100000 -- --fault stall --after 3000000 --stall-for 60 && 
   else bad "long stall: rc $rc_w0/$rc_w1/$rc_s0/$rc_s1 after ${took}s hung [$hung], $named of 4 name the stalled connection: $(all_err)"; fi
 }
 
-# 4. A cut connection: both ends name each other at once. Bound: 2 s.
+# 4. A cut connection: every process ends at once, an end of the cut connection naming
+#    the other (the other end may first hear of a victim's death: server 0 has named
+#    worker 0, whose connection broke as worker 0 left after server 1 lost worker 1).
+#    Bound: 2 s.
 start_case cut 100000 -- --fault cut --after 3000000 && {
   finish_case 2 fault
   if [ -z "$hung" ] && [ $rc_s0 -ne 0 ] && [ $rc_s1 -ne 0 ] && [ $rc_w0 -ne 0 ] && [ $rc_w1 -ne 0 ] \
-     && grep -q "lost worker 1" "$out.s0err" && grep -q "lost server 0" "$out.w1err"; then
+     && { grep -q "lost worker 1" "$out.s0err" || grep -q "lost server 0" "$out.w1err"; }; then
     ok; echo "cut: every process ended ${took}s after the cut"
   else bad "cut: rc $rc_w0/$rc_w1/$rc_s0/$rc_s1 after ${took}s hung [$hung]: $(all_err)"; fi
 }

@@ -260,6 +260,7 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
   void on_iteration_start(std::int64_t it, TimeNs, CollectiveSink& out) override {
     sink_ = &out;
     iteration_ = it;
+    started_ = true;
     reached({kIterationStart, 0, it, 0, 0});
   }
   void on_gradient_ready(int layer, TimeNs, CollectiveSink&) override {
@@ -273,20 +274,25 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
   }
   void on_training_end(TimeNs, CollectiveSink&) override { reached({kTrainingEnd, 0, -1, 0, 0}); }
   bool forward_ready(int layer) const override { return real_->forward_ready(layer); }
-  // The replica's state is worker 0's at the last input both have reached. While this
-  // worker is ahead of worker 0 (inputs it reached that worker 0's stream has not yet
-  // matched), that state is behind this worker's own: its gate would let this worker start
-  // backward pass after backward pass, each staging a copy of its gradients, with nothing
-  // to stop it (the soak grew a replica to 421 MB so: docs/reliability.md). So a new
-  // backward pass waits until worker 0 is where this worker is, and then asks the gate
-  // worker 0 asked at the same point. changed_ runs when worker 0's inputs are applied.
-  bool backward_ready() const override { return reached_.empty() && real_->backward_ready(); }
-  std::vector<std::string> report() const override { return real_->report(); }
+  // The replica's state is worker 0's at the last input both have reached. When this
+  // worker is ahead of worker 0, that state is behind this worker's own, and its gate let
+  // this worker start backward pass after backward pass, each staging a copy of its
+  // gradients, with nothing to stop it (the soak grew a replica to 421 MB so:
+  // docs/reliability.md). So this worker starts an iteration only once worker 0 has
+  // started it (or ended its stream), and then asks the gate worker 0 asked; inputs the
+  // two saw in another order (a completion before or after an iteration start) wait for
+  // each other as before. deliver() reports a new iteration start of worker 0's.
+  bool backward_ready() const override {
+    const std::int64_t next = started_ ? iteration_ + 1 : 0;
+    return (ended_ || worker0_started_ >= next) && real_->backward_ready();
+  }  std::vector<std::string> report() const override { return real_->report(); }
 
   // Worker 0's inputs, in its order (loop thread).
   void deliver(const PolicyRecord& r) {
     pending_.push_back(r);
-    drain();
+    const bool news = (r.kind == kIterationStart && r.iteration > worker0_started_) || r.kind == kEndOfStream;
+    if (r.kind == kIterationStart) worker0_started_ = std::max(worker0_started_, r.iteration);
+    if (!drain() && news) changed_();  // a held backward pass may go now
   }
   // Worker 0 ended its stream and every input of it was applied.
   bool complete() const { return ended_ && pending_.empty(); }
@@ -307,7 +313,8 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
     drain();
   }
 
-  void drain() {
+  // Applies what it can; true when it applied something (and told the loop).
+  bool drain() {
     bool applied = false;
     while (!pending_.empty()) {
       const PolicyRecord r = pending_.front();
@@ -335,6 +342,7 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
       applied = true;
     }
     if (applied) changed_();
+    return applied;
   }
 
   void apply(const PolicyRecord& r) {
@@ -363,6 +371,8 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
   std::function<void(const PolicyRecord&)> observe_;
   CollectiveSink* sink_ = nullptr;  // the loop's (set by the first iteration start)
   std::int64_t iteration_ = 0;
+  bool started_ = false;               // this worker began its first iteration
+  std::int64_t worker0_started_ = -1;  // the latest iteration worker 0 began (its stream)
   std::deque<PolicyRecord> pending_;
   std::multiset<Key> reached_;
   std::unordered_map<std::uint64_t, CollectiveBucket> issued_;
