@@ -997,8 +997,23 @@ struct CollectiveWorker::Impl final : Exchange {
     try {
       gloo_allreduce(link.ctx, opts.algorithm, data, count);
     } catch (const std::exception& e) {
-      throw std::runtime_error("all-reduce of " + describe(b) + ": " + e.what());
+      throw std::runtime_error("all-reduce of " + describe(b) + ": " + silent_peer(e.what()) + e.what());
     }
+  }
+
+  // gloo's timeouts name no peer ("Timed out waiting 2000ms for recv"): the worker this one
+  // was waiting on, where it is known. With two workers it is the other; on a ring, the
+  // predecessor it receives from (which may itself wait on one before it).
+  std::string silent_peer(const std::string& what) const {
+    if (what.find("Timed out") == std::string::npos) return "";
+    const int n = opts.job.workers, r = opts.rank;
+    const std::string timeout = "nothing from it for the peer timeout " + format_time(opts.job.peer_timeout);
+    if (n == 2) return "lost worker " + std::to_string(1 - r) + " (" + timeout + "): ";
+    if (opts.algorithm == GlooAlgorithm::kRing || opts.algorithm == GlooAlgorithm::kRingChunked) {
+      return "lost worker " + std::to_string((r + n - 1) % n) + ", its ring predecessor, or a worker before it (" +
+             timeout + "): ";
+    }
+    return "nothing from the other workers for the peer timeout " + format_time(opts.job.peer_timeout) + ": ";
   }
 
   // Known content: checks every reduced element exactly (before the loop may reuse the
