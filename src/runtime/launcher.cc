@@ -25,6 +25,7 @@
 
 #include "quicksilver/policy/registry.h"
 #include "quicksilver/runtime/collective.h"
+#include "stop_signals.h"
 #include "quicksilver/runtime/netns.h"
 #include "quicksilver/runtime/report_codec.h"
 #include "quicksilver/sim/simulator.h"
@@ -823,23 +824,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   // SIGINT, SIGTERM and SIGHUP (a closed terminal) stop the run: children killed,
   // namespaces, bridge and temporary directory removed, the allowed congestion controls
   // put back. Only SIGKILL leaves them, for the next run or `quicksilver cleanup`.
-  constexpr int kCaught[] = {SIGINT, SIGTERM, SIGHUP};
-  struct sigaction old_actions[3] {};
-  if (f.catch_signals) {
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 3; ++i) sigaction(kCaught[i], &sa, &old_actions[i]);
-  }
-  struct RestoreSignals {
-    bool active;
-    const int* signals;
-    struct sigaction* old;
-    ~RestoreSignals() {
-      if (!active) return;
-      for (int i = 0; i < 3; ++i) sigaction(signals[i], &old[i], nullptr);
-    }
-  } restore_signals{f.catch_signals, kCaught, old_actions};
+  const runtime::StopSignals stop_signals(f.catch_signals, on_signal);
   std::unique_ptr<runtime::NetnsCluster> cluster;
   double goodput_ratio = 1448.0 / 1514.0;
   if (f.netns) {

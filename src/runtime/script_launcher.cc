@@ -15,6 +15,7 @@
 #include "quicksilver/launch/script.h"
 #include "quicksilver/runtime/netns.h"
 #include "quicksilver/runtime/runtime.h"
+#include "stop_signals.h"
 
 namespace qs {
 namespace {
@@ -61,23 +62,7 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
     if (o.log) o.log(m);
   };
   g_script_interrupted = 0;
-  constexpr int kCaught[] = {SIGINT, SIGTERM, SIGHUP};
-  struct sigaction old_actions[3] {};
-  if (o.catch_signals) {
-    struct sigaction sa {};
-    sa.sa_handler = on_script_signal;
-    sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 3; ++i) sigaction(kCaught[i], &sa, &old_actions[i]);
-  }
-  struct RestoreSignals {
-    bool active;
-    const int* signals;
-    struct sigaction* old;
-    ~RestoreSignals() {
-      if (!active) return;
-      for (int i = 0; i < 3; ++i) sigaction(signals[i], &old[i], nullptr);
-    }
-  } restore_signals{o.catch_signals, kCaught, old_actions};
+  const runtime::StopSignals stop_signals(o.catch_signals, on_script_signal);
   // The emulated cluster: one namespace per worker; torn down on return.
   std::unique_ptr<runtime::NetnsCluster> cluster;
   std::string master_addr = o.master_addr;
