@@ -503,7 +503,7 @@ class _Integration:
             self.measured = None   # the last complete measurement (grad_sq, noise)
             self.noise = None      # sigma, measured on passes whose updates were k = 1
             self.measured_before = None  # the pass measured last
-            self.loss = self.rec_loss = None
+            self.loss = None       # the last loss the tap saw
         # The first backward's gradients, as its hooks would have reported them.
         for l in reversed(range(L)):
             for p in self.layer_params[l]:
