@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -415,13 +416,16 @@ StaleCleanup NetnsCluster::cleanup_stale(bool dry_run) {
 
 StaleCleanup NetnsCluster::cleanup_stale_locked(bool dry_run) {
   StaleCleanup out;
-  auto act = [&](const std::string& what, const std::vector<std::string>& argv) {
+  // `gone`: true once the thing no longer exists however it went (a veth whose peer's
+  // namespace the kernel is still tearing down disappears by itself).
+  auto act = [&](const std::string& what, const std::vector<std::string>& argv,
+                 const std::function<bool()>& gone = nullptr) {
     if (dry_run) {
       out.removed.push_back(what);
       return;
     }
     Status s = run_command(argv);
-    if (s.is_ok()) {
+    if (s.is_ok() || (gone && gone())) {
       out.removed.push_back(what);
     } else {
       out.errors.push_back(what + ": " + s.message());
@@ -478,7 +482,7 @@ StaleCleanup NetnsCluster::cleanup_stale_locked(bool dry_run) {
       if (!dry_run && !std::filesystem::exists("/sys/class/net/" + name)) continue;  // gone with its peer
       act("link " + name + " (launcher " + name.substr(2, name.find_first_not_of("0123456789", 2) - 2) +
               " is gone)",
-          {"ip", "link", "del", name});
+          {"ip", "link", "del", name}, [&] { return !std::filesystem::exists("/sys/class/net/" + name); });
     }
   }
   for (const std::string& tag : live_tags) out.live.push_back("cluster " + tag + " (its launcher still runs)");
