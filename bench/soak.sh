@@ -27,16 +27,7 @@ mkdir -p "$out"
 [ "$(id -u)" -eq 0 ] || { echo "soak.sh: needs root (network namespaces)" >&2; exit 2; }
 
 # 6 layers, 2.6 MB of float32 gradients, ~20 ms of emulated compute per iteration.
-cat > "$out/model.json" <<'JSON'
-{"name": "soak", "batch_size": 8, "layers": [
- {"name": "c1", "forward_ms": 1.0, "backward_ms": 2.0, "tensors": [{"name": "c1.w", "elements": 20000}, {"name": "c1.b", "elements": 64}]},
- {"name": "c2", "forward_ms": 1.5, "backward_ms": 3.0, "tensors": [{"name": "c2.w", "elements": 90000}]},
- {"name": "c3", "forward_ms": 1.5, "backward_ms": 3.0, "tensors": [{"name": "c3.w", "elements": 150000}]},
- {"name": "f1", "forward_ms": 0.5, "backward_ms": 1.0, "tensors": [{"name": "f1.w", "elements": 300000}, {"name": "f1.b", "elements": 500}]},
- {"name": "f2", "forward_ms": 0.5, "backward_ms": 1.0, "tensors": [{"name": "f2.w", "elements": 100000}]},
- {"name": "f3", "forward_ms": 0.2, "backward_ms": 0.4, "tensors": [{"name": "f3.w", "elements": 5000}]}
-]}
-JSON
+cp "$(dirname "$0")/../tests/data/small.json" "$out/model.json"
 # The rates in a cycle, one every PERIOD seconds, for two hours (the last one then holds).
 : > "$out/trace.txt"
 for ((i = 0; i < 7200 / period; i++)); do

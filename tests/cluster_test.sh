@@ -11,16 +11,7 @@ ok() { pass=$((pass+1)); }
 bad() { echo "FAIL: $*"; fail=$((fail+1)); }
 
 # A small model: 6 layers, 2.6 MB of gradients, ~20 ms of compute per iteration.
-cat > "$tmp/small.json" <<'JSON'
-{"name": "small", "batch_size": 8, "layers": [
- {"name": "c1", "forward_ms": 1.0, "backward_ms": 2.0, "tensors": [{"name": "c1.w", "elements": 20000}, {"name": "c1.b", "elements": 64}]},
- {"name": "c2", "forward_ms": 1.5, "backward_ms": 3.0, "tensors": [{"name": "c2.w", "elements": 90000}]},
- {"name": "c3", "forward_ms": 1.5, "backward_ms": 3.0, "tensors": [{"name": "c3.w", "elements": 150000}]},
- {"name": "f1", "forward_ms": 0.5, "backward_ms": 1.0, "tensors": [{"name": "f1.w", "elements": 300000}, {"name": "f1.b", "elements": 500}]},
- {"name": "f2", "forward_ms": 0.5, "backward_ms": 1.0, "tensors": [{"name": "f2.w", "elements": 100000}]},
- {"name": "f3", "forward_ms": 0.2, "backward_ms": 0.4, "tensors": [{"name": "f3.w", "elements": 5000}]}
-]}
-JSON
+cp "$(dirname "$0")/data/small.json" "$tmp/small.json"
 common=(--model "$tmp/small.json" --workers 3 --servers 2 --iterations 4 --bandwidth 1Gbps --scale 1
         --packet-size 16KiB --partition-size 256KB --credit-size 1MB --slice-size 64KB --split-threshold 256KiB
         --timeout 60s)

@@ -17,16 +17,7 @@ pass=0; fail=0
 ok() { pass=$((pass+1)); }
 bad() { echo "FAIL: $*"; fail=$((fail+1)); }
 
-cat > "$tmp/small.json" <<'JSON'
-{"name": "small", "batch_size": 8, "layers": [
- {"name": "c1", "forward_ms": 1.0, "backward_ms": 2.0, "tensors": [{"name": "c1.w", "elements": 20000}, {"name": "c1.b", "elements": 64}]},
- {"name": "c2", "forward_ms": 1.5, "backward_ms": 3.0, "tensors": [{"name": "c2.w", "elements": 90000}]},
- {"name": "c3", "forward_ms": 1.5, "backward_ms": 3.0, "tensors": [{"name": "c3.w", "elements": 150000}]},
- {"name": "f1", "forward_ms": 0.5, "backward_ms": 1.0, "tensors": [{"name": "f1.w", "elements": 300000}, {"name": "f1.b", "elements": 500}]},
- {"name": "f2", "forward_ms": 0.5, "backward_ms": 1.0, "tensors": [{"name": "f2.w", "elements": 100000}]},
- {"name": "f3", "forward_ms": 0.2, "backward_ms": 0.4, "tensors": [{"name": "f3.w", "elements": 5000}]}
-]}
-JSON
+cp "$(dirname "$0")/data/small.json" "$tmp/small.json"
 
 # PS, 2 workers and 2 servers (hosts 0-1 the servers, 2-3 the workers): worker 1's cable
 # is pulled at the bridge (qs<launcher pid>p3).

@@ -1150,8 +1150,12 @@ struct CollectiveWorker::Impl final : Exchange {
             outstanding > 0 ? std::to_string(outstanding) + " buckets outstanding"
             : replica != nullptr ? "waiting for worker 0's decisions"
                                  : "waiting for the other workers";
-        loop->fail(unavailable(name() + ": nothing from the other workers for " + format_time(opts.job.peer_timeout) +
-                               " in iteration " + std::to_string(training->iteration()) + " (" + what +
+        // With two workers the silent one is known.
+        const std::string who = opts.job.workers == 2
+                                    ? "lost worker " + std::to_string(1 - opts.rank) + ": nothing from it"
+                                    : "nothing from the other workers";
+        loop->fail(unavailable(name() + ": " + who + " for " + format_time(opts.job.peer_timeout) + " in iteration " +
+                               std::to_string(training->iteration()) + " (" + what +
                                "; a peer stalled or ended early)"));
         return;
       }
