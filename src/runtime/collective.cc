@@ -59,8 +59,9 @@ Result<std::unique_ptr<CollectiveWorker>> CollectiveWorker::create(CollectiveOpt
 }
 Result<WorkerReport> CollectiveWorker::run() { return internal_error("built without gloo"); }
 void CollectiveWorker::post(std::function<void()>) {}
-void CollectiveWorker::finish() {}
+void CollectiveWorker::finish(std::int64_t) {}
 void CollectiveWorker::request_stop(const std::string&) {}
+void CollectiveWorker::feedback(const TrainingFeedback&) {}
 
 Result<WorkerReport> run_collective_worker(const CollectiveOptions& options) {
   QS_ASSIGN_OR_RETURN(auto w, CollectiveWorker::create(options));
