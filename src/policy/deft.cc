@@ -297,12 +297,8 @@ void DeftPolicy::take_one_if_none_fits(KnapsackSolution& sol, const std::vector<
   const double per_iteration = std::max(1.0, scale_ * static_cast<double>(backward_total_ + forward_total_));
   const std::int64_t merged = future_ ? iteration - future_first_ + 1 : 1;
   if (static_cast<double>(merged) < std::ceil(static_cast<double>(best->time) / per_iteration)) return;
-  int link = 0;
-  for (std::size_t l = 1; l < link_free_.size(); ++l) {
-    if (link_free_[l] < link_free_[static_cast<std::size_t>(link)]) link = static_cast<int>(l);
-  }
   sol.ids.push_back(best->id);
-  sol.links.push_back(link);
+  sol.links.push_back(emptiest_link());
   sol.total += best->time;
 }
 
@@ -510,21 +506,22 @@ bool DeftPolicy::backward_ready() const {
   return in_flight_per_stage_.empty() || in_flight_per_stage_.begin()->first >= stage_;
 }
 
+int DeftPolicy::emptiest_link() const {
+  std::size_t best = 0;
+  for (std::size_t l = 1; l < link_free_.size(); ++l) {
+    if (link_free_[l] < link_free_[best]) best = l;
+  }
+  return static_cast<int>(best);
+}
+
 void DeftPolicy::on_training_end(TimeNs now, CollectiveSink& out) {
   ++stage_;
-  auto emptiest = [&]() {
-    std::size_t best = 0;
-    for (std::size_t l = 1; l < link_free_.size(); ++l) {
-      if (link_free_[l] < link_free_[best]) best = l;
-    }
-    return static_cast<int>(best);
-  };
-  for (const Item& it : current_) issue(it, emptiest(), now, out);
+  for (const Item& it : current_) issue(it, emptiest_link(), now, out);
   current_.clear();
   if (future_) {
     open_range(future_first_, future_last_);
     for (int j = 0; j < static_cast<int>(buckets_.size()); ++j) {
-      issue(Item{j, future_first_, future_last_, false}, emptiest(), now, out);
+      issue(Item{j, future_first_, future_last_, false}, emptiest_link(), now, out);
     }
     future_ = false;
   }

@@ -100,6 +100,8 @@ class DeftPolicy final : public AllReducePolicy {
 
   TimeNs comm(int bucket) const { return comm_[static_cast<std::size_t>(bucket)]; }
   void issue(const Item& it, int link, TimeNs now, CollectiveSink& out);
+  // The link whose queued work ends first (link 0 on ties).
+  int emptiest_link() const;
   // No old bucket fits even an idle backward stage: the knapsack takes the shortest once
   // enough iterations merged behind it (deft.cc).
   void take_one_if_none_fits(KnapsackSolution& sol, const std::vector<KnapsackItem>& items,
