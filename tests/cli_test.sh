@@ -60,6 +60,9 @@ expect_error "no delay emulation" run --model vgg16 --policy mercury --latency 1
 expect_error "--rto-min needs --netns" run --model vgg16 --policy mercury --rto-min 5ms
 expect_error "--quickack needs --netns" run --model vgg16 --policy mercury --quickack
 expect_error "--rto-min" run --netns --model vgg16 --policy mercury --rto-min soon
+expect_error "--switch-buffer needs --netns" run --model vgg16 --policy mercury --switch-buffer 10ms
+expect_error "--switch-buffer must be in 100us..1s" run --netns --model vgg16 --policy mercury --switch-buffer 5s
+expect_error "--switch-buffer" run --netns --model vgg16 --policy mercury --switch-buffer deep
 printf '0s 10Gbps\n5ms 2Gbps\n' > "$tmp/fast.txt"
 expect_error "rate changes less than 10 ms apart" run --netns --model vgg16 --policy mercury --bandwidth-trace "$tmp/fast.txt"
 

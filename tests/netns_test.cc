@@ -84,6 +84,62 @@ TEST_F(Netns, RateChangesReachEveryShaperAndKeepTheQueue) {
   EXPECT_FALSE(cluster_->set_rate(2, Rate::mbps(1)).is_ok());
 }
 
+// The start-up calibration's candidates: the cluster re-sized for a new nominal rate, as if
+// built at it (burst 1 ms, queues 2 ms of the new rate).
+TEST_F(Netns, ANewNominalRateResizesBurstAndQueues) {
+  ASSERT_TRUE(cluster_->set_nominal_rate(Rate::mbps(100)).is_ok());
+  EXPECT_EQ(cluster_->nominal_rate().bits_per_second, Rate::mbps(100).bits_per_second);
+  for (int h = 0; h < 2; ++h) {
+    for (const std::string& q : {uplink(h), downlink(h)}) {
+      EXPECT_EQ(field(q, "rate"), "100Mbit") << q;
+      EXPECT_EQ(field(q, "burst"), "32Kb") << q;  // 1 ms of 100 Mbit/s is under the 32 KiB floor
+      EXPECT_EQ(field(q, "limit"), "64Kb") << q;  // the 2 ms queue as well, + the burst
+    }
+  }
+  ASSERT_TRUE(cluster_->set_nominal_rate(Rate::gbps(1)).is_ok());
+  EXPECT_EQ(field(downlink(1), "burst"), "125000b");
+  EXPECT_EQ(field(downlink(1), "limit"), "375000b");
+}
+
+// Every link at once: one flow per host, each near the shaped rate on an idle machine.
+TEST_F(Netns, WholeClusterGoodputLoadsEveryLinkAtOnce) {
+  ASSERT_TRUE(cluster_->set_nominal_rate(Rate::mbps(50)).is_ok());
+  auto g = measure_cluster_goodput(*cluster_, "cubic", 0, 1);
+  ASSERT_TRUE(g.is_ok()) << g.status().message();
+  ASSERT_EQ(g->flows.size(), 2U);
+  for (Rate r : g->flows) {
+    // 50 Mbit/s shaped: TCP payload is at most 1448/1514 of it; the machine may be busy.
+    EXPECT_GT(r.bits_per_second, Rate::mbps(20).bits_per_second);
+    EXPECT_LT(r.bits_per_second, Rate::mbps(50).bits_per_second);
+  }
+  EXPECT_LE(g->min.bits_per_second, g->median.bits_per_second);
+  EXPECT_GE(g->cpu_idle, 0.0);
+  EXPECT_LE(g->cpu_idle, 1.0);
+  EXPECT_FALSE(measure_cluster_goodput(*cluster_, "cubic", 1, 1).is_ok());  // one host: no link
+}
+
+// `--switch-buffer`: the bridge side of every link (the switch port toward its host)
+// queues that long at the nominal rate; the hosts' own queues stay 2 ms.
+TEST(NetnsSwitch, TheSwitchBufferSizesTheDownlinkQueuesOnly) {
+  if (Status s = NetnsCluster::available(); !s.is_ok()) GTEST_SKIP() << s.message();
+  NetnsOptions o;
+  o.hosts = 2;
+  o.rate = Rate::mbps(500);
+  o.switch_buffer = 10 * kNsPerMs;
+  o.tag = "qsb" + std::to_string(getpid() % 10000);
+  auto c = NetnsCluster::create(o);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  for (int h = 0; h < 2; ++h) {
+    const std::string up = qdisc((*c)->namespace_name(h), o.tag + "v" + std::to_string(h));
+    const std::string down = qdisc("", o.tag + "p" + std::to_string(h));
+    EXPECT_EQ(field(up, "limit"), "187500b") << up;      // 2 ms + the 1 ms burst
+    EXPECT_EQ(field(down, "limit"), "687500b") << down;  // 10 ms + the burst
+  }
+  ASSERT_TRUE((*c)->set_rate_all(Rate::mbps(100)).is_ok());  // a changing rate keeps both
+  EXPECT_EQ(field(qdisc("", o.tag + "p0"), "limit"), "687500b");
+  EXPECT_EQ(field(qdisc((*c)->namespace_name(0), o.tag + "v0"), "limit"), "187500b");
+}
+
 TEST(TbfLink, UnknownDeviceOrNamespaceIsNamed) {
   if (Status s = NetnsCluster::available(); !s.is_ok()) GTEST_SKIP() << s.message();
   auto a = TbfLink::open("", "nosuchdev0");

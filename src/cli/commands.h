@@ -58,9 +58,16 @@ Result<Job> make_job(const SimFlags& f);
 using Row = ResultRow;
 // Prints the human-readable table (stdout).
 void print_table(const Job& job, const std::vector<Row>& rows, const std::string& title);
-// Prints the --json document (stdout). `goodput`: the measured TCP goodput of the links
-// as a fraction of the nominal rate (run --netns), put into the config when given.
-void print_json(const Job& job, const std::vector<Row>& rows, std::optional<double> goodput = std::nullopt);
+// What a measured run adds to the --json document's config (run --netns).
+struct MeasuredConfig {
+  // The links' measured TCP goodput as a fraction of the nominal rate.
+  std::optional<double> goodput;
+  std::string calibration;           // ClusterRunResult::calibration
+  double calibration_cpu_idle = -1;  // ClusterRunResult::calibration_cpu_idle
+  TimeNs rto_min = 0, switch_buffer = 0;
+};
+// Prints the --json document (stdout), with `measured` in its config when given.
+void print_json(const Job& job, const std::vector<Row>& rows, const MeasuredConfig* measured = nullptr);
 // Several jobs sharing one cluster (simulate --job): one row per job.
 void print_shared(const Job& job, const std::vector<SharedJob>& jobs, const std::vector<SimResult>& results,
                   const SharingOptions& sharing, bool as_json);

@@ -96,7 +96,7 @@ void print_table(const Job& job, const std::vector<Row>& rows, const std::string
   }
 }
 
-void print_json(const Job& job, const std::vector<Row>& rows, std::optional<double> goodput) {
+void print_json(const Job& job, const std::vector<Row>& rows, const MeasuredConfig* measured) {
   using nlohmann::json;
   json results = json::array();
   auto one = [](const SimResult& r) { return result_json(r); };
@@ -127,7 +127,13 @@ void print_json(const Job& job, const std::vector<Row>& rows, std::optional<doub
                  {"iterations", job.sim.iterations},
                  {"warmup", job.sim.warmup},
                  {"statistic", statistic_name(job.sim.statistic)}};
-  if (goodput) config["goodput_fraction"] = *goodput;
+  if (measured && measured->goodput) config["goodput_fraction"] = *measured->goodput;
+  if (measured && !measured->calibration.empty()) {
+    config["calibration"] = measured->calibration;
+    config["calibration_cpu_idle"] = measured->calibration_cpu_idle;
+  }
+  if (measured && measured->rto_min > 0) config["rto_min_ns"] = measured->rto_min;
+  if (measured && measured->switch_buffer > 0) config["switch_buffer_ns"] = measured->switch_buffer;
   // Hosts that are not alike (shown only when given, so other outputs stay as they were).
   auto rates = [](const std::vector<Rate>& v) {
     json a = json::array();

@@ -395,8 +395,11 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
   app->add_option("--congestion", f->congestion, "TCP congestion control")->capture_default_str();
   add_commit_window_flag(app, &f->commit_window);
   app->add_option("--rto-min", f->rto_min,
-                  "--netns: every host route's minimum TCP retransmission timeout, e.g. 5ms as datacenters "
-                  "configure it (0ms: the kernel's 200 ms)")
+                  "--netns: every host route's minimum TCP retransmission timeout (default 5ms, as datacenters "
+                  "configure it; 0ms: the kernel's 200 ms)");
+  app->add_option("--switch-buffer", f->switch_buffer,
+                  "--netns: each switch port's buffer (the queue toward a host, where incast overflows), as time "
+                  "at the link's rate")
       ->capture_default_str();
   app->add_flag("--quickack", f->quickack,
                 "--netns: every host route acknowledges each segment at once (no delayed acknowledgements)");
@@ -429,6 +432,21 @@ std::string package_dir(const std::string& exe) {
   return std::filesystem::exists(pkg / "quicksilver", ec) ? pkg.string() : std::string();
 }
 
+// --rto-min (default: 5ms with --netns, else none) and --switch-buffer.
+Status parse_network_flags(const RunFlags& f, TimeNs* rto_min, TimeNs* switch_buffer) {
+  if (f.rto_min.empty()) {
+    *rto_min = f.netns ? kDefaultRtoMin : 0;
+  } else {
+    auto rto = parse_time(f.rto_min);
+    if (!rto) return rto.status().with_context("--rto-min");
+    *rto_min = *rto;
+  }
+  auto sb = parse_time(f.switch_buffer);
+  if (!sb) return sb.status().with_context("--switch-buffer");
+  *switch_buffer = *sb;
+  return Status::ok();
+}
+
 // `run --script`: the workers are the script's processes; quicksilver.torch inside them
 // hosts the servers. The package is found beside this executable (build/python).
 int run_script_command(const RunFlags& f, const std::string& exe) {
@@ -440,6 +458,8 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
   o.python_path = package_dir(exe);
   o.netns = f.netns;
   o.congestion = f.congestion;
+  o.quickack = f.quickack;
+  if (Status s = parse_network_flags(f, &o.rto_min, &o.switch_buffer); !s.is_ok()) return fail("quicksilver", s);
   if (f.netns) {
     auto rate = parse_rate(f.sim.bandwidth);
     if (!rate) return fail("quicksilver", rate.status().with_context("--bandwidth"));
@@ -521,9 +541,7 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   auto cw = parse_time(f.commit_window);  // refuses < 0
   if (!cw) return fail("quicksilver", cw.status().with_context("--commit-window"));
   o.commit_window = *cw;
-  auto rto = parse_time(f.rto_min);
-  if (!rto) return fail("quicksilver", rto.status().with_context("--rto-min"));
-  o.rto_min = *rto;
+  if (Status s = parse_network_flags(f, &o.rto_min, &o.switch_buffer); !s.is_ok()) return fail("quicksilver", s);
   o.quickack = f.quickack;
   if (!f.gloo_algorithm.empty()) {
     auto a = runtime::parse_gloo_algorithm(f.gloo_algorithm);
@@ -559,9 +577,12 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   }
   if (!run->rows.empty()) {
     if (f.sim.json) {
-      print_json(run->job, run->rows, run->goodput_fraction);
+      const MeasuredConfig m{run->goodput_fraction, run->calibration, run->calibration_cpu_idle, run->rto_min,
+                             run->switch_buffer};
+      print_json(run->job, run->rows, &m);
     } else {
       print_table(run->job, run->rows, run->describe());
+      if (!run->calibration.empty()) std::printf("  calibration: %s\n", run->calibration.c_str());
     }
   }
   return rc;

@@ -39,7 +39,9 @@ struct RunFlags {
   double scale = 0;             // 0 = automatic (hosts at most 4 Gbps / (N + M))
   std::string congestion = "cubic";
   std::string commit_window = "100us";
-  std::string rto_min = "0ms";  // --netns: every route's minimum retransmission timeout
+  // --netns: every route's minimum retransmission timeout; empty: 5ms with --netns
+  std::string rto_min;
+  std::string switch_buffer = "2ms";  // --netns: each switch port's buffer
   bool quickack = false;        // --netns: every route acknowledges at once
   std::string timeout = "300s";
   std::string peer_timeout = "20s";  // every child's --peer-timeout

@@ -241,6 +241,69 @@ class Logger {
   std::vector<std::string>* out_;  // guarded by mu_
 };
 
+// The start-up calibration of the emulated cluster (issue 16, point 3). Two cores emulate
+// every link, so what one link alone carries says little: all links are loaded at once
+// (measure_cluster_goodput) at a candidate rate per host, from kCalibrationStart over all
+// hosts down by kCalibrationStep, until every flow reaches kCalibrationMinGoodput of the
+// rate (one link alone: ~95.5 %, the payload share of an Ethernet frame) with the machine
+// at least kCalibrationMinIdle idle, headroom for the runtime's own processes, whose
+// framing and summing iperf3 does not do.
+constexpr double kCalibrationStart = 8e9;  // bit/s, all hosts' links together
+constexpr double kCalibrationStep = 0.7;
+constexpr int kCalibrationProbes = 5;
+constexpr double kCalibrationMinGoodput = 0.92;
+constexpr double kCalibrationMinIdle = 0.5;
+
+struct Calibration {
+  double scale = 1;
+  double goodput_fraction = 0;  // the median flow's, at the chosen rate
+  double cpu_idle = -1;         // the machine's, at the chosen rate
+  std::string describe;
+};
+
+std::string percent(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f%%", 100 * v);
+  return b;
+}
+
+// `search`: the automatic scale (else one probe at the cluster's rate, for the reference
+// goodput). `nominal`: the job's unscaled rate. `first_host`: the hosts from there on carry
+// the job's traffic (the all-reduce coordinator's host, 0, carries none).
+Result<Calibration> calibrate_cluster(runtime::NetnsCluster& cluster, int first_host, const std::string& cc,
+                                      double nominal, bool search, Logger& log) {
+  std::string tried;
+  for (int probe = 0;; ++probe) {
+    const Rate rate = cluster.nominal_rate();
+    auto g = runtime::measure_cluster_goodput(cluster, cc, first_host);
+    if (!g) return g.status();
+    const double r = static_cast<double>(rate.bits_per_second);
+    const double median = static_cast<double>(g->median.bits_per_second) / r;
+    const double least = static_cast<double>(g->min.bits_per_second) / r;
+    const bool ok = least >= kCalibrationMinGoodput && g->cpu_idle >= kCalibrationMinIdle;
+    const std::string seen = format_rate(rate) + ": goodput " + percent(median) + " (least " + percent(least) +
+                             "), CPU idle " + percent(std::max(0.0, g->cpu_idle));
+    const Rate next{std::llround(r * kCalibrationStep)};
+    if (ok || !search || probe + 1 == kCalibrationProbes || next.bits_per_second < 1'000'000 || g_interrupted) {
+      Calibration c;
+      c.scale = r / nominal;
+      c.goodput_fraction = median;
+      c.cpu_idle = g->cpu_idle;
+      c.describe = std::to_string(g->flows.size()) + " links at once at " + seen +
+                   (tried.empty() ? "" : "; tried before: " + tried);
+      if (!ok) {
+        log("warning: the emulated cluster is short of headroom at " + seen + " (wanted every link at " +
+            percent(kCalibrationMinGoodput) + " and the machine " + percent(kCalibrationMinIdle) +
+            " idle): figures may say as much about this machine as about the policies" +
+            (search ? "" : "; try a smaller --scale, or 0 for automatic"));
+      }
+      return c;
+    }
+    tried += (tried.empty() ? "" : "; ") + seen;
+    QS_RETURN_IF_ERROR(cluster.set_nominal_rate(next));
+  }
+}
+
 struct PolicyRun {
   ResultRow row;
   std::vector<runtime::WorkerReport> workers;
@@ -280,20 +343,6 @@ std::vector<std::string> job_args(const Job& job, const RunFiles& files, const s
 // Runs one policy on the local cluster; returns the measured row (with the prediction).
 // The machine's CPU time so far, in clock ticks (the first line of /proc/stat): idle
 // (idle + iowait) and total. Zeros where /proc is not readable.
-struct CpuTicks {
-  std::uint64_t idle = 0, total = 0;
-};
-CpuTicks cpu_ticks() {
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  CpuTicks t;
-  if (!(in >> cpu) || cpu != "cpu") return t;
-  std::uint64_t v[8] = {};
-  for (int i = 0; i < 8 && (in >> v[i]); ++i) t.total += v[i];
-  t.idle = v[3] + v[4];
-  return t;
-}
-
 Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const LaunchOptions& f,
                              runtime::NetnsCluster* cluster, double goodput_ratio, const RunFiles& files,
                              Logger& log) {
@@ -303,7 +352,7 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   const int n = job.cluster.workers;
   const int m = job.cluster.architecture == Architecture::kAllReduce ? 1 : job.cluster.servers;  // + the coordinator
   std::vector<std::string> base = job_args(job, files, policy, f);
-  const CpuTicks cpu_before = cpu_ticks();
+  const runtime::CpuTicks cpu_before = runtime::cpu_ticks();
   // What each link carried (netns: the bridge side's counters of every worker's veths).
   auto link_bytes = [&](int link) -> std::uint64_t {
     std::uint64_t sum = 0;
@@ -506,10 +555,7 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   PolicyRun run;
   SimResult& r = run.row.result;
   r.policy = policy;
-  if (const CpuTicks cpu_after = cpu_ticks(); cpu_after.total > cpu_before.total) {
-    r.cpu_idle = static_cast<double>(cpu_after.idle - cpu_before.idle) /
-                 static_cast<double>(cpu_after.total - cpu_before.total);
-  }
+  if (const double idle = runtime::idle_share(cpu_before, runtime::cpu_ticks()); idle >= 0) r.cpu_idle = idle;
   std::vector<runtime::WorkerReport>& reports = run.workers;
   for (int w = 0; w < n; ++w) {
     const Child& c = children[static_cast<std::size_t>(m + w)];
@@ -656,13 +702,16 @@ std::vector<std::string> knob_arguments(const PolicyOptions& o) {
 
 std::string ClusterRunResult::describe() const {
   return std::string("measured (") +
-         (goodput_fraction ? "network namespaces, tc-shaped links, iperf3 goodput " +
-                                 std::to_string(*goodput_fraction * 100).substr(0, 4) + "% of the rate"
+         (goodput_fraction ? "network namespaces, tc-shaped links, goodput " +
+                                 std::to_string(*goodput_fraction * 100).substr(0, 4) + "% of the rate" +
+                                 (calibration.empty() ? "" : " with every link loaded at once")
                            : std::string(job.cluster.architecture == Architecture::kAllReduce
                                              ? "loopback, gloo unpaced: the all-reduce fit is this machine's"
                                              : "loopback, paced")) +
          (rto_min > 0 ? "; route rto_min " + format_time(rto_min) : std::string()) +
          (quickack ? "; route quickack" : "") +
+         (switch_buffer > 0 && switch_buffer != 2 * kNsPerMs ? "; switch buffer " + format_time(switch_buffer)
+                                                              : std::string()) +
          "; bandwidth and tensor sizes scaled by " + std::to_string(scale).substr(0, 6) +
          ", communication/compute ratios kept)";
 }
@@ -778,29 +827,20 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   }
   ClusterRunResult out;
   Logger log(f.log, &out.messages);
-  double scale = f.scale;
-  if (scale == 0) {
-    // Two cores move about 4 Gbit/s of shaped veth traffic in total (measured: errors
-    // against the simulator grow past that), so hosts get 4 Gbit/s / (N + M) each, at most.
-    const double per_host = 4e9 / (job.cluster.workers + (allreduce ? 0 : job.cluster.servers));
-    scale = std::min(1.0, per_host / static_cast<double>(job.cluster.bandwidth.bits_per_second));
-  }
-  // Scale bandwidth and sizes together: every communication/compute ratio is kept, and
-  // so are the counts of user-level units (partitions, slices, blocks: each pays its
-  // startup time) and the placement. Mercury's packet size is a transport parameter and
-  // is kept as it is (a 1.6 KB packet would measure per-packet overhead, not scheduling).
-  if (static_cast<double>(job.cluster.bandwidth.bits_per_second) * scale < 1e6) {
-    return invalid_argument("--scale " + std::to_string(scale) + " leaves the links " +
-                            format_rate(Rate{std::llround(job.cluster.bandwidth.bits_per_second * scale)}) +
+  if (f.scale > 0 && static_cast<double>(job.cluster.bandwidth.bits_per_second) * f.scale < 1e6) {
+    return invalid_argument("--scale " + std::to_string(f.scale) + " leaves the links " +
+                            format_rate(Rate{std::llround(job.cluster.bandwidth.bits_per_second * f.scale)}) +
                             "; a scaled link needs at least 1Mbps");
   }
-  job.profile = scale_profile(job.profile, scale);
-  scale_policy_options(&job.policy_options, scale);
-  job.cluster.bandwidth.bits_per_second = std::llround(job.cluster.bandwidth.bits_per_second * scale);
-  if (job.cluster.schedule) job.cluster.schedule = job.cluster.schedule->scaled(scale);
-  out.scale = scale;
+  if (f.switch_buffer < 100 * kNsPerUs || f.switch_buffer > kNsPerSec) {
+    return invalid_argument("--switch-buffer must be in 100us..1s");
+  }
+  if (f.switch_buffer != 2 * kNsPerMs && !f.netns) {
+    return invalid_argument("--switch-buffer needs --netns (loopback has no switch)");
+  }
   out.rto_min = f.netns ? f.rto_min : 0;
   out.quickack = f.netns && f.quickack;
+  out.switch_buffer = f.netns ? f.switch_buffer : 0;
   // What launchers killed outright (SIGKILL) left in the temporary directory. (Their
   // namespaces go when a cluster is next built: NetnsCluster::create.)
   (void)cleanup_stale_run_dirs(false);
@@ -816,7 +856,6 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     }
   } remove_tmp{tmpl};
   const RunFiles files{(remove_tmp.path / "profile.json").string(), (remove_tmp.path / "secret").string()};
-  QS_RETURN_IF_ERROR(save_profile(job.profile, files.profile));
   // Every child authenticates its peers with it: a process outside this run that reaches a
   // server's port (another user's, on loopback) cannot join.
   QS_RETURN_IF_ERROR(transport::Secret::generate().write_file(files.secret));
@@ -825,37 +864,58 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   // namespaces, bridge and temporary directory removed, the allowed congestion controls
   // put back. Only SIGKILL leaves them, for the next run or `quicksilver cleanup`.
   const runtime::StopSignals stop_signals(f.catch_signals, on_signal);
+  const double nominal = static_cast<double>(job.cluster.bandwidth.bits_per_second);
+  // Loopback, automatic: two cores move about 4 Gbit/s of paced loopback traffic in total.
+  double scale = f.scale > 0 ? f.scale
+                             : std::min(1.0, 4e9 / (job.cluster.workers + (allreduce ? 0 : job.cluster.servers)) /
+                                                 nominal);
   std::unique_ptr<runtime::NetnsCluster> cluster;
   double goodput_ratio = 1448.0 / 1514.0;
   if (f.netns) {
     runtime::NetnsOptions no;
     no.hosts = job.cluster.workers + (allreduce ? 1 : job.cluster.servers);
-    no.rate = job.cluster.bandwidth;
+    // Automatic: the calibration's first candidate (below).
+    if (f.scale == 0) scale = std::min(1.0, kCalibrationStart / (no.hosts - (allreduce ? 1 : 0)) / nominal);
+    no.rate = Rate{std::llround(nominal * scale)};
     no.congestion = f.congestion;
     no.rto_min = f.rto_min;
     no.quickack = f.quickack;
+    no.switch_buffer = f.switch_buffer;
     if (allreduce && job.cluster.second_link_slowdown != 0) {
       // DeFT's second link: a veth of its own per host, `second_link_slowdown` times slower.
       no.second_rate.bits_per_second =
-          std::llround(static_cast<double>(job.cluster.bandwidth.bits_per_second) / job.cluster.second_link_slowdown);
+          std::llround(static_cast<double>(no.rate.bits_per_second) / job.cluster.second_link_slowdown);
     }
     auto c = runtime::NetnsCluster::create(no);
     if (!c) return c.status().with_context("--netns");
     cluster = std::move(*c);
+    auto calibrated = calibrate_cluster(*cluster, allreduce ? 1 : 0, f.congestion, nominal, f.scale == 0, log);
+    if (calibrated) {
+      scale = calibrated->scale;
+      goodput_ratio = calibrated->goodput_fraction;
+      out.calibration = calibrated->describe;
+      out.calibration_cpu_idle = calibrated->cpu_idle;
+    } else {
+      log("no whole-cluster calibration (" + calibrated.status().message() + "); assuming 1448/1514 of the rate");
+    }
+    out.goodput_fraction = goodput_ratio;
     if (g_interrupted) {
       out.interrupted = true;
       (void)cluster->teardown();
       out.job = std::move(job);
       return out;
     }
-    auto g = runtime::measure_goodput(*cluster, allreduce ? 1 : job.cluster.servers, 0, f.congestion);
-    if (g) {
-      goodput_ratio = static_cast<double>(g->bits_per_second) / static_cast<double>(job.cluster.bandwidth.bits_per_second);
-    } else {
-      log("no iperf3 goodput (" + g.status().message() + "); assuming 1448/1514 of the rate");
-    }
-    out.goodput_fraction = goodput_ratio;
   }
+  // Scale bandwidth and sizes together: every communication/compute ratio is kept, and
+  // so are the counts of user-level units (partitions, slices, blocks: each pays its
+  // startup time) and the placement. Mercury's packet size is a transport parameter and
+  // is kept as it is (a 1.6 KB packet would measure per-packet overhead, not scheduling).
+  job.profile = scale_profile(job.profile, scale);
+  scale_policy_options(&job.policy_options, scale);
+  job.cluster.bandwidth.bits_per_second = std::llround(nominal * scale);
+  if (job.cluster.schedule) job.cluster.schedule = job.cluster.schedule->scaled(scale);
+  out.scale = scale;
+  QS_RETURN_IF_ERROR(save_profile(job.profile, files.profile));
   for (const std::string& p : job.policies) {
     if (g_interrupted) break;
     auto run = run_policy(job, p, f, cluster.get(), goodput_ratio, files, log);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
@@ -123,9 +124,13 @@ std::string second_veth_bridge(const std::string& tag, int h) { return tag + "q"
 std::string veth_host(const std::string& tag, int h) { return tag + "v" + std::to_string(h); }
 std::string veth_bridge(const std::string& tag, int h) { return tag + "p" + std::to_string(h); }
 
+// A host's own queue (its uplink shaper): 2 ms of the nominal rate. The switch port's
+// (downlink) is NetnsOptions::switch_buffer.
+constexpr TimeNs kHostQueue = 2 * kNsPerMs;
+
 // tbf parameters: a burst of about 1 ms of the nominal rate (MACHINE-NOTES: less loses
-// rate) and a queue of 2 ms at the nominal rate, short enough that the shaper does not
-// hide a sender's priorities behind a long FIFO. Both are byte counts fixed by the
+// rate) and a queue of `queue_time` at the nominal rate (2 ms by default), short enough
+// that the shaper does not hide a sender's priorities behind a long FIFO. Both are byte counts fixed by the
 // nominal rate, as a switch port's buffer is; a dynamic scenario changes only the rate:
 //  * the queue: 2 ms at 1/10 of the rate held 8 packets, and TCP lost whole windows to
 //    retransmission timeouts;
@@ -133,21 +138,37 @@ std::string veth_bridge(const std::string& tag, int h) { return tag + "p" + std:
 //    under the old burst and larger than a new, smaller one can never be sent, and
 //    stalled the link until the rate rose again (every connection through it then hit
 //    retransmission timeouts with exponential backoff: iterations of seconds).
-TbfParams tbf_params(Rate rate, Rate nominal) {
+TbfParams tbf_params(Rate rate, Rate nominal, TimeNs queue_time) {
   const std::int64_t burst = std::max<std::int64_t>(32 * 1024, nominal.bits_per_second / 8 / 1000);
-  const std::int64_t queue = std::max<std::int64_t>(32 * 1024, 2 * (nominal.bits_per_second / 8 / 1000));
-  return TbfParams{rate, burst, queue + burst};
+  const auto queue = static_cast<std::int64_t>(static_cast<double>(nominal.bits_per_second) / 8 *
+                                               static_cast<double>(queue_time) / kNsPerSec);
+  return TbfParams{rate, burst, std::max<std::int64_t>(32 * 1024, queue) + burst};
 }
 
 }  // namespace
 
-Status run_command(const std::vector<std::string>& argv, std::string* out) {
+namespace {
+
+// A child started by start_command: its stderr (a pipe) and, when captured, its stdout
+// (a temporary file: no second pipe to drain concurrently).
+struct Child {
+  pid_t pid = -1;
+  int err_fd = -1;
+  FILE* out_file = nullptr;
+  std::vector<std::string> argv;
+};
+
+Result<Child> start_command(const std::vector<std::string>& argv, bool capture) {
   int err_pipe[2];
   if (pipe2(err_pipe, O_CLOEXEC) != 0) return io_error(std::string("pipe: ") + std::strerror(errno));
-  // stdout goes to a temporary file when captured (no second pipe to drain concurrently).
-  FILE* out_file = out ? std::tmpfile() : nullptr;
+  FILE* out_file = capture ? std::tmpfile() : nullptr;
   pid_t pid = fork();
-  if (pid < 0) return io_error(std::string("fork: ") + std::strerror(errno));
+  if (pid < 0) {
+    close(err_pipe[0]);
+    close(err_pipe[1]);
+    if (out_file) std::fclose(out_file);
+    return io_error(std::string("fork: ") + std::strerror(errno));
+  }
   if (pid == 0) {
     dup2(err_pipe[1], 2);
     int devnull = open("/dev/null", O_WRONLY);
@@ -164,24 +185,39 @@ Status run_command(const std::vector<std::string>& argv, std::string* out) {
     _exit(127);
   }
   close(err_pipe[1]);
+  return Child{pid, err_pipe[0], out_file, argv};
+}
+
+// Waits for `c`; a non-zero exit becomes an error carrying its stderr.
+Status finish_command(Child& c, std::string* out) {
   std::string err;
   char buf[512];
-  for (ssize_t n; (n = read(err_pipe[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<std::size_t>(n));
-  close(err_pipe[0]);
+  for (ssize_t n; (n = read(c.err_fd, buf, sizeof buf)) > 0;) err.append(buf, static_cast<std::size_t>(n));
+  close(c.err_fd);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (out_file) {
-    std::rewind(out_file);
-    out->clear();
-    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, out_file)) > 0;) out->append(buf, n);
-    std::fclose(out_file);
+  if (c.out_file) {
+    std::rewind(c.out_file);
+    if (out) out->clear();
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, c.out_file)) > 0;) {
+      if (out) out->append(buf, n);
+    }
+    std::fclose(c.out_file);
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::ok();
   std::string cmd;
-  for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+  for (const auto& a : c.argv) cmd += (cmd.empty() ? "" : " ") + a;
   while (!err.empty() && (err.back() == '\n' || err.back() == ' ')) err.pop_back();
   return io_error("'" + cmd + "' failed: " + (err.empty() ? "exit status " + std::to_string(WEXITSTATUS(status)) : err));
+}
+
+}  // namespace
+
+Status run_command(const std::vector<std::string>& argv, std::string* out) {
+  auto c = start_command(argv, out != nullptr);
+  if (!c) return c.status();
+  return finish_command(*c, out);
 }
 
 Status NetnsCluster::available() {
@@ -233,11 +269,11 @@ Result<std::uint64_t> NetnsCluster::sent_bytes(int host, int link) const {
   return v;
 }
 
-Status NetnsCluster::shape(const std::string& ns, const std::string& dev, Rate rate,
+Status NetnsCluster::shape(const std::string& ns, const std::string& dev, Rate rate, TimeNs queue,
                            std::vector<std::unique_ptr<TbfLink>>* into) {
   auto link = TbfLink::open(ns, dev);
   if (!link.is_ok()) return link.status();
-  QS_RETURN_IF_ERROR(link->set(tbf_params(rate, rate), true));
+  QS_RETURN_IF_ERROR(link->set(tbf_params(rate, rate, queue), true));
   into->push_back(std::make_unique<TbfLink>(std::move(*link)));
   return Status::ok();
 }
@@ -268,8 +304,8 @@ Status NetnsCluster::add_link(int h, const std::string& bridge, const std::strin
     }
     QS_RETURN_IF_ERROR(run_command(argv));
   }
-  QS_RETURN_IF_ERROR(shape(ns, vh, rate, shapers));  // uplink: [2h]
-  return shape("", vb, rate, shapers);               // downlink: [2h + 1]
+  QS_RETURN_IF_ERROR(shape(ns, vh, rate, kHostQueue, shapers));        // uplink: [2h]
+  return shape("", vb, rate, options_.switch_buffer, shapers);  // downlink: [2h + 1]
 }
 
 Status NetnsCluster::build() {
@@ -314,16 +350,18 @@ Status NetnsCluster::build() {
 
 Status NetnsCluster::set_rate(int host, Rate rate) {
   if (host < 0 || host >= options_.hosts) return invalid_argument("no host " + std::to_string(host));
-  const TbfParams p = tbf_params(rate, options_.rate);
-  QS_RETURN_IF_ERROR(shapers_[2 * static_cast<std::size_t>(host)]->set(p, false));
-  return shapers_[2 * static_cast<std::size_t>(host) + 1]->set(p, false);
+  QS_RETURN_IF_ERROR(
+      shapers_[2 * static_cast<std::size_t>(host)]->set(tbf_params(rate, options_.rate, kHostQueue), false));
+  return shapers_[2 * static_cast<std::size_t>(host) + 1]->set(
+      tbf_params(rate, options_.rate, options_.switch_buffer), false);
 }
 
 Status NetnsCluster::set_rate_all(Rate rate) {
-  const TbfParams p = tbf_params(rate, options_.rate);
+  const TbfParams up = tbf_params(rate, options_.rate, kHostQueue);
+  const TbfParams down = tbf_params(rate, options_.rate, options_.switch_buffer);
   Status first;
-  for (auto& s : shapers_) {  // on, even past a failure: the others should still follow
-    Status st = s->set(p, false);
+  for (std::size_t i = 0; i < shapers_.size(); ++i) {  // on, even past a failure: the others should still follow
+    Status st = shapers_[i]->set(i % 2 == 0 ? up : down, false);
     if (!st.is_ok() && first.is_ok()) first = st;
   }
   return first;
@@ -384,22 +422,44 @@ Status NetnsCluster::enter(const std::string& name) {
   return Status::ok();
 }
 
-Result<Rate> measure_goodput(const NetnsCluster& cluster, int from, int to, const std::string& cc,
-                             int seconds) {
-  const std::string port = "7199";
-  // The server runs in the background for one test (-1) and exits by itself.
-  QS_RETURN_IF_ERROR(run_command({"ip", "netns", "exec", cluster.namespace_name(to), "iperf3", "-s", "-1",
-                                  "-D", "-B", cluster.address(to), "-p", port}));
-  std::string json;
-  Status s;
-  for (int attempt = 0; attempt < 20; ++attempt) {  // until the daemon listens
-    s = run_command({"ip", "netns", "exec", cluster.namespace_name(from), "iperf3", "-c", cluster.address(to),
-                     "-p", port, "-t", std::to_string(seconds), "-C", cc, "-J"},
-                    &json);
-    if (s.is_ok()) break;
-    usleep(50'000);
+Status NetnsCluster::set_nominal_rate(Rate rate) {
+  if (rate.bits_per_second < 1000) return invalid_argument("netns cluster: rate too small");
+  if (has_second_link()) {
+    options_.second_rate.bits_per_second = std::max<std::int64_t>(
+        1000, std::llround(static_cast<double>(options_.second_rate.bits_per_second) * static_cast<double>(rate.bits_per_second) /
+                           static_cast<double>(options_.rate.bits_per_second)));
+    const TbfParams up = tbf_params(options_.second_rate, options_.second_rate, kHostQueue);
+    const TbfParams down = tbf_params(options_.second_rate, options_.second_rate, options_.switch_buffer);
+    for (std::size_t i = 0; i < second_shapers_.size(); ++i) {
+      QS_RETURN_IF_ERROR(second_shapers_[i]->set(i % 2 == 0 ? up : down, false));
+    }
   }
-  if (!s.is_ok()) return s.with_context("iperf3");
+  options_.rate = rate;
+  return set_rate_all(rate);
+}
+
+CpuTicks cpu_ticks() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  CpuTicks t;
+  if (!(in >> cpu) || cpu != "cpu") return t;
+  std::uint64_t v[8] = {};
+  for (int i = 0; i < 8 && (in >> v[i]); ++i) t.total += v[i];
+  t.idle = v[3] + v[4];
+  return t;
+}
+
+double idle_share(const CpuTicks& before, const CpuTicks& after) {
+  if (after.total <= before.total) return -1;
+  return static_cast<double>(after.idle - before.idle) / static_cast<double>(after.total - before.total);
+}
+
+namespace {
+
+constexpr const char* kIperfPort = "7199";
+
+// The bits per second iperf3's JSON says the receiver got.
+Result<Rate> received_rate(const std::string& json) {
   const std::string key = "\"sum_received\"";
   auto at = json.find(key);
   if (at != std::string::npos) at = json.find("\"bits_per_second\"", at);
@@ -407,6 +467,83 @@ Result<Rate> measure_goodput(const NetnsCluster& cluster, int from, int to, cons
   const double bps = std::strtod(json.c_str() + json.find(':', at) + 1, nullptr);
   if (!(bps > 0)) return io_error("iperf3 measured no throughput");
   return Rate{static_cast<std::int64_t>(bps)};
+}
+
+// Starts a one-test iperf3 server on `host` (it daemonises and exits after the test) and
+// waits until it listens: a client that connected first would be refused.
+Status start_iperf_server(const NetnsCluster& cluster, int host) {
+  QS_RETURN_IF_ERROR(run_command({"ip", "netns", "exec", cluster.namespace_name(host), "iperf3", "-s", "-1", "-D",
+                                  "-B", cluster.address(host), "-p", kIperfPort}));
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string listening;
+    QS_RETURN_IF_ERROR(run_command(
+        {"ip", "netns", "exec", cluster.namespace_name(host), "ss", "-Hltn", "sport", "=", ":" + std::string(kIperfPort)},
+        &listening));
+    if (listening.find(kIperfPort) != std::string::npos) return Status::ok();
+    usleep(20'000);
+  }
+  return unavailable("iperf3 on host " + std::to_string(host) + " did not listen within 2s");
+}
+
+}  // namespace
+
+Result<ClusterGoodput> measure_cluster_goodput(const NetnsCluster& cluster, const std::string& cc, int first_host,
+                                               int seconds) {
+  const int hosts = cluster.hosts();
+  if (first_host < 0 || hosts - first_host < 2) return invalid_argument("fewer than two hosts: no link to load");
+  for (int h = first_host; h < hosts; ++h) {
+    QS_RETURN_IF_ERROR(start_iperf_server(cluster, h).with_context("iperf3"));
+  }
+  const CpuTicks before = cpu_ticks();
+  std::vector<Child> clients;
+  Status started;
+  for (int h = first_host; h < hosts && started.is_ok(); ++h) {
+    const int to = h + 1 < hosts ? h + 1 : first_host;
+    auto c = start_command({"ip", "netns", "exec", cluster.namespace_name(h), "iperf3", "-c",
+                            cluster.address(to), "-p", kIperfPort, "-t", std::to_string(seconds), "-C",
+                            cc, "-J"},
+                           true);
+    if (c) {
+      clients.push_back(std::move(*c));
+    } else {
+      started = c.status();
+    }
+  }
+  ClusterGoodput out;
+  Status first = started;
+  for (Child& c : clients) {  // every started one is waited for, even past a failure
+    std::string json;
+    Status s = finish_command(c, &json);
+    if (s.is_ok()) {
+      auto r = received_rate(json);
+      if (r) {
+        out.flows.push_back(*r);
+      } else {
+        s = r.status();
+      }
+    }
+    if (!s.is_ok() && first.is_ok()) first = s;
+  }
+  out.cpu_idle = idle_share(before, cpu_ticks());
+  if (!first.is_ok()) return first.with_context("iperf3 on every link at once");
+  std::vector<Rate> sorted = out.flows;
+  std::sort(sorted.begin(), sorted.end(),
+            [](Rate a, Rate b) { return a.bits_per_second < b.bits_per_second; });
+  out.min = sorted.front();
+  out.median = sorted[sorted.size() / 2];
+  return out;
+}
+
+Result<Rate> measure_goodput(const NetnsCluster& cluster, int from, int to, const std::string& cc,
+                             int seconds) {
+  QS_RETURN_IF_ERROR(start_iperf_server(cluster, to).with_context("iperf3"));
+  std::string json;
+  QS_RETURN_IF_ERROR(run_command({"ip", "netns", "exec", cluster.namespace_name(from), "iperf3", "-c",
+                                  cluster.address(to), "-p", kIperfPort, "-t", std::to_string(seconds), "-C", cc,
+                                  "-J"},
+                                 &json)
+                         .with_context("iperf3"));
+  return received_rate(json);
 }
 
 StaleCleanup NetnsCluster::cleanup_stale(bool dry_run) {

@@ -58,6 +58,13 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
   if (o.workers < 1 || o.workers > runtime::kMaxWorkers) {
     return invalid_argument("--workers must be in 1.." + std::to_string(runtime::kMaxWorkers));
   }
+  if (!o.netns && (o.rto_min > 0 || o.quickack || o.switch_buffer != 2 * kNsPerMs)) {
+    return invalid_argument("--rto-min, --quickack and --switch-buffer need --netns");
+  }
+  if (o.switch_buffer < 100 * kNsPerUs || o.switch_buffer > kNsPerSec) {
+    return invalid_argument("--switch-buffer must be in 100us..1s");
+  }
+  if (o.rto_min < 0 || o.rto_min > 60 * kNsPerSec) return invalid_argument("--rto-min must be in 0..60s");
   auto log = [&](const std::string& m) {
     if (o.log) o.log(m);
   };
@@ -72,6 +79,9 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
     no.hosts = o.workers;
     no.rate = o.bandwidth;
     no.congestion = o.congestion;
+    no.rto_min = o.rto_min;
+    no.quickack = o.quickack;
+    no.switch_buffer = o.switch_buffer;
     QS_ASSIGN_OR_RETURN(cluster, runtime::NetnsCluster::create(no));
     master_addr = cluster->address(0);
   }

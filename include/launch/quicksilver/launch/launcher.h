@@ -31,6 +31,12 @@ namespace qs {
 // servers), within runtime::kMaxWorkers and kMaxServers, checked before anything starts.
 inline constexpr int kMaxLocalProcesses = 128;
 
+// The minimum retransmission timeout `quicksilver run --netns` gives every route unless
+// told otherwise: datacenters lower Linux's 200 ms floor to a few milliseconds, and on
+// links whose round trip is tens of microseconds the floor turns one lost segment into a
+// stall of hundreds of round trips (docs/runtime.md).
+inline constexpr TimeNs kDefaultRtoMin = 5 * kNsPerMs;
+
 struct LaunchOptions {
   // The quicksilver executable the children run (`server`/`worker` subcommands).
   // Required; the CLI passes "/proc/self/exe".
@@ -38,8 +44,10 @@ struct LaunchOptions {
   // One network namespace per host, links shaped with tc (needs root); else loopback,
   // each connection paced (SO_MAX_PACING_RATE).
   bool netns = false;
-  // Bandwidth and tensor sizes scaled by this factor, in (0, 1]; 0 = automatic (hosts at
-  // most 4 Gbit/s / (N + M)).
+  // Bandwidth and tensor sizes scaled by this factor, in (0, 1]; 0 = automatic: netns, the
+  // largest rate at which every link, all loaded at once, carries its goodput with the
+  // machine half idle (a start-up calibration, from 8 Gbit/s / hosts down); loopback,
+  // hosts at most 4 Gbit/s / (N + M).
   double scale = 0;
   std::string congestion = "cubic";  // TCP congestion control of every data socket
   // netns only: every host route's minimum retransmission timeout (NetnsOptions::rto_min;
@@ -47,6 +55,8 @@ struct LaunchOptions {
   TimeNs rto_min = 0;
   // netns only: every host route acknowledges at once (NetnsOptions::quickack).
   bool quickack = false;
+  // netns only: each switch port's buffer (NetnsOptions::switch_buffer), 100us..1s.
+  TimeNs switch_buffer = 2 * kNsPerMs;
   // --architecture allreduce: gloo's algorithm for every worker (empty: from the job's
   // --allreduce, ring or rhd).
   std::string gloo_algorithm;
@@ -85,7 +95,14 @@ struct ClusterRunResult {
   double scale = 1;
   TimeNs rto_min = 0;  // LaunchOptions::rto_min as run (0: the kernel's default)
   bool quickack = false;  // LaunchOptions::quickack as run
-  // The links' measured TCP goodput as a fraction of the nominal rate (netns: iperf3);
+  TimeNs switch_buffer = 0;  // LaunchOptions::switch_buffer as run (netns; 0: none)
+  // netns: the start-up calibration of the whole cluster, every link loaded at once, as
+  // run ("8 links at once at 500Mbps: goodput 95.3% (least 94.9%), CPU idle 61.0%; tried
+  // before: ..."), and the machine's idle share during it. Empty and -1 without.
+  std::string calibration;
+  double calibration_cpu_idle = -1;
+  // The links' measured TCP goodput as a fraction of the nominal rate (netns: iperf3 on
+  // every link at once, the median link's: the reference of predictions and utilisation);
   // none on loopback (paced payload: 1 by construction).
   std::optional<double> goodput_fraction;
   bool interrupted = false;  // a signal stopped the run (catch_signals)

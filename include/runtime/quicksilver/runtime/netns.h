@@ -49,6 +49,11 @@ struct NetnsOptions {
   // instead of delaying acknowledgements (up to 40-200 ms). A locked rto_min also caps the
   // delayed-acknowledgement timer, so this tells the two effects apart.
   bool quickack = false;
+  // The buffer of each switch port, i.e. of the bridge's side of every host's link (its
+  // downlink shaper's queue), as time at the nominal rate. Where several senders answer
+  // one host at once (incast), this is what overflows. A host's own queue (its uplink
+  // shaper) is 2 ms.
+  TimeNs switch_buffer = 2 * kNsPerMs;
   // DeFT's second link (its III-C): a second veth per host on a bridge and subnet of its
   // own (10.214.0.0/16), shaped at this rate both ways. 0: none.
   Rate second_rate{0};
@@ -79,6 +84,11 @@ class NetnsCluster {
   Status set_rate(int host, Rate rate);
   // Changes every host's rate limit in both directions, all 2 x hosts shapers back to back.
   Status set_rate_all(Rate rate);
+  // The nominal rate of every link 0 (and the second link's in proportion): rate, burst
+  // and queues sized for it, as if the cluster had been built at it (the start-up
+  // calibration's candidates).
+  Status set_nominal_rate(Rate rate);
+  Rate nominal_rate() const { return options_.rate; }
   // Removes everything this cluster made. Idempotent; the destructor calls it.
   Status teardown();
 
@@ -101,7 +111,7 @@ class NetnsCluster {
   static StaleCleanup cleanup_stale_locked(bool dry_run);
   // Installs the shaper of `dev` in namespace `ns` ("" = the launcher's) at the nominal
   // rate and keeps its netlink socket in shapers_.
-  Status shape(const std::string& ns, const std::string& dev, Rate rate,
+  Status shape(const std::string& ns, const std::string& dev, Rate rate, TimeNs queue,
                std::vector<std::unique_ptr<TbfLink>>* into);
   Status add_link(int host, const std::string& bridge, const std::string& vh, const std::string& vb,
                   const std::string& address, const std::string& subnet, Rate rate,
@@ -118,6 +128,27 @@ class NetnsCluster {
 // Runs argv (no shell) and waits; a non-zero exit becomes an error carrying its stderr.
 // When `out` is given, the command's stdout is captured into it.
 Status run_command(const std::vector<std::string>& argv, std::string* out = nullptr);
+
+// The machine's CPU time so far (/proc/stat, every core): idle (idle + iowait) and total,
+// in clock ticks. Differences of two readings give the idle share between them.
+struct CpuTicks {
+  std::uint64_t idle = 0, total = 0;
+};
+CpuTicks cpu_ticks();
+// The idle share between two readings (-1 when none passed).
+double idle_share(const CpuTicks& before, const CpuTicks& after);
+
+// Every link loaded at once: of the hosts from `first_host` on, each sends to the next
+// (the last to the first) with iperf3 for `seconds`, so every uplink and every downlink of link 0 carries one flow, as a job's
+// traffic loads them all together. What one link alone carries says little on a machine
+// whose cores emulate all of them (issue 16).
+struct ClusterGoodput {
+  std::vector<Rate> flows;  // flow h: from host h
+  Rate median{0}, min{0};
+  double cpu_idle = -1;  // the machine's idle share while the flows ran
+};
+Result<ClusterGoodput> measure_cluster_goodput(const NetnsCluster& cluster, const std::string& cc,
+                                               int first_host = 0, int seconds = 2);
 
 // TCP goodput from host `from` to host `to` of `cluster`, measured with iperf3 for
 // `seconds` with congestion control `cc`. Errors when iperf3 is missing or fails.
