@@ -366,6 +366,9 @@ void DeftPolicy::on_iteration_start(std::int64_t iteration, TimeNs now, Collecti
   QS_CHECK(selected_new_.empty());
   ++stage_;
   iteration_ = iteration;
+  // Whichever case follows, this iteration joins the future task queue's range, or opens
+  // one: its buckets cover merged_from_..(this or a later iteration).
+  merged_from_ = future_ ? future_first_ : iteration;
   DeftStage rec;
   rec.iteration = iteration;
   const int n = static_cast<int>(buckets_.size());
@@ -494,6 +497,10 @@ void DeftPolicy::on_collective_done(const CollectiveBucket& b, TimeNs now, Colle
     updates_.push_back(DeftUpdate{fl.first, fl.last, now});
     open_.erase(r);
   }
+}
+
+std::int64_t DeftPolicy::merged_from(std::int64_t iteration) const {
+  return iteration == iteration_ ? merged_from_ : -1;
 }
 
 // A stage may start once everything issued before the previous stage began is reduced.

@@ -44,6 +44,7 @@ class DeftPolicy final : public AllReducePolicy {
   void on_collective_done(const CollectiveBucket& b, TimeNs now, CollectiveSink& out) override;
   bool forward_ready(int layer) const override;
   bool backward_ready() const override;
+  std::int64_t merged_from(std::int64_t iteration) const override;
   void on_training_end(TimeNs now, CollectiveSink& out) override;
   // With deft_loss_feedback: every deft_horizon iterations of measurements, the
   // Preserver's judgement of the updates executed meanwhile (PreserverJudgement).
@@ -133,6 +134,7 @@ class DeftPolicy final : public AllReducePolicy {
   std::vector<int> link_busy_;     // collectives in flight per link
   std::int64_t stage_ = 0;         // increments at every stage start
   std::int64_t iteration_ = 0;
+  std::int64_t merged_from_ = 0;   // iteration_'s range starts here (merged_from)
   std::uint64_t next_id_ = 0;
 
   std::vector<DeftStage> stages_;

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <tuple>
 #include <mutex>
@@ -233,6 +234,7 @@ class RecordingPolicy final : public AllReducePolicy {
   }
   bool forward_ready(int layer) const override { return real_->forward_ready(layer); }
   bool backward_ready() const override { return real_->backward_ready(); }
+  std::int64_t merged_from(std::int64_t iteration) const override { return real_->merged_from(iteration); }
   void on_training_end(TimeNs now, CollectiveSink& out) override {
     emit_({kTrainingEnd, 0, -1, now, 0});
     real_->on_training_end(now, out);
@@ -274,6 +276,15 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
   }
   void on_training_end(TimeNs, CollectiveSink&) override { reached({kTrainingEnd, 0, -1, 0, 0}); }
   bool forward_ready(int layer) const override { return real_->forward_ready(layer); }
+  // The range of an iteration whose start (worker 0's) was applied; -1 before. Asked in
+  // increasing order of iterations (the staging's), so an answer forgets older ones.
+  std::int64_t merged_from(std::int64_t iteration) const override {
+    auto r = ranges_.find(iteration);
+    if (r == ranges_.end()) return -1;
+    const std::int64_t first = r->second;
+    ranges_.erase(ranges_.begin(), r);
+    return first;
+  }
   // The replica's state is worker 0's at the last input both have reached. When this
   // worker is ahead of worker 0, that state is behind this worker's own, and its gate let
   // this worker start backward pass after backward pass, each staging a copy of its
@@ -350,7 +361,10 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
     // acts: a bucket the input makes the policy issue comes after the input in both.
     if (observe_) observe_(r);
     switch (r.kind) {
-      case kIterationStart: real_->on_iteration_start(r.iteration, r.now, *this); break;
+      case kIterationStart:
+        real_->on_iteration_start(r.iteration, r.now, *this);
+        ranges_[r.iteration] = real_->merged_from(r.iteration);
+        break;
       case kGradientReady: real_->on_gradient_ready(r.layer, r.now, *this); break;
       case kForwardStart: real_->on_forward_start(r.layer, r.now, *this); break;
       case kCollectiveDone: {
@@ -376,6 +390,8 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
   std::deque<PolicyRecord> pending_;
   std::multiset<Key> reached_;
   std::unordered_map<std::uint64_t, CollectiveBucket> issued_;
+  // merged_from of the iterations started since the staging last asked (a few).
+  mutable std::map<std::int64_t, std::int64_t> ranges_;
   bool ended_ = false;          // worker 0's stream ended
   bool ended_locally_ = false;  // this worker's training ended
 };
@@ -383,6 +399,7 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
 // ---- the worker ----
 
 struct CollectiveWorker::Impl final : Exchange {
+  using StagingBuffer = std::unique_ptr<float[]>;  // the model's gradients' size (staging)
   explicit Impl(CollectiveOptions o) : opts(std::move(o)), layout(opts.job.profile) {}
   ~Impl() override { stop_threads(); }
 
@@ -571,8 +588,17 @@ struct CollectiveWorker::Impl final : Exchange {
   }
 
   // ---- staging: under DeFT's delayed updates a bucket of iteration i may run after the
-  // backward of i + 1 rewrote the gradients, so each layer's gradients are copied when its
-  // backward ends, per iteration, and freed once every byte of that iteration is reduced.
+  // backward of i + 1 rewrote the gradients, and carries the sum over a range of
+  // iterations first..last. So when a layer's backward ends its gradients are added to the
+  // running sum of their range (policy->merged_from: decided when the iteration started),
+  // which the link threads read when they reduce its buckets; the sum's buffer goes back
+  // to a pool once every byte of the range was read. A replica may not know the range of
+  // an iteration yet when its backward ends (it applies worker 0's inputs as it reaches
+  // them): that iteration is copied aside and added to its range as soon as it is known,
+  // at the latest when a bucket carrying it is issued. So the staging holds a few
+  // buffers of the model's gradients' size (a range being summed, one whose buckets are
+  // still queued, an iteration aside, one spare), however many iterations DeFT merges and
+  // however long the run; the sums are those of adding the iterations in order, as before.
   class SnapshotCompute final : public Compute {
    public:
     SnapshotCompute(Impl& w, Compute& inner) : w_(w), inner_(inner) {}
@@ -589,19 +615,93 @@ struct CollectiveWorker::Impl final : Exchange {
     Compute& inner_;
   };
 
-  std::vector<float>& stage(std::int64_t it) {
+  // A buffer of the model's gradients' size: a spare, or a new one (uninitialised).
+  StagingBuffer take_staging_buffer() {
     std::lock_guard lock(mu);
-    auto& s = stages[it];
-    if (!s) s = std::make_unique<std::vector<float>>(static_cast<std::size_t>(layout.total_bytes() / 4));
-    max_staged = std::max<std::int64_t>(max_staged, static_cast<std::int64_t>(stages.size()));
-    return *s;
+    if (!staging_spare.empty()) {
+      StagingBuffer b = std::move(staging_spare.back());
+      staging_spare.pop_back();
+      return b;
+    }
+    ++staging_buffers;
+    staging_buffers_max = std::max(staging_buffers, staging_buffers_max);
+    return std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(layout.total_bytes() / 4));
+  }
+  // mu held. One spare is kept (the next range needs one soon); the rest are freed.
+  void give_back_locked(StagingBuffer b) {
+    if (staging_spare.empty()) {
+      staging_spare.push_back(std::move(b));
+    } else {
+      --staging_buffers;
+    }
   }
 
-  void snapshot(int layer, std::int64_t it) {
-    std::vector<float>& s = stage(it);
+  // The running sum of the range starting at `first` (loop thread).
+  float* range_sum(std::int64_t first) {
+    {
+      std::lock_guard lock(mu);
+      auto r = staged_ranges.find(first);
+      if (r != staged_ranges.end()) return r->second.sums.get();
+    }
+    StagingBuffer b = take_staging_buffer();
+    float* at = b.get();
+    std::lock_guard lock(mu);
+    staged_ranges[first].sums = std::move(b);
+    return at;
+  }
+
+  // Adds `layer`'s gradients of iteration `it` (at `from`, laid out as the staging
+  // buffers: the registry's when null) to the range sum `to` whose first iteration is
+  // `first`: the first iteration is copied, the others added, in order.
+  void add_layer(float* to, const float* from, int layer, std::int64_t it, std::int64_t first) {
     for (TensorId t = layout.first_tensor(layer); t < layout.end_tensor(layer); ++t) {
       const TensorBuffer& b = buffers[static_cast<std::size_t>(t)];
-      std::memcpy(s.data() + base_of(t), b.gradient, static_cast<std::size_t>(b.elements) * sizeof(float));
+      const std::size_t n = static_cast<std::size_t>(b.elements);
+      const float* src = from != nullptr ? from + base_of(t) : b.gradient;
+      float* dst = to + base_of(t);
+      if (it == first) {
+        std::memcpy(dst, src, n * sizeof(float));
+      } else {
+        for (std::size_t k = 0; k < n; ++k) dst[k] += src[k];
+      }
+    }
+  }
+
+  // Loop thread: the backward of `layer` in iteration `it` ended.
+  void snapshot(int layer, std::int64_t it) {
+    settle_aside();
+    const std::int64_t first = policy->merged_from(it);
+    if (first < 0) {  // a replica that has not applied worker 0's start of `it` yet
+      Aside& a = aside[it];
+      if (!a.gradients) {
+        a.gradients = take_staging_buffer();
+        a.layers.assign(static_cast<std::size_t>(layout.num_layers()), 0);
+      }
+      for (TensorId t = layout.first_tensor(layer); t < layout.end_tensor(layer); ++t) {
+        const TensorBuffer& b = buffers[static_cast<std::size_t>(t)];
+        std::memcpy(a.gradients.get() + base_of(t), b.gradient, static_cast<std::size_t>(b.elements) * sizeof(float));
+      }
+      a.layers[static_cast<std::size_t>(layer)] = 1;
+      return;
+    }
+    add_layer(range_sum(first), nullptr, layer, it, first);
+  }
+
+  // Loop thread: the iterations set aside whose range is known now join it, in order.
+  void settle_aside() {
+    while (!aside.empty()) {
+      auto a = aside.begin();
+      const std::int64_t first = policy->merged_from(a->first);
+      if (first < 0) return;
+      float* to = range_sum(first);
+      for (int l = 0; l < layout.num_layers(); ++l) {
+        if (a->second.layers[static_cast<std::size_t>(l)]) add_layer(to, a->second.gradients.get(), l, a->first, first);
+      }
+      {
+        std::lock_guard lock(mu);
+        give_back_locked(std::move(a->second.gradients));
+      }
+      aside.erase(a);
     }
   }
 
@@ -765,6 +865,8 @@ struct CollectiveWorker::Impl final : Exchange {
   // ---- the Exchange (loop thread) ----
   void all_reduce(const CollectiveBucket& b) override {
     const std::uint64_t key = bucket_key(b);
+    // The policy issued it, so it knows the range of every iteration the bucket carries.
+    if (staged) settle_aside();
     if (delayed) {
       delayed_buckets.emplace(b.id, b);
       Progress& p = progress_of({b.first_iteration, b.last_iteration});
@@ -836,18 +938,6 @@ struct CollectiveWorker::Impl final : Exchange {
           .add(t0, t1, "ar #" + std::to_string(b.id) + " it " + std::to_string(b.first_iteration) +
                            (b.last_iteration != b.first_iteration ? "-" + std::to_string(b.last_iteration) : "") + " " +
                            format_size(m));
-    }
-    // Grown as iterations go: an open-ended run (PyTorch) bounds iterations at 2^30.
-    if (reduced.size() <= static_cast<std::size_t>(b.last_iteration)) {
-      reduced.resize(static_cast<std::size_t>(b.last_iteration) + 1, 0);
-    }
-    for (std::int64_t it = b.first_iteration; it <= b.last_iteration; ++it) {
-      auto& r = reduced[static_cast<std::size_t>(it)];
-      r += m;
-      if (staged && r == layout.total_bytes()) {
-        std::lock_guard lock(mu);
-        stages.erase(it);
-      }
     }
     on_done_listener->on_collective_done(b);
   }
@@ -960,21 +1050,29 @@ struct CollectiveWorker::Impl final : Exchange {
     for (const Chunk& c : b.chunks) {
       const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
       if (staged) {
-        std::fill(out, out + count, 0.0f);
-        for (std::int64_t it = b.first_iteration; it <= b.last_iteration; ++it) {
-          const float* src;
-          {
-            std::lock_guard lock(mu);
-            auto s = stages.find(it);
-            if (s == stages.end()) throw std::runtime_error("no gradients staged for iteration " + std::to_string(it));
-            src = s->second->data() + base_of_locked(c.tensor) + first;
+        const float* src;
+        {
+          std::lock_guard lock(mu);
+          auto r = staged_ranges.find(b.first_iteration);
+          if (r == staged_ranges.end()) {
+            throw std::runtime_error("no gradients staged for iterations " + std::to_string(b.first_iteration) + ".." +
+                                     std::to_string(b.last_iteration));
           }
-          for (std::size_t k = 0; k < count; ++k) out[k] += src[k];
+          src = r->second.sums.get() + base_of_locked(c.tensor) + first;
         }
+        std::memcpy(out, src, count * sizeof(float));
       } else {
         std::memcpy(out, buffers[static_cast<std::size_t>(c.tensor)].gradient + first, count * sizeof(float));
       }
       out += count;
+    }
+    if (staged) {  // every byte of the range read: its buffer is free
+      std::lock_guard lock(mu);
+      auto r = staged_ranges.find(b.first_iteration);
+      if ((r->second.read += m) == layout.total_bytes()) {
+        give_back_locked(std::move(r->second.sums));
+        staged_ranges.erase(r);
+      }
     }
     const TimeNs t0 = mono_now();
     reduce(link, b, link.data.data(), link.data.size());
@@ -1238,7 +1336,7 @@ struct CollectiveWorker::Impl final : Exchange {
     r.allreduce_fit = fits;
     r.notes = sweeps;
     for (std::string& n : policy->report()) r.notes.push_back(std::move(n));
-    r.staged_iterations_max = max_staged;  // the threads are joined: nobody else writes it
+    r.staging_buffers_max = staging_buffers_max;  // the threads are joined: nobody else writes it
     return r;
   }
 
@@ -1269,8 +1367,16 @@ struct CollectiveWorker::Impl final : Exchange {
   std::condition_variable cv;
   std::atomic<bool> stopping{false};  // set under mu (the waits' predicates read it there)
   std::unordered_map<std::uint64_t, int> reports;                          // guarded by mu
-  std::map<std::int64_t, std::unique_ptr<std::vector<float>>> stages;      // guarded by mu
-  std::int64_t max_staged = 0;  // the most iterations staged at once, guarded by mu
+  // Staging (above), guarded by mu: the running sums by their range's first iteration,
+  // each with the bytes the link threads read from it; the spare; the buffers allocated
+  // (sums, iterations aside, spare) now and at most.
+  struct StagedRange {
+    StagingBuffer sums;
+    Bytes read = 0;
+  };
+  std::map<std::int64_t, StagedRange> staged_ranges;
+  std::vector<StagingBuffer> staging_spare;
+  std::int64_t staging_buffers = 0, staging_buffers_max = 0;
   std::thread control_rx_thread;
   std::unique_ptr<gloo::transport::UnboundBuffer> report_rx;
   std::unique_ptr<gloo::transport::UnboundBuffer> report_buf;
@@ -1288,12 +1394,19 @@ struct CollectiveWorker::Impl final : Exchange {
   std::unordered_map<std::uint64_t, CollectiveBucket> delayed_buckets;  // issued, by id
   std::map<std::pair<std::int64_t, std::int64_t>, Progress> merged_progress;  // by range
   std::vector<LayerUpdate> due;  // complete, not yet handed over
+  // Staging: iterations whose range this replica does not know yet, each a copy of the
+  // layers whose backward ended.
+  struct Aside {
+    StagingBuffer gradients;
+    std::vector<char> layers;
+  };
+  std::map<std::int64_t, Aside> aside;
   bool training_over = false;
   bool finish_requested = false;  // finish() before training began
   std::int64_t finish_iterations = -1;
   std::int64_t outstanding = 0;
   TimeNs last_done = 0;
-  std::vector<Bytes> reduced, verified;
+  std::vector<Bytes> verified;
   CollectiveMeter meter;
   Bytes run_bytes = 0;
   std::int64_t run_messages = 0;

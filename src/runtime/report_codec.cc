@@ -31,7 +31,7 @@ std::string report_to_json(const WorkerReport& r) {
               {"first_backward_ns", r.first_backward_at},
               {"allreduce_fit", fit},
               {"notes", r.notes},
-              {"staged_iterations_max", r.staged_iterations_max},
+              {"staging_buffers_max", r.staging_buffers_max},
               {"trace", trace}}
       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -68,7 +68,7 @@ Result<WorkerReport> report_from_json(std::string_view line) {
       }
     }
     r.notes = j.value("notes", std::vector<std::string>());
-    r.staged_iterations_max = j.value("staged_iterations_max", std::int64_t{0});
+    r.staging_buffers_max = j.value("staging_buffers_max", std::int64_t{0});
     if (j.contains("trace")) {
       for (const json& e : j.at("trace")) {
         r.trace.push_back(TraceSpan{r.worker_id, e.at(0).get<int>(), e.at(1).get<TimeNs>(), e.at(2).get<TimeNs>(),

@@ -94,6 +94,7 @@ py::dict report_dict(const qs::runtime::WorkerReport& r) {
   d["congestion_control"] = r.congestion_control;
   d["queue_delay_p99_us"] = static_cast<double>(r.queue_delay_p99) / 1e3;
   d["notes"] = r.notes;
+  d["staging_buffers_max"] = r.staging_buffers_max;
   return d;
 }
 
@@ -210,6 +211,8 @@ PYBIND11_MODULE(_quicksilver, m) {
           py::arg("layer"), py::arg("wait") = false, py::call_guard<py::gil_scoped_release>())
       .def("backwards", &qs::pytorch::Session::backwards)
       .def_property_readonly("delayed_updates", &qs::pytorch::Session::delayed_updates)
+      .def_property_readonly("merged_bytes_max", &qs::pytorch::Session::merged_bytes_max,
+                             "Delayed updates: the most bytes of merged-sum buffers held at once")
       .def(
           "take_updates",
           [](qs::pytorch::Session& s, int l, std::int64_t before) {
@@ -238,7 +241,9 @@ PYBIND11_MODULE(_quicksilver, m) {
                py::gil_scoped_release release;
                return s.finish();
              }();
-             return report_dict(take(std::move(r)));
+             py::dict d = report_dict(take(std::move(r)));
+             d["merged_bytes_max"] = s.merged_bytes_max();
+             return d;
            })
       .def("abort", &qs::pytorch::Session::abort, py::call_guard<py::gil_scoped_release>());
 }

@@ -1,6 +1,8 @@
 #include "quicksilver/torch/session.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "quicksilver/policy/registry.h"
 #include "quicksilver/torch/hooked_compute.h"
@@ -183,10 +185,12 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options, std::uni
   DelayedHooks hooks;
   if (s->delayed_) {
     s->updates_.resize(layers);
-    std::int64_t at = 0;
-    for (const runtime::TensorBuffer& b : s->options_.tensors) {
+    s->layer_elements_.assign(layers, 0);
+    s->merged_spare_.resize(layers);
+    for (std::size_t t = 0; t < s->options_.tensors.size(); ++t) {
+      std::int64_t& at = s->layer_elements_[static_cast<std::size_t>(s->tensor_layer_[t])];
       s->offsets_.push_back(at);
-      at += b.elements;
+      at += s->options_.tensors[t].elements;
     }
     hooks.merged_sum = [self](TensorId t, std::int64_t first, std::int64_t last) {
       return self->merged_sum(t, first, last);
@@ -410,17 +414,26 @@ Status Session::load_update(const runtime::LayerUpdate& u) {
   if (!delayed_) return invalid_argument("load_update: this job's policy does not delay updates");
   if (u.layer < 0 || u.layer >= num_layers()) return invalid_argument("load_update: no layer " + std::to_string(u.layer));
   std::lock_guard<std::mutex> lock(merged_mu_);
-  auto m = merged_.find({u.first, u.last});
+  auto m = merged_.find({u.layer, u.first, u.last});
   if (m == merged_.end()) {
     return invalid_argument("load_update: no sums of iterations " + std::to_string(u.first) + ".." +
-                            std::to_string(u.last) + " (not due, or loaded already)");
+                            std::to_string(u.last) + " for layer '" +
+                            options_.job.profile.layers[static_cast<std::size_t>(u.layer)].name +
+                            "' (not due, or loaded already)");
   }
   for (TensorId t : layer_tensors_[static_cast<std::size_t>(u.layer)]) {
     const runtime::TensorBuffer& b = options_.tensors[static_cast<std::size_t>(t)];
-    std::memcpy(b.sum, m->second.sums.data() + offsets_[static_cast<std::size_t>(t)],
+    std::memcpy(b.sum, m->second.get() + offsets_[static_cast<std::size_t>(t)],
                 static_cast<std::size_t>(b.elements) * sizeof(float));
   }
-  if (--m->second.layers_left == 0) merged_.erase(m);
+  // Loaded: the buffer is the layer's spare (its next update needs one), or freed.
+  auto& spare = merged_spare_[static_cast<std::size_t>(u.layer)];
+  if (!spare) {
+    spare = std::move(m->second);
+  } else {
+    merged_bytes_ -= layer_elements_[static_cast<std::size_t>(u.layer)] * static_cast<std::int64_t>(sizeof(float));
+  }
+  merged_.erase(m);
   return Status::ok();
 }
 
@@ -429,14 +442,24 @@ void Session::feedback(const TrainingFeedback& f) {
 }
 
 float* Session::merged_sum(TensorId t, std::int64_t first, std::int64_t last) {
+  const auto l = static_cast<std::size_t>(tensor_layer_[static_cast<std::size_t>(t)]);
   std::lock_guard<std::mutex> lock(merged_mu_);
-  Merged& m = merged_[{first, last}];
-  if (m.sums.empty()) {
-    const runtime::TensorBuffer& back = options_.tensors.back();
-    m.sums.assign(static_cast<std::size_t>(offsets_.back() + back.elements), 0.0f);
-    m.layers_left = num_layers();
+  std::unique_ptr<float[]>& m = merged_[{static_cast<int>(l), first, last}];
+  if (!m) {
+    if (merged_spare_[l]) {
+      m = std::move(merged_spare_[l]);
+    } else {
+      m = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(layer_elements_[l]));
+      merged_bytes_ += layer_elements_[l] * static_cast<std::int64_t>(sizeof(float));
+      merged_bytes_max_ = std::max(merged_bytes_max_, merged_bytes_);
+    }
   }
-  return m.sums.data() + offsets_[static_cast<std::size_t>(t)];
+  return m.get() + offsets_[static_cast<std::size_t>(t)];
+}
+
+std::int64_t Session::merged_bytes_max() const {
+  std::lock_guard<std::mutex> lock(merged_mu_);
+  return merged_bytes_max_;
 }
 
 Status Session::on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due) {

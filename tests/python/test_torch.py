@@ -183,6 +183,33 @@ def test_deft_follows_its_delayed_update_schedule(build_dir, tmp_path, workers, 
     assert merged, "DeFT merged no iterations: the test would not see merged sums ({})".format(updates)
 
 
+def test_deft_holds_a_few_model_sized_buffers(build_dir, tmp_path):
+    """DeFT merging many iterations per update (knapsacks at a fiftieth of the compute): each
+    worker's staging (a running sum per range of iterations, not a copy per iteration) and
+    the Session's merged sums (a layer's buffer from its first sum until its update is
+    loaded) stay at a few times the model's size over the run. Before, a copy per iteration
+    and a model-sized buffer per range: VGG-11 ran out of memory."""
+    workers, iterations, per_worker = 2, 40, 8
+    # The Preserver off: it would raise the capacities and shorten the merges.
+    knobs = {"deft_partition_size": "4KiB", "deft_capacity_scale": 0.02, "deft_max_retries": 0}
+    p, took = launch(build_dir, "quicksilver", workers,
+                     ["--model", "digits", "--policies", "deft", "--iterations", str(iterations),
+                      "--batch", str(per_worker), "--out", str(tmp_path), "--knobs", json.dumps(knobs)], 300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    longest = 0
+    for r in range(workers):
+        run = json.load(open(os.path.join(str(tmp_path), "deft-sgd-{}.json".format(r))))
+        model_bytes = 4 * sum(t["elements"] for l in run["profile"]["layers"] for t in l["tensors"])
+        longest = max(u[3] - u[2] + 1 for u in run["updates"])
+        report = run["report"]
+        print("worker {}: at most {} staging buffers, {:.1f} models of merged sums; longest update {} iterations, "
+              "{:.1f} s".format(r, report["staging_buffers_max"], report["merged_bytes_max"] / model_bytes, longest,
+                                took))
+        assert 0 < report["staging_buffers_max"] <= 4, report
+        assert 0 < report["merged_bytes_max"] <= 4 * model_bytes, (report["merged_bytes_max"], model_bytes)
+    assert longest >= 8, "DeFT merged few iterations: the test does not tell a copy per iteration from a sum"
+
+
 def qs_after_training():
     import quicksilver._quicksilver as qsm
     return qsm.AFTER_TRAINING

@@ -180,9 +180,10 @@ struct WorkerReport {
   // start-up (MG-WFBP II-D), the same on every worker; and the policy's report lines.
   std::vector<AllReduceCost> allreduce_fit;
   std::vector<std::string> notes;
-  // All-reduce workers under delayed updates (DeFT): the most iterations whose gradients
-  // were staged at once (each a copy of the model's gradients); 0 otherwise.
-  std::int64_t staged_iterations_max = 0;
+  // All-reduce workers under delayed updates (DeFT): the most staging buffers (each the
+  // size of the model's gradients: a running sum per range of iterations, an iteration a
+  // replica set aside, a spare) held at once; 0 otherwise.
+  std::int64_t staging_buffers_max = 0;
   std::string to_string() const;
 };
 

@@ -45,6 +45,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -170,6 +171,11 @@ class Session {
   // that was not due or was loaded already.
   Result<std::vector<runtime::LayerUpdate>> take_updates(int layer, std::int64_t before);
   Status load_update(const runtime::LayerUpdate& u);
+  // Delayed updates: the most bytes of merged-sum buffers held at once so far (each of
+  // one layer's size, from its first sum until loaded, plus a spare per layer): a few
+  // times the model's size at most, however long the run and however many iterations an
+  // update merges.
+  std::int64_t merged_bytes_max() const;
   // Real training's measurements of an iteration (AllReducePolicy::on_feedback); worker
   // 0's steer every worker's policy. A no-op for the parameter-server policies.
   void feedback(const TrainingFeedback& f);
@@ -213,18 +219,19 @@ class Session {
   bool worker_ended_ = false, server_ended_ = false;  // (mu_)
   bool finishing_ = false;   // (mu_)
   // Delayed updates: per layer, the updates handed over and not yet taken, with their
-  // `before`; the last `before` decided (mu_). The merged sums by range, each with the
-  // layers not yet loaded (merged_mu_: the link threads write into them).
+  // `before`; the last `before` decided (mu_). The merged sums by (layer, first, last),
+  // one buffer of the layer's size each, from the first sum scattered into it until
+  // load_update, then kept as the layer's spare (one at most) or freed; the bytes
+  // allocated, now and at most (merged_mu_: the link threads write into them).
   bool delayed_ = false;
   std::vector<std::vector<std::pair<std::int64_t, runtime::LayerUpdate>>> updates_;
   std::int64_t decided_ = 0;
-  struct Merged {
-    std::vector<float> sums;  // every tensor, at its offset
-    int layers_left = 0;
-  };
-  std::mutex merged_mu_;
-  std::map<std::pair<std::int64_t, std::int64_t>, Merged> merged_;
-  std::vector<std::int64_t> offsets_;  // by tensor id: where its sums start in Merged::sums
+  mutable std::mutex merged_mu_;
+  std::map<std::tuple<int, std::int64_t, std::int64_t>, std::unique_ptr<float[]>> merged_;
+  std::vector<std::unique_ptr<float[]>> merged_spare_;  // by layer
+  std::int64_t merged_bytes_ = 0, merged_bytes_max_ = 0;
+  std::vector<std::int64_t> layer_elements_;  // by layer: the elements of its tensors
+  std::vector<std::int64_t> offsets_;  // by tensor id: where its sums start in its layer's buffer
   Result<runtime::WorkerReport> report_ = internal_error("the worker has not ended");  // (mu_)
 };
 
