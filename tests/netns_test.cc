@@ -60,8 +60,10 @@ TEST_F(Netns, EveryLinkIsShapedInBothDirections) {
     for (const std::string& q : {uplink(h), downlink(h)}) {
       EXPECT_NE(q.find("qdisc tbf"), std::string::npos) << q;
       EXPECT_EQ(field(q, "rate"), "500Mbit") << q;
-      EXPECT_EQ(field(q, "burst"), "62500b") << q;   // 1 ms of the rate
-      EXPECT_EQ(field(q, "limit"), "187500b") << q;  // 2 ms of queue + the burst
+      // 1 ms of the rate, but at least a whole GSO packet (64 KiB + headers), which tbf
+      // would otherwise segment in software.
+      EXPECT_EQ(field(q, "burst"), "68Kb") << q;
+      EXPECT_EQ(field(q, "limit"), "194632b") << q;  // 2 ms of queue + the burst
     }
   }
 }
@@ -71,10 +73,10 @@ TEST_F(Netns, RateChangesReachEveryShaperAndKeepTheQueue) {
   for (int h = 0; h < 2; ++h) {
     for (const std::string& q : {uplink(h), downlink(h)}) {
       EXPECT_EQ(field(q, "rate"), "50Mbit") << q;
-      // Burst and queue stay 1 ms and 2 ms of the nominal 500 Mbit/s: a packet queued
-      // under the nominal burst must still fit the bucket at the new rate.
-      EXPECT_EQ(field(q, "burst"), "62500b") << q;
-      EXPECT_EQ(field(q, "limit"), "187500b") << q;
+      // Burst and queue stay those of the nominal 500 Mbit/s: a packet queued under the
+      // nominal burst must still fit the bucket at the new rate.
+      EXPECT_EQ(field(q, "burst"), "68Kb") << q;
+      EXPECT_EQ(field(q, "limit"), "194632b") << q;
     }
   }
   ASSERT_TRUE(cluster_->set_rate(1, Rate::gbps(40)).is_ok());  // above 2^32 B/s: TCA_TBF_RATE64
@@ -92,8 +94,8 @@ TEST_F(Netns, ANewNominalRateResizesBurstAndQueues) {
   for (int h = 0; h < 2; ++h) {
     for (const std::string& q : {uplink(h), downlink(h)}) {
       EXPECT_EQ(field(q, "rate"), "100Mbit") << q;
-      EXPECT_EQ(field(q, "burst"), "32Kb") << q;  // 1 ms of 100 Mbit/s is under the 32 KiB floor
-      EXPECT_EQ(field(q, "limit"), "64Kb") << q;  // the 2 ms queue as well, + the burst
+      EXPECT_EQ(field(q, "burst"), "68Kb") << q;   // 1 ms of 100 Mbit/s is under a GSO packet
+      EXPECT_EQ(field(q, "limit"), "100Kb") << q;  // the 2 ms queue under its 32 KiB floor, + the burst
     }
   }
   ASSERT_TRUE(cluster_->set_nominal_rate(Rate::gbps(1)).is_ok());
@@ -132,12 +134,12 @@ TEST(NetnsSwitch, TheSwitchBufferSizesTheDownlinkQueuesOnly) {
   for (int h = 0; h < 2; ++h) {
     const std::string up = qdisc((*c)->namespace_name(h), o.tag + "v" + std::to_string(h));
     const std::string down = qdisc("", o.tag + "p" + std::to_string(h));
-    EXPECT_EQ(field(up, "limit"), "187500b") << up;      // 2 ms + the 1 ms burst
-    EXPECT_EQ(field(down, "limit"), "687500b") << down;  // 10 ms + the burst
+    EXPECT_EQ(field(up, "limit"), "194632b") << up;      // 2 ms + the burst
+    EXPECT_EQ(field(down, "limit"), "694632b") << down;  // 10 ms + the burst
   }
   ASSERT_TRUE((*c)->set_rate_all(Rate::mbps(100)).is_ok());  // a changing rate keeps both
-  EXPECT_EQ(field(qdisc("", o.tag + "p0"), "limit"), "687500b");
-  EXPECT_EQ(field(qdisc((*c)->namespace_name(0), o.tag + "v0"), "limit"), "187500b");
+  EXPECT_EQ(field(qdisc("", o.tag + "p0"), "limit"), "694632b");
+  EXPECT_EQ(field(qdisc((*c)->namespace_name(0), o.tag + "v0"), "limit"), "194632b");
 }
 
 TEST(TbfLink, UnknownDeviceOrNamespaceIsNamed) {

@@ -248,11 +248,11 @@ class Logger {
 // rate (one link alone: ~95.5 %, the payload share of an Ethernet frame) with the machine
 // at least kCalibrationMinIdle idle, headroom for the runtime's own processes, whose
 // framing and summing iperf3 does not do.
-constexpr double kCalibrationStart = 8e9;  // bit/s, all hosts' links together
+constexpr double kCalibrationStart = 4e9;  // bit/s, all hosts' links together
 constexpr double kCalibrationStep = 0.7;
 constexpr int kCalibrationProbes = 5;
 constexpr double kCalibrationMinGoodput = 0.92;
-constexpr double kCalibrationMinIdle = 0.5;
+constexpr double kCalibrationMinIdle = 0.6;
 
 struct Calibration {
   double scale = 1;
