@@ -2,8 +2,8 @@
 # Does the emulated cluster give the same answer run after run? (issue 16, point 5)
 # Every PS policy on the e2e scenarios (bench/e2e.sh), RUNS independent runs each: every
 # run builds its own cluster (4 workers, 4 servers, network namespaces, tc-shaped links),
-# measures the iperf3 goodput and runs the policies. Per scenario and policy it prints
-# the median (min to max) of the iteration time, its spread (max / min), the link
+# calibrates it with every link loaded at once (docs/runtime.md) and runs the policies.
+# Per scenario and policy it prints the median (min to max) of the iteration time, its spread (max / min), the link
 # utilisation, the prediction error, the retransmission timeouts over all hosts and
 # the machine's CPU idle share. It then checks the issue's targets: Mercury's spread at
 # most 1.10, its utilisation median at least 95 % and minimum at least 92 % (constant-rate

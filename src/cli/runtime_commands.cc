@@ -391,7 +391,8 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
   add_sim_flags(app, &f->sim);
   app->add_flag("--netns", f->netns, "One network namespace per host, links shaped with tc (needs root)");
   app->add_option("--scale", f->scale,
-                  "Scale bandwidth and tensor sizes by this factor (0: automatic, hosts at most 4 Gbps / (N + M))");
+                  "Scale bandwidth and tensor sizes by this factor (0: automatic; --netns: calibrated with "
+                  "every link loaded at once)");
   app->add_option("--congestion", f->congestion, "TCP congestion control")->capture_default_str();
   add_commit_window_flag(app, &f->commit_window);
   app->add_option("--rto-min", f->rto_min,

@@ -36,7 +36,7 @@ struct RoleFlags {
 struct RunFlags {
   SimFlags sim;
   bool netns = false;
-  double scale = 0;             // 0 = automatic (hosts at most 4 Gbps / (N + M))
+  double scale = 0;             // 0 = automatic (LaunchOptions::scale)
   std::string congestion = "cubic";
   std::string commit_window = "100us";
   // --netns: every route's minimum retransmission timeout; empty: 5ms with --netns

@@ -45,9 +45,9 @@ struct LaunchOptions {
   // each connection paced (SO_MAX_PACING_RATE).
   bool netns = false;
   // Bandwidth and tensor sizes scaled by this factor, in (0, 1]; 0 = automatic: netns, the
-  // largest rate at which every link, all loaded at once, carries its goodput with the
-  // machine half idle (a start-up calibration, from 8 Gbit/s / hosts down); loopback,
-  // hosts at most 4 Gbit/s / (N + M).
+  // first rate, from 4 Gbit/s over all hosts down, at which every link, all loaded at
+  // once, carries its goodput with the machine 60 % idle (a start-up calibration);
+  // loopback, hosts at most 4 Gbit/s / (N + M).
   double scale = 0;
   std::string congestion = "cubic";  // TCP congestion control of every data socket
   // netns only: every host route's minimum retransmission timeout (NetnsOptions::rto_min;
