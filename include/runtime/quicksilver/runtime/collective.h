@@ -26,6 +26,7 @@
 // coordinator (quicksilver/runtime/store.h).
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -79,6 +80,10 @@ struct CollectiveOptions {
   int calibration_repeats = 5;
   // Fault injection (tests): exit abruptly at the start of this iteration (-1: never).
   int die_at_iteration = -1;
+  // Fault injection (tests): called on a link thread with every gradient message this
+  // worker receives (the link, the sender's rank, its bytes), before its checksum is
+  // checked, to corrupt it as a faulty wire would. Null: none.
+  std::function<void(int link, int from, std::byte* data, std::size_t bytes)> tamper_received;
   // The device the loop drives (as WorkerOptions::compute): null, the GPU emulated from
   // the profile; else called once with the worker's Timer. A real compute (PyTorch)
   // reports from other threads through CollectiveWorker::post().
