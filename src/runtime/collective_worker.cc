@@ -11,7 +11,10 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <algorithm>
 #include <atomic>
@@ -43,18 +46,25 @@ TimeNs mono_now() { return transport::SteadyClock::instance().now(); }
 std::chrono::milliseconds to_ms_duration(TimeNs t) { return std::chrono::milliseconds(std::max<TimeNs>(1, t / kNsPerMs)); }
 
 // gloo's rendezvous store over the coordinator's (store.h). gloo reports a store failure
-// by exception; ours carry the coordinator's message.
+// by exception; ours carry the coordinator's message. `rewrite`: applied to every value
+// read (CollectiveOptions::via_rank).
 class CoordinatorStore final : public gloo::rendezvous::Store {
  public:
-  CoordinatorStore(StoreClient& client, TimeNs timeout) : client_(client), timeout_(timeout) {}
+  CoordinatorStore(StoreClient& client, TimeNs timeout,
+                   std::function<void(const std::string&, std::vector<char>&)> rewrite = {},
+                   std::function<void(const std::string&, const std::vector<char>&)> on_set = {})
+      : client_(client), timeout_(timeout), rewrite_(std::move(rewrite)), on_set_(std::move(on_set)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
+    if (on_set_) on_set_(key, data);
     Status s = client_.set(key, std::string_view(data.data(), data.size()));
     if (!s.is_ok()) throw std::runtime_error(s.message());
   }
   std::vector<char> get(const std::string& key) override {
     auto v = client_.get(key, timeout_);
     if (!v) throw std::runtime_error(v.status().message());
-    return std::vector<char>(v->begin(), v->end());
+    std::vector<char> out(v->begin(), v->end());
+    if (rewrite_) rewrite_(key, out);
+    return out;
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, to_ms_duration(timeout_)); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
@@ -67,7 +77,52 @@ class CoordinatorStore final : public gloo::rendezvous::Store {
  private:
   StoreClient& client_;
   TimeNs timeout_;
+  std::function<void(const std::string&, std::vector<char>&)> rewrite_;
+  std::function<void(const std::string&, const std::vector<char>&)> on_set_;
 };
+
+// The addresses a rank published for its pairs (gloo/rendezvous/context.cc: one
+// gloo::transport::tcp::Address per peer, back to back) with `to`'s IPv4 address and port
+// in place of each one's, their sequence numbers kept (they name the pair at the device).
+// The addresses of such a value, in order ("[127.0.0.1]:41234").
+std::vector<std::string> addresses(const std::vector<char>& value) {
+  std::vector<std::string> out;
+  const std::size_t one = gloo::transport::tcp::Address().bytes().size();
+  for (std::size_t at = 0; one > 0 && at + one <= value.size(); at += one) {
+    const gloo::transport::tcp::Address a(std::vector<char>(value.begin() + static_cast<std::ptrdiff_t>(at),
+                                                            value.begin() + static_cast<std::ptrdiff_t>(at + one)));
+    // Not a.str(): this gloo prints the port in network byte order.
+    const sockaddr_storage& ss = a.getSockaddr();
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (ss.ss_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+      inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+      port = ntohs(in->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+      inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+      port = ntohs(in6->sin6_port);
+    }
+    out.push_back("[" + std::string(host) + "]:" + std::to_string(port));
+  }
+  return out;
+}
+
+void redirect_addresses(std::vector<char>& value, const Endpoint& to) {
+  const std::size_t one = gloo::transport::tcp::Address().bytes().size();
+  for (std::size_t at = 0; one > 0 && at + one <= value.size(); at += one) {
+    const gloo::transport::tcp::Address a(std::vector<char>(value.begin() + static_cast<std::ptrdiff_t>(at),
+                                                            value.begin() + static_cast<std::ptrdiff_t>(at + one)));
+    sockaddr_storage ss = a.getSockaddr();
+    if (ss.ss_family != AF_INET) throw std::runtime_error("via: the peer's address is not IPv4");
+    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+    if (inet_pton(AF_INET, to.host.c_str(), &in->sin_addr) != 1) throw std::runtime_error("via: bad host " + to.host);
+    in->sin_port = htons(static_cast<std::uint16_t>(to.port));
+    const std::vector<char> b = gloo::transport::tcp::Address(ss, a.getSeq()).bytes();
+    std::copy(b.begin(), b.end(), value.begin() + static_cast<std::ptrdiff_t>(at));
+  }
+}
 
 // A bucket's identity across workers: its iterations and chunks. Not the policy's id
 // (local), nor its link: DeFT assigns links from the links' backlog at the moment, which
@@ -413,7 +468,29 @@ struct CollectiveWorker::Impl final : Exchange {
   Status connect() {
     const JobOptions& job = opts.job;
     QS_ASSIGN_OR_RETURN(store_client, StoreClient::connect(opts.store, job.connect_timeout, opts.secret.get()));
-    CoordinatorStore store(*store_client, job.connect_timeout);
+    std::function<void(const std::string&, std::vector<char>&)> rewrite;
+    if (opts.via_rank >= 0) {
+      rewrite = [this](const std::string& key, std::vector<char>& value) {
+        if (key == "link0/" + std::to_string(opts.via_rank)) redirect_addresses(value, opts.via);
+      };
+    }
+    // The addresses this worker's pairs listen at, as it publishes them ("link0/1": link
+    // 0's context, rank 1; one address per peer, in rank order).
+    std::function<void(const std::string&, const std::vector<char>&)> on_set;
+    if (opts.log) {
+      on_set = [this](const std::string& key, const std::vector<char>& value) {
+        const auto slash = key.find('/');
+        if (slash == std::string::npos || key.substr(slash + 1) != std::to_string(opts.rank)) return;
+        std::string line;
+        int peer = 0;
+        for (const std::string& a : addresses(value)) {
+          if (peer == opts.rank) ++peer;
+          line += (line.empty() ? "" : ", ") + a + " (worker " + std::to_string(peer++) + ")";
+        }
+        opts.log(name() + ": " + key.substr(0, slash) + " pairs listen at " + line);
+      };
+    }
+    CoordinatorStore store(*store_client, job.connect_timeout, std::move(rewrite), std::move(on_set));
     auto make = [&](const std::string& prefix, const std::string& host) {
       gloo::transport::tcp::attr attr;
       attr.hostname = host;
