@@ -562,6 +562,9 @@ TEST(CheckedAllreduce, ATimeoutNamesThePeerWaitedOn) {
     for (int r = 0; r < 3; ++r) EXPECT_NE(o.error[static_cast<std::size_t>(r)], "") << "rank " << r;
     // bcube: 2 exchanges with 3 first; the ring: 2 receives from 3 (its successor).
     EXPECT_EQ(o.peer[2], 3) << o.error[2];
+    if (algo == GlooAlgorithm::kBcube) {
+      EXPECT_EQ(o.peer[1], 3) << o.error[1];  // its partner of step 2
+    }
     EXPECT_NE(o.error[2].find("lost rank 3 (nothing from it for 500ms, in the reduce-scatter): "), std::string::npos)
         << o.error[2];
     EXPECT_NE(o.error[2].find("Timed out waiting 500ms for recv"), std::string::npos)
