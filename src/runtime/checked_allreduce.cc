@@ -34,28 +34,45 @@ std::string hex32(std::uint32_t v) {
 // One collective's state: its options, and the waits and checks that name peers.
 class Run {
  public:
-  Run(const CheckedAllreduceOptions& o, std::uint8_t* data, std::size_t elements, std::size_t element_size,
-      ReduceFn reduce)
+  Run(const CheckedAllreduceOptions& o, std::uint8_t* data, std::size_t elements,
+      std::size_t element_size, ReduceFn reduce)
       : o_(o),
         ctx_(*o.context),
         out_(data),
         total_(elements * element_size),
         es_(element_size),
         reduce_(reduce),
-        timeout_(o.timeout.count() > 0 ? o.timeout
-                                        : std::chrono::duration_cast<std::chrono::milliseconds>(ctx_.getTimeout())) {}
+        timeout_(o.timeout.count() > 0
+                     ? o.timeout
+                     : std::chrono::duration_cast<std::chrono::milliseconds>(ctx_.getTimeout())) {}
 
   void ring();
   void bcube();
 
  private:
+  // Posts a receive into (a send from) `b` of n bytes at `offset` from (to) `peer`; a
+  // pair already closed names that peer.
+  void post(gloo::transport::UnboundBuffer& b, bool recv, int peer, std::uint64_t slot,
+            std::size_t offset, std::size_t n, const char* phase) {
+    try {
+      if (recv) {
+        b.recv(peer, slot, offset, n);
+      } else {
+        b.send(peer, slot, offset, n);
+      }
+    } catch (const std::exception& e) {
+      throw lost({peer}, recv, phase, e.what());
+    }
+  }
+
   // Waits for one receive (recv) or send completion of `b` from or to `peer`.
   void wait(gloo::transport::UnboundBuffer& b, bool recv, int peer, const char* phase) {
     wait_all(b, recv, {peer}, phase);
   }
   // Waits for one completion of `b` per rank of `peers` (their receives or sends are
   // pending on it). A timeout or an error names the peers still waited on.
-  void wait_all(gloo::transport::UnboundBuffer& b, bool recv, std::vector<int> peers, const char* phase) {
+  void wait_all(gloo::transport::UnboundBuffer& b, bool recv, std::vector<int> peers,
+                const char* phase) {
     while (!peers.empty()) {
       int rank = -1;
       bool done = false;
@@ -70,23 +87,31 @@ class Run {
     }
   }
 
-  PeerError lost(const std::vector<int>& peers, bool recv, const char* phase, const std::string& what) const {
+  PeerError lost(const std::vector<int>& peers, bool recv, const char* phase,
+                 const std::string& what) const {
     std::string who = o_.rank_name(peers[0]);
-    for (std::size_t i = 1; i < peers.size(); ++i) who += (i + 1 == peers.size() ? " or " : ", ") + o_.rank_name(peers[i]);
-    const bool timed_out = what.find("Timed out") != std::string::npos || what.find("timeout") != std::string::npos;
-    std::string how = timed_out ? (recv ? "nothing from it" : "it took no message of ours") + std::string(" for ") +
-                                      format_time(static_cast<TimeNs>(timeout_.count()) * kNsPerMs) + ", "
-                                : std::string();
+    for (std::size_t i = 1; i < peers.size(); ++i)
+      who += (i + 1 == peers.size() ? " or " : ", ") + o_.rank_name(peers[i]);
+    const bool timed_out =
+        what.find("Timed out") != std::string::npos || what.find("timeout") != std::string::npos;
+    std::string how = timed_out
+                          ? (recv ? "nothing from it" : "it took no message of ours") +
+                                std::string(" for ") +
+                                format_time(static_cast<TimeNs>(timeout_.count()) * kNsPerMs) + ", "
+                          : std::string();
     return PeerError(peers[0], "lost " + who + " (" + how + "in the " + phase + "): " + what);
   }
 
-  std::uint32_t crc(const std::uint8_t* p, std::size_t n) const { return transport::crc32c(0, p, n); }
+  std::uint32_t crc(const std::uint8_t* p, std::size_t n) const {
+    return transport::crc32c(0, p, n);
+  }
 
   // dst += got (n bytes) in blocks that stay in the L1 cache, each block's CRC32C taken
   // from the cache right after it is read (of `got`, to check it) and after it is written
   // (of `dst`, the checksum it will be sent on with): one pass over memory, not three.
   // Returns the CRC32C of got; *made (if not null) gets dst's.
-  std::uint32_t reduce_with_crc(std::uint8_t* dst, const std::uint8_t* got, std::size_t n, std::uint32_t* made) const {
+  std::uint32_t reduce_with_crc(std::uint8_t* dst, const std::uint8_t* got, std::size_t n,
+                                std::uint32_t* made) const {
     constexpr std::size_t kBlock = 8 * 1024;
     std::uint32_t in = 0, out = 0;
     for (std::size_t at = 0; at < n; at += kBlock) {
@@ -102,22 +127,26 @@ class Run {
   // A received message of `n` bytes at `got` from `from`, checked against the checksum it
   // came with while it is added to `dst` (the reduce-scatter); *made as reduce_with_crc.
   // On a mismatch the collective fails: its result is never handed over or forwarded.
-  void check_and_reduce(int from, std::uint8_t* dst, std::uint8_t* got, std::size_t n, std::uint32_t carried,
-                        std::uint32_t* made) const {
+  void check_and_reduce(int from, std::uint8_t* dst, std::uint8_t* got, std::size_t n,
+                        std::uint32_t carried, std::uint32_t* made) const {
     if (o_.tamper) o_.tamper(from, reinterpret_cast<std::byte*>(got), n);
     const std::uint32_t computed = reduce_with_crc(dst, got, n, made);
-    if (o_.checksums && computed != carried) corrupted(from, "reduce-scatter", n, computed, carried);
+    if (o_.checksums && computed != carried)
+      corrupted(from, "reduce-scatter", n, computed, carried);
   }
 
   [[noreturn]] void corrupted(int from, const char* phase, std::size_t n, std::uint32_t got,
                               std::uint32_t carried) const {
-    throw PeerError(from, "corrupted data from " + o_.rank_name(from) + ": a " + phase + " message of " +
-                              std::to_string(n) + " bytes failed its CRC32C check (" + hex32(got) + " computed, " +
-                              hex32(carried) + " carried); nothing of this all-reduce was handed over or passed on");
+    throw PeerError(from, "corrupted data from " + o_.rank_name(from) + ": a " + phase +
+                              " message of " + std::to_string(n) +
+                              " bytes failed its CRC32C check (" + hex32(got) + " computed, " +
+                              hex32(carried) +
+                              " carried); nothing of this all-reduce was handed over or passed on");
   }
 
   // A received message of `n` bytes at `p` from `from`, against the checksum it came with.
-  void check(int from, std::uint8_t* p, std::size_t n, std::uint32_t carried, const char* phase) const {
+  void check(int from, std::uint8_t* p, std::size_t n, std::uint32_t carried,
+             const char* phase) const {
     if (o_.tamper) o_.tamper(from, reinterpret_cast<std::byte*>(p), n);
     if (!o_.checksums) return;
     const std::uint32_t got = crc(p, n);
@@ -146,13 +175,15 @@ void Run::ring() {
   const auto round_up = [](std::size_t v, std::size_t m) { return (v + m - 1) / m * m; };
   const std::size_t max_segment = es_ * std::max<std::size_t>(1, o_.segment_bytes / es_);
   const std::size_t segments =
-      round_up(std::max((total_ + max_segment - 1) / max_segment, static_cast<std::size_t>(n) * 2), static_cast<std::size_t>(n));
+      round_up(std::max((total_ + max_segment - 1) / max_segment, static_cast<std::size_t>(n) * 2),
+               static_cast<std::size_t>(n));
   const std::size_t per_rank = segments / static_cast<std::size_t>(n);
   const std::size_t segment = round_up((total_ + segments - 1) / segments, es_);
   const std::size_t span = segments * segment;
   const auto length = [&](std::size_t offset) {
-    return std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(segment),
-                                    static_cast<std::ptrdiff_t>(total_) - static_cast<std::ptrdiff_t>(offset));
+    return std::min<std::ptrdiff_t>(
+        static_cast<std::ptrdiff_t>(segment),
+        static_cast<std::ptrdiff_t>(total_) - static_cast<std::ptrdiff_t>(offset));
   };
 
   std::vector<std::uint8_t> tmp(segment * 2);
@@ -186,7 +217,8 @@ void Run::ring() {
         wait(*scratch, true, recv_rank, "reduce-scatter");
         if (cs) wait(*crc_in, true, recv_rank, "reduce-scatter");
         check_and_reduce(recv_rank, out_ + prev.recv_offset, tmp.data() + (i & 1) * segment,
-                         static_cast<std::size_t>(prev.recv_length), recv_crc[i & 1], &made[prev.recv_offset / segment]);
+                         static_cast<std::size_t>(prev.recv_length), recv_crc[i & 1],
+                         &made[prev.recv_offset / segment]);
       }
       if (prev.send_length > 0) {
         wait(*out, false, send_rank, "reduce-scatter");
@@ -196,18 +228,21 @@ void Run::ring() {
     if (i < steps) {
       const Span cur = rs(i);
       if (cur.recv_length > 0) {
-        scratch->recv(recv_rank, kDataSlot, (i & 1) * segment, static_cast<std::size_t>(cur.recv_length));
-        if (cs) crc_in->recv(recv_rank, kCrcSlot, (i & 1) * 4, 4);
+        post(*scratch, true, recv_rank, kDataSlot, (i & 1) * segment,
+             static_cast<std::size_t>(cur.recv_length), "reduce-scatter");
+        if (cs) post(*crc_in, true, recv_rank, kCrcSlot, (i & 1) * 4, 4, "reduce-scatter");
       }
       if (cur.send_length > 0) {
         if (cs) {
           // Its own gradients for the first per_rank steps; then a segment it reduced per_rank
           // steps before (2 or more: done).
-          send_crc[i & 1] = i < per_rank ? crc(out_ + cur.send_offset, static_cast<std::size_t>(cur.send_length))
-                                         : made[cur.send_offset / segment];
-          crc_out->send(send_rank, kCrcSlot, (i & 1) * 4, 4);
+          send_crc[i & 1] =
+              i < per_rank ? crc(out_ + cur.send_offset, static_cast<std::size_t>(cur.send_length))
+                           : made[cur.send_offset / segment];
+          post(*crc_out, false, send_rank, kCrcSlot, (i & 1) * 4, 4, "reduce-scatter");
         }
-        out->send(send_rank, kDataSlot, cur.send_offset, static_cast<std::size_t>(cur.send_length));
+        post(*out, false, send_rank, kDataSlot, cur.send_offset,
+             static_cast<std::size_t>(cur.send_length), "reduce-scatter");
       }
     }
   }
@@ -229,8 +264,8 @@ void Run::ring() {
       if (prev.recv_length > 0) {
         wait(*out, true, recv_rank, "all-gather");
         if (cs) wait(*crc_in, true, recv_rank, "all-gather");
-        check(recv_rank, out_ + prev.recv_offset, static_cast<std::size_t>(prev.recv_length), recv_crc[i & 1],
-              "all-gather");
+        check(recv_rank, out_ + prev.recv_offset, static_cast<std::size_t>(prev.recv_length),
+              recv_crc[i & 1], "all-gather");
         held[prev.recv_offset / segment] = recv_crc[i & 1];
       }
       if (prev.send_length > 0) {
@@ -241,17 +276,20 @@ void Run::ring() {
     if (i < steps) {
       const Span cur = ag(i);
       if (cur.recv_length > 0) {
-        out->recv(recv_rank, kDataSlot, cur.recv_offset, static_cast<std::size_t>(cur.recv_length));
-        if (cs) crc_in->recv(recv_rank, kCrcSlot, (i & 1) * 4, 4);
+        post(*out, true, recv_rank, kDataSlot, cur.recv_offset,
+             static_cast<std::size_t>(cur.recv_length), "all-gather");
+        if (cs) post(*crc_in, true, recv_rank, kCrcSlot, (i & 1) * 4, 4, "all-gather");
       }
       if (cur.send_length > 0) {
         if (cs) {
           // Its own chunk, whose every segment it reduced last in the reduce-scatter; then a
           // segment received (and checked) per_rank >= 2 steps before.
-          send_crc[i & 1] = i < per_rank ? made[cur.send_offset / segment] : held[cur.send_offset / segment];
-          crc_out->send(send_rank, kCrcSlot, (i & 1) * 4, 4);
+          send_crc[i & 1] =
+              i < per_rank ? made[cur.send_offset / segment] : held[cur.send_offset / segment];
+          post(*crc_out, false, send_rank, kCrcSlot, (i & 1) * 4, 4, "all-gather");
         }
-        out->send(send_rank, kDataSlot, cur.send_offset, static_cast<std::size_t>(cur.send_length));
+        post(*out, false, send_rank, kDataSlot, cur.send_offset,
+             static_cast<std::size_t>(cur.send_length), "all-gather");
       }
     }
   }
@@ -278,8 +316,9 @@ void Run::bcube() {
     std::vector<int> ranks;
     std::size_t chunk = 0, my_offset = 0, my_length = 0;
     std::size_t length_of(std::size_t i) const {
-      return std::min(chunk, static_cast<std::size_t>(std::max<std::int64_t>(
-                                 0, static_cast<std::int64_t>(length) - static_cast<std::int64_t>(i * chunk))));
+      return std::min(
+          chunk, static_cast<std::size_t>(std::max<std::int64_t>(
+                     0, static_cast<std::int64_t>(length) - static_cast<std::int64_t>(i * chunk))));
     }
   };
   std::vector<Group> groups;
@@ -289,7 +328,8 @@ void Run::bcube() {
     const std::size_t group_rank = (static_cast<std::size_t>(rank) / g.distance) % size;
     const std::size_t base = static_cast<std::size_t>(rank) - group_rank * g.distance;
     g.ranks.clear();
-    for (std::size_t i = 0; i < size; ++i) g.ranks.push_back(static_cast<int>(base + i * g.distance));
+    for (std::size_t i = 0; i < size; ++i)
+      g.ranks.push_back(static_cast<int>(base + i * g.distance));
     g.chunk = (g.length + size - 1) / size;
     g.my_offset = g.offset + group_rank * g.chunk;
     g.my_length = g.length_of(group_rank);
@@ -301,7 +341,8 @@ void Run::bcube() {
     g = next;
   }
   std::size_t scratch_elements = elements;
-  for (const Group& gr : groups) scratch_elements = std::max(scratch_elements, gr.ranks.size() * gr.chunk);
+  for (const Group& gr : groups)
+    scratch_elements = std::max(scratch_elements, gr.ranks.size() * gr.chunk);
   std::vector<std::uint8_t> tmp(scratch_elements * es_);
   std::size_t widest = 0;
   for (const Group& gr : groups) widest = std::max(widest, gr.ranks.size());
@@ -319,8 +360,9 @@ void Run::bcube() {
       const int src = gr.ranks[i];
       if (src == rank) continue;
       peers.push_back(src);
-      scratch->recv(src, kDataSlot, i * gr.chunk * es_, gr.my_length * es_);
-      if (cs) crc_in->recv(src, kCrcSlot, i * 4, 4);
+      post(*scratch, true, src, kDataSlot, i * gr.chunk * es_, gr.my_length * es_,
+           "reduce-scatter");
+      if (cs) post(*crc_in, true, src, kCrcSlot, i * 4, 4, "reduce-scatter");
     }
     for (std::size_t i = 0; i < gr.ranks.size(); ++i) {
       const int dst = gr.ranks[i];
@@ -328,9 +370,9 @@ void Run::bcube() {
       const std::size_t at = (gr.offset + i * gr.chunk) * es_, len = gr.length_of(i) * es_;
       if (cs) {
         send_crc[i] = crc(out_ + at, len);
-        crc_out->send(dst, kCrcSlot, i * 4, 4);
+        post(*crc_out, false, dst, kCrcSlot, i * 4, 4, "reduce-scatter");
       }
-      out->send(dst, kDataSlot, at, len);
+      post(*out, false, dst, kDataSlot, at, len, "reduce-scatter");
     }
     wait_all(*scratch, true, peers, "reduce-scatter");
     if (cs) wait_all(*crc_in, true, peers, "reduce-scatter");
@@ -341,8 +383,8 @@ void Run::bcube() {
     const int last = peers.back();
     for (std::size_t i = 0; i < gr.ranks.size(); ++i) {
       if (gr.ranks[i] == rank) continue;
-      check_and_reduce(gr.ranks[i], out_ + gr.my_offset * es_, tmp.data() + i * gr.chunk * es_, gr.my_length * es_,
-                       recv_crc[i], gr.ranks[i] == last ? &mine : nullptr);
+      check_and_reduce(gr.ranks[i], out_ + gr.my_offset * es_, tmp.data() + i * gr.chunk * es_,
+                       gr.my_length * es_, recv_crc[i], gr.ranks[i] == last ? &mine : nullptr);
     }
   }
 
@@ -353,13 +395,16 @@ void Run::bcube() {
       const int src = gr.ranks[i];
       if (src == rank) continue;
       peers.push_back(src);
-      out->recv(src, kDataSlot, (gr.offset + i * gr.chunk) * es_, gr.length_of(i) * es_);
-      if (cs) crc_in->recv(src, kCrcSlot, i * 4, 4);
+      post(*out, true, src, kDataSlot, (gr.offset + i * gr.chunk) * es_, gr.length_of(i) * es_,
+           "all-gather");
+      if (cs) post(*crc_in, true, src, kCrcSlot, i * 4, 4, "all-gather");
     }
-    if (cs) send_crc[0] = it == groups.rbegin() ? mine : crc(out_ + gr.my_offset * es_, gr.my_length * es_);
+    if (cs)
+      send_crc[0] =
+          it == groups.rbegin() ? mine : crc(out_ + gr.my_offset * es_, gr.my_length * es_);
     for (int dst : peers) {
-      if (cs) crc_out->send(dst, kCrcSlot, 0, 4);
-      out->send(dst, kDataSlot, gr.my_offset * es_, gr.my_length * es_);
+      if (cs) post(*crc_out, false, dst, kCrcSlot, 0, 4, "all-gather");
+      post(*out, false, dst, kDataSlot, gr.my_offset * es_, gr.my_length * es_, "all-gather");
     }
     wait_all(*out, true, peers, "all-gather");
     if (cs) wait_all(*crc_in, true, peers, "all-gather");
@@ -367,7 +412,8 @@ void Run::bcube() {
     if (cs) wait_all(*crc_out, false, peers, "all-gather");
     for (std::size_t i = 0; i < gr.ranks.size(); ++i) {
       if (gr.ranks[i] == rank) continue;
-      check(gr.ranks[i], out_ + (gr.offset + i * gr.chunk) * es_, gr.length_of(i) * es_, recv_crc[i], "all-gather");
+      check(gr.ranks[i], out_ + (gr.offset + i * gr.chunk) * es_, gr.length_of(i) * es_,
+            recv_crc[i], "all-gather");
     }
   }
 }
@@ -380,9 +426,13 @@ void checked_allreduce(const CheckedAllreduceOptions& options, void* data, std::
   Run run(options, static_cast<std::uint8_t*>(data), elements, element_size, reduce);
   switch (options.algorithm) {
     case GlooAlgorithm::kRing:
-    case GlooAlgorithm::kRingChunked: run.ring(); return;
+    case GlooAlgorithm::kRingChunked:
+      run.ring();
+      return;
     case GlooAlgorithm::kHalvingDoubling:
-    case GlooAlgorithm::kBcube: run.bcube(); return;
+    case GlooAlgorithm::kBcube:
+      run.bcube();
+      return;
   }
 }
 

@@ -66,7 +66,9 @@ struct CheckedAllreduceOptions {
   // The ring's largest segment (gloo's default, 1 MiB).
   std::size_t segment_bytes = 1 << 20;
   // How errors call a rank ("worker 3").
-  std::function<std::string(int rank)> rank_name = [](int r) { return "rank " + std::to_string(r); };
+  std::function<std::string(int rank)> rank_name = [](int r) {
+    return "rank " + std::to_string(r);
+  };
   // Fault injection (tests): called with every data message received, before its check
   // (its sender's rank, its bytes), to corrupt it as a faulty wire would.
   std::function<void(int from, std::byte* data, std::size_t bytes)> tamper;
