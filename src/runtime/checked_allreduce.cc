@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <vector>
 
 #include "quicksilver/core/units.h"
@@ -24,6 +25,30 @@ constexpr std::uint64_t kDataSlot = 0x51'5343'5200ull;
 constexpr std::uint64_t kCrcSlot = kDataSlot + 1;
 
 using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
+
+// Declared after a collective's buffers: when the collective ends by an exception, closes
+// every pair of the context before the buffers go. Receives and sends may still be pending
+// on them, and gloo's I/O thread would complete them into buffers being destroyed (a race
+// ThreadSanitizer finds); a closed pair's descriptor is out of gloo's loop once close()
+// returns. The context is unusable after a failed collective anyway (gloo closes every
+// pair on a timeout), and the peers learn at once that this rank is gone.
+class CloseOnFailure {
+ public:
+  explicit CloseOnFailure(gloo::Context& ctx) : ctx_(ctx), pending_(std::uncaught_exceptions()) {}
+  ~CloseOnFailure() {
+    if (std::uncaught_exceptions() <= pending_) return;
+    try {
+      ctx_.closeConnections();
+    } catch (...) {  // already closed, or failing: nothing more to do
+    }
+  }
+  CloseOnFailure(const CloseOnFailure&) = delete;
+  CloseOnFailure& operator=(const CloseOnFailure&) = delete;
+
+ private:
+  gloo::Context& ctx_;
+  int pending_;
+};
 
 std::string hex32(std::uint32_t v) {
   char s[11];
@@ -196,6 +221,7 @@ void Run::ring() {
   Buffer scratch = ctx_.createUnboundBuffer(tmp.data(), tmp.size());
   Buffer crc_out = ctx_.createUnboundBuffer(send_crc, sizeof send_crc);
   Buffer crc_in = ctx_.createUnboundBuffer(recv_crc, sizeof recv_crc);
+  const CloseOnFailure close_on_failure(ctx_);
   const bool cs = o_.checksums;
   const std::size_t steps = segments - per_rank;
 
@@ -351,6 +377,7 @@ void Run::bcube() {
   Buffer scratch = ctx_.createUnboundBuffer(tmp.data(), tmp.size());
   Buffer crc_out = ctx_.createUnboundBuffer(send_crc.data(), send_crc.size() * 4);
   Buffer crc_in = ctx_.createUnboundBuffer(recv_crc.data(), recv_crc.size() * 4);
+  const CloseOnFailure close_on_failure(ctx_);
   const bool cs = o_.checksums;
   std::uint32_t mine = 0;  // the checksum of this rank's chunk after the last reduce-scatter step
 
