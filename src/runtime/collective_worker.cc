@@ -1002,10 +1002,17 @@ struct CollectiveWorker::Impl final : Exchange {
             }
           }
         } else {
-          link.decision_buf->recv(0, kDecisionSlot + static_cast<std::uint64_t>(li));
           // No deadline here: a link may idle for a long compute phase; the loop's
-          // watchdog detects a stall, and a dead worker 0 closes the pair at once.
-          if (!link.decision_buf->waitRecv(nullptr, std::chrono::hours(24))) return;  // aborted: stopping
+          // watchdog detects a stall, and a dead worker 0 closes the pair at once. gloo's
+          // error names no peer (another wait of the control context that timed out
+          // closes its pairs: "Application timeout caused pair closure"): this one is
+          // worker 0's.
+          try {
+            link.decision_buf->recv(0, kDecisionSlot + static_cast<std::uint64_t>(li));
+            if (!link.decision_buf->waitRecv(nullptr, std::chrono::hours(24))) return;  // aborted: stopping
+          } catch (const std::exception& e) {
+            throw std::runtime_error(std::string("lost worker 0 (its decisions of which bucket runs next): ") + e.what());
+          }
           check_control(link.decision, opts.job.payload_checksums, 0, "a decision of which bucket runs next");
           const std::uint64_t key = link.decision.key;
           std::unique_lock lock(mu);
