@@ -574,6 +574,21 @@ TEST(CheckedAllreduce, ATimeoutNamesThePeerWaitedOn) {
 }
 #endif
 
+// Workers that disagree on checksums (one with --no-checksum) would take a peer's checksum
+// messages for data: every one refuses at start, naming the setting.
+TEST(CollectiveChecksums, WorkersThatDisagreeOnChecksumsFailAtStart) {
+  if (!have_gloo()) GTEST_SKIP() << "built without gloo";
+  auto reports = run_job("wfbp", 2, 3, 1, {}, small_profile(), {}, {}, [](CollectiveOptions& o) {
+    o.job.peer_timeout = 2 * kNsPerSec;
+    if (o.rank == 1) o.job.payload_checksums = false;
+  });
+  for (const auto& r : reports) {
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("disagree on checksums (some run with --no-checksum)"), std::string::npos)
+        << r.status().message();
+  }
+}
+
 // A real model's buffers (as the PyTorch Session's: the sums reduced in place in the
 // gradients), each layer's sums checked exactly when the worker hands them over.
 class InPlaceSource final : public TensorSource {

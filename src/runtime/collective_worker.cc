@@ -601,12 +601,14 @@ struct CollectiveWorker::Impl final : Exchange {
     ctx.profile = &job.profile;
     ctx.layout = &layout;
     ctx.workers = job.workers;
+    // First, on the control context: the workers' agreement on checksums comes with it,
+    // before any collective that uses them.
+    QS_ASSIGN_OR_RETURN(ctx.compute_factor, slowest_factor());
     for (int li = 0; li < static_cast<int>(links.size()); ++li) {
       QS_ASSIGN_OR_RETURN(AllReduceCost c, calibrate(li));
       fits.push_back(c);
     }
     ctx.links = fits;
-    QS_ASSIGN_OR_RETURN(ctx.compute_factor, slowest_factor());
     QS_ASSIGN_OR_RETURN(policy, make_allreduce_policy(job.policy, job.policy_options, ctx));
     staged = policy->forward_gate() == ForwardGate::kPolicy;
     delayed = staged && source->applies_delayed_updates();
