@@ -4,10 +4,15 @@
 //   ./build/bench/allreduce_bench --repro=fig9       MG-WFBP Fig. 9 (CSV)
 //   ./build/bench/allreduce_bench --repro=table1     DeFT Table I (CSV)
 //   ./build/bench/allreduce_bench --repro=fig14      DeFT Fig. 14 (CSV)
+//   ./build/bench/allreduce_bench --wire [RANKS [RUNS]]
+//                                                    the checksummed all-reduce
+//                                                    (checked_allreduce.h) against gloo's
+//                                                    own, side by side (built with gloo)
 // tools/repro_allreduce.py plots the CSVs into docs/img/.
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -16,6 +21,23 @@
 #include "quicksilver/core/rng.h"
 #include "quicksilver/model/zoo.h"
 #include "quicksilver/sim/simulator.h"
+
+#ifdef QS_HAVE_GLOO
+#include <gloo/allreduce.h>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/hash_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "checked_allreduce.h"
+#include "quicksilver/transport/crc32c.h"
+#endif
 
 namespace qs {
 namespace {
@@ -247,10 +269,103 @@ int repro_fig14() {
   return 0;
 }
 
+#ifdef QS_HAVE_GLOO
+// The cost of checking every all-reduce message (docs/reliability.md): RANKS ranks as
+// threads in this process over loopback TCP (gloo's tcp transport), for each algorithm
+// and size, three variants back to back in every run: gloo's own algorithm ("gloo"), the
+// same exchange run by checked_allreduce without checksums ("own") and with them
+// ("checked"). Each run times `reps` collectives; the figure is the median over RUNS runs
+// of the mean time per collective. Prints CSV: algorithm, size, variant, median
+// microseconds, algorithm bandwidth (size / time) in Gbit/s, and the ratio of checked to
+// gloo and of checked to own throughput.
+int wire_bench(int ranks, int runs) {
+  gloo::rendezvous::HashStore store;
+  std::vector<std::shared_ptr<gloo::Context>> ctx(static_cast<std::size_t>(ranks));
+  {
+    std::vector<std::thread> t;
+    for (int r = 0; r < ranks; ++r) {
+      t.emplace_back([&, r] {
+        auto c = std::make_shared<gloo::rendezvous::Context>(r, ranks);
+        c->setTimeout(std::chrono::seconds(60));
+        auto dev = gloo::transport::tcp::CreateDevice("127.0.0.1");
+        c->connectFullMesh(store, dev);
+        ctx[static_cast<std::size_t>(r)] = c;
+      });
+    }
+    for (auto& th : t) th.join();
+  }
+  const auto sum = static_cast<runtime::ReduceFn>(&gloo::sum<float>);
+  // One collective of `count` floats at `data` on rank r.
+  auto one = [&](int r, runtime::GlooAlgorithm a, int variant, float* data, std::size_t count) {
+    const auto& c = ctx[static_cast<std::size_t>(r)];
+    if (variant == 0) {
+      if (a == runtime::GlooAlgorithm::kRing) {
+        gloo::AllreduceOptions o(c);
+        o.setOutput(data, count);
+        o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
+        o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+        gloo::allreduce(o);
+      } else {
+        gloo::AllreduceHalvingDoubling<float> h(c, {data}, static_cast<int>(count));
+        h.run();
+      }
+      return;
+    }
+    runtime::CheckedAllreduceOptions o;
+    o.context = c;
+    o.algorithm = a;
+    o.checksums = variant == 2;
+    runtime::checked_allreduce(o, data, count, sizeof(float), sum);
+  };
+  std::printf("# %d ranks on loopback, %d runs, CRC32C: %s\n", ranks, runs, transport::crc32c_implementation());
+  std::printf("algorithm,bytes,variant,median_us,gbps,checked_vs_gloo,checked_vs_own\n");
+  const char* names[] = {"gloo", "own", "checked"};
+  for (runtime::GlooAlgorithm a : {runtime::GlooAlgorithm::kRing, runtime::GlooAlgorithm::kHalvingDoubling}) {
+    for (std::size_t bytes : {std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{8} << 20, std::size_t{64} << 20}) {
+      const std::size_t count = bytes / 4;
+      const int reps = static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / bytes, 4, 200));
+      std::vector<std::vector<float>> data(static_cast<std::size_t>(ranks), std::vector<float>(count, 1.0f));
+      std::vector<double> times[3];
+      for (int run = 0; run < runs; ++run) {
+        for (int v = 0; v < 3; ++v) {
+          std::vector<std::thread> t;
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int r = 0; r < ranks; ++r) {
+            t.emplace_back([&, r, v] {
+              for (int k = 0; k < reps; ++k) one(r, a, v, data[static_cast<std::size_t>(r)].data(), count);
+            });
+          }
+          for (auto& th : t) th.join();
+          times[v].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+                             reps);
+        }
+      }
+      double median[3];
+      for (int v = 0; v < 3; ++v) {
+        std::sort(times[v].begin(), times[v].end());
+        median[v] = times[v][times[v].size() / 2];
+      }
+      for (int v = 0; v < 3; ++v) {
+        std::printf("%s,%zu,%s,%.1f,%.2f,%.3f,%.3f\n", std::string(runtime::gloo_algorithm_name(a)).c_str(), bytes,
+                    names[v], median[v], 8e-3 * static_cast<double>(bytes) / median[v], median[0] / median[2],
+                    median[1] / median[2]);
+      }
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+#endif
+
 }  // namespace
 }  // namespace qs
 
 int main(int argc, char** argv) {
+#ifdef QS_HAVE_GLOO
+  if (argc >= 2 && std::strcmp(argv[1], "--wire") == 0) {
+    return qs::wire_bench(argc >= 3 ? std::atoi(argv[2]) : 2, argc >= 4 ? std::atoi(argv[3]) : 5);
+  }
+#endif
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--repro=fig9") == 0) return qs::repro_fig9();
     if (std::strcmp(argv[i], "--repro=table1") == 0) return qs::repro_table1();

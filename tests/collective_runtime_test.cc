@@ -3,6 +3,8 @@
 // contexts over loopback) whose every reduced element is checked exactly.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -16,6 +18,15 @@
 
 #include <sys/socket.h>
 #include "test_profiles.h"
+
+#ifdef QS_HAVE_GLOO
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/hash_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "checked_allreduce.h"
+#endif
 
 namespace qs::runtime {
 namespace {
@@ -123,7 +134,8 @@ Profile light_profile() {
 std::vector<Result<WorkerReport>> run_job(const std::string& policy, int workers, int iterations, int links,
                                           PolicyOptions knobs = {}, const Profile& profile = small_profile(),
                                           std::vector<double> compute_factors = {},
-                                          const std::vector<TensorSource*>& sources = {}) {
+                                          const std::vector<TensorSource*>& sources = {},
+                                          const std::function<void(CollectiveOptions&)>& adjust = {}) {
   auto server = StoreServer::create(Endpoint{"127.0.0.1", 0}, workers, 60 * kNsPerSec);
   EXPECT_TRUE(server.is_ok());
   auto served = std::async(std::launch::async, [&] { return (*server)->run(); });
@@ -144,6 +156,7 @@ std::vector<Result<WorkerReport>> run_job(const std::string& policy, int workers
     o.calibration_repeats = 2;
     o.record_trace = sources.empty();
     if (!sources.empty()) o.tensors = sources[static_cast<std::size_t>(w)];
+    if (adjust) adjust(o);
     running.push_back(std::async(std::launch::async, [o] { return run_collective_worker(o); }));
   }
   std::vector<Result<WorkerReport>> out;
@@ -421,6 +434,269 @@ TEST(CollectiveDeft, StagingHoldsAFewBuffersHoweverManyIterationsAnUpdateMerges)
     EXPECT_LE(r->staging_buffers_max, 4) << "worker " << r->worker_id;
   }
   EXPECT_GE(longest, 6) << "DeFT merged few iterations: the test does not tell a copy per iteration from a sum";
+}
+
+// ---- every all-reduce message checked (checked_allreduce.h; docs/reliability.md) ----
+
+#ifdef QS_HAVE_GLOO
+// N ranks as threads over loopback, their contexts met through an in-memory store (as
+// gloo's own tests do).
+std::vector<std::shared_ptr<gloo::Context>> connect_ranks(int n, std::chrono::milliseconds timeout) {
+  gloo::rendezvous::HashStore store;
+  std::vector<std::shared_ptr<gloo::Context>> out(static_cast<std::size_t>(n));
+  std::vector<std::thread> t;
+  for (int r = 0; r < n; ++r) {
+    t.emplace_back([&, r] {
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(r, n);
+      ctx->setTimeout(timeout);
+      auto dev = gloo::transport::tcp::CreateDevice("127.0.0.1");
+      ctx->connectFullMesh(store, dev);
+      out[static_cast<std::size_t>(r)] = ctx;
+    });
+  }
+  for (auto& th : t) th.join();
+  return out;
+}
+
+// Small integers: every float sum is exact.
+float element(int rank, std::size_t i) { return static_cast<float>((7 * rank + static_cast<int>(i % 251)) % 256); }
+
+struct Outcome {
+  std::vector<std::vector<float>> data;      // per rank, after the collective
+  std::vector<std::string> error;            // per rank ("" when it succeeded)
+  std::vector<int> peer;                     // per rank: PeerError::peer(), or -1
+};
+
+// One checked all-reduce of `elements` floats on `n` ranks. `tamper(rank)`: that rank's
+// hook on received messages; `absent`: a rank that never takes part.
+Outcome run_checked(int n, GlooAlgorithm algo, std::size_t elements, bool checksums,
+                    const std::function<std::function<void(int, std::byte*, std::size_t)>(int)>& tamper = {},
+                    int absent = -1, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+  auto ctx = connect_ranks(n, timeout);
+  Outcome o;
+  o.data.resize(static_cast<std::size_t>(n));
+  o.error.resize(static_cast<std::size_t>(n));
+  o.peer.assign(static_cast<std::size_t>(n), -1);
+  std::vector<std::thread> t;
+  for (int r = 0; r < n; ++r) {
+    auto& d = o.data[static_cast<std::size_t>(r)];
+    d.resize(elements);
+    for (std::size_t i = 0; i < elements; ++i) d[i] = element(r, i);
+    if (r == absent) continue;
+    t.emplace_back([&, r] {
+      CheckedAllreduceOptions opt;
+      opt.context = ctx[static_cast<std::size_t>(r)];
+      opt.algorithm = algo;
+      opt.checksums = checksums;
+      opt.segment_bytes = 4096;  // many segments per rank: the ring's pipeline
+      if (tamper) opt.tamper = tamper(r);
+      try {
+        checked_allreduce(opt, o.data[static_cast<std::size_t>(r)].data(), elements, sizeof(float),
+                          static_cast<ReduceFn>(&gloo::sum<float>));
+      } catch (const PeerError& e) {
+        o.error[static_cast<std::size_t>(r)] = e.what();
+        o.peer[static_cast<std::size_t>(r)] = e.peer();
+      } catch (const std::exception& e) {
+        o.error[static_cast<std::size_t>(r)] = std::string("(not a PeerError) ") + e.what();
+      }
+    });
+  }
+  for (auto& th : t) th.join();
+  return o;
+}
+
+// The first element of `d` that is not the sum over n ranks, or -1.
+std::ptrdiff_t first_wrong(const std::vector<float>& d, int n) {
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    float want = 0;
+    for (int r = 0; r < n; ++r) want += element(r, i);
+    if (d[i] != want) return static_cast<std::ptrdiff_t>(i);
+  }
+  return -1;
+}
+
+// The ring (also ring-chunked's) and bcube (also halving-doubling's) sum exactly, with
+// and without checksums, on 2 to 5 ranks and sizes that leave segments, chunks and
+// groups empty or uneven.
+TEST(CheckedAllreduce, SumsExactlyWithAndWithoutChecksums) {
+  for (GlooAlgorithm algo : {GlooAlgorithm::kRing, GlooAlgorithm::kBcube}) {
+    for (int n : {2, 3, 4, 5}) {
+      for (std::size_t elements : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{30'001}}) {
+        for (bool checksums : {true, false}) {
+          const Outcome o = run_checked(n, algo, elements, checksums);
+          for (int r = 0; r < n; ++r) {
+            EXPECT_EQ(o.error[static_cast<std::size_t>(r)], "");
+            EXPECT_EQ(first_wrong(o.data[static_cast<std::size_t>(r)], n), -1)
+                << gloo_algorithm_name(algo) << " n " << n << " elements " << elements << " rank " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Flips one bit of the `nth` message (counting from 0) that rank `at` receives from rank
+// `from`.
+std::function<std::function<void(int, std::byte*, std::size_t)>(int)> flip(int at, int from, int nth) {
+  auto count = std::make_shared<int>(0);
+  return [=](int rank) -> std::function<void(int, std::byte*, std::size_t)> {
+    if (rank != at) return {};
+    return [=](int sender, std::byte* p, std::size_t n) {
+      if (sender == from && n > 0 && (*count)++ == nth) p[n / 2] ^= std::byte{0x10};
+    };
+  };
+}
+
+// A bit flipped in one message (as tools/faultproxy.py flips one above TCP) is caught by
+// its receiver, which names the sender and sums none of it; every other rank ends too
+// (naming the peer it lost), so nobody is left with a result. In the reduce-scatter (the
+// ring's 3rd message, bcube's 1st) and in the all-gather (the ring's 10th of 12 with
+// 3 ranks and 4 KiB segments; bcube's 3rd of 4 ranks: the last step).
+TEST(CheckedAllreduce, ACorruptedMessageIsCaughtNamingItsSender) {
+  struct Case {
+    GlooAlgorithm algo;
+    int n, at, from, nth;
+  };
+  const std::size_t elements = 12 * 1024;  // 48 KiB: 4 KiB segments, 4 per rank on 3 ranks
+  for (const Case& c : {Case{GlooAlgorithm::kRing, 3, 1, 2, 2}, Case{GlooAlgorithm::kRing, 3, 1, 2, 9},
+                        Case{GlooAlgorithm::kBcube, 4, 2, 3, 0}, Case{GlooAlgorithm::kBcube, 4, 2, 0, 0}}) {
+    const Outcome o = run_checked(c.n, c.algo, elements, true, flip(c.at, c.from, c.nth), -1, std::chrono::seconds(1));
+    const std::string& caught = o.error[static_cast<std::size_t>(c.at)];
+    EXPECT_NE(caught.find("corrupted data from rank " + std::to_string(c.from) + ": a "), std::string::npos)
+        << gloo_algorithm_name(c.algo) << ": " << caught;
+    EXPECT_NE(caught.find("failed its CRC32C check"), std::string::npos) << caught;
+    EXPECT_EQ(o.peer[static_cast<std::size_t>(c.at)], c.from);
+    for (int r = 0; r < c.n; ++r) {
+      EXPECT_NE(o.error[static_cast<std::size_t>(r)], "") << "rank " << r << " finished with a result";
+      EXPECT_EQ(o.error[static_cast<std::size_t>(r)].find("(not a PeerError)"), std::string::npos)
+          << o.error[static_cast<std::size_t>(r)];
+    }
+  }
+}
+
+// The same flip without checksums is summed: a wrong result on every rank, which no
+// comparison between ranks would reveal. What the checksums are for.
+TEST(CheckedAllreduce, WithoutChecksumsTheSameFlipIsAWrongSumOnEveryRank) {
+  const Outcome o = run_checked(3, GlooAlgorithm::kRing, 12 * 1024, false, flip(1, 2, 2));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(o.error[static_cast<std::size_t>(r)], "");
+    EXPECT_NE(first_wrong(o.data[static_cast<std::size_t>(r)], 3), -1) << "rank " << r;
+    EXPECT_EQ(o.data[static_cast<std::size_t>(r)], o.data[0]) << "the ranks' results differ";
+  }
+}
+
+// A rank that never comes: the ranks that wait on it name it, with the timeout; on
+// halving-doubling's 4 ranks, its partners of both steps (2, then 1).
+TEST(CheckedAllreduce, ATimeoutNamesThePeerWaitedOn) {
+  for (GlooAlgorithm algo : {GlooAlgorithm::kBcube, GlooAlgorithm::kRing}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Outcome o = run_checked(4, algo, 4096, true, {}, 3, std::chrono::milliseconds(500));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+    for (int r = 0; r < 3; ++r) EXPECT_NE(o.error[static_cast<std::size_t>(r)], "") << "rank " << r;
+    // bcube: 2 exchanges with 3 first; the ring: 2 receives from 3 (its successor).
+    EXPECT_EQ(o.peer[2], 3) << o.error[2];
+    if (algo == GlooAlgorithm::kBcube) {
+      EXPECT_EQ(o.peer[1], 3) << o.error[1];  // its partner of step 2
+    }
+    EXPECT_NE(o.error[2].find("lost rank 3 (nothing from it for 500ms, in the reduce-scatter): "), std::string::npos)
+        << o.error[2];
+    EXPECT_NE(o.error[2].find("Timed out waiting 500ms for recv"), std::string::npos)
+        << o.error[2];
+    for (int r = 0; r < 3; ++r) std::printf("[ detail ] %s rank %d: %s\n", std::string(gloo_algorithm_name(algo)).c_str(), r, o.error[static_cast<std::size_t>(r)].c_str());
+  }
+}
+#endif
+
+// Workers that disagree on checksums (one with --no-checksum) would take a peer's checksum
+// messages for data: every one refuses at start, naming the setting.
+TEST(CollectiveChecksums, WorkersThatDisagreeOnChecksumsFailAtStart) {
+  if (!have_gloo()) GTEST_SKIP() << "built without gloo";
+  auto reports = run_job("wfbp", 2, 3, 1, {}, small_profile(), {}, {}, [](CollectiveOptions& o) {
+    o.job.peer_timeout = 2 * kNsPerSec;
+    if (o.rank == 1) o.job.payload_checksums = false;
+  });
+  for (const auto& r : reports) {
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("disagree on checksums (some run with --no-checksum)"), std::string::npos)
+        << r.status().message();
+  }
+}
+
+// A real model's buffers (as the PyTorch Session's: the sums reduced in place in the
+// gradients), each layer's sums checked exactly when the worker hands them over.
+class InPlaceSource final : public TensorSource {
+ public:
+  InPlaceSource(const Profile& p, int worker, int workers) : layout_(p), worker_(worker), workers_(workers) {
+    for (const TensorInfo& t : layout_.tensors()) data_.emplace_back(static_cast<std::size_t>(t.bytes / 4));
+  }
+  static float value(int w, std::int64_t it, TensorId t, std::size_t i) {
+    return static_cast<float>(((7 * w + 3 * it + 5 * t) & 255) + static_cast<std::int64_t>(i & 255));
+  }
+  std::vector<TensorBuffer> tensors() override {
+    std::vector<TensorBuffer> out;
+    for (const TensorInfo& t : layout_.tensors()) {
+      float* g = data_[static_cast<std::size_t>(t.id)].data();
+      out.push_back(TensorBuffer{t.id, g, g, t.bytes / 4, static_cast<int>(t.id)});
+    }
+    return out;
+  }
+  void on_backward(int layer, std::int64_t it) override {
+    for (TensorId t = layout_.first_tensor(layer); t < layout_.end_tensor(layer); ++t) {
+      auto& d = data_[static_cast<std::size_t>(t)];
+      for (std::size_t i = 0; i < d.size(); ++i) d[i] = value(worker_, it, t, i);
+    }
+  }
+  Status on_layer_ready(int layer, std::int64_t it) override {
+    for (TensorId t = layout_.first_tensor(layer); t < layout_.end_tensor(layer); ++t) {
+      const auto& d = data_[static_cast<std::size_t>(t)];
+      for (std::size_t i = 0; i < d.size(); ++i) {
+        float want = 0;
+        for (int w = 0; w < workers_; ++w) want += value(w, it, t, i);
+        if (d[i] != want) ++wrong;
+      }
+    }
+    ++applied;
+    return Status::ok();
+  }
+  std::atomic<int> applied{0}, wrong{0};
+
+ private:
+  TensorLayout layout_;
+  int worker_, workers_;
+  std::vector<std::vector<float>> data_;
+};
+
+// Real gradients (no known content to check): a bit flipped in a gradient message that
+// worker 1 receives from worker 2 in iteration 2 or so fails worker 1 naming worker 2,
+// and no update of a wrong sum is ever handed over; every worker ends.
+TEST(CollectiveChecksums, ACorruptedGradientMessageFailsTheJobNamingItsSenderAndNothingWrongIsApplied) {
+  if (!have_gloo()) GTEST_SKIP() << "built without gloo";
+  const int workers = 3, iterations = 30;
+  std::vector<std::unique_ptr<InPlaceSource>> sources;
+  std::vector<TensorSource*> views;
+  for (int w = 0; w < workers; ++w) {
+    sources.push_back(std::make_unique<InPlaceSource>(small_profile(), w, workers));
+    views.push_back(sources.back().get());
+  }
+  auto received = std::make_shared<std::atomic<int>>(0);
+  auto reports = run_job("wfbp", workers, iterations, 1, {}, small_profile(), {}, views, [&](CollectiveOptions& o) {
+    o.job.peer_timeout = 2 * kNsPerSec;
+    o.verify = false;
+    if (o.rank != 1) return;
+    o.tamper_received = [received](int, int from, std::byte* p, std::size_t n) {
+      if (from == 2 && n > 0 && received->fetch_add(1) == 40) p[n / 3] ^= std::byte{0x01};  // 41st: iteration 2 or so
+    };
+  });
+  ASSERT_FALSE(reports[1].is_ok());
+  EXPECT_NE(reports[1].status().message().find("corrupted data from worker 2: a "), std::string::npos)
+      << reports[1].status().message();
+  for (int w = 0; w < workers; ++w) {
+    const auto& r = reports[static_cast<std::size_t>(w)];
+    EXPECT_FALSE(r.is_ok()) << "worker " << w << " finished";
+    if (!r.is_ok()) std::printf("[ detail ] worker %d: %s\n", w, r.status().message().c_str());
+    EXPECT_EQ(sources[static_cast<std::size_t>(w)]->wrong.load(), 0) << "worker " << w << " was handed a wrong sum";
+    EXPECT_LT(sources[static_cast<std::size_t>(w)]->applied.load(), iterations * small_profile().num_layers());
+  }
 }
 
 }  // namespace

@@ -157,5 +157,75 @@ wait $s0 2> /dev/null
 [ $rc -ne 0 ] && grep -q -- "--no-checksum" "$tmp/m.w0err" "$tmp/m.s0err" && ok \
   || bad "mixed checksums: rc $rc: $(cat "$tmp/m.w0err" "$tmp/m.s0err")"
 
+# 8. The all-reduce path (gloo; issue 15, point 7): the proxy between worker 1 and worker
+#    0's link-0 gloo pair (worker 1 is told to reach it through the proxy: --gloo-via; the
+#    proxy learns the pair's address from worker 0's log line), one bit flipped in the
+#    gradients worker 1 sends, 60 MB in (past the start-up calibration, in training).
+#    With --no-verify nothing checks the sums' content, as with real gradients: worker 0's
+#    checksum catches it, naming worker 1; every process ends. Bound: 2 s. Then the same
+#    flip with --no-checksum: summed, and by both workers alike (the flipped partial sum
+#    travels on in the all-gather), caught only by the synthetic gradients' exact check.
+ar_case() {  # name, extra worker flags...
+  local name=$1; shift
+  out=$tmp/$name
+  "$qs" coordinator --architecture allreduce --workers 2 --listen 127.0.0.1:0 --timeout 60s --secret-file "$tmp/secret" \
+    > "$out.co" 2>&1 & co=$!
+  pids+=($co)
+  wait_line "$out.co" listening || { bad "$name: no coordinator: $(cat "$out.co")"; return 1; }
+  /usr/bin/python3 "$proxy_py" --listen 127.0.0.2:0 --target-file "$out.target" --fault corrupt --direction up \
+    --after 60000000 > "$out.px" 2> "$out.pxerr" & px=$!
+  pids+=($px)
+  wait_line "$out.px" listening || { bad "$name: the proxy did not start: $(cat "$out.pxerr")"; return 1; }
+  local role=(worker --architecture allreduce --model "$tmp/small.json" --policy wfbp --workers 2 --iterations 100000
+              --peer-timeout 3s --connect-timeout 10s --secret-file "$tmp/secret"
+              --coordinator "$(sed -n 's/^listening //p' "$out.co")" "$@")
+  # gloo lets the greater address connect: worker 1 (127.0.0.3) connects to the proxy
+  # (127.0.0.2), which connects to worker 0 (127.0.0.1).
+  "$qs" "${role[@]}" --worker-id 1 --link 127.0.0.3 --gloo-via "0=$(awk '/listening/{print $2}' "$out.px")" \
+    > "$out.w1" 2> "$out.w1err" & w1=$!
+  "$qs" "${role[@]}" --worker-id 0 --link 127.0.0.1 > "$out.w0" 2> "$out.w0err" & w0=$!
+  pids+=($w0 $w1)
+  wait_line "$out.w0err" "link0 pairs listen" || { bad "$name: worker 0 published no address: $(cat "$out.w0err")"; return 1; }
+  sed -n 's/.*link0 pairs listen at \[\([0-9.]*\)\]:\([0-9]*\) (worker 1).*/\1:\2/p' "$out.w0err" > "$out.target.new"
+  mv "$out.target.new" "$out.target"
+  started=$(date +%s.%N)
+}
+ar_finish() {  # bound
+  local until_
+  wait_line "$out.pxerr" "fault:" && from=$(sed -n 's/^faultproxy \([0-9.]*\): fault:.*/\1/p' "$out.pxerr" | head -1) || from=$started
+  until_=$(echo "$from + $1" | bc)
+  hung=""
+  for who in w0 w1 co; do
+    local p=${!who}
+    while kill -0 "$p" 2> /dev/null && [ "$(echo "$(date +%s.%N) < $until_" | bc)" -eq 1 ]; do sleep 0.05; done
+    if kill -0 "$p" 2> /dev/null; then hung="$hung $who"; kill -9 "$p" 2> /dev/null; fi
+    wait "$p" 2> /dev/null; eval "rc_$who=$?"
+  done
+  took=$(echo "$(date +%s.%N) - $from" | bc | sed 's/^\./0./')
+  kill "$px" 2> /dev/null; wait "$px" 2> /dev/null
+}
+if "$qs" worker --architecture allreduce --help 2> /dev/null | grep -q -- --link \
+   && ! "$qs" run --architecture allreduce --model "$tmp/small.json" --policy wfbp --workers 1 --iterations 1 2>&1 \
+        | grep -q "without gloo"; then
+  ar_case ar-corrupt --no-verify && {
+    ar_finish 2
+    err=$(cat "$out.w0err")
+    if [ -z "$hung" ] && [ $rc_w0 -ne 0 ] && [ $rc_w1 -ne 0 ] && grep -q "fault: corrupt" "$out.pxerr" \
+       && echo "$err" | grep -q "corrupted data from worker 1: a [a-z-]* message of [0-9]* bytes failed its CRC32C check" \
+       && ! echo "$err" | grep -q "calibrating"; then
+      ok; echo "all-reduce corrupt: caught in ${took}s: $(echo "$err" | grep -o "all-reduce of.*" | head -1 | cut -c1-230)"
+    else bad "all-reduce corrupt: rc $rc_w0/$rc_w1 after ${took}s hung [$hung]: $(cat "$out.w0err" "$out.w1err" "$out.pxerr")"; fi
+  }
+  ar_case ar-no-checksum --no-checksum && {
+    ar_finish 5
+    if [ -z "$hung" ] && [ $rc_w0 -ne 0 ] && [ $rc_w1 -ne 0 ] && grep -q "wrong sum" "$out.w0err" \
+       && grep -q "wrong sum" "$out.w1err" && ! grep -q CRC32C "$out.w0err" "$out.w1err"; then
+      ok; echo "all-reduce, no checksum: both workers: $(grep -o "wrong sum.*" "$out.w0err" | head -1 | cut -c1-120)"
+    else bad "all-reduce no checksum: rc $rc_w0/$rc_w1 after ${took}s hung [$hung]: $(cat "$out.w0err" "$out.w1err")"; fi
+  }
+else
+  echo "all-reduce cases skipped: built without gloo"
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

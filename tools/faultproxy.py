@@ -21,6 +21,11 @@ are. Standard library only (/usr/bin/python3).
     faultproxy.py --listen 127.0.0.1:0 --target 127.0.0.1:7100 --fault stall --after 3000000 \\
                   --stall-for 10
 
+--target-file FILE instead of --target: the target is read from FILE (one line,
+HOST:PORT) when the first connection comes, waiting up to 30 s for it to appear; for a
+peer whose address is known only once the proxy's own address was handed out (a gloo
+pair: tests/fault_test.sh).
+
 prints "listening HOST:PORT" on stdout once it accepts connections, and one line on stderr
 per connection and per fault ("fault: stall of up at byte 3000000 for 10 s"). It runs until
 it is killed.
@@ -73,7 +78,7 @@ class Link:
         self.args = args
         self.number = number
         self.closed = threading.Event()
-        self.server = socket.create_connection(args.target)
+        self.server = socket.create_connection(target(args))
         for s in (self.client, self.server):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -162,10 +167,30 @@ class Link:
                 return
 
 
+def target(args):
+    """--target, or the address in --target-file once it is there."""
+    if args.target is not None:
+        return args.target
+    deadline = time.time() + 30
+    while True:
+        try:
+            with open(args.target_file) as f:
+                text = f.read().strip()
+            if text:
+                return endpoint(text)
+        except (OSError, argparse.ArgumentTypeError):
+            pass
+        if time.time() > deadline:
+            raise OSError("no address in %s after 30 s" % args.target_file)
+        time.sleep(0.02)
+
+
 def main():
     p = argparse.ArgumentParser(description="Fault-injecting TCP proxy (delay, stall, cut, corrupt)")
     p.add_argument("--listen", type=endpoint, default=("127.0.0.1", 0), help="HOST:PORT (port 0: ephemeral)")
-    p.add_argument("--target", type=endpoint, required=True, help="HOST:PORT to forward to")
+    to = p.add_mutually_exclusive_group(required=True)
+    to.add_argument("--target", type=endpoint, help="HOST:PORT to forward to")
+    to.add_argument("--target-file", help="a file that will hold HOST:PORT to forward to (read at the first connection)")
     p.add_argument("--delay", type=float, default=0.0, help="milliseconds every chunk waits, each way")
     p.add_argument("--fault", choices=["none", "stall", "cut", "corrupt"], default="none")
     p.add_argument("--after", type=int, default=0, help="the fault happens at this byte of --direction")

@@ -217,6 +217,9 @@ void add_worker_flags(CLI::App* app, RoleFlags* f) {
   app->add_option("--slowdown", f->compute_factor, "Compute slowdown of this worker (1 = profile times)");
   app->add_option("--nic-rate", f->nic_rate, "This host's NIC rate, for the utilisation figure");
   app->add_option("--die-at-iteration", f->die_at_iteration, "Testing: exit abruptly at this iteration")->group("");
+  app->add_option("--gloo-via", f->gloo_via,
+                  "Testing: RANK=HOST:PORT, reach that worker's link-0 gloo device through HOST:PORT (a fault proxy)")
+      ->group("");
   app->add_flag("--no-verify", f->no_verify,
                 "Skip the exact check of every summed element (benchmarks: the check costs a pass over the sums)");
   app->add_option("--link", f->links,
@@ -300,6 +303,18 @@ int run_collective_role(const RoleFlags& f, runtime::JobOptions job,
   if (o.links.size() != (second ? 2u : 1u)) {
     return fail("quicksilver worker", invalid_argument("--link: give " + std::string(second ? "two addresses (--second-link)" : "one address")));
   }
+  if (!f.gloo_via.empty()) {
+    const auto eq = f.gloo_via.find('=');
+    auto via = parse_endpoint(eq == std::string::npos ? "" : f.gloo_via.substr(eq + 1), "--gloo-via");
+    if (!via) return fail("quicksilver worker", via.status());
+    try {
+      o.via_rank = std::stoi(f.gloo_via.substr(0, eq));
+    } catch (const std::exception&) {
+      return fail("quicksilver worker", invalid_argument("--gloo-via: '" + f.gloo_via + "' is not RANK=HOST:PORT"));
+    }
+    o.via = *via;
+  }
+  o.log = [](const std::string& line) { std::cerr << "quicksilver " << line << std::endl; };
   if (!runtime::have_gloo()) return fail("quicksilver worker", invalid_argument("this quicksilver was built without gloo"));
   auto report = runtime::run_collective_worker(o);
   if (!report) return fail(who, report.status(), 1);

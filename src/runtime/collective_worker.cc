@@ -6,15 +6,15 @@
 // thread collects the other workers' "issued" reports. The link threads touch the tensor
 // buffers only for the chunks of the bucket they run, which the loop does not write
 // meanwhile (see Staging).
-#include <gloo/allreduce.h>
-#include <gloo/allreduce_halving_doubling.h>
-#include <gloo/allreduce_ring_chunked.h>
 #include <gloo/barrier.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <algorithm>
 #include <atomic>
@@ -34,6 +34,8 @@
 #include "quicksilver/runtime/collective.h"
 #include "quicksilver/runtime/store.h"
 #include "quicksilver/transport/clock.h"
+#include "quicksilver/transport/crc32c.h"
+#include "checked_allreduce.h"
 #include "runtime_internal.h"
 
 namespace qs::runtime {
@@ -45,18 +47,25 @@ TimeNs mono_now() { return transport::SteadyClock::instance().now(); }
 std::chrono::milliseconds to_ms_duration(TimeNs t) { return std::chrono::milliseconds(std::max<TimeNs>(1, t / kNsPerMs)); }
 
 // gloo's rendezvous store over the coordinator's (store.h). gloo reports a store failure
-// by exception; ours carry the coordinator's message.
+// by exception; ours carry the coordinator's message. `rewrite`: applied to every value
+// read (CollectiveOptions::via_rank).
 class CoordinatorStore final : public gloo::rendezvous::Store {
  public:
-  CoordinatorStore(StoreClient& client, TimeNs timeout) : client_(client), timeout_(timeout) {}
+  CoordinatorStore(StoreClient& client, TimeNs timeout,
+                   std::function<void(const std::string&, std::vector<char>&)> rewrite = {},
+                   std::function<void(const std::string&, const std::vector<char>&)> on_set = {})
+      : client_(client), timeout_(timeout), rewrite_(std::move(rewrite)), on_set_(std::move(on_set)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
+    if (on_set_) on_set_(key, data);
     Status s = client_.set(key, std::string_view(data.data(), data.size()));
     if (!s.is_ok()) throw std::runtime_error(s.message());
   }
   std::vector<char> get(const std::string& key) override {
     auto v = client_.get(key, timeout_);
     if (!v) throw std::runtime_error(v.status().message());
-    return std::vector<char>(v->begin(), v->end());
+    std::vector<char> out(v->begin(), v->end());
+    if (rewrite_) rewrite_(key, out);
+    return out;
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, to_ms_duration(timeout_)); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
@@ -69,7 +78,52 @@ class CoordinatorStore final : public gloo::rendezvous::Store {
  private:
   StoreClient& client_;
   TimeNs timeout_;
+  std::function<void(const std::string&, std::vector<char>&)> rewrite_;
+  std::function<void(const std::string&, const std::vector<char>&)> on_set_;
 };
+
+// The addresses a rank published for its pairs (gloo/rendezvous/context.cc: one
+// gloo::transport::tcp::Address per peer, back to back) with `to`'s IPv4 address and port
+// in place of each one's, their sequence numbers kept (they name the pair at the device).
+// The addresses of such a value, in order ("[127.0.0.1]:41234").
+std::vector<std::string> addresses(const std::vector<char>& value) {
+  std::vector<std::string> out;
+  const std::size_t one = gloo::transport::tcp::Address().bytes().size();
+  for (std::size_t at = 0; one > 0 && at + one <= value.size(); at += one) {
+    const gloo::transport::tcp::Address a(std::vector<char>(value.begin() + static_cast<std::ptrdiff_t>(at),
+                                                            value.begin() + static_cast<std::ptrdiff_t>(at + one)));
+    // Not a.str(): this gloo prints the port in network byte order.
+    const sockaddr_storage& ss = a.getSockaddr();
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (ss.ss_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+      inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+      port = ntohs(in->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+      inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+      port = ntohs(in6->sin6_port);
+    }
+    out.push_back("[" + std::string(host) + "]:" + std::to_string(port));
+  }
+  return out;
+}
+
+void redirect_addresses(std::vector<char>& value, const Endpoint& to) {
+  const std::size_t one = gloo::transport::tcp::Address().bytes().size();
+  for (std::size_t at = 0; one > 0 && at + one <= value.size(); at += one) {
+    const gloo::transport::tcp::Address a(std::vector<char>(value.begin() + static_cast<std::ptrdiff_t>(at),
+                                                            value.begin() + static_cast<std::ptrdiff_t>(at + one)));
+    sockaddr_storage ss = a.getSockaddr();
+    if (ss.ss_family != AF_INET) throw std::runtime_error("via: the peer's address is not IPv4");
+    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+    if (inet_pton(AF_INET, to.host.c_str(), &in->sin_addr) != 1) throw std::runtime_error("via: bad host " + to.host);
+    in->sin_port = htons(static_cast<std::uint16_t>(to.port));
+    const std::vector<char> b = gloo::transport::tcp::Address(ss, a.getSeq()).bytes();
+    std::copy(b.begin(), b.end(), value.begin() + static_cast<std::ptrdiff_t>(at));
+  }
+}
 
 // A bucket's identity across workers: its iterations and chunks. Not the policy's id
 // (local), nor its link: DeFT assigns links from the links' backlog at the moment, which
@@ -98,13 +152,30 @@ std::string describe(const CollectiveBucket& b) {
          std::to_string(b.chunks.size()) + " chunks, " + format_size(b.bytes()) + ", link " + std::to_string(b.link) + ")";
 }
 
-// The 16-byte control message: a report (worker -> 0: "I issued KEY on LINK") or a
-// decision (0 -> worker: "run KEY next on LINK").
+// The control message: a report (worker -> 0: "I issued KEY on LINK") or a decision
+// (0 -> worker: "run KEY next on LINK"), with the CRC32C of its first 16 bytes when the
+// job has checksums (JobOptions::payload_checksums).
 struct ControlMessage {
   std::uint64_t key = 0;
   std::int32_t link = 0;
   std::int32_t kind = 0;
+  std::uint32_t crc = 0;
+  std::uint32_t reserved = 0;
 };
+static_assert(sizeof(ControlMessage) == 24);
+constexpr std::size_t kControlCovered = 16;
+
+ControlMessage sealed(ControlMessage m, bool checksums) {
+  m.crc = checksums ? transport::crc32c(0, &m, kControlCovered) : 0;
+  return m;
+}
+// Throws naming `from` when `m` fails its checksum.
+void check_control(const ControlMessage& m, bool checksums, int from, const char* what) {
+  if (checksums && transport::crc32c(0, &m, kControlCovered) != m.crc) {
+    throw PeerError(from, "corrupted data from worker " + std::to_string(from) + ": " + what +
+                              " failed its CRC32C check; not used");
+  }
+}
 constexpr std::uint64_t kReportSlot = 1;
 constexpr std::uint64_t kDecisionSlot = 16;  // + link
 
@@ -112,34 +183,6 @@ constexpr std::uint64_t kDecisionSlot = 16;  // + link
 }  // namespace
 
 namespace {
-
-// Runs one in-place float32 sum all-reduce of `count` elements at `data` on `ctx`.
-void gloo_allreduce(const std::shared_ptr<gloo::Context>& ctx, GlooAlgorithm algo, float* data, std::size_t count) {
-  if (count == 0) return;
-  switch (algo) {
-    case GlooAlgorithm::kRing:
-    case GlooAlgorithm::kBcube: {
-      gloo::AllreduceOptions o(ctx);
-      o.setOutput(data, count);
-      o.setReduceFunction(
-          static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
-      o.setAlgorithm(algo == GlooAlgorithm::kRing ? gloo::AllreduceOptions::Algorithm::RING
-                                                  : gloo::AllreduceOptions::Algorithm::BCUBE);
-      gloo::allreduce(o);
-      return;
-    }
-    case GlooAlgorithm::kRingChunked: {
-      gloo::AllreduceRingChunked<float> a(ctx, {data}, static_cast<int>(count));
-      a.run();
-      return;
-    }
-    case GlooAlgorithm::kHalvingDoubling: {
-      gloo::AllreduceHalvingDoubling<float> a(ctx, {data}, static_cast<int>(count));
-      a.run();
-      return;
-    }
-  }
-}
 
 // Least squares of time (ns) on size (bytes): T = a + b*M (MG-WFBP II-D).
 AllReduceCost fit_line(const std::vector<double>& sizes, const std::vector<double>& times) {
@@ -196,10 +239,19 @@ TrainingFeedback feedback_of(const PolicyRecord& r) {
   f.loss = r.values[0], f.grad_sq = r.values[1], f.noise = r.values[2], f.lr = r.values[3], f.batch = r.values[4];
   return f;
 }
+// A batch of worker 0's inputs; `crc`: the CRC32C of `count` and the records it counts,
+// when the job has checksums.
 struct RecordBatch {
+  std::uint32_t crc = 0;
+  std::uint32_t reserved = 0;
   std::int64_t count = 0;
   PolicyRecord records[64];
 };
+static_assert(sizeof(PolicyRecord) == 72, "a record has no padding (its bytes are checksummed)");
+std::uint32_t batch_crc(const RecordBatch& b) {
+  const auto n = static_cast<std::size_t>(std::clamp<std::int64_t>(b.count, 0, 64));
+  return transport::crc32c(transport::crc32c(0, &b.count, sizeof b.count), b.records, n * sizeof(PolicyRecord));
+}
 constexpr std::uint64_t kReplicaSlot = 8;
 
 // Worker 0: its policy, every input recorded.
@@ -433,7 +485,29 @@ struct CollectiveWorker::Impl final : Exchange {
   Status connect() {
     const JobOptions& job = opts.job;
     QS_ASSIGN_OR_RETURN(store_client, StoreClient::connect(opts.store, job.connect_timeout, opts.secret.get()));
-    CoordinatorStore store(*store_client, job.connect_timeout);
+    std::function<void(const std::string&, std::vector<char>&)> rewrite;
+    if (opts.via_rank >= 0) {
+      rewrite = [this](const std::string& key, std::vector<char>& value) {
+        if (key == "link0/" + std::to_string(opts.via_rank)) redirect_addresses(value, opts.via);
+      };
+    }
+    // The addresses this worker's pairs listen at, as it publishes them ("link0/1": link
+    // 0's context, rank 1; one address per peer, in rank order).
+    std::function<void(const std::string&, const std::vector<char>&)> on_set;
+    if (opts.log) {
+      on_set = [this](const std::string& key, const std::vector<char>& value) {
+        const auto slash = key.find('/');
+        if (slash == std::string::npos || key.substr(slash + 1) != std::to_string(opts.rank)) return;
+        std::string line;
+        int peer = 0;
+        for (const std::string& a : addresses(value)) {
+          if (peer == opts.rank) ++peer;
+          line += (line.empty() ? "" : ", ") + a + " (worker " + std::to_string(peer++) + ")";
+        }
+        opts.log(name() + ": " + key.substr(0, slash) + " pairs listen at " + line);
+      };
+    }
+    CoordinatorStore store(*store_client, job.connect_timeout, std::move(rewrite), std::move(on_set));
     auto make = [&](const std::string& prefix, const std::string& host) {
       gloo::transport::tcp::attr attr;
       attr.hostname = host;
@@ -460,6 +534,24 @@ struct CollectiveWorker::Impl final : Exchange {
     return store_client->done(opts.rank).with_context(name());
   }
 
+  // Every collective of this worker, on `ctx`: checked_allreduce (checked_allreduce.h),
+  // with checksums as the job says unless `checksums` is false. `tamper`: the test's hook
+  // on received messages (the gradients' collectives only). Throws PeerError naming the
+  // worker at fault, or gloo's exceptions.
+  void allreduce_on(const std::shared_ptr<gloo::Context>& ctx, void* data, std::size_t elements,
+                    std::size_t element_size, ReduceFn fn, bool checksums = true,
+                    std::function<void(int, std::byte*, std::size_t)> tamper = {}) const {
+    CheckedAllreduceOptions o;
+    o.context = ctx;
+    o.algorithm = opts.algorithm;
+    o.checksums = checksums && opts.job.payload_checksums;
+    o.timeout = to_ms_duration(opts.job.peer_timeout);
+    o.rank_name = [](int r) { return "worker " + std::to_string(r); };
+    o.tamper = std::move(tamper);
+    checked_allreduce(o, data, elements, element_size, fn);
+  }
+  static ReduceFn sum_floats() { return static_cast<ReduceFn>(&gloo::sum<float>); }
+
   // Times this link's all-reduce over a size sweep; every worker returns the same fit.
   Result<AllReduceCost> calibrate(int li) {
     Link& link = *links[static_cast<std::size_t>(li)];
@@ -475,23 +567,20 @@ struct CollectiveWorker::Impl final : Exchange {
     std::vector<float> data(static_cast<std::size_t>(top / 4), 1.0f);
     std::vector<double> medians;
     try {
-      gloo_allreduce(link.ctx, opts.algorithm, data.data(), 1024);  // warm-up: connections, buffers
+      allreduce_on(link.ctx, data.data(), 1024, 4, sum_floats());  // warm-up: connections, buffers
       for (double s : sizes) {
         std::vector<TimeNs> t;
         for (int r = 0; r < opts.calibration_repeats; ++r) {
           const TimeNs t0 = mono_now();
-          gloo_allreduce(link.ctx, opts.algorithm, data.data(), static_cast<std::size_t>(s / 4));
+          allreduce_on(link.ctx, data.data(), static_cast<std::size_t>(s / 4), 4, sum_floats());
           t.push_back(mono_now() - t0);
         }
         std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
         medians.push_back(static_cast<double>(t[t.size() / 2]));
       }
       // Every worker fits the same numbers: the mean of the workers' medians.
-      gloo::AllreduceOptions o(link.ctx);
-      o.setOutput(medians.data(), medians.size());
-      o.setReduceFunction(
-          static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<double>));
-      gloo::allreduce(o);
+      allreduce_on(link.ctx, medians.data(), medians.size(), sizeof(double),
+                   static_cast<ReduceFn>(&gloo::sum<double>));
     } catch (const std::exception& e) {
       return unavailable(name() + ": calibrating link " + std::to_string(li) + ": " + e.what());
     }
@@ -504,19 +593,23 @@ struct CollectiveWorker::Impl final : Exchange {
     return fit_line(sizes, medians);
   }
 
-  // The slowest worker's compute factor (every collective waits for it).
+  // The slowest worker's compute factor (every collective waits for it), and whether the
+  // workers agree on checksums: a worker without them would take a peer's checksum
+  // messages for data, so this one collective runs without, and a disagreement fails
+  // every worker, naming the setting (as the PS path's hello does).
   Result<double> slowest_factor() {
-    double f = opts.compute_factor;
+    const double cs = opts.job.payload_checksums ? 1 : 0;
+    double v[3] = {opts.compute_factor, cs, 1 - cs};
     try {
-      gloo::AllreduceOptions o(control);
-      o.setOutput(&f, 1);
-      o.setReduceFunction(
-          static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::max<double>));
-      gloo::allreduce(o);
+      allreduce_on(control, v, 3, sizeof(double), static_cast<ReduceFn>(&gloo::max<double>), false);
     } catch (const std::exception& e) {
       return unavailable(name() + ": " + e.what());
     }
-    return f;
+    if (v[1] == 1 && v[2] == 1) {
+      return invalid_argument(name() + ": the workers disagree on checksums (some run with --no-checksum): every "
+                                       "worker of the job or none");
+    }
+    return v[0];
   }
 
   Status build() {
@@ -525,12 +618,14 @@ struct CollectiveWorker::Impl final : Exchange {
     ctx.profile = &job.profile;
     ctx.layout = &layout;
     ctx.workers = job.workers;
+    // First, on the control context: the workers' agreement on checksums comes with it,
+    // before any collective that uses them.
+    QS_ASSIGN_OR_RETURN(ctx.compute_factor, slowest_factor());
     for (int li = 0; li < static_cast<int>(links.size()); ++li) {
       QS_ASSIGN_OR_RETURN(AllReduceCost c, calibrate(li));
       fits.push_back(c);
     }
     ctx.links = fits;
-    QS_ASSIGN_OR_RETURN(ctx.compute_factor, slowest_factor());
     QS_ASSIGN_OR_RETURN(policy, make_allreduce_policy(job.policy, job.policy_options, ctx));
     staged = policy->forward_gate() == ForwardGate::kPolicy;
     delayed = staged && source->applies_delayed_updates();
@@ -823,6 +918,7 @@ struct CollectiveWorker::Impl final : Exchange {
             send_batch.records[send_batch.count++] = records.front();
             records.pop_front();
           }
+          send_batch.crc = opts.job.payload_checksums ? batch_crc(send_batch) : 0;
         }
         for (int r = 1; r < opts.job.workers; ++r) {
           try {
@@ -846,6 +942,10 @@ struct CollectiveWorker::Impl final : Exchange {
       while (true) {
         replica_buf->recv(0, kReplicaSlot);
         if (!replica_buf->waitRecv(nullptr, std::chrono::hours(24))) return;  // aborted: stopping
+        if (opts.job.payload_checksums && batch_crc(recv_batch) != recv_batch.crc) {
+          throw PeerError(0, "corrupted data from worker 0: a batch of its policy's inputs failed its CRC32C check; "
+                             "not applied");
+        }
         std::vector<PolicyRecord> got(recv_batch.records, recv_batch.records + std::clamp<std::int64_t>(recv_batch.count, 0, 64));
         bool end = false;
         for (const PolicyRecord& r : got) end |= r.kind == kEndOfStream;
@@ -857,7 +957,8 @@ struct CollectiveWorker::Impl final : Exchange {
       }
     } catch (const std::exception& ex) {
       if (stopping) return;
-      Status s = unavailable(std::string("lost worker 0 (its policy's decisions): ") + ex.what());
+      const bool named = dynamic_cast<const PeerError*>(&ex) != nullptr;
+      Status s = unavailable(std::string(named ? "" : "lost worker 0 (its policy's decisions): ") + ex.what());
       loop->post([this, s] { loop->fail(s.with_context(name())); });
     }
   }
@@ -912,7 +1013,7 @@ struct CollectiveWorker::Impl final : Exchange {
           std::unique_lock lock(mu);
           cv.wait(lock, [&] { return stopping.load() || !reports_out.empty(); });
           if (stopping) return;
-          report_msg = reports_out.front();
+          report_msg = sealed(reports_out.front(), opts.job.payload_checksums);
           reports_out.pop_front();
         }
         report_buf->send(0, kReportSlot);
@@ -983,7 +1084,7 @@ struct CollectiveWorker::Impl final : Exchange {
           link.queue.erase(pick);
           reports.erase(e.key);
           lock.unlock();
-          out = ControlMessage{e.key, li, 2};
+          out = sealed(ControlMessage{e.key, li, 2}, opts.job.payload_checksums);
           for (int r = 1; r < n; ++r) {
             try {
               link.send_buf->send(r, kDecisionSlot + static_cast<std::uint64_t>(li));
@@ -993,10 +1094,18 @@ struct CollectiveWorker::Impl final : Exchange {
             }
           }
         } else {
-          link.decision_buf->recv(0, kDecisionSlot + static_cast<std::uint64_t>(li));
           // No deadline here: a link may idle for a long compute phase; the loop's
-          // watchdog detects a stall, and a dead worker 0 closes the pair at once.
-          if (!link.decision_buf->waitRecv(nullptr, std::chrono::hours(24))) return;  // aborted: stopping
+          // watchdog detects a stall, and a dead worker 0 closes the pair at once. gloo's
+          // error names no peer (another wait of the control context that timed out
+          // closes its pairs: "Application timeout caused pair closure"): this one is
+          // worker 0's.
+          try {
+            link.decision_buf->recv(0, kDecisionSlot + static_cast<std::uint64_t>(li));
+            if (!link.decision_buf->waitRecv(nullptr, std::chrono::hours(24))) return;  // aborted: stopping
+          } catch (const std::exception& e) {
+            throw std::runtime_error(std::string("lost worker 0 (its decisions of which bucket runs next): ") + e.what());
+          }
+          check_control(link.decision, opts.job.payload_checksums, 0, "a decision of which bucket runs next");
           const std::uint64_t key = link.decision.key;
           std::unique_lock lock(mu);
           std::deque<Entry>::iterator pick;
@@ -1038,7 +1147,7 @@ struct CollectiveWorker::Impl final : Exchange {
       const TensorBuffer& t = buffers[static_cast<std::size_t>(c.tensor)];
       if (t.sum != t.gradient) std::memcpy(t.sum + first, t.gradient + first, count * sizeof(float));
       const TimeNs t0 = mono_now();
-      reduce(link, b, t.sum + first, count);
+      reduce(li, link, b, t.sum + first, count);
       const TimeNs t1 = mono_now();
       finish(li, b, t0, t1, nullptr);
       return;
@@ -1075,7 +1184,7 @@ struct CollectiveWorker::Impl final : Exchange {
       }
     }
     const TimeNs t0 = mono_now();
-    reduce(link, b, link.data.data(), link.data.size());
+    reduce(li, link, b, link.data.data(), link.data.size());
     const TimeNs t1 = mono_now();
     // Scatter into the sums (posting the completion first would let the loop reuse them):
     // with delayed updates, into the source's buffer for the bucket's iterations.
@@ -1091,27 +1200,19 @@ struct CollectiveWorker::Impl final : Exchange {
     finish(li, b, t0, t1, link.data.data());
   }
 
-  void reduce(Link& link, const CollectiveBucket& b, float* data, std::size_t count) {
+  // Reduces the bucket's gradients at `data` across the workers on the link's context,
+  // every message checked (checked_allreduce.h); an error names the bucket and the worker
+  // at fault (a corrupted message's sender, the peer a wait timed out on).
+  void reduce(int li, Link& link, const CollectiveBucket& b, float* data, std::size_t count) {
+    std::function<void(int, std::byte*, std::size_t)> tamper;
+    if (opts.tamper_received) {
+      tamper = [this, li](int from, std::byte* p, std::size_t n) { opts.tamper_received(li, from, p, n); };
+    }
     try {
-      gloo_allreduce(link.ctx, opts.algorithm, data, count);
+      allreduce_on(link.ctx, data, count, sizeof(float), sum_floats(), true, std::move(tamper));
     } catch (const std::exception& e) {
-      throw std::runtime_error("all-reduce of " + describe(b) + ": " + silent_peer(e.what()) + e.what());
+      throw std::runtime_error("all-reduce of " + describe(b) + ": " + e.what());
     }
-  }
-
-  // gloo's timeouts name no peer ("Timed out waiting 2000ms for recv"): the worker this one
-  // was waiting on, where it is known. With two workers it is the other; on a ring, the
-  // predecessor it receives from (which may itself wait on one before it).
-  std::string silent_peer(const std::string& what) const {
-    if (what.find("Timed out") == std::string::npos) return "";
-    const int n = opts.job.workers, r = opts.rank;
-    const std::string timeout = "nothing from it for the peer timeout " + format_time(opts.job.peer_timeout);
-    if (n == 2) return "lost worker " + std::to_string(1 - r) + " (" + timeout + "): ";
-    if (opts.algorithm == GlooAlgorithm::kRing || opts.algorithm == GlooAlgorithm::kRingChunked) {
-      return "lost worker " + std::to_string((r + n - 1) % n) + ", its ring predecessor, or a worker before it (" +
-             timeout + "): ";
-    }
-    return "nothing from the other workers for the peer timeout " + format_time(opts.job.peer_timeout) + ": ";
   }
 
   // Known content: checks every reduced element exactly (before the loop may reuse the
@@ -1154,13 +1255,19 @@ struct CollectiveWorker::Impl final : Exchange {
     try {
       while (true) {
         report_rx->recv(others, kReportSlot);
-        if (!report_rx->waitRecv(nullptr, std::chrono::hours(24))) return;  // aborted: stopping
+        int from = -1;
+        if (!report_rx->waitRecv(&from, std::chrono::hours(24))) return;  // aborted: stopping
+        check_control(rx_msg, opts.job.payload_checksums, from, "a report of an issued bucket");
         {
           std::lock_guard lock(mu);
           ++reports[rx_msg.key];
         }
         cv.notify_all();
       }
+    } catch (const PeerError& ex) {
+      if (stopping) return;
+      Status s = unavailable(ex.what());
+      loop->post([this, s] { loop->fail(s.with_context(name())); });
     } catch (const std::exception& ex) {
       if (stopping) return;
       // gloo's error names no peer ("Application timeout caused pair closure"): the ones

@@ -26,6 +26,7 @@
 // coordinator (quicksilver/runtime/store.h).
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -79,6 +80,20 @@ struct CollectiveOptions {
   int calibration_repeats = 5;
   // Fault injection (tests): exit abruptly at the start of this iteration (-1: never).
   int die_at_iteration = -1;
+  // Fault injection (tests): reach worker `via_rank`'s link-0 gloo device through `via`
+  // (a fault proxy forwarding to it, tools/faultproxy.py) instead of the address it
+  // published (-1: none). gloo lets the side with the greater address connect: `via` must
+  // compare as this worker's link address does with the real one (its IPv4 address on the
+  // same side). IPv4 only.
+  int via_rank = -1;
+  Endpoint via;
+  // Where the worker says where its gloo pairs listen, as it publishes them ("worker 0:
+  // link0 pairs listen at [127.0.0.1]:41234 (worker 1)"); null: nowhere.
+  std::function<void(const std::string&)> log;
+  // Fault injection (tests): called on a link thread with every gradient message this
+  // worker receives (the link, the sender's rank, its bytes), before its checksum is
+  // checked, to corrupt it as a faulty wire would. Null: none.
+  std::function<void(int link, int from, std::byte* data, std::size_t bytes)> tamper_received;
   // The device the loop drives (as WorkerOptions::compute): null, the GPU emulated from
   // the profile; else called once with the worker's Timer. A real compute (PyTorch)
   // reports from other threads through CollectiveWorker::post().
