@@ -10,16 +10,20 @@
 # scenarios), and every prediction within 10 %.
 # Extra arguments go to every `quicksilver run` (e.g. --rto-min 5ms), so settings can be
 # compared with one command each.
-# Needs root. Usage: bash bench/reproducibility.sh [build/quicksilver] [runs] [run flags...]
+# Needs root. Usage: [SCENARIOS="..."] [POLICIES=...] [KEEP=DIR] \
+#   bash bench/reproducibility.sh [build/quicksilver] [runs] [run flags...]
 #   (about 4 minutes per run of all scenarios on this project's machine)
 set -euo pipefail
 qs=${1:-build/quicksilver}
 runs=${2:-5}
 shift $(( $# > 2 ? 2 : $# ))
 extra=("$@")
-policies=wfbp,p3,tictac,bytescheduler,prophet,mercury-nopreempt,mercury
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+policies=${POLICIES:-wfbp,p3,tictac,bytescheduler,prophet,mercury-nopreempt,mercury}
+# SCENARIOS: a subset, e.g. "alexnet-10Gbps resnet50-dynamic" (default: all seven).
+only=${SCENARIOS:-}
+# KEEP=DIR keeps every run's --json there (per iteration: times, retransmissions,
+# timeouts; the calibration) for a closer look at an outlier.
+if [ -n "${KEEP:-}" ]; then tmp=$KEEP; mkdir -p "$tmp"; else tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT; fi
 scenarios=(
   "vgg16 10Gbps 6"
   "vgg16 25Gbps 6"
@@ -28,21 +32,25 @@ scenarios=(
   "alexnet 10Gbps 4"
   "alexnet 25Gbps 4"
 )
+wanted() { [ -z "$only" ] || [[ " $only " == *" $1 "* ]]; }
 for r in $(seq "$runs"); do
   for s in "${scenarios[@]}"; do
     read -r model bw iters <<< "$s"
+    wanted "$model-$bw" || continue
     "$qs" run --netns --model "$model" --policy "$policies" --workers 4 --servers 4 --bandwidth "$bw" \
       --iterations "$iters" --timeout 300s --keep-going --json "${extra[@]}" > "$tmp/$model-$bw-$r.json" || true
   done
+  wanted resnet50-dynamic || continue
   "$qs" run --netns --model resnet50 --policy "$policies" --workers 4 --servers 4 --bandwidth 10Gbps \
     --bandwidth-trace random:1Gbps:10Gbps:500ms:7 --iterations 16 --statistic mean --timeout 300s --keep-going \
     --json "${extra[@]}" > "$tmp/resnet50-dynamic-$r.json" || true
 done
-python3 - "$tmp" "$runs" "${extra[*]:-}" <<'EOF'
+python3 - "$tmp" "$runs" "${extra[*]:-}" "$only" <<'EOF'
 import json, statistics, sys, glob, os
-tmp, runs, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+tmp, runs, extra, only = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4].split()
 scen = ["vgg16-10Gbps", "vgg16-25Gbps", "resnet50-10Gbps", "resnet50-25Gbps", "alexnet-10Gbps",
         "alexnet-25Gbps", "resnet50-dynamic"]
+scen = [s for s in scen if not only or s in only]
 print(f"Every PS policy, 4 workers + 4 servers, {runs} independent runs each (median (min to max))"
       + (f"; run flags: {extra}" if extra else ""))
 print()
@@ -80,6 +88,20 @@ for sc in scen:
             if min(ut) < 0.92: failures.append(f"{sc}: mercury's utilisation minimum {100 * min(ut):.1f} % < 92 %")
         if abs(statistics.median(er)) > 0.10:
             failures.append(f"{sc}: {pol}'s prediction error median {100 * statistics.median(er):+.1f} % is outside 10 %")
+print()
+# Mercury's runs one by one: an outlier with its CPU idle and its cluster's calibration.
+print("Mercury per run: iteration (ms), CPU idle, the run's calibration")
+for sc in scen:
+    for r in range(1, runs + 1):
+        try:
+            d = json.load(open(f"{tmp}/{sc}-{r}.json"))
+        except Exception:
+            continue
+        for x in d["results"]:
+            if x["policy"] == "mercury":
+                print(f"  {sc} run {r}: {x['iteration_ms']:.1f} ms, CPU idle {100 * x.get('cpu_idle', -1):.0f} %, "
+                      f"retransmitted {sum(x.get('retransmits_per_iteration', []))}; "
+                      f"{d['config'].get('calibration', 'no calibration')}")
 print()
 for m in missing: print(f"missing: {m} (the run failed)")
 print(f"targets: {len(failures)} missed")
