@@ -11,7 +11,6 @@ the bytes each host must send at the link's measured goodput), then one line per
 samples/s, the fraction of the limit, and for each Quicksilver policy the ratio to DDP.
 """
 import argparse
-import os
 import sys
 import time
 
@@ -19,6 +18,7 @@ import torch
 import torch.nn as nn
 
 import quicksilver.torch as qs
+from torch_models import make_model
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="resnet18", choices=["resnet18", "vgg11", "digits"])
@@ -30,23 +30,12 @@ ap.add_argument("--probe-mb", type=float, default=16, help="MB each host sends t
 args = ap.parse_args()
 
 
-def make_model():
-    import torchvision
-    if args.model == "resnet18":
-        return torchvision.models.resnet18(num_classes=10), (3, 64, 64)
-    if args.model == "vgg11":
-        return torchvision.models.vgg11(num_classes=10), (3, 32, 32)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
-    import models
-    return models.DigitsCNN(), (1, 8, 8)
-
-
 def train(mode):
     """samples/s over all workers; mode "alone": every process trains on its own, no
     communication (the compute the limit is made of, with the processes sharing the
     machine as in the other modes)."""
     torch.manual_seed(0)
-    model, shape = make_model()
+    model, shape = make_model(args.model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if mode == "ddp":
         model = nn.parallel.DistributedDataParallel(model)

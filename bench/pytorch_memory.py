@@ -10,14 +10,13 @@ latter until applied). Run as N processes:
 per rank.
 """
 import argparse
-import os
 import resource
-import sys
 
 import torch
 import torch.nn as nn
 
 import quicksilver.torch as qs
+from torch_models import make_model
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="vgg11", choices=["resnet18", "vgg11", "digits"])
@@ -28,22 +27,10 @@ ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                 help="a policy knob, e.g. deft_capacity_scale=0.3 (DeFT merges more iterations)")
 args = ap.parse_args()
 
-
-def make_model():
-    import torchvision
-    if args.model == "resnet18":
-        return torchvision.models.resnet18(num_classes=10), (3, 64, 64)
-    if args.model == "vgg11":
-        return torchvision.models.vgg11(num_classes=10), (3, 32, 32)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
-    import models
-    return models.DigitsCNN(), (1, 8, 8)
-
-
 torch.set_num_threads(1)
 qs.init()
 torch.manual_seed(0)
-model, shape = make_model()
+model, shape = make_model(args.model)
 model_mb = sum(p.numel() * 4 for p in model.parameters()) / 2**20
 opt = qs.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), model, policy=args.policy,
                               **dict(k.split("=", 1) for k in args.knob))

@@ -64,7 +64,7 @@ finish_case() {
   fi
   local until_=$(echo "$from + $bound" | bc)
   hung=""
-  for who in s0 s1 w0 w1; do
+  for who in ${case_procs:-s0 s1 w0 w1}; do  # the all-reduce cases: w0 w1 co
     local p=${!who}
     while kill -0 "$p" 2> /dev/null && [ "$(echo "$(date +%s.%N) < $until_" | bc)" -eq 1 ]; do sleep 0.05; done
     if kill -0 "$p" 2> /dev/null; then hung="$hung $who"; kill -9 "$p" 2> /dev/null; fi
@@ -190,25 +190,11 @@ ar_case() {  # name, extra worker flags...
   mv "$out.target.new" "$out.target"
   started=$(date +%s.%N)
 }
-ar_finish() {  # bound
-  local until_
-  wait_line "$out.pxerr" "fault:" && from=$(sed -n 's/^faultproxy \([0-9.]*\): fault:.*/\1/p' "$out.pxerr" | head -1) || from=$started
-  until_=$(echo "$from + $1" | bc)
-  hung=""
-  for who in w0 w1 co; do
-    local p=${!who}
-    while kill -0 "$p" 2> /dev/null && [ "$(echo "$(date +%s.%N) < $until_" | bc)" -eq 1 ]; do sleep 0.05; done
-    if kill -0 "$p" 2> /dev/null; then hung="$hung $who"; kill -9 "$p" 2> /dev/null; fi
-    wait "$p" 2> /dev/null; eval "rc_$who=$?"
-  done
-  took=$(echo "$(date +%s.%N) - $from" | bc | sed 's/^\./0./')
-  kill "$px" 2> /dev/null; wait "$px" 2> /dev/null
-}
 if "$qs" worker --architecture allreduce --help 2> /dev/null | grep -q -- --link \
    && ! "$qs" run --architecture allreduce --model "$tmp/small.json" --policy wfbp --workers 1 --iterations 1 2>&1 \
         | grep -q "without gloo"; then
   ar_case ar-corrupt --no-verify && {
-    ar_finish 2
+    case_procs="w0 w1 co" finish_case 2 fault
     err=$(cat "$out.w0err")
     if [ -z "$hung" ] && [ $rc_w0 -ne 0 ] && [ $rc_w1 -ne 0 ] && grep -q "fault: corrupt" "$out.pxerr" \
        && echo "$err" | grep -q "corrupted data from worker 1: a [a-z-]* message of [0-9]* bytes failed its CRC32C check" \
@@ -217,7 +203,7 @@ if "$qs" worker --architecture allreduce --help 2> /dev/null | grep -q -- --link
     else bad "all-reduce corrupt: rc $rc_w0/$rc_w1 after ${took}s hung [$hung]: $(cat "$out.w0err" "$out.w1err" "$out.pxerr")"; fi
   }
   ar_case ar-no-checksum --no-checksum && {
-    ar_finish 5
+    case_procs="w0 w1 co" finish_case 5 fault
     if [ -z "$hung" ] && [ $rc_w0 -ne 0 ] && [ $rc_w1 -ne 0 ] && grep -q "wrong sum" "$out.w0err" \
        && grep -q "wrong sum" "$out.w1err" && ! grep -q CRC32C "$out.w0err" "$out.w1err"; then
       ok; echo "all-reduce, no checksum: both workers: $(grep -o "wrong sum.*" "$out.w0err" | head -1 | cut -c1-120)"
