@@ -6,7 +6,10 @@
 
 #include <gloo/transport/unbound_buffer.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -162,11 +165,12 @@ class Run {
 
   [[noreturn]] void corrupted(int from, const char* phase, std::size_t n, std::uint32_t got,
                               std::uint32_t carried) const {
-    throw PeerError(from, "corrupted data from " + o_.rank_name(from) + ": a " + phase +
-                              " message of " + std::to_string(n) +
-                              " bytes failed its CRC32C check (" + hex32(got) + " computed, " +
-                              hex32(carried) +
-                              " carried); nothing of this all-reduce was handed over or passed on");
+    const std::string what = "corrupted data from " + o_.rank_name(from) + ": a " + phase + " message of " +
+                             std::to_string(n) + " bytes failed its CRC32C check (" + hex32(got) +
+                             " computed, " + hex32(carried) +
+                             " carried); nothing of this all-reduce was handed over or passed on";
+    if (o_.on_corrupted) o_.on_corrupted(from, what);
+    throw PeerError(from, what);
   }
 
   // A received message of `n` bytes at `p` from `from`, against the checksum it came with.
@@ -460,6 +464,13 @@ void checked_allreduce(const CheckedAllreduceOptions& options, void* data, std::
     case GlooAlgorithm::kBcube:
       run.bcube();
       return;
+  }
+}
+
+void ignore_sigpipe() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL && !(old.sa_flags & SA_SIGINFO)) {
+    std::signal(SIGPIPE, SIG_IGN);
   }
 }
 

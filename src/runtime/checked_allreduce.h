@@ -38,6 +38,12 @@
 
 namespace qs::runtime {
 
+// gloo's TCP pairs write without MSG_NOSIGNAL: a write to a peer that has closed would kill
+// the process with SIGPIPE (exit 141, no message) instead of failing the collective with an
+// error naming the peer. Sets SIGPIPE to ignored, process-wide, unless the program has a
+// handler of its own (Python ignores it already). Call before the first gloo device.
+void ignore_sigpipe();
+
 // gloo's reduce function type: c[i] = a[i] op b[i] for i < n elements (c may be a).
 using ReduceFn = void (*)(void* c, const void* a, const void* b, std::size_t n);
 
@@ -69,6 +75,10 @@ struct CheckedAllreduceOptions {
   std::function<std::string(int rank)> rank_name = [](int r) {
     return "rank " + std::to_string(r);
   };
+  // Called with the error of a corrupted message before the collective ends and closes
+  // its pairs, so that the owner can record the root cause before its other threads hear
+  // of closed connections (the peers fail in turn and close theirs). May be empty.
+  std::function<void(int from, const std::string& what)> on_corrupted;
   // Fault injection (tests): called with every data message received, before its check
   // (its sender's rank, its bytes), to corrupt it as a faulty wire would.
   std::function<void(int from, std::byte* data, std::size_t bytes)> tamper;

@@ -508,6 +508,7 @@ struct CollectiveWorker::Impl final : Exchange {
       };
     }
     CoordinatorStore store(*store_client, job.connect_timeout, std::move(rewrite), std::move(on_set));
+    ignore_sigpipe();
     auto make = [&](const std::string& prefix, const std::string& host) {
       gloo::transport::tcp::attr attr;
       attr.hostname = host;
@@ -548,6 +549,11 @@ struct CollectiveWorker::Impl final : Exchange {
     o.timeout = to_ms_duration(opts.job.peer_timeout);
     o.rank_name = [](int r) { return "worker " + std::to_string(r); };
     o.tamper = std::move(tamper);
+    // The root cause first: this worker's other threads (decisions, reports) would
+    // otherwise report the closed connections of peers failing in turn.
+    o.on_corrupted = [this](int, const std::string& what) {
+      loop->post([this, s = unavailable(what)] { loop->fail(s.with_context(name())); });
+    };
     checked_allreduce(o, data, elements, element_size, fn);
   }
   static ReduceFn sum_floats() { return static_cast<ReduceFn>(&gloo::sum<float>); }
