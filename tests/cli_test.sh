@@ -120,6 +120,7 @@ after=$(ls -d /tmp/qs-run-* 2>/dev/null | wc -l)
 expect_bad "--scale must be in (0, 1]" run --model vgg16 --policy mercury --scale nan
 expect_bad "--scale must be in (0, 1]" run --model vgg16 --policy mercury --scale -0.5
 expect_bad "a scaled link needs at least 1Mbps" run --model vgg16 --policy mercury --scale 1e-9
+expect_bad "a link needs at least 1Mbps" run --model vgg16 --policy mercury --bandwidth 500Kbps
 expect_bad "--workers must be in 1..64" coordinator --listen 127.0.0.1:0 --workers 2000000000
 expect_bad "--servers must be in 1..1024" coordinator --listen 127.0.0.1:0 --servers 2000000000
 expect_bad "--servers must be in 1..1024" run --model vgg16 --policy mercury --servers 1025

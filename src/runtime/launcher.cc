@@ -827,6 +827,9 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   }
   ClusterRunResult out;
   Logger log(f.log, &out.messages);
+  if (job.cluster.bandwidth.bits_per_second < 1'000'000) {
+    return invalid_argument("--bandwidth " + format_rate(job.cluster.bandwidth) + ": a link needs at least 1Mbps");
+  }
   if (f.scale > 0 && static_cast<double>(job.cluster.bandwidth.bits_per_second) * f.scale < 1e6) {
     return invalid_argument("--scale " + std::to_string(f.scale) + " leaves the links " +
                             format_rate(Rate{std::llround(job.cluster.bandwidth.bits_per_second * f.scale)}) +
