@@ -341,8 +341,6 @@ std::vector<std::string> job_args(const Job& job, const RunFiles& files, const s
 }
 
 // Runs one policy on the local cluster; returns the measured row (with the prediction).
-// The machine's CPU time so far, in clock ticks (the first line of /proc/stat): idle
-// (idle + iowait) and total. Zeros where /proc is not readable.
 Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const LaunchOptions& f,
                              runtime::NetnsCluster* cluster, double goodput_ratio, const RunFiles& files,
                              Logger& log) {
