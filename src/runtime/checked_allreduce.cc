@@ -232,14 +232,16 @@ void Run::ring() {
   // Reduce-scatter: step i sends segment (rank + 1) * per_rank + i (this rank's own data
   // for the first per_rank steps, then the partial sums it reduced) and receives segment
   // (rank + 2) * per_rank + i, which it adds to its own.
-  const auto rs = [&](std::size_t i) {
+  // Step i of a phase whose sends start at rank + `first` (the receives one rank later).
+  const auto step = [&](int first, std::size_t i) {
     Span s{};
-    s.send_offset = ((static_cast<std::size_t>(rank + 1) * per_rank + i) * segment) % span;
-    s.recv_offset = ((static_cast<std::size_t>(rank + 2) * per_rank + i) * segment) % span;
+    s.send_offset = ((static_cast<std::size_t>(rank + first) * per_rank + i) * segment) % span;
+    s.recv_offset = ((static_cast<std::size_t>(rank + first + 1) * per_rank + i) * segment) % span;
     s.send_length = length(s.send_offset);
     s.recv_length = length(s.recv_offset);
     return s;
   };
+  const auto rs = [&](std::size_t i) { return step(1, i); };
   for (std::size_t i = 0; i < steps + 2; ++i) {
     if (i >= 2) {
       const Span prev = rs(i - 2);
@@ -280,14 +282,7 @@ void Run::ring() {
   // All-gather: step i sends segment rank * per_rank + i (its own reduced segments first,
   // then those it received per_rank steps before, with the checksum they came with) and
   // receives segment (rank + 1) * per_rank + i into place.
-  const auto ag = [&](std::size_t i) {
-    Span s{};
-    s.send_offset = ((static_cast<std::size_t>(rank) * per_rank + i) * segment) % span;
-    s.recv_offset = ((static_cast<std::size_t>(rank + 1) * per_rank + i) * segment) % span;
-    s.send_length = length(s.send_offset);
-    s.recv_length = length(s.recv_offset);
-    return s;
-  };
+  const auto ag = [&](std::size_t i) { return step(0, i); };
   for (std::size_t i = 0; i < steps + 2; ++i) {
     if (i >= 2) {
       const Span prev = ag(i - 2);
