@@ -1193,9 +1193,14 @@ struct CollectiveWorker::Impl final : Exchange {
     reduce(li, link, b, link.data.data(), link.data.size());
     const TimeNs t1 = mono_now();
     // Scatter into the sums (posting the completion first would let the loop reuse them):
-    // with delayed updates, into the source's buffer for the bucket's iterations.
+    // with delayed updates, into the source's buffer for the bucket's iterations. Known
+    // content's sums are read by no one (its chunks are checked in the link's buffer), and
+    // under DeFT two buckets of one chunk may run at once on two links: both would write
+    // the one sum buffer at the same time, a data race, so staged known content skips it.
+    const bool read_back = !(staged && source == known.get());
     const float* in = link.data.data();
-    for (const Chunk& c : b.chunks) {
+    for (std::size_t i = 0; read_back && i < b.chunks.size(); ++i) {
+      const Chunk& c = b.chunks[i];
       const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
       float* to = delayed ? source->merged_sum(c.tensor, b.first_iteration, b.last_iteration)
                           : buffers[static_cast<std::size_t>(c.tensor)].sum;
