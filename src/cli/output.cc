@@ -23,6 +23,25 @@ std::string config_line(const Job& job) {
   s += ", " + (c.schedule && !c.schedule->is_constant() ? std::string("time-varying bandwidth")
                                                          : format_rate(c.bandwidth));
   s += ", latency " + format_time(c.latency);
+  // Hosts not like the others (Mercury Fig. 21), each named once.
+  std::string odd;
+  auto name = [&](const char* host, std::size_t i, const std::string& what) {
+    odd += (odd.empty() ? "" : ", ") + std::string(host) + " " + std::to_string(i) + " " + what;
+  };
+  for (std::size_t i = 0; i < c.worker_bandwidth.size(); ++i) {
+    if (c.worker_bandwidth[i] != c.bandwidth) name("worker", i, "at " + format_rate(c.worker_bandwidth[i]));
+  }
+  for (std::size_t i = 0; i < c.server_bandwidth.size(); ++i) {
+    if (c.server_bandwidth[i] != c.bandwidth) name("server", i, "at " + format_rate(c.server_bandwidth[i]));
+  }
+  for (std::size_t i = 0; i < c.compute_factor.size(); ++i) {
+    if (c.compute_factor[i] != 1.0) {
+      char f[32];
+      std::snprintf(f, sizeof f, "%g", c.compute_factor[i]);
+      name("worker", i, std::string("computing x") + f);
+    }
+  }
+  if (!odd.empty()) s += " (" + odd + ")";
   return s;
 }
 

@@ -440,7 +440,10 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
       a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second / m) + "bps");
     }
     a.push_back("--nic-rate");
-    a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second) + "bps");
+    a.push_back(std::to_string(job.cluster.worker_bandwidth.empty()
+                                   ? job.cluster.bandwidth.bits_per_second
+                                   : job.cluster.worker_bandwidth[static_cast<std::size_t>(w)].bits_per_second) +
+                "bps");
     if (job.sim.record_trace) {
       // The worker writes its own Chrome trace there too; the launcher takes the spans
       // from the report line.
@@ -647,6 +650,9 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   } else if (cluster) {
     const double goodput = goodput_ratio;
     predicted_cluster.bandwidth.bits_per_second = std::llround(job.cluster.bandwidth.bits_per_second * goodput);
+    for (auto* rates : {&predicted_cluster.worker_bandwidth, &predicted_cluster.server_bandwidth}) {
+      for (Rate& r : *rates) r.bits_per_second = std::llround(static_cast<double>(r.bits_per_second) * goodput);
+    }
     if (predicted_cluster.schedule) predicted_cluster.schedule = predicted_cluster.schedule->scaled(goodput);
   }
   if (predicted_cluster.schedule && shaper_start >= 0) {
@@ -787,11 +793,13 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
                                          job.cluster.workers, job.cluster.servers)
                            .with_context(p));
   }
-  if (!job.cluster.worker_bandwidth.empty() || !job.cluster.server_bandwidth.empty() ||
-      !job.cluster.server_shares.empty()) {
+  if (!job.cluster.server_shares.empty()) {
     return invalid_argument(
-        "--worker-bandwidths, --server-bandwidths and --server-shares are the simulator's: the runtime gives "
-        "every host one rate and the balanced placement");
+        "--server-shares is the simulator's: every runtime process builds the balanced placement from the job");
+  }
+  if ((!job.cluster.worker_bandwidth.empty() || !job.cluster.server_bandwidth.empty()) && !f.netns) {
+    return invalid_argument(
+        "--worker-bandwidths and --server-bandwidths need --netns (on loopback every host is paced at --bandwidth)");
   }
   // Written so that NaN fails too.
   if (!(f.scale >= 0 && f.scale <= 1)) return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");
@@ -827,6 +835,15 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   Logger log(f.log, &out.messages);
   if (job.cluster.bandwidth.bits_per_second < 1'000'000) {
     return invalid_argument("--bandwidth " + format_rate(job.cluster.bandwidth) + ": a link needs at least 1Mbps");
+  }
+  for (const auto* rates : {&job.cluster.worker_bandwidth, &job.cluster.server_bandwidth}) {
+    for (Rate r : *rates) {
+      if (r.bits_per_second < 1'000'000) {
+        return invalid_argument(std::string(rates == &job.cluster.worker_bandwidth ? "--worker-bandwidths"
+                                                                                    : "--server-bandwidths") +
+                                ": " + format_rate(r) + ": a link needs at least 1Mbps");
+      }
+    }
   }
   if (f.scale > 0 && static_cast<double>(job.cluster.bandwidth.bits_per_second) * f.scale < 1e6) {
     return invalid_argument("--scale " + std::to_string(f.scale) + " leaves the links " +
@@ -865,7 +882,13 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   // namespaces, bridge and temporary directory removed, the allowed congestion controls
   // put back. Only SIGKILL leaves them, for the next run or `quicksilver cleanup`.
   const runtime::StopSignals stop_signals(f.catch_signals, on_signal);
-  const double nominal = static_cast<double>(job.cluster.bandwidth.bits_per_second);
+  // Hosts of their own rate (Mercury Fig. 21): the cluster is calibrated at the fastest,
+  // and every rate is scaled with the same factor.
+  double fastest = static_cast<double>(job.cluster.bandwidth.bits_per_second);
+  for (const auto* rates : {&job.cluster.worker_bandwidth, &job.cluster.server_bandwidth}) {
+    for (Rate r : *rates) fastest = std::max(fastest, static_cast<double>(r.bits_per_second));
+  }
+  const double nominal = fastest;
   // Loopback, automatic: two cores move about 4 Gbit/s of paced loopback traffic in total.
   double scale = f.scale > 0 ? f.scale
                              : std::min(1.0, 4e9 / (job.cluster.workers + (allreduce ? 0 : job.cluster.servers)) /
@@ -913,9 +936,22 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   // is kept as it is (a 1.6 KB packet would measure per-packet overhead, not scheduling).
   job.profile = scale_profile(job.profile, scale);
   scale_policy_options(&job.policy_options, scale);
-  job.cluster.bandwidth.bits_per_second = std::llround(nominal * scale);
+  job.cluster.bandwidth.bits_per_second =
+      std::llround(static_cast<double>(job.cluster.bandwidth.bits_per_second) * scale);
   if (job.cluster.schedule) job.cluster.schedule = job.cluster.schedule->scaled(scale);
   out.scale = scale;
+  if (cluster && (!job.cluster.worker_bandwidth.empty() || !job.cluster.server_bandwidth.empty())) {
+    // Calibrated at the fastest rate; now each host at its own. Servers are hosts 0..M-1,
+    // workers M..M+N-1 (a host not named keeps --bandwidth).
+    const int m = allreduce ? 1 : job.cluster.servers;
+    for (int h = 0; h < cluster->hosts(); ++h) {
+      const bool worker = h >= m;
+      std::vector<Rate>& own = worker ? job.cluster.worker_bandwidth : job.cluster.server_bandwidth;
+      Rate& r = own.empty() ? job.cluster.bandwidth : own[static_cast<std::size_t>(worker ? h - m : h)];
+      if (&r != &job.cluster.bandwidth) r.bits_per_second = std::llround(static_cast<double>(r.bits_per_second) * scale);
+      QS_RETURN_IF_ERROR(cluster->set_rate(h, r).with_context("--netns: host " + std::to_string(h)));
+    }
+  }
   QS_RETURN_IF_ERROR(save_profile(job.profile, files.profile));
   for (const std::string& p : job.policies) {
     if (g_interrupted) break;
