@@ -147,6 +147,9 @@ expect_bad "--worker-bandwidths: cannot read '1=fast'" simulate --policy mercury
 expect_bad "--server-shares values must be in (0, 1000000]" simulate --policy mercury --server-shares 0=0
 expect_bad "--server-shares needs --architecture ps" simulate --architecture allreduce --policy ddp --server-shares 1,1,1,1
 expect_bad "--server-shares is the simulator's" run --model vgg16 --policy mercury --server-shares 2,1,1,1
+expect_bad "--job needs --netns" run --job vgg16:mercury --job resnet50:wfbp
+expect_bad "--job-sharing strict: the runtime's jobs share the links" run --netns --job vgg16:mercury --job-sharing strict
+expect_bad "--job-sharing and --separate-gpus need --job" run --model vgg16 --policy mercury --separate-gpus
 expect_bad "--worker-bandwidths and --server-bandwidths need --netns" run --model vgg16 --policy mercury --server-bandwidths 0=5Gbps
 expect_bad "--server-bandwidths: 500Kbps: a link needs at least 1Mbps" run --netns --model vgg16 --policy mercury --server-bandwidths 0=500Kbps
 expect_bad "are the simulator's" worker --model vgg16 --policy mercury --worker-id 0 --connect 127.0.0.1:1 --server-bandwidths 0=5Gbps

@@ -116,6 +116,16 @@ assert d['config']['server_bandwidths_bps'] == [100000000, 1000000000], d['confi
 r = d['results'][0]
 assert abs(r['relative_error']) < 0.4, (r['iteration_ms'], r['predicted_iteration_ms'])
 " && ok || bad "run --netns --server-bandwidths: $(cat "$tmp/err")"
+  # Two jobs at once on the same hosts (Mercury Fig. 20): each job's servers on a port of
+  # its own, every sum exact, one row per job, each predicted with the other job.
+  "$qs" run --netns "${common[@]}" --job "$tmp/small.json:mercury" --job "$tmp/small.json:wfbp" --json \
+    > "$tmp/nj2" 2> "$tmp/err" && python3 -c "
+import json; d = json.load(open('$tmp/nj2')); rows = d['results']
+assert [r['policy'] for r in rows] == ['0:small:mercury', '1:small:wfbp'], rows
+for r in rows:
+    assert sum('iterations verified exact' in n for n in r['notes']) == 3, r['notes']
+    assert abs(r['relative_error']) < 1, r
+" && ok || bad "run --netns --job: $(cat "$tmp/err")"
   printf '0s 1Gbps\n100ms 300Mbps\n300ms 1Gbps\n' > "$tmp/trace.txt"
   check_run netns-dynamic --netns --policy mercury --bandwidth-trace "$tmp/trace.txt" "${common[@]}"
   "$qs" run --netns --policy mercury "${common[@]}" --kill-worker 2 --kill-at-iteration 2 > "$tmp/out" 2> "$tmp/err"; rc=$?

@@ -54,6 +54,9 @@ void add_sim_flags(CLI::App* app, SimFlags* f);
 void add_shared_job_flags(CLI::App* app, SimFlags* f);
 // Validates flags into a Job; errors name the flag.
 Result<Job> make_job(const SimFlags& f);
+// The --job specs (MODEL[:POLICY[:BATCH]]) as jobs; a spec without a policy takes `job`'s
+// one policy. Errors name the spec.
+Result<std::vector<SharedJob>> parse_shared_jobs(const SimFlags& f, const Job& job);
 
 using Row = ResultRow;
 // Prints the human-readable table (stdout).

@@ -404,6 +404,7 @@ int run_worker_role(const RoleFlags& f) {
 
 void add_run_flags(CLI::App* app, RunFlags* f) {
   add_sim_flags(app, &f->sim);
+  add_shared_job_flags(app, &f->sim);  // --job: several jobs at once on the emulated cluster
   app->add_flag("--netns", f->netns, "One network namespace per host, links shaped with tc (needs root)");
   app->add_option("--scale", f->scale,
                   "Scale bandwidth and tensor sizes by this factor (0: automatic; --netns: calibrated with "
@@ -539,6 +540,19 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
     std::erase(job->policies, std::string("oracle"));
   }
   LaunchOptions o;
+  if (!f.sim.jobs.empty()) {
+    // Their TCP connections share the links; each job's workers compute on their own.
+    if (f.sim.job_sharing != "fair") {
+      return fail("quicksilver", invalid_argument("--job-sharing " + f.sim.job_sharing +
+                                                  ": the runtime's jobs share the links as their TCP connections "
+                                                  "do (fair); strict and deadline are the simulator's"));
+    }
+    auto jobs = parse_shared_jobs(f.sim, *job);
+    if (!jobs) return fail("quicksilver", jobs.status());
+    o.shared_jobs = std::move(*jobs);
+  } else if (f.sim.job_sharing != "fair" || f.sim.separate_gpus) {
+    return fail("quicksilver", invalid_argument("--job-sharing and --separate-gpus need --job"));
+  }
   o.executable = exe;
   o.netns = f.netns;
   o.scale = f.scale;

@@ -331,13 +331,10 @@ int fail(std::string_view prefix, std::string_view message, int code) {
   return code;
 }
 
-// simulate --job ...: several jobs sharing the cluster (simulate_shared).
-int run_shared(const SimFlags& f, const Job& job) {
+Result<std::vector<SharedJob>> parse_shared_jobs(const SimFlags& f, const Job& job) {
   if (static_cast<int>(f.jobs.size()) > kMaxSharedJobs) {
-    return fail("quicksilver", invalid_argument("--job: at most " + std::to_string(kMaxSharedJobs) + " jobs"));
+    return invalid_argument("--job: at most " + std::to_string(kMaxSharedJobs) + " jobs");
   }
-  auto sharing = parse_job_sharing(f.job_sharing);
-  if (!sharing) return fail("quicksilver", sharing.status().with_context("--job-sharing"));
   std::vector<SharedJob> jobs;
   for (const std::string& spec : f.jobs) {
     const std::string where = "--job '" + spec.substr(0, 200) + "'";
@@ -345,7 +342,7 @@ int run_shared(const SimFlags& f, const Job& job) {
     std::stringstream ss(spec);
     for (std::string p; std::getline(ss, p, ':');) parts.push_back(p);
     if (spec.empty() || spec.size() > 4096 || parts.empty() || parts.size() > 3 || parts[0].empty()) {
-      return fail("quicksilver", invalid_argument(where + ": expected MODEL[:POLICY[:BATCH]]"));
+      return invalid_argument(where + ": expected MODEL[:POLICY[:BATCH]]");
     }
     int batch = f.batch_size;
     if (parts.size() == 3) {
@@ -354,20 +351,30 @@ int run_shared(const SimFlags& f, const Job& job) {
         batch = std::stoi(parts[2], &used);
         if (used != parts[2].size() || batch < 1 || batch > 1'000'000) throw std::invalid_argument(parts[2]);
       } catch (const std::exception&) {
-        return fail("quicksilver", invalid_argument(where + ": the batch must be an integer in 1..1000000"));
+        return invalid_argument(where + ": the batch must be an integer in 1..1000000");
       }
     }
     auto profile = load_model(parts[0], f.device, batch);
-    if (!profile) return fail("quicksilver", profile.status().with_context(where));
+    if (!profile) return profile.status().with_context(where);
     std::string policy = parts.size() >= 2 && !parts[1].empty() ? parts[1] : "";
     if (policy.empty()) {
       if (job.policies.size() != 1 || f.policy == "all") {
-        return fail("quicksilver", invalid_argument(where + ": name its policy (MODEL:POLICY) or give --policy one"));
+        return invalid_argument(where + ": name its policy (MODEL:POLICY) or give --policy one");
       }
       policy = job.policies[0];
     }
     jobs.push_back(SharedJob{std::move(*profile), policy, job.policy_options});
   }
+  return jobs;
+}
+
+// simulate --job ...: several jobs sharing the cluster (simulate_shared).
+int run_shared(const SimFlags& f, const Job& job) {
+  auto sharing = parse_job_sharing(f.job_sharing);
+  if (!sharing) return fail("quicksilver", sharing.status().with_context("--job-sharing"));
+  auto parsed = parse_shared_jobs(f, job);
+  if (!parsed) return fail("quicksilver", parsed.status());
+  const std::vector<SharedJob>& jobs = *parsed;
   const SharingOptions options{*sharing, !f.separate_gpus};
   auto results = simulate_shared(jobs, job.cluster, job.sim, options);
   if (!results) return fail("quicksilver", results.status());

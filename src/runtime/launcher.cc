@@ -309,6 +309,18 @@ struct PolicyRun {
   std::vector<runtime::WorkerReport> workers;
 };
 
+// The (scaled) cluster at the goodput its links really offer: what the prediction
+// simulates on the emulated cluster (tc's rate counts Ethernet frames, of which TCP payload
+// is about 1448 / 1514; the calibration measures it).
+ClusterConfig at_goodput(ClusterConfig c, double goodput) {
+  c.bandwidth.bits_per_second = std::llround(static_cast<double>(c.bandwidth.bits_per_second) * goodput);
+  for (auto* rates : {&c.worker_bandwidth, &c.server_bandwidth}) {
+    for (Rate& r : *rates) r.bits_per_second = std::llround(static_cast<double>(r.bits_per_second) * goodput);
+  }
+  if (c.schedule) c.schedule = c.schedule->scaled(goodput);
+  return c;
+}
+
 // The files a run's children share, in the run's private temporary directory (0700).
 struct RunFiles {
   std::string profile;  // the (scaled) job profile
@@ -341,9 +353,13 @@ std::vector<std::string> job_args(const Job& job, const RunFiles& files, const s
 }
 
 // Runs one policy on the local cluster; returns the measured row (with the prediction).
+// `shared_job`: this policy's job is that one of several sharing the cluster at once
+// (LaunchOptions::shared_jobs): its servers listen on a port of their own and its children
+// are named after it; -1 alone.
 Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const LaunchOptions& f,
                              runtime::NetnsCluster* cluster, double goodput_ratio, const RunFiles& files,
-                             Logger& log) {
+                             Logger& log, int shared_job = -1) {
+  const std::string who = shared_job >= 0 ? "job " + std::to_string(shared_job) + " " : "";
   const std::string& profile_path = files.profile;
   const std::string& exe = f.executable;
   const TimeNs timeout = f.timeout;
@@ -385,9 +401,9 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
         a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second / n) + "bps");
       }
       a.push_back("--listen");
-      a.push_back(host + (cluster ? ":7100" : ":0"));
+      a.push_back(host + (cluster ? ":" + std::to_string(7100 + std::max(0, shared_job)) : ":0"));
     }
-    auto c = spawn((allreduce ? "coordinator" : "server ") + (allreduce ? std::string() : std::to_string(s)), exe, a,
+    auto c = spawn(who + (allreduce ? "coordinator" : "server ") + (allreduce ? std::string() : std::to_string(s)), exe, a,
                    cluster ? cluster->namespace_name(s) : "");
     if (!c) {
       cleanup();
@@ -448,9 +464,12 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
       // The worker writes its own Chrome trace there too; the launcher takes the spans
       // from the report line.
       a.push_back("--trace");
-      a.push_back((std::filesystem::path(profile_path).parent_path() / ("worker" + std::to_string(w) + ".trace.json")).string());
+      a.push_back((std::filesystem::path(profile_path).parent_path() /
+                   ((shared_job >= 0 ? "job" + std::to_string(shared_job) + "-" : std::string()) + "worker" +
+                    std::to_string(w) + ".trace.json"))
+                      .string());
     }
-    auto c = spawn("worker " + std::to_string(w), exe, a, cluster ? cluster->namespace_name(m + w) : "");
+    auto c = spawn(who + "worker " + std::to_string(w), exe, a, cluster ? cluster->namespace_name(m + w) : "");
     if (!c) {
       cleanup();
       return c.status();
@@ -648,12 +667,7 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
           std::max(1.0, w0.allreduce_fit[1].b_ns_per_byte / w0.allreduce_fit[0].b_ns_per_byte);
     }
   } else if (cluster) {
-    const double goodput = goodput_ratio;
-    predicted_cluster.bandwidth.bits_per_second = std::llround(job.cluster.bandwidth.bits_per_second * goodput);
-    for (auto* rates : {&predicted_cluster.worker_bandwidth, &predicted_cluster.server_bandwidth}) {
-      for (Rate& r : *rates) r.bits_per_second = std::llround(static_cast<double>(r.bits_per_second) * goodput);
-    }
-    if (predicted_cluster.schedule) predicted_cluster.schedule = predicted_cluster.schedule->scaled(goodput);
+    predicted_cluster = at_goodput(job.cluster, goodput_ratio);
   }
   if (predicted_cluster.schedule && shaper_start >= 0) {
     // The simulator's time 0 is the first backward pass: the rate the first worker to
@@ -668,6 +682,63 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   auto pred = simulate(job.profile, policy, job.policy_options, predicted_cluster, job.sim);
   if (pred) run.row.predicted = std::move(*pred);
   return run;
+}
+
+// Several jobs at once on the emulated cluster (Mercury Fig. 20, LaunchOptions::shared_jobs):
+// each job its own servers and workers on the same hosts, so the jobs share every NIC as
+// their TCP connections do, and each its own emulated GPUs (the simulator's
+// --separate-gpus). `jobs`: scaled like `job`. A job predicted to finish its iterations
+// sooner runs more of them (up to 10 times), so that every job's iterations run while the
+// others still compete, as the simulator's do; its row is over all of them. The
+// prediction is simulate_shared's, links shared fairly.
+Status run_shared_jobs(const Job& job, const std::vector<SharedJob>& jobs, const LaunchOptions& f,
+                       runtime::NetnsCluster& cluster, double goodput, const std::filesystem::path& dir,
+                       const RunFiles& files, Logger& log, ClusterRunResult* out) {
+  const ClusterConfig predicted_cluster = at_goodput(job.cluster, goodput);
+  QS_ASSIGN_OR_RETURN(std::vector<SimResult> predicted,
+                      simulate_shared(jobs, predicted_cluster, job.sim, SharingOptions{JobSharing::kFair, false}));
+  TimeNs slowest = 0;
+  for (const SimResult& p : predicted) slowest = std::max(slowest, p.iteration_time);
+  std::vector<Job> each;
+  std::vector<RunFiles> owns;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    Job one = job;
+    one.profile = jobs[j].profile;
+    one.policy_options = jobs[j].policy_options;
+    one.policies = {jobs[j].policy};
+    const TimeNs t = std::max<TimeNs>(1, predicted[j].iteration_time);
+    const double more = std::min(10.0, static_cast<double>(slowest) / static_cast<double>(t));
+    one.sim.iterations = std::max(job.sim.iterations, static_cast<int>(std::ceil(job.sim.iterations * more)));
+    owns.push_back(files);
+    owns.back().profile = (dir / ("profile" + std::to_string(j) + ".json")).string();
+    QS_RETURN_IF_ERROR(save_profile(one.profile, owns.back().profile));
+    each.push_back(std::move(one));
+  }
+  std::vector<std::optional<Result<PolicyRun>>> runs(jobs.size());
+  std::vector<std::thread> threads;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    threads.emplace_back([&, j] {
+      runs[j] = run_policy(each[j], jobs[j].policy, f, &cluster, goodput, owns[j], log, static_cast<int>(j));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const std::string name = "job " + std::to_string(j) + " (" + jobs[j].profile.name + ":" + jobs[j].policy + ")";
+    Result<PolicyRun>& run = *runs[j];
+    if (!run) {
+      log(name + ": " + run.status().message());
+      out->failures.emplace_back(name, run.status());
+      continue;
+    }
+    run->row.result.policy = std::to_string(j) + ":" + jobs[j].profile.name + ":" + jobs[j].policy;
+    run->row.result.notes.insert(run->row.result.notes.begin(),
+                                 std::to_string(each[j].sim.iterations) + " iterations, batch " +
+                                     std::to_string(jobs[j].profile.batch_size) + "; predicted with the other jobs");
+    run->row.predicted = std::move(predicted[j]);
+    out->rows.push_back(std::move(run->row));
+    out->workers.push_back(std::move(run->workers));
+  }
+  return Status::ok();
 }
 
 
@@ -792,6 +863,31 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     QS_RETURN_IF_ERROR(check_unit_budget(job.profile, p, job.cluster.architecture, job.policy_options,
                                          job.cluster.workers, job.cluster.servers)
                            .with_context(p));
+  }
+  if (!f.shared_jobs.empty()) {
+    if (static_cast<int>(f.shared_jobs.size()) > kMaxSharedJobs) {
+      return invalid_argument("--job: at most " + std::to_string(kMaxSharedJobs) + " jobs");
+    }
+    if (!f.netns) {
+      return invalid_argument("--job needs --netns (on loopback each job would pace its own links: nothing is shared)");
+    }
+    if (allreduce) return invalid_argument("--job needs --architecture ps");
+    if (job.cluster.schedule && !job.cluster.schedule->is_constant()) {
+      return invalid_argument("--job cannot be combined with a time-varying --bandwidth-trace");
+    }
+    const std::size_t processes = f.shared_jobs.size() * static_cast<std::size_t>(job.cluster.workers + job.cluster.servers);
+    if (processes > static_cast<std::size_t>(kMaxLocalProcesses)) {
+      return invalid_argument("--job: " + std::to_string(f.shared_jobs.size()) + " jobs of " +
+                              std::to_string(job.cluster.workers + job.cluster.servers) + " processes each; a local " +
+                              "cluster runs at most " + std::to_string(kMaxLocalProcesses));
+    }
+    for (std::size_t j = 0; j < f.shared_jobs.size(); ++j) {
+      const SharedJob& s = f.shared_jobs[j];
+      if (s.policy == "oracle") return invalid_argument("--job " + std::to_string(j) + ": oracle moves no byte");
+      QS_RETURN_IF_ERROR(check_unit_budget(s.profile, s.policy, job.cluster.architecture, s.policy_options,
+                                           job.cluster.workers, job.cluster.servers)
+                             .with_context("--job " + std::to_string(j)));
+    }
   }
   if (!job.cluster.server_shares.empty()) {
     return invalid_argument(
@@ -953,6 +1049,22 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     }
   }
   QS_RETURN_IF_ERROR(save_profile(job.profile, files.profile));
+  if (!f.shared_jobs.empty()) {
+    std::vector<SharedJob> shared = f.shared_jobs;
+    for (SharedJob& s : shared) {
+      s.profile = scale_profile(s.profile, scale);
+      scale_policy_options(&s.policy_options, scale);
+    }
+    Status st = run_shared_jobs(job, shared, f, *cluster, goodput_ratio, remove_tmp.path, files, log, &out);
+    if (!st.is_ok()) {
+      log("the jobs: " + st.message());
+      out.failures.emplace_back("the jobs", st);
+    }
+    job.policies.clear();
+    std::string names;
+    for (const SharedJob& s : shared) names += (names.empty() ? "" : " + ") + s.profile.name;
+    job.profile.name = std::to_string(shared.size()) + " jobs sharing the cluster (" + names + ")";
+  }
   for (const std::string& p : job.policies) {
     if (g_interrupted) break;
     auto run = run_policy(job, p, f, cluster.get(), goodput_ratio, files, log);

@@ -24,6 +24,7 @@
 #include "quicksilver/engine/result.h"
 #include "quicksilver/runtime/netns.h"
 #include "quicksilver/runtime/runtime.h"
+#include "quicksilver/sim/simulator.h"
 
 namespace qs {
 
@@ -69,6 +70,13 @@ struct LaunchOptions {
   bool payload_checksums = true;
   // Continue with the next policy when one fails (else stop at the first failure).
   bool keep_going = false;
+  // Several jobs at once on one emulated cluster (Mercury Fig. 20; needs netns, PS): each
+  // with its own model, policy and knobs, its own servers and workers on the same hosts
+  // (the job's workers and servers), its own emulated GPUs; they share every NIC as their
+  // TCP connections do. Unscaled: run_cluster scales them as the job. Non-empty: the
+  // job's own profile and policies are not run; one row per job, predicted by
+  // simulate_shared (fair sharing, separate GPUs). At most kMaxSharedJobs.
+  std::vector<SharedJob> shared_jobs;
   // Fault injection (tests): this worker dies abruptly at the start of this iteration.
   int kill_worker = -1;
   int kill_at_iteration = 1;
