@@ -102,13 +102,14 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
 
 void add_shared_job_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--job", f->jobs,
-                  "ps simulator: one of several jobs sharing the cluster, MODEL[:POLICY[:BATCH]] (repeat it; the "
-                  "policy defaults to --policy when that names one; knobs apply to every job)");
+                  "ps: one of several jobs sharing the cluster, MODEL[:POLICY[:BATCH]] (repeat it; the policy "
+                  "defaults to --policy when that names one; knobs apply to every job; run: with --netns, at once "
+                  "on the same hosts)");
   app->add_option("--job-sharing", f->job_sharing,
                   "with --job: how a link serves the jobs' queues: fair (round robin, each job's own scheduler), "
-                  "strict (job order), deadline (the unit whose layer's next forward comes soonest, across jobs)")
+                  "strict (job order), deadline (the unit whose layer's next forward comes soonest, across jobs); run: fair")
       ->capture_default_str();
-  app->add_flag("--separate-gpus", f->separate_gpus, "with --job: each job has GPUs of its own (default: shared)");
+  app->add_flag("--separate-gpus", f->separate_gpus, "with --job: each job has GPUs of its own (default: shared; run: always its own)");
 }
 
 namespace {
