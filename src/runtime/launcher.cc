@@ -638,7 +638,8 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   for (int l = 0; l < counted_links; ++l) {
     const std::uint64_t sent = link_bytes(l) - bytes_before[static_cast<std::size_t>(l)];
     r.notes.push_back("link " + std::to_string(l) + " carried " + format_size(static_cast<Bytes>(sent / n)) +
-                      " per worker (its veth's byte counter, calibration included)");
+                      " per worker (its veth's byte counter, calibration included" +
+                      (shared_job >= 0 ? ", every job's" : "") + ")");
   }
   if (allreduce) {
     // The fit every worker measured at start-up (the same on all) and the policy's report.
