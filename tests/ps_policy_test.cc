@@ -71,6 +71,67 @@ TEST(MercuryFig2, WfbpWithTheOverlappingPullsOfEq7) {
   EXPECT_EQ(iteration(mercury_fig2(), "mercury", o, c), 20'500);
 }
 
+// LinkSharing::kFair: the messages a host has in flight to different peers share its
+// links, as TCP connections do. One worker, two servers, an 8000-byte tensor split in two
+// 4000-byte slices, 1 byte/ns, bp and fp 1 us each.
+// kFifo: push0 [1,5] push1 [5,9]; pull0 [5,9] on the worker's downlink, pull1 [9,13];
+// fp [13,14]. kFair: both pushes share the worker's uplink, [1,9] at half the rate each;
+// both servers' pulls then share the worker's downlink, [9,17]; fp [17,18].
+TEST(LinkSharing, TwoServersShareAWorkersLinks) {
+  Profile p;
+  p.name = "one";
+  p.batch_size = 1;
+  p.layers = {layer("l1", 1000, 1000, 8000)};
+  PolicyOptions o;
+  o.split_threshold = 1000;
+  ClusterConfig c = one_to_one();
+  c.servers = 2;
+  EXPECT_EQ(iteration(p, "wfbp", o, c), 14'000);
+  c.link_sharing = LinkSharing::kFair;
+  EXPECT_EQ(iteration(p, "wfbp", o, c), 18'000);
+}
+
+// One server sending to two workers at once (kFair): each pull gets half the server's
+// uplink and both end together. Two workers push 4000 bytes each to one server, which
+// sums at 9 us either way; kFifo pulls to worker 0 [9,13] then worker 1 [13,17], kFair to
+// both [9,17].
+TEST(LinkSharing, OneServerSharesItsUplinkBetweenTwoWorkers) {
+  Profile p;
+  p.name = "one";
+  p.batch_size = 1;
+  p.layers = {layer("l1", 1000, 1000, 4000)};
+  ClusterConfig c = one_to_one();
+  c.workers = 2;
+  SimOptions so;
+  so.iterations = 1;
+  so.record_trace = true;
+  auto pulls = [&]() {
+    std::vector<std::pair<TimeNs, TimeNs>> out(2, {-1, -1});
+    auto r = simulate(p, "wfbp", {}, c, so);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    if (!r.is_ok()) return out;
+    for (const TraceSpan& t : r->trace) {
+      if (t.track == 2 && t.host < 2) out[static_cast<std::size_t>(t.host)] = {t.start, t.end};
+    }
+    return out;
+  };
+  using Span = std::pair<TimeNs, TimeNs>;
+  EXPECT_EQ(pulls(), (std::vector<Span>{{9'000, 13'000}, {13'000, 17'000}}));
+  c.link_sharing = LinkSharing::kFair;
+  EXPECT_EQ(pulls(), (std::vector<Span>{{9'000, 17'000}, {9'000, 17'000}}));
+}
+
+// kFair changes nothing for Mercury: its packets leave one at a time in priority order
+// (PsPolicy::packet_level), the timelines of MercuryFig2 above.
+TEST(LinkSharing, MercurysPacketsStayOneAtATime) {
+  PolicyOptions o;
+  o.packet_size = 500;
+  ClusterConfig c = one_to_one();
+  c.link_sharing = LinkSharing::kFair;
+  EXPECT_EQ(iteration(mercury_fig2(), "mercury", o, c), 20'500);
+  EXPECT_EQ(iteration(mercury_fig2(), "mercury-nopreempt", o, c), 23'500);
+}
+
 // The paper's PS Ready Queue is a plain queue (IV-C); ours is served by priority unless
 // mercury_server_fifo. It matters when sums complete faster than the server's link sends
 // them: a worker twice as slow completes each sum as its copy arrives, and the server

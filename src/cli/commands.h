@@ -37,6 +37,7 @@ struct SimFlags {
   bool overlapping_pulls = false;
   std::string frame_header, frame_cpu;
   std::string ack_queue;
+  std::string link_sharing;
   int iterations = 5;
   int warmup = 1;
   std::string statistic = "median";

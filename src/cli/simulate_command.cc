@@ -89,6 +89,11 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--ack-queue", f->ack_queue,
                   "ps simulator: acknowledgements wait behind pulls queued on the server's uplink and the "
                   "worker's downlink, up to this long, e.g. 2ms (default 0: latency only)");
+  app->add_option("--link-sharing", f->link_sharing,
+                  "ps simulator: how the messages in flight share a link: fair (as TCP connections: each "
+                  "host sends to every peer at once, max-min fair over uplinks and downlinks) or fifo (one "
+                  "message after another per link); Mercury's packets and several jobs always use fifo "
+                  "(default fifo)");
   app->add_option("--iterations", f->iterations, "Iterations to simulate (warm-up included)")->capture_default_str();
   app->add_option("--warmup", f->warmup, "Leading iterations left out of the summary")->capture_default_str();
   app->add_option("--statistic", f->statistic,
@@ -240,6 +245,11 @@ Result<Job> make_job(const SimFlags& f) {
     auto h = parse_size(f.frame_header);
     if (!h) return h.status().with_context("--frame-header");
     job.cluster.frame_header = *h;
+  }
+  if (!f.link_sharing.empty()) {
+    auto l = parse_link_sharing(f.link_sharing);
+    if (!l) return l.status().with_context("--link-sharing");
+    job.cluster.link_sharing = *l;
   }
   if (!f.ack_queue.empty()) {
     auto q = parse_time(f.ack_queue);

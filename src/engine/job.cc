@@ -16,6 +16,14 @@ Result<AllReduceAlgorithm> parse_allreduce_algorithm(const std::string& s) {
   return invalid_argument("unknown all-reduce algorithm '" + s + "' (known: ring, tree, rd, rhd)");
 }
 
+std::string_view link_sharing_name(LinkSharing s) { return s == LinkSharing::kFair ? "fair" : "fifo"; }
+
+Result<LinkSharing> parse_link_sharing(const std::string& s) {
+  if (s == "fair") return LinkSharing::kFair;
+  if (s == "fifo") return LinkSharing::kFifo;
+  return invalid_argument("unknown link sharing '" + s + "' (known: fair, fifo)");
+}
+
 const char* architecture_name(Architecture a) {
   return a == Architecture::kPs ? "ps" : "allreduce";
 }

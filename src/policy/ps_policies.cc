@@ -106,6 +106,7 @@ class Mercury final : public PsPolicy {
     return server_fifo_ ? QueueDiscipline::kFifo : discipline();
   }
   bool wants_acks() const override { return false; }
+  bool packet_level() const override { return true; }
   void on_gradient_ready(int layer, TimeNs, PushSink& out) override {
     for (TensorId t = ctx_.layout->first_tensor(layer); t < ctx_.layout->end_tensor(layer); ++t) {
       push_interleaved(ctx_, t, packet_size_, [&](const PushUnit& u) { out.push(u, 0); });

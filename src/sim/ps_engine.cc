@@ -17,6 +17,14 @@
 // ClusterConfig::overlapping_pulls (the Mercury paper's eq. 7: each pull takes its own
 // time from the moment its sum is complete, overlapping every other pull).
 //
+// ClusterConfig::link_sharing = kFair (FluidLinks): messages go as over the runtime's TCP
+// connections instead: a host starts its queue's head whenever the head's peer has no
+// message of this host's in flight, then the next, stopping at the first head whose peer
+// is busy (transport/sender.h), and the messages in flight share each link max-min fairly
+// (a server's pulls of one sum leave to all workers at once, as do a worker's slices of
+// one tensor to all servers). Not for packet-level policies (Mercury: one packet at a time
+// per sender, in priority order) nor several jobs: those keep the per-message model.
+//
 // ClusterConfig::ack_queue (default 0, off): an acknowledgement waits behind the pull the
 // server's uplink is sending and behind what the worker's downlink still carries, up to
 // this long (the standing queue of a shaper that TCP keeps full), instead of taking the
@@ -197,12 +205,123 @@ class UnitPool {
   std::vector<std::uint32_t> free_;
 };
 
+// Max-min fair sharing of links among the messages in flight (LinkSharing::kFair). Each
+// flow crosses two links, its sender's uplink and its receiver's downlink. reshare()
+// gives every flow its rate by progressive filling (Bertsekas & Gallager, Data Networks,
+// 6.5.2): the link whose capacity left over its flows not yet fixed is least fixes them
+// at that share and leaves the others less capacity, until every flow has its rate. The
+// owner calls it after every start and end. Progress is integer: a flow's bits left times
+// 1e9, less its rate (bit/s) times the nanoseconds elapsed. Cost of one reshare:
+// O(L x (L + F)) for the F flows in flight and the L links they cross (in the PS
+// topology, each host has at most one flow per peer in flight).
+class FluidLinks {
+ public:
+  // What a flow carries is its owner's (kind, from, to, unit).
+  struct Flow {
+    int up = 0, down = 0;  // link indices
+    std::uint8_t kind = 0;
+    int from = 0, to = 0;
+    std::uint32_t unit = 0;
+    TimeNs start = 0;
+    __int128 left = 0;      // bits x 1e9
+    std::int64_t rate = 0;  // bit/s; 0 until the next reshare()
+  };
+  static constexpr TimeNs kNever = INT64_MAX;
+
+  // Link i's rates follow *schedules[i] (not owned).
+  explicit FluidLinks(std::vector<const BandwidthSchedule*> schedules)
+      : schedules_(std::move(schedules)), cap_(schedules_.size(), 0), count_(schedules_.size(), 0) {}
+  bool empty() const { return flows_.empty(); }
+  // Every flow's progress up to `now` at its current rate.
+  void advance(TimeNs now) {
+    const TimeNs dt = now - last_;
+    last_ = now;
+    if (dt <= 0) return;
+    for (Flow& f : flows_) f.left = std::max<__int128>(0, f.left - static_cast<__int128>(f.rate) * dt);
+  }
+  // Starts `f` (advance() to its start first): `bytes` to send.
+  void add(Flow f, Bytes bytes) {
+    f.left = static_cast<__int128>(bytes) * 8 * 1'000'000'000;
+    f.rate = 0;
+    flows_.push_back(f);
+  }
+  // Removes the flows that have sent everything, in the order they started.
+  std::vector<Flow> take_done() {
+    std::vector<Flow> done;
+    std::erase_if(flows_, [&](const Flow& f) {
+      if (f.left > 0) return false;
+      done.push_back(f);
+      return true;
+    });
+    return done;
+  }
+  // Rates by progressive filling at `now`; returns when the next flow ends or a link's rate
+  // changes (kNever: no flow).
+  TimeNs reshare(TimeNs now) {
+    links_.clear();
+    for (Flow& f : flows_) {
+      for (const int l : {f.up, f.down}) {
+        if (count_[static_cast<std::size_t>(l)]++ == 0) {
+          links_.push_back(l);
+          cap_[static_cast<std::size_t>(l)] = schedules_[static_cast<std::size_t>(l)]->rate_at(now).bits_per_second;
+        }
+      }
+      f.rate = -1;  // not fixed yet
+    }
+    std::size_t open = flows_.size();
+    while (open > 0) {
+      int best = -1;
+      std::int64_t share = 0;
+      for (const int l : links_) {  // in first-use order: ties go to the earlier link
+        const auto i = static_cast<std::size_t>(l);
+        if (count_[i] == 0) continue;
+        const std::int64_t s = std::max<std::int64_t>(1, cap_[i] / count_[i]);
+        if (best < 0 || s < share) {
+          best = l;
+          share = s;
+        }
+      }
+      for (Flow& f : flows_) {
+        if (f.rate >= 0 || (f.up != best && f.down != best)) continue;
+        f.rate = share;
+        for (const int l : {f.up, f.down}) {
+          cap_[static_cast<std::size_t>(l)] -= share;
+          --count_[static_cast<std::size_t>(l)];
+        }
+        --open;
+      }
+    }
+    TimeNs next = kNever;
+    for (const Flow& f : flows_) {
+      const __int128 wait = (f.left + f.rate - 1) / f.rate;
+      next = std::min<TimeNs>(next, add_saturated(now, static_cast<TimeNs>(std::min<__int128>(wait, kNever))));
+    }
+    for (const int l : links_) {
+      const auto& segs = schedules_[static_cast<std::size_t>(l)]->segments();
+      const auto k = std::upper_bound(segs.begin(), segs.end(), now,
+                                      [](TimeNs t, const BandwidthSchedule::Segment& g) { return t < g.start; });
+      if (k != segs.end()) next = std::min(next, k->start);
+    }
+    return next;
+  }
+
+ private:
+  std::vector<const BandwidthSchedule*> schedules_;
+  std::vector<Flow> flows_;  // in the order they started
+  std::vector<std::int64_t> cap_;  // reshare(): per link, capacity not yet given (bit/s)
+  std::vector<int> count_;         // reshare(): per link, its flows not yet fixed
+  std::vector<int> links_;         // reshare(): the links with flows
+  TimeNs last_ = 0;                // when the flows last advanced
+};
+
 enum Ev : std::uint8_t {
   kUplinkFree,     // a worker's uplink finished serialising a unit
   kServerArrive,   // a unit fully arrived at its server
   kAck,            // a server's acknowledgement reached the worker
   kServerOutFree,  // a server's uplink finished serialising a pull
   kPullArrive,     // a pulled (aggregated) unit fully arrived at the worker
+  kFlowWake,       // LinkSharing::kFair: a flow ends or a rate changes (ref: the generation)
+  kPushArrive,     // LinkSharing::kFair: a pushed unit arrived at its server (ref: its slot)
 };
 
 // What the network needs of one training job: its tensors and their placement, its
@@ -213,6 +332,7 @@ struct NetJob {
   const Placement* placement = nullptr;
   QueueDiscipline server_discipline = QueueDiscipline::kFifo;
   bool acks = false;
+  bool packet_level = false;  // PsPolicy::packet_level()
   // Per tensor: from its layer's gradient being ready to its layer's next forward, if the
   // job computes without waiting (the backward of the layers before it in forward order,
   // then their update and forward): a unit's deadline is when it was handed over (a
@@ -310,6 +430,16 @@ class PsNetwork {
       for (const NetJob& j : jobs_) srv.jobs.emplace_back(j.server_discipline, j.layout->num_tensors() + 1);
       srv.fair.finish.assign(jobs_.size(), 0);
     }
+    fluid_on_ = cluster.link_sharing == LinkSharing::kFair && jobs_.size() == 1 && !jobs_[0].packet_level;
+    if (fluid_on_) {
+      // Links: worker w's uplink 2w and downlink 2w + 1, then server s's 2(N + s), 2(N + s) + 1.
+      std::vector<const BandwidthSchedule*> schedules;
+      for (const auto& n : nics_) schedules.insert(schedules.end(), {n->up.schedule, n->down.schedule});
+      for (const auto& srv : servers_) schedules.insert(schedules.end(), {srv->in.schedule, srv->out.schedule});
+      fluid_ = std::make_unique<FluidLinks>(std::move(schedules));
+      for (auto& n : nics_) n->peer_busy.assign(static_cast<std::size_t>(cluster.servers), 0);
+      for (auto& srv : servers_) srv->peer_busy.assign(static_cast<std::size_t>(cluster.workers), 0);
+    }
   }
 
   // Job `job`'s port at the next worker without one (ports are added worker by worker).
@@ -346,6 +476,14 @@ class PsNetwork {
         break;
       }
       case kServerOutFree: try_send_server(e.index); break;
+      case kFlowWake: on_flow_wake(e.ref); break;
+      case kPushArrive: {
+        const PushUnit u = units_.get(e.ref);
+        const int job = units_.job(e.ref);
+        units_.release(e.ref);
+        summed(u.server, job, e.index, u, 0, true);
+        break;
+      }
       case kPullArrive: {
         const PushUnit u = units_.get(e.ref);
         const int job = units_.job(e.ref);
@@ -370,6 +508,11 @@ class PsNetwork {
     std::vector<Port*> ports;  // by job
     int sending = -1;       // the job whose unit the uplink carries (or last carried)
     FairShare fair;         // the uplink's
+    // LinkSharing::kFair: per server, whether a push to it is in flight; the pushes in
+    // flight and since when the uplink has had one (its busy time).
+    std::vector<char> peer_busy;
+    int in_flight = 0;
+    TimeNs busy_since = 0;
   };
   // A complete sum waiting on a server's uplink: its pulls to workers next..N-1 (one entry
   // for all N pulls, sent in worker order: exactly N consecutive entries of one FIFO).
@@ -400,6 +543,7 @@ class PsNetwork {
     Ring<Arrival> arriving;  // in the order they arrive
     std::vector<ServerJob> jobs;
     FairShare fair;  // the uplink's
+    std::vector<char> peer_busy;  // LinkSharing::kFair: per worker, whether a pull to it is in flight
   };
 
   Port& port(int job, int w) { return *ports_by_job_[static_cast<std::size_t>(job)][static_cast<std::size_t>(w)]; }
@@ -455,6 +599,7 @@ class PsNetwork {
   }
 
   void try_send(int worker) {
+    if (fluid_on_) return try_send_fluid(worker);
     Nic& n = *nics_[static_cast<std::size_t>(worker)];
     const TimeNs now = clock_.now();
     if (n.up.busy_until > now) return;
@@ -522,13 +667,24 @@ class PsNetwork {
     // A link delivers in order, and its arrivals are a lane of the clock: the same order.
     QS_CHECK(!s.arriving.empty() && s.arriving.front().worker == worker);
     const Arrival arrival = s.arriving.pop();
-    const int job = arrival.job;
-    const PushUnit& u = arrival.unit;
+    // Without acknowledgements try_send counted the copies, and this one completes the sum.
+    summed(static_cast<int>(server), arrival.job, worker, arrival.unit, arrival.deadline,
+           jobs_[static_cast<std::size_t>(arrival.job)].acks);
+  }
+
+  // Worker `worker`'s unit `u` of job `job` arrived at server `server`: its acknowledgement
+  // (if the job wants them), its count if `count` (else the caller counted it and it
+  // completes the sum), and the pulls once the sum is complete.
+  void summed(int server, int job, int worker, const PushUnit& u, TimeNs due, bool count) {
+    Server& s = *servers_[static_cast<std::size_t>(server)];
     ServerJob& sj = s.jobs[static_cast<std::size_t>(job)];
     if (jobs_[static_cast<std::size_t>(job)].acks) {
-      clock_.schedule_event_on(port(job, worker).ack_lane_,
+      // With shared links a worker's units may arrive out of order: not a lane.
+      clock_.schedule_event_on(fluid_on_ ? -1 : port(job, worker).ack_lane_,
                                add_saturated(ack_time(s, worker), cluster_.latency), kAck, worker,
                                units_.add(u, 1, job));
+    }
+    if (count) {
       auto& a = sj.agg.find_or_insert(key(u.chunk));
       if (a.count == 0) {
         a.length = u.chunk.length;
@@ -537,7 +693,7 @@ class PsNetwork {
       }
       if (++a.count < cluster_.workers) return;
       sj.agg.erase(a);
-    }  // else try_send counted the copies, and this one completes the sum
+    }
     // Sum complete: one pull per worker (Mercury IV-C "PS Sender").
     if (cluster_.overlapping_pulls) {
       // Mercury eq. 7: tau_pull = tau_push + t_pull, no pull waits for another.
@@ -557,8 +713,8 @@ class PsNetwork {
       }
       return;
     }
-    sj.out_q.push(u.priority, Pull{u, 0, arrival.deadline});
-    try_send_server(static_cast<int>(server));
+    sj.out_q.push(u.priority, Pull{u, 0, due});
+    try_send_server(server);
   }
 
   // When the server's acknowledgement of a push leaves for the worker: at once, or with
@@ -573,6 +729,7 @@ class PsNetwork {
   }
 
   void try_send_server(int server) {
+    if (fluid_on_) return try_send_server_fluid(server);
     Server& s = *servers_[static_cast<std::size_t>(server)];
     const TimeNs now = clock_.now();
     if (s.out.busy_until > now) return;
@@ -610,6 +767,82 @@ class PsNetwork {
     clock_.schedule_event(at, kPullArrive, wid, units_.add(u, 1, job));  // few: a layer's last
   }
 
+  // LinkSharing::kFair (one job): worker `worker` starts its queue's units in order while
+  // each one's server has no push of this worker in flight (transport/sender.h).
+  void try_send_fluid(int worker) {
+    Nic& n = *nics_[static_cast<std::size_t>(worker)];
+    Port& w = *n.ports[0];
+    const TimeNs now = clock_.now();
+    while (!w.tx_.empty() && !n.peer_busy[static_cast<std::size_t>(w.tx_.front().server)]) {
+      const PushUnit u = w.tx_.pop();
+      n.peer_busy[static_cast<std::size_t>(u.server)] = 1;
+      if (n.in_flight++ == 0) n.busy_since = now;
+      w.bytes_ += u.chunk.length;
+      ++w.units_;
+      start_flow(FluidLinks::Flow{2 * worker, 2 * (cluster_.workers + u.server) + 1, kPushArrive, worker, u.server,
+                                  units_.add(u, 1, 0), now},
+                 u.chunk.length);
+    }
+  }
+  // Server `server` starts its pulls in order while each one's worker has no pull of this
+  // server in flight.
+  void try_send_server_fluid(int server) {
+    Server& s = *servers_[static_cast<std::size_t>(server)];
+    ServerJob& sj = s.jobs[0];
+    const TimeNs now = clock_.now();
+    while (!sj.out_q.empty() && !s.peer_busy[static_cast<std::size_t>(sj.out_q.front().next)]) {
+      Pull& next = sj.out_q.front();
+      const int wid = next.next++;
+      const PushUnit u = next.unit;
+      if (next.next == cluster_.workers) sj.out_q.pop();
+      s.peer_busy[static_cast<std::size_t>(wid)] = 1;
+      start_flow(FluidLinks::Flow{2 * (cluster_.workers + server), 2 * wid + 1, kPullArrive, server, wid,
+                                  units_.add(u, 1, 0), now},
+                 u.chunk.length);
+    }
+  }
+  void start_flow(const FluidLinks::Flow& f, Bytes payload) {
+    fluid_->advance(clock_.now());
+    fluid_->add(f, payload + cluster_.frame_header);
+    // The rates change: reshare once the current event is done (one reshare for every
+    // flow it starts), unless a wake is already due now or on_flow_wake reshares anyway.
+    if (in_wake_ || wake_at_ == clock_.now()) return;
+    wake_at_ = clock_.now();
+    clock_.schedule_event(wake_at_, kFlowWake, 0, ++wake_generation_);
+  }
+  // The flows that ended by now hand their units on (frame_cpu and the latency later);
+  // then every rate is recomputed and the next wake scheduled. A wake of an older
+  // generation is stale (the rates changed since it was scheduled).
+  void on_flow_wake(std::uint32_t generation) {
+    if (generation != wake_generation_) return;
+    const TimeNs now = clock_.now();
+    fluid_->advance(now);
+    in_wake_ = true;
+    for (const FluidLinks::Flow& f : fluid_->take_done()) {
+      const TimeNs at = add_saturated(now + cluster_.frame_cpu, cluster_.latency);
+      if (f.kind == kPushArrive) {
+        Nic& n = *nics_[static_cast<std::size_t>(f.from)];
+        Port& w = *n.ports[0];
+        n.peer_busy[static_cast<std::size_t>(f.to)] = 0;
+        if (--n.in_flight == 0) w.busy_ += now - n.busy_since;
+        if (w.rec_up_.enabled()) w.rec_up_.add(f.start, now, "push " + std::to_string(units_.get(f.unit).chunk.tensor));
+        clock_.schedule_event(at, kPushArrive, f.from, f.unit);
+        if (n.in_flight == 0 && w.tx_.empty()) w.listener_->on_drained(now);
+        try_send_fluid(f.from);
+      } else {
+        servers_[static_cast<std::size_t>(f.from)]->peer_busy[static_cast<std::size_t>(f.to)] = 0;
+        Port& w = port(0, f.to);
+        if (w.rec_down_.enabled()) w.rec_down_.add(f.start, now, "pull " + std::to_string(units_.get(f.unit).chunk.tensor));
+        clock_.schedule_event(at, kPullArrive, f.to, f.unit);
+        try_send_server_fluid(f.from);
+      }
+    }
+    in_wake_ = false;
+    wake_at_ = fluid_->reshare(now);
+    ++wake_generation_;
+    if (wake_at_ != FluidLinks::kNever) clock_.schedule_event(wake_at_, kFlowWake, 0, wake_generation_);
+  }
+
   SimClock& clock_;
   const ClusterConfig& cluster_;
   std::vector<NetJob> jobs_;
@@ -623,6 +856,12 @@ class PsNetwork {
   UnitPool units_;
   std::uint64_t silent_ = 0;  // arrivals that needed no event (counted as events all the same)
   Status error_;
+  // LinkSharing::kFair: on for one job of a policy that is not packet-level.
+  bool fluid_on_ = false;
+  std::unique_ptr<FluidLinks> fluid_;
+  TimeNs wake_at_ = FluidLinks::kNever;  // the kFlowWake of wake_generation_
+  std::uint32_t wake_generation_ = 0;
+  bool in_wake_ = false;  // on_flow_wake() is handing ended flows on
 };
 
 // A worker host's GPU shared by several jobs (Mercury Fig. 20: "the same 4 workers and 4
@@ -770,7 +1009,8 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
     }
     run.result.policy = in.policy;
     net_jobs.push_back(NetJob{run.layout.get(), run.placement.get(), run.policies[0]->server_discipline(),
-                              run.policies[0]->wants_acks(), slacks(*in.profile, *run.layout)});
+                              run.policies[0]->wants_acks(), run.policies[0]->packet_level(),
+                              slacks(*in.profile, *run.layout)});
   }
   SimClock clock;
   PsNetwork net(clock, cluster, std::move(net_jobs), sharing.sharing);

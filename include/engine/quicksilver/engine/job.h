@@ -29,6 +29,22 @@ Result<AllReduceAlgorithm> parse_allreduce_algorithm(const std::string& s);
 const char* architecture_name(Architecture a);
 const char* allreduce_algorithm_name(AllReduceAlgorithm a);
 
+// PS simulator: how the messages a host has in flight share the links (docs/simulator.md
+// "Network model").
+enum class LinkSharing {
+  // One message at a time per uplink, in the sender's queue order; on the receiver's
+  // downlink, behind what it already carries (cut-through, per message).
+  kFifo,
+  // As the runtime's TCP connections: a host hands its queue's head to the head's peer
+  // whenever that peer's connection has no message in flight, then the next (stopping at
+  // the first head whose connection is busy: transport/sender.h), and the messages in
+  // flight share every link they cross (the sender's uplink, the receiver's downlink)
+  // max-min fairly, the rates recomputed at each message's start and end.
+  kFair,
+};
+std::string_view link_sharing_name(LinkSharing s);
+Result<LinkSharing> parse_link_sharing(const std::string& s);
+
 struct ClusterConfig {
   Architecture architecture = Architecture::kPs;
   int workers = 4;
@@ -74,6 +90,11 @@ struct ClusterConfig {
   // backlog of the worker's downlink, up to this long (0, default: it takes the latency
   // only).
   TimeNs ack_queue = 0;
+  // How the messages in flight share a link. kFair applies to one job of a policy that is
+  // not packet-level (PsPolicy::packet_level(): Mercury's packets leave one at a time in
+  // priority order); several jobs (--job) and packet-level policies keep kFifo. With kFair
+  // ack_queue sees no backlog (the acknowledgement takes the latency only).
+  LinkSharing link_sharing = LinkSharing::kFifo;
 
   Status validate() const;
   BandwidthSchedule link_schedule() const {

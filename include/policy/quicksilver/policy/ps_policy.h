@@ -81,6 +81,10 @@ class PsPolicy {
   // Whether on_push_acked() matters to this policy. When false the engines may skip
   // delivering acknowledgements (the simulator saves an event per unit).
   virtual bool wants_acks() const { return true; }
+  // Whether the policy schedules its own packets one at a time per sender (Mercury: the
+  // most urgent packet next). The simulator then keeps each uplink to one unit at a time
+  // whatever ClusterConfig::link_sharing says, so that the packets' priority order holds.
+  virtual bool packet_level() const { return false; }
 
   // The backward pass of iteration `iteration` starts (its gradients follow).
   virtual void on_iteration_start(std::int64_t iteration, TimeNs now, PushSink& out) {
