@@ -69,6 +69,7 @@ struct MeasuredConfig {
   std::string calibration;           // ClusterRunResult::calibration
   double calibration_cpu_idle = -1;  // ClusterRunResult::calibration_cpu_idle
   TimeNs rto_min = 0, switch_buffer = 0;
+  double scale = 0;  // ClusterRunResult::scale (bandwidth and tensor sizes); 0: not given
 };
 // Prints the --json document (stdout), with `measured` in its config when given.
 void print_json(const Job& job, const std::vector<Row>& rows, const MeasuredConfig* measured = nullptr);

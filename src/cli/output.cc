@@ -151,6 +151,7 @@ void print_json(const Job& job, const std::vector<Row>& rows, const MeasuredConf
     config["calibration"] = measured->calibration;
     config["calibration_cpu_idle"] = measured->calibration_cpu_idle;
   }
+  if (measured && measured->scale > 0) config["scale"] = measured->scale;
   if (measured && measured->rto_min > 0) config["rto_min_ns"] = measured->rto_min;
   if (measured && measured->switch_buffer > 0) config["switch_buffer_ns"] = measured->switch_buffer;
   // Hosts that are not alike (shown only when given, so other outputs stay as they were).

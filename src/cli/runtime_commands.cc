@@ -608,7 +608,7 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   if (!run->rows.empty()) {
     if (f.sim.json) {
       const MeasuredConfig m{run->goodput_fraction, run->calibration, run->calibration_cpu_idle, run->rto_min,
-                             run->switch_buffer};
+                             run->switch_buffer, run->scale};
       print_json(run->job, run->rows, &m);
     } else {
       print_table(run->job, run->rows, run->describe());
