@@ -132,6 +132,61 @@ TEST(LinkSharing, MercurysPacketsStayOneAtATime) {
   EXPECT_EQ(iteration(mercury_fig2(), "mercury-nopreempt", o, c), 23'500);
 }
 
+// kFair changes nothing for a stop-and-wait policy either (PsPolicy::stop_and_wait): the
+// runtime's p3 has one short slice per worker in flight, written whole and queued whole
+// by the links, so two workers pushing to one server fall out of step and then pipeline
+// over the servers. Two workers, two servers, an 8000-byte tensor split in two 4000-byte
+// slices, p3 slices of 2000 bytes sent a, b, c, d alternately to servers 0 and 1.
+// Per message: worker 0's a [1,3] (server 0), b [3,5], c [5,7], d [7,9]; worker 1's a
+// queues behind it on server 0's downlink [3,5], then b [5,7], c [7,9], d [9,11]. Sums at
+// 5, 7, 9, 11; each server pulls to worker 0 then worker 1: worker 0's downlink
+// [5,7] [7,9] [9,11] [11,13], worker 1's [7,9] ... [13,15]; fp [15,16]. Sharing instead
+// would keep both workers on one server at half its downlink: pushes end at 17.
+TEST(LinkSharing, StopAndWaitSlicesStayWhole) {
+  Profile p;
+  p.name = "one";
+  p.batch_size = 1;
+  p.layers = {layer("l1", 1000, 1000, 8000)};
+  PolicyOptions o;
+  o.split_threshold = 1000;
+  o.slice_size = 2000;
+  o.startup_time = 0;
+  ClusterConfig c = one_to_one();
+  c.workers = 2;
+  c.servers = 2;
+  SimOptions so;
+  so.iterations = 1;
+  auto first = [&]() {
+    auto r = simulate(p, "p3", o, c, so);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    return r.is_ok() ? r->iteration_time : -1;
+  };
+  EXPECT_EQ(first(), 16'000);
+  c.link_sharing = LinkSharing::kFair;
+  EXPECT_EQ(first(), 16'000);
+}
+
+// Which policies keep one unit in flight: p3, and bytescheduler with a credit of one
+// partition (Mercury III-A: the credit scheme then degenerates to stop-and-wait).
+TEST(LinkSharing, StopAndWaitPolicies) {
+  Profile p = mercury_fig2();
+  TensorLayout layout(p);
+  Placement placement(layout, 1);
+  PsContext ctx{&p, &layout, &placement, 1, 1};
+  auto stop_and_wait = [&](const std::string& name, const PolicyOptions& o) {
+    auto policy = make_ps_policy(name, o, ctx);
+    EXPECT_TRUE(policy.is_ok()) << policy.status().to_string();
+    return policy.is_ok() && (*policy)->stop_and_wait();
+  };
+  PolicyOptions o;
+  EXPECT_TRUE(stop_and_wait("p3", o));
+  EXPECT_FALSE(stop_and_wait("bytescheduler", o));
+  EXPECT_FALSE(stop_and_wait("wfbp", o));
+  EXPECT_FALSE(stop_and_wait("mercury", o));
+  o.credit_size = o.partition_size;
+  EXPECT_TRUE(stop_and_wait("bytescheduler", o));
+}
+
 // The paper's PS Ready Queue is a plain queue (IV-C); ours is served by priority unless
 // mercury_server_fifo. It matters when sums complete faster than the server's link sends
 // them: a worker twice as slow completes each sum as its copy arrives, and the server

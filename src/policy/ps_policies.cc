@@ -132,9 +132,11 @@ class CreditScheduler final : public PsPolicy {
  public:
   CreditScheduler(std::string_view name, const PsContext& ctx, Bytes partition, Bytes credit,
                   TimeNs startup)
-      : name_(name), ctx_(ctx), partition_(partition), startup_(startup), window_(credit) {}
+      : name_(name), ctx_(ctx), partition_(partition), credit_(credit), startup_(startup), window_(credit) {}
   std::string_view name() const override { return name_; }
   QueueDiscipline discipline() const override { return QueueDiscipline::kFifo; }
+  // A credit of at most one partition lets one partition go at a time (CreditWindow).
+  bool stop_and_wait() const override { return credit_ <= partition_; }
 
   void on_gradient_ready(int layer, TimeNs, PushSink& out) override {
     for (TensorId t = ctx_.layout->first_tensor(layer); t < ctx_.layout->end_tensor(layer); ++t) {
@@ -156,6 +158,7 @@ class CreditScheduler final : public PsPolicy {
   std::string name_;
   PsContext ctx_;
   Bytes partition_;
+  Bytes credit_;
   TimeNs startup_;
   CreditWindow<PushUnit> window_;
 };

@@ -23,7 +23,9 @@
 // is busy (transport/sender.h), and the messages in flight share each link max-min fairly
 // (a server's pulls of one sum leave to all workers at once, as do a worker's slices of
 // one tensor to all servers). Not for packet-level policies (Mercury: one packet at a time
-// per sender, in priority order) nor several jobs: those keep the per-message model.
+// per sender, in priority order), stop-and-wait ones (P3: one short slice per worker in
+// flight, a burst the links queue whole; PsPolicy::stop_and_wait()) nor several jobs:
+// those keep the per-message model.
 //
 // ClusterConfig::ack_queue (default 0, off): an acknowledgement waits behind the pull the
 // server's uplink is sending and behind what the worker's downlink still carries, up to
@@ -332,7 +334,7 @@ struct NetJob {
   const Placement* placement = nullptr;
   QueueDiscipline server_discipline = QueueDiscipline::kFifo;
   bool acks = false;
-  bool packet_level = false;  // PsPolicy::packet_level()
+  bool per_message = false;  // PsPolicy::packet_level() or stop_and_wait(): never kFair
   // Per tensor: from its layer's gradient being ready to its layer's next forward, if the
   // job computes without waiting (the backward of the layers before it in forward order,
   // then their update and forward): a unit's deadline is when it was handed over (a
@@ -430,7 +432,7 @@ class PsNetwork {
       for (const NetJob& j : jobs_) srv.jobs.emplace_back(j.server_discipline, j.layout->num_tensors() + 1);
       srv.fair.finish.assign(jobs_.size(), 0);
     }
-    fluid_on_ = cluster.link_sharing == LinkSharing::kFair && jobs_.size() == 1 && !jobs_[0].packet_level;
+    fluid_on_ = cluster.link_sharing == LinkSharing::kFair && jobs_.size() == 1 && !jobs_[0].per_message;
     if (fluid_on_) {
       // Links: worker w's uplink 2w and downlink 2w + 1, then server s's 2(N + s), 2(N + s) + 1.
       std::vector<const BandwidthSchedule*> schedules;
@@ -856,7 +858,8 @@ class PsNetwork {
   UnitPool units_;
   std::uint64_t silent_ = 0;  // arrivals that needed no event (counted as events all the same)
   Status error_;
-  // LinkSharing::kFair: on for one job of a policy that is not packet-level.
+  // LinkSharing::kFair: on for one job of a policy that is neither packet-level nor
+  // stop-and-wait.
   bool fluid_on_ = false;
   std::unique_ptr<FluidLinks> fluid_;
   TimeNs wake_at_ = FluidLinks::kNever;  // the kFlowWake of wake_generation_
@@ -1009,7 +1012,8 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
     }
     run.result.policy = in.policy;
     net_jobs.push_back(NetJob{run.layout.get(), run.placement.get(), run.policies[0]->server_discipline(),
-                              run.policies[0]->wants_acks(), run.policies[0]->packet_level(),
+                              run.policies[0]->wants_acks(),
+                              run.policies[0]->packet_level() || run.policies[0]->stop_and_wait(),
                               slacks(*in.profile, *run.layout)});
   }
   SimClock clock;

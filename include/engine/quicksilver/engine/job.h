@@ -91,8 +91,9 @@ struct ClusterConfig {
   // only).
   TimeNs ack_queue = 0;
   // How the messages in flight share a link. kFair applies to one job of a policy that is
-  // not packet-level (PsPolicy::packet_level(): Mercury's packets leave one at a time in
-  // priority order); several jobs (--job) and packet-level policies keep kFifo. With kFair
+  // neither packet-level (PsPolicy::packet_level(): Mercury's packets leave one at a time
+  // in priority order) nor stop-and-wait (PsPolicy::stop_and_wait(): p3's one short slice
+  // per worker, queued whole); several jobs (--job) and those policies keep kFifo. With kFair
   // ack_queue sees no backlog (the acknowledgement takes the latency only).
   LinkSharing link_sharing = LinkSharing::kFifo;
 

@@ -85,6 +85,12 @@ class PsPolicy {
   // most urgent packet next). The simulator then keeps each uplink to one unit at a time
   // whatever ClusterConfig::link_sharing says, so that the packets' priority order holds.
   virtual bool packet_level() const { return false; }
+  // Whether the policy keeps at most one unit of a worker in flight until it is
+  // acknowledged (stop-and-wait: P3, or a credit window of one partition). The runtime's
+  // sender then has one short unit per worker on the wire at a time, which the kernel
+  // takes whole and the links queue whole as one burst, so the simulator keeps the
+  // per-message model for it under any ClusterConfig::link_sharing, as for packet_level().
+  virtual bool stop_and_wait() const { return false; }
 
   // The backward pass of iteration `iteration` starts (its gradients follow).
   virtual void on_iteration_start(std::int64_t iteration, TimeNs now, PushSink& out) {
