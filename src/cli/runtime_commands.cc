@@ -535,10 +535,6 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   if (!f.script.empty()) return run_script_command(f, exe);
   auto job = make_job(f.sim);
   if (!job) return fail("quicksilver", job.status());
-  // The prediction of a real run models the runtime's transport: each host writes to
-  // every peer whose connection is free at once (transport/sender.cc), the connections
-  // sharing the links (docs/simulator.md, "Prediction errors of the runtime").
-  if (f.sim.link_sharing.empty()) job->cluster.link_sharing = LinkSharing::kFair;
   if (f.sim.policy == "all") {
     // The oracle moves no byte: there is nothing to run (its figure is the simulator's).
     std::erase(job->policies, std::string("oracle"));
