@@ -11,6 +11,15 @@ using testing::layer;
 using testing::mercury_fig2;
 using testing::one_to_one;
 
+// One layer of `bytes` (one tensor), bp and fp 1 us each.
+Profile one_layer(Bytes bytes) {
+  Profile p;
+  p.name = "one";
+  p.batch_size = 1;
+  p.layers = {layer("l1", 1000, 1000, bytes)};
+  return p;
+}
+
 TimeNs iteration(const Profile& p, const std::string& policy, const PolicyOptions& o,
                  const ClusterConfig& c) {
   return testing::steady_iteration(p, policy, o, c);
@@ -78,10 +87,7 @@ TEST(MercuryFig2, WfbpWithTheOverlappingPullsOfEq7) {
 // fp [13,14]. kFair: both pushes share the worker's uplink, [1,9] at half the rate each;
 // both servers' pulls then share the worker's downlink, [9,17]; fp [17,18].
 TEST(LinkSharing, TwoServersShareAWorkersLinks) {
-  Profile p;
-  p.name = "one";
-  p.batch_size = 1;
-  p.layers = {layer("l1", 1000, 1000, 8000)};
+  const Profile p = one_layer(8000);
   PolicyOptions o;
   o.split_threshold = 1000;
   ClusterConfig c = one_to_one();
@@ -96,10 +102,7 @@ TEST(LinkSharing, TwoServersShareAWorkersLinks) {
 // sums at 9 us either way; kFifo pulls to worker 0 [9,13] then worker 1 [13,17], kFair to
 // both [9,17].
 TEST(LinkSharing, OneServerSharesItsUplinkBetweenTwoWorkers) {
-  Profile p;
-  p.name = "one";
-  p.batch_size = 1;
-  p.layers = {layer("l1", 1000, 1000, 4000)};
+  const Profile p = one_layer(4000);
   ClusterConfig c = one_to_one();
   c.workers = 2;
   SimOptions so;
@@ -143,10 +146,7 @@ TEST(LinkSharing, MercurysPacketsStayOneAtATime) {
 // [5,7] [7,9] [9,11] [11,13], worker 1's [7,9] ... [13,15]; fp [15,16]. Sharing instead
 // would keep both workers on one server at half its downlink: pushes end at 17.
 TEST(LinkSharing, StopAndWaitSlicesStayWhole) {
-  Profile p;
-  p.name = "one";
-  p.batch_size = 1;
-  p.layers = {layer("l1", 1000, 1000, 8000)};
+  const Profile p = one_layer(8000);
   PolicyOptions o;
   o.split_threshold = 1000;
   o.slice_size = 2000;
@@ -215,10 +215,7 @@ TEST(MercuryServer, PriorityReadyQueueLetsUrgentSumsOvertake) {
 // 2 us of CPU per frame as well, every frame holds each link 3.024 us: pushes end at
 // 1 + 24.192, the last pull 3.024 later, forward to 29.216 us.
 TEST(FrameCost, HeaderBytesAndCpuPerFrame) {
-  Profile p;
-  p.name = "one";
-  p.batch_size = 1;
-  p.layers = {layer("l1", 1000, 1000, 8000)};
+  const Profile p = one_layer(8000);
   PolicyOptions o;
   o.packet_size = 1000;
   ClusterConfig c = one_to_one();
@@ -258,13 +255,6 @@ TEST(FrameCost, SmallPacketsPayForTheirFrames) {
 // Oracle (eq. 9): 3 x (3 + 2) us.
 TEST(MercuryFig2, Oracle) { EXPECT_EQ(iteration(mercury_fig2(), "oracle", {}, one_to_one()), 15'000); }
 
-Profile one_layer_3000_bytes() {
-  Profile p;
-  p.name = "one";
-  p.layers = {layer("only", 1000, 1000, 3000)};
-  return p;
-}
-
 // P3 stop-and-wait, 1000-byte slices, 1 us startup, no latency (us): ready at 1;
 // slice1 enters the library at 2, sent [2,3], acked at 3; slice2 enters 4, [4,5];
 // slice3 enters 6, [6,7]; its pull [7,8]; forward [8,9].
@@ -272,7 +262,7 @@ TEST(CreditSchedulers, P3StopAndWait) {
   PolicyOptions o;
   o.slice_size = 1000;
   o.startup_time = 1000;
-  EXPECT_EQ(iteration(one_layer_3000_bytes(), "p3", o, one_to_one()), 9'000);
+  EXPECT_EQ(iteration(one_layer(3000), "p3", o, one_to_one()), 9'000);
 }
 
 // Issue 14 point 7: with ack_queue an acknowledgement waits behind the pull in flight on
@@ -282,10 +272,7 @@ TEST(CreditSchedulers, P3StopAndWait) {
 // stop-and-wait each acknowledgement's wait delays the next slice; p3 slows down, by at
 // most the cap per slice; a cap of 0 changes nothing.
 TEST(CreditSchedulers, AcknowledgementsQueueBehindPulls) {
-  Profile p;
-  p.name = "one";
-  p.batch_size = 1;
-  p.layers = {layer("l1", 1000, 1000, 8000)};
+  const Profile p = one_layer(8000);
   PolicyOptions o;
   o.slice_size = 1000;
   o.startup_time = 0;
@@ -319,7 +306,7 @@ TEST(CreditSchedulers, P3PaysTheAcknowledgementDelay) {
   PolicyOptions o;
   o.slice_size = 1000;
   o.startup_time = 1000;
-  EXPECT_EQ(iteration(one_layer_3000_bytes(), "p3", o, one_to_one(100)), 9'600);
+  EXPECT_EQ(iteration(one_layer(3000), "p3", o, one_to_one(100)), 9'600);
 }
 
 // ByteScheduler, 1000-byte partitions, credit 2000: partitions 1 and 2 start up together
@@ -330,7 +317,7 @@ TEST(CreditSchedulers, ByteSchedulerCreditOverlapsStartup) {
   o.partition_size = 1000;
   o.credit_size = 2000;
   o.startup_time = 1000;
-  EXPECT_EQ(iteration(one_layer_3000_bytes(), "bytescheduler", o, one_to_one()), 7'000);
+  EXPECT_EQ(iteration(one_layer(3000), "bytescheduler", o, one_to_one()), 7'000);
 }
 
 TEST(PsPolicies, AllReduceOnlyPolicyIsAClearError) {
