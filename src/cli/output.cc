@@ -13,8 +13,10 @@ constexpr double kCpuBoundIdle = 0.10;
 
 std::string config_line(const Job& job) {
   const ClusterConfig& c = job.cluster;
-  std::string s = job.profile.name + ", batch " + std::to_string(job.profile.batch_size) + ", " +
-                  std::to_string(c.workers) + " workers";
+  // A batch of 0: several jobs, each its own (named with the jobs).
+  std::string s = job.profile.name +
+                  (job.profile.batch_size > 0 ? ", batch " + std::to_string(job.profile.batch_size) : std::string()) +
+                  ", " + std::to_string(c.workers) + " workers";
   if (c.architecture == Architecture::kPs) {
     s += ", " + std::to_string(c.servers) + " servers (ps)";
   } else {

@@ -1063,8 +1063,11 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     }
     job.policies.clear();
     std::string names;
-    for (const SharedJob& s : shared) names += (names.empty() ? "" : " + ") + s.profile.name;
+    for (const SharedJob& s : shared) {
+      names += (names.empty() ? "" : " + ") + s.profile.name + " batch " + std::to_string(s.profile.batch_size);
+    }
     job.profile.name = std::to_string(shared.size()) + " jobs sharing the cluster (" + names + ")";
+    job.profile.batch_size = 0;  // each job its own (config_line)
   }
   for (const std::string& p : job.policies) {
     if (g_interrupted) break;
