@@ -30,6 +30,34 @@ ap.add_argument("--probe-mb", type=float, default=16, help="MB each host sends t
 args = ap.parse_args()
 
 
+def cpu_ticks():
+    """(idle, total) jiffies of the whole machine (/proc/stat is not per namespace)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return v[3] + v[4], sum(v)
+
+
+def idle_since(t0):
+    i1, a1 = cpu_ticks()
+    return (i1 - t0[0]) / max(1, a1 - t0[1])
+
+
+def wire():
+    """Communication alone: all-reduces of the model's gradient bytes with gloo (DDP's
+    engine), no compute; seconds per all-reduce and the machine's idle share meanwhile."""
+    model, _ = make_model(args.model)
+    buf = torch.zeros(sum(p.numel() for p in model.parameters()))
+    torch.distributed.all_reduce(buf)  # warm-up: connections, buffers
+    torch.distributed.barrier()
+    t0, start = cpu_ticks(), time.perf_counter()
+    for _ in range(2):
+        torch.distributed.all_reduce(buf)
+    took = (time.perf_counter() - start) / 2
+    idle = idle_since(t0)
+    torch.distributed.barrier()
+    return took, idle
+
+
 def train(mode):
     """samples/s over all workers; mode "alone": every process trains on its own, no
     communication (the compute the limit is made of, with the processes sharing the
@@ -51,7 +79,7 @@ def train(mode):
             if qs_mode:
                 opt.synchronize()
             torch.distributed.barrier()
-            start = time.perf_counter()
+            t0, start = cpu_ticks(), time.perf_counter()
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
@@ -59,8 +87,9 @@ def train(mode):
         opt.synchronize()
         report = opt.shutdown()  # DeFT: its last updates too
     took = time.perf_counter() - start
+    idle = idle_since(t0)
     torch.distributed.barrier()
-    return args.iterations * args.batch * qs.size() / took, sum(p.numel() * 4 for p in model.parameters())
+    return args.iterations * args.batch * qs.size() / took, sum(p.numel() * 4 for p in model.parameters()), idle
 
 
 def goodput():
@@ -92,9 +121,10 @@ if qs.size() < 2:
 # the two DDP figures says how far the comparison can be trusted.
 modes = ["alone", "ddp"] + args.policies.split(",") + ["ddp again"]
 bps = goodput()
-results = {}
+wire_alone, wire_idle = wire()
+results, idles = {}, {}
 for m in modes:
-    results[m], model_bytes = train(m.split()[0])
+    results[m], model_bytes, idles[m] = train(m.split()[0])
 ddp = (results["ddp"] + results["ddp again"]) / 2
 n = qs.size()
 # The limit: an iteration is no shorter than its compute, nor than the bytes each host
@@ -109,6 +139,10 @@ if qs.rank() == 0:
     print("  limit {:.1f} samples/s: compute {:.1f} ms per iteration (no communication), {:.1f} MB sent per host "
           "at {:.3f} Gbit/s goodput {:.1f} ms".format(limit, compute_s * 1e3, 2 * (n - 1) / n * model_bytes / 1e6,
                                                       bps / 1e9, wire_s * 1e3))
+    # Rank 0's view of the whole machine: below ~10 % idle, CPU bounds the mode, not its schedule.
+    print("  communication alone: one gloo all-reduce of the gradients {:.1f} ms, machine {:.0%} idle".format(
+        wire_alone * 1e3, wire_idle))
     for m, sps in results.items():
         ratio = "" if m.startswith("ddp") or m == "alone" else "  {:.2f}x DDP (mean of both)".format(sps / ddp)
-        print("  {:<16} {:8.1f} samples/s  {:.2f} of the limit{}".format(m, sps, sps / limit, ratio))
+        print("  {:<16} {:8.1f} samples/s  {:.2f} of the limit  machine {:3.0%} idle{}".format(
+            m, sps, sps / limit, idles[m], ratio))
