@@ -345,7 +345,7 @@ struct NetJob {
   const Placement* placement = nullptr;
   QueueDiscipline server_discipline = QueueDiscipline::kFifo;
   bool acks = false;
-  bool per_message = false;  // PsPolicy::packet_level() or stop_and_wait(): never kFair
+  bool per_message = false;  // PsPolicy::packet_level() or stop_and_wait(): never the TCP rule
   // Per tensor: from its layer's gradient being ready to its layer's next forward, if the
   // job computes without waiting (the backward of the layers before it in forward order,
   // then their update and forward): a unit's deadline is when it was handed over (a
@@ -355,8 +355,9 @@ struct NetJob {
 
 // The simulated parameter-server network: every worker's Exchange (its Port, one per job)
 // and the servers that sum and answer. Several jobs share the hosts' NICs (Mercury Fig.
-// 20): each link serves one unit at a time, the jobs' queues by JobSharing; with one job
-// the network is the single job's, exactly.
+// 20): each link serves one unit at a time, the jobs' queues by JobSharing, or under
+// JobSharing::kFlows the jobs' messages share the links as flows (FluidLinks); with one
+// job the network is the single job's, exactly.
 class PsNetwork {
  public:
   // One job's side of one worker: its transport queue (under its policy's discipline) and
