@@ -234,7 +234,7 @@ TEST(SharedJobs, OneJobIsThePlainSimulationExactly) {
     o.record_trace = true;
     for (const char* policy : {"mercury", "bytescheduler", "wfbp", "prophet"}) {
       auto plain = simulate(p, policy, {}, c, o);
-      for (JobSharing sharing : {JobSharing::kFair, JobSharing::kStrict, JobSharing::kDeadline}) {
+      for (JobSharing sharing : {JobSharing::kFair, JobSharing::kStrict, JobSharing::kDeadline, JobSharing::kFlows}) {
         auto shared = simulate_shared({SharedJob{p, policy, {}}}, c, o, SharingOptions{sharing, true});
         ASSERT_TRUE(plain.is_ok() && shared.is_ok()) << shared.status().to_string();
         ASSERT_EQ(shared->size(), 1u);
@@ -277,6 +277,57 @@ TEST(SharedJobs, TwoJobsShareTheLinks) {
   ASSERT_TRUE(mixed.is_ok()) << mixed.status().to_string();
   EXPECT_NEAR(static_cast<double>((*mixed)[0].iteration_time), static_cast<double>((*mixed)[1].iteration_time),
               0.05 * static_cast<double>((*mixed)[1].iteration_time));
+}
+
+TEST(SharedJobs, FlowsShareALinkByteByByte) {
+  // One worker, one server, 1 byte/ns. Job 0 pushes one 4 MiB unit and job 1 one of 64 KiB,
+  // both at time 0. Unit by unit (fair) job 1's unit waits behind job 0's whole one;
+  // as flows (as TCP connections of their own) it has half the link: its push ends after
+  // 128 KiB of the link's time, and its pull (the server's uplink is free) 64 KiB later.
+  Profile big;
+  big.name = "big";
+  big.layers = {layer("fc", 0, 0, 4 * kMiB)};
+  Profile small;
+  small.name = "small";
+  small.layers = {layer("s", 0, 0, 64 * kKiB)};
+  const ClusterConfig c = cluster(1, 1, Rate::gbps(8));
+  SimOptions first;
+  first.iterations = 1;
+  first.warmup = 0;
+  const std::vector<SharedJob> jobs = {SharedJob{big, "wfbp", {}}, SharedJob{small, "wfbp", {}}};
+  auto fair = simulate_shared(jobs, c, first, SharingOptions{JobSharing::kFair, false});
+  auto flows = simulate_shared(jobs, c, first, SharingOptions{JobSharing::kFlows, false});
+  ASSERT_TRUE(fair.is_ok() && flows.is_ok()) << flows.status().to_string();
+  EXPECT_GT((*fair)[1].iteration_time, 4 * kMiB);
+  EXPECT_GE((*flows)[1].iteration_time, 3 * 64 * kKiB);
+  EXPECT_LE((*flows)[1].iteration_time, 3 * 64 * kKiB + kNsPerUs);
+  // Job 1 keeps iterating (it runs until job 0 is done too) and so holds half of every
+  // link it uses: job 0's 4 MiB push and 4 MiB pull take between once and twice their time.
+  EXPECT_GT((*flows)[0].iteration_time, 8 * kMiB);
+  EXPECT_LE((*flows)[0].iteration_time, 16 * kMiB + kNsPerUs);
+  // Deterministic.
+  auto again = simulate_shared(jobs, c, first, SharingOptions{JobSharing::kFlows, false});
+  EXPECT_EQ((*again)[0].iteration_times, (*flows)[0].iteration_times);
+  EXPECT_EQ((*again)[1].iteration_times, (*flows)[1].iteration_times);
+  // Within a job its own model: beside a job that moves no byte, a job runs as alone, for a
+  // per-message job (the default link sharing; Mercury's packets) as under LinkSharing::kFair.
+  Rng rng(7);
+  for (int round = 0; round < 3; ++round) {
+    const Profile p = testing::random_profile(rng);
+    for (const bool tcp : {false, true}) {
+      ClusterConfig cc = cluster(3, 2, Rate::gbps(2));
+      if (tcp) cc.link_sharing = LinkSharing::kFair;
+      for (const char* policy : {"wfbp", "mercury", "bytescheduler"}) {
+        const TimeNs alone = simulate(p, policy, {}, cc, {})->iteration_time;
+        auto shared = simulate_shared({SharedJob{p, policy, {}}, SharedJob{small, "oracle", {}}}, cc, {},
+                                      SharingOptions{JobSharing::kFlows, false});
+        ASSERT_TRUE(shared.is_ok()) << shared.status().to_string();
+        EXPECT_NEAR(static_cast<double>((*shared)[0].iteration_time), static_cast<double>(alone),
+                    1e-3 * static_cast<double>(alone))
+            << policy << (tcp ? " tcp" : "");
+      }
+    }
+  }
 }
 
 TEST(SharedJobs, DeadlinesHoldAcrossJobsAndGpusAreShared) {

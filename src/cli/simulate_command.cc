@@ -112,7 +112,8 @@ void add_shared_job_flags(CLI::App* app, SimFlags* f) {
                   "on the same hosts)");
   app->add_option("--job-sharing", f->job_sharing,
                   "with --job: how a link serves the jobs' queues: fair (round robin, each job's own scheduler), "
-                  "strict (job order), deadline (the unit whose layer's next forward comes soonest, across jobs); run: fair")
+                  "strict (job order), deadline (the unit whose layer's next forward comes soonest, across jobs), flows (the "
+                  "jobs' messages in flight at once, sharing each link max-min fairly, as TCP connections); run: fair")
       ->capture_default_str();
   app->add_flag("--separate-gpus", f->separate_gpus, "with --job: each job has GPUs of its own (default: shared; run: always its own)");
 }

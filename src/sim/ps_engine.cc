@@ -27,6 +27,13 @@
 // flight, a burst the links queue whole; PsPolicy::stop_and_wait()) nor several jobs:
 // those keep the per-message model.
 //
+// Several jobs under JobSharing::kFlows share the links the same way, as the runtime's jobs
+// do over TCP connections of their own: their messages in flight share each link max-min
+// fairly, byte by byte, while each job keeps its own model within itself: under
+// LinkSharing::kFair (and neither packet-level nor stop-and-wait) the rule above, else one
+// message of the job at a time per host (the per-message model's one unit per link, or
+// Mercury's packets one at a time in priority order). With one job nothing changes.
+//
 // ClusterConfig::ack_queue (default 0, off): an acknowledgement waits behind the pull the
 // server's uplink is sending and behind what the worker's downlink still carries, up to
 // this long (the standing queue of a shaper that TCP keeps full), instead of taking the
@@ -215,16 +222,18 @@ class UnitPool {
 // owner calls it after every start and end. Progress is integer: a flow's bits left times
 // 1e9, less its rate (bit/s) times the nanoseconds elapsed. Cost of one reshare:
 // O(L x (L + F)) for the F flows in flight and the L links they cross (in the PS
-// topology, each host has at most one flow per peer in flight).
+// topology, each host has at most one flow per peer in flight). A flow may cross one link
+// only (the other index -1).
 class FluidLinks {
  public:
   // What a flow carries is its owner's (kind, from, to, unit).
   struct Flow {
-    int up = 0, down = 0;  // link indices
+    int up = 0, down = 0;  // link indices (-1: none)
     std::uint8_t kind = 0;
     int from = 0, to = 0;
     std::uint32_t unit = 0;
     TimeNs start = 0;
+    std::uint8_t part = 0;  // the owner's: which part of its message the flow is
     __int128 left = 0;      // bits x 1e9
     std::int64_t rate = 0;  // bit/s; 0 until the next reshare()
   };
@@ -263,6 +272,7 @@ class FluidLinks {
     links_.clear();
     for (Flow& f : flows_) {
       for (const int l : {f.up, f.down}) {
+        if (l < 0) continue;
         if (count_[static_cast<std::size_t>(l)]++ == 0) {
           links_.push_back(l);
           cap_[static_cast<std::size_t>(l)] = schedules_[static_cast<std::size_t>(l)]->rate_at(now).bits_per_second;
@@ -287,6 +297,7 @@ class FluidLinks {
         if (f.rate >= 0 || (f.up != best && f.down != best)) continue;
         f.rate = share;
         for (const int l : {f.up, f.down}) {
+          if (l < 0) continue;
           cap_[static_cast<std::size_t>(l)] -= share;
           --count_[static_cast<std::size_t>(l)];
         }
@@ -334,7 +345,7 @@ struct NetJob {
   const Placement* placement = nullptr;
   QueueDiscipline server_discipline = QueueDiscipline::kFifo;
   bool acks = false;
-  bool per_message = false;  // PsPolicy::packet_level() or stop_and_wait(): never kFair
+  bool per_message = false;  // PsPolicy::packet_level() or stop_and_wait(): never the TCP rule
   // Per tensor: from its layer's gradient being ready to its layer's next forward, if the
   // job computes without waiting (the backward of the layers before it in forward order,
   // then their update and forward): a unit's deadline is when it was handed over (a
@@ -344,8 +355,9 @@ struct NetJob {
 
 // The simulated parameter-server network: every worker's Exchange (its Port, one per job)
 // and the servers that sum and answer. Several jobs share the hosts' NICs (Mercury Fig.
-// 20): each link serves one unit at a time, the jobs' queues by JobSharing; with one job
-// the network is the single job's, exactly.
+// 20): each link serves one unit at a time, the jobs' queues by JobSharing, or under
+// JobSharing::kFlows the jobs' messages share the links as flows (FluidLinks); with one
+// job the network is the single job's, exactly.
 class PsNetwork {
  public:
   // One job's side of one worker: its transport queue (under its policy's discipline) and
@@ -354,7 +366,8 @@ class PsNetwork {
    public:
     Port(PsNetwork& net, int job, int worker, QueueDiscipline d)
         : net_(net), job_(job), id_(worker), tx_(d, net.jobs_[static_cast<std::size_t>(job)].layout->num_tensors() + 1),
-          ack_lane_(net.jobs_[static_cast<std::size_t>(job)].acks ? net.clock_.add_lane() : -1) {
+          ack_lane_(net.jobs_[static_cast<std::size_t>(job)].acks ? net.clock_.add_lane() : -1),
+          peer_busy_(static_cast<std::size_t>(net.cluster_.servers), 0) {
       const auto layers = static_cast<std::size_t>(net.jobs_[static_cast<std::size_t>(job)].layout->num_layers());
       pulls_sent_.assign(layers, 0);
       queued_.assign(layers, 0);
@@ -399,6 +412,11 @@ class PsNetwork {
     ExchangeListener* listener_ = nullptr;
     TxQueue<PushUnit> tx_;
     int ack_lane_;   // acknowledgements for this worker (mostly in time order), if any
+    // Shared links (fluid_on_): per server, whether a push of this port to it is in flight;
+    // the pushes in flight and since when the port has had one (its busy time).
+    std::vector<char> peer_busy_;
+    int in_flight_ = 0;
+    TimeNs busy_since_ = 0;
     std::vector<Bytes> pulls_sent_;  // per layer, this iteration's pulls sent so far (try_send_server)
     // JobSharing::kDeadline: per layer, units queued and when the first of them was.
     std::vector<int> queued_;
@@ -432,15 +450,20 @@ class PsNetwork {
       for (const NetJob& j : jobs_) srv.jobs.emplace_back(j.server_discipline, j.layout->num_tensors() + 1);
       srv.fair.finish.assign(jobs_.size(), 0);
     }
-    fluid_on_ = cluster.link_sharing == LinkSharing::kFair && jobs_.size() == 1 && !jobs_[0].per_message;
+    fluid_on_ = jobs_.size() == 1 ? cluster.link_sharing == LinkSharing::kFair && !jobs_[0].per_message
+                                  : sharing == JobSharing::kFlows;
+    for (const NetJob& j : jobs_) serial_.push_back(j.per_message || cluster.link_sharing != LinkSharing::kFair);
     if (fluid_on_) {
       // Links: worker w's uplink 2w and downlink 2w + 1, then server s's 2(N + s), 2(N + s) + 1.
       std::vector<const BandwidthSchedule*> schedules;
       for (const auto& n : nics_) schedules.insert(schedules.end(), {n->up.schedule, n->down.schedule});
       for (const auto& srv : servers_) schedules.insert(schedules.end(), {srv->in.schedule, srv->out.schedule});
+      down_q_.resize(jobs_.size() * schedules.size());
+      down_busy_.assign(down_q_.size(), 0);
       fluid_ = std::make_unique<FluidLinks>(std::move(schedules));
-      for (auto& n : nics_) n->peer_busy.assign(static_cast<std::size_t>(cluster.servers), 0);
-      for (auto& srv : servers_) srv->peer_busy.assign(static_cast<std::size_t>(cluster.workers), 0);
+      for (auto& srv : servers_) {
+        for (ServerJob& sj : srv->jobs) sj.peer_busy.assign(static_cast<std::size_t>(cluster.workers), 0);
+      }
     }
   }
 
@@ -510,11 +533,6 @@ class PsNetwork {
     std::vector<Port*> ports;  // by job
     int sending = -1;       // the job whose unit the uplink carries (or last carried)
     FairShare fair;         // the uplink's
-    // LinkSharing::kFair: per server, whether a push to it is in flight; the pushes in
-    // flight and since when the uplink has had one (its busy time).
-    std::vector<char> peer_busy;
-    int in_flight = 0;
-    TimeNs busy_since = 0;
   };
   // A complete sum waiting on a server's uplink: its pulls to workers next..N-1 (one entry
   // for all N pulls, sent in worker order: exactly N consecutive entries of one FIFO).
@@ -528,6 +546,10 @@ class PsNetwork {
     ServerJob(QueueDiscipline d, int priorities) : out_q(d, priorities) {}
     AggMap agg;
     TxQueue<Pull> out_q;
+    // Shared links (fluid_on_): per worker, whether a pull of this job to it is in flight,
+    // and the pulls in flight.
+    std::vector<char> peer_busy;
+    int in_flight = 0;
   };
   // A unit on its way in: its job and worker (an arrival event names only the worker and
   // the server; the units are read in sequence, not from scattered slots).
@@ -545,7 +567,6 @@ class PsNetwork {
     Ring<Arrival> arriving;  // in the order they arrive
     std::vector<ServerJob> jobs;
     FairShare fair;  // the uplink's
-    std::vector<char> peer_busy;  // LinkSharing::kFair: per worker, whether a pull to it is in flight
   };
 
   Port& port(int job, int w) { return *ports_by_job_[static_cast<std::size_t>(job)][static_cast<std::size_t>(w)]; }
@@ -769,38 +790,73 @@ class PsNetwork {
     clock_.schedule_event(at, kPullArrive, wid, units_.add(u, 1, job));  // few: a layer's last
   }
 
-  // LinkSharing::kFair (one job): worker `worker` starts its queue's units in order while
-  // each one's server has no push of this worker in flight (transport/sender.h).
+  // Shared links: worker `worker` starts each job's queue's units in order (job by job)
+  // while the job's own model lets it: under LinkSharing::kFair while each one's server has
+  // no push of this job's worker in flight (transport/sender.h), else (serial_) one push
+  // of the job at a time.
   void try_send_fluid(int worker) {
     Nic& n = *nics_[static_cast<std::size_t>(worker)];
-    Port& w = *n.ports[0];
     const TimeNs now = clock_.now();
-    while (!w.tx_.empty() && !n.peer_busy[static_cast<std::size_t>(w.tx_.front().server)]) {
-      const PushUnit u = w.tx_.pop();
-      n.peer_busy[static_cast<std::size_t>(u.server)] = 1;
-      if (n.in_flight++ == 0) n.busy_since = now;
-      w.bytes_ += u.chunk.length;
-      ++w.units_;
-      start_flow(FluidLinks::Flow{2 * worker, 2 * (cluster_.workers + u.server) + 1, kPushArrive, worker, u.server,
-                                  units_.add(u, 1, 0), now},
-                 u.chunk.length);
+    for (std::size_t j = 0; j < jobs_.size(); ++j) {
+      Port& w = *n.ports[j];
+      while (!w.tx_.empty() && (serial_[j] ? w.in_flight_ == 0 : !w.peer_busy_[static_cast<std::size_t>(w.tx_.front().server)])) {
+        const PushUnit u = w.tx_.pop();
+        w.peer_busy_[static_cast<std::size_t>(u.server)] = 1;
+        if (w.in_flight_++ == 0) w.busy_since_ = now;
+        w.bytes_ += u.chunk.length;
+        ++w.units_;
+        send(static_cast<int>(j),
+             FluidLinks::Flow{2 * worker, 2 * (cluster_.workers + u.server) + 1, kPushArrive, worker, u.server,
+                              units_.add(u, 1, static_cast<int>(j)), now},
+             u.chunk.length);
+      }
     }
   }
-  // Server `server` starts its pulls in order while each one's worker has no pull of this
-  // server in flight.
+  // Server `server` starts each job's pulls in order while the job's model lets it: while
+  // each one's worker has no pull of this server's job in flight, or (serial_) one at a time.
   void try_send_server_fluid(int server) {
     Server& s = *servers_[static_cast<std::size_t>(server)];
-    ServerJob& sj = s.jobs[0];
     const TimeNs now = clock_.now();
-    while (!sj.out_q.empty() && !s.peer_busy[static_cast<std::size_t>(sj.out_q.front().next)]) {
-      Pull& next = sj.out_q.front();
-      const int wid = next.next++;
-      const PushUnit u = next.unit;
-      if (next.next == cluster_.workers) sj.out_q.pop();
-      s.peer_busy[static_cast<std::size_t>(wid)] = 1;
-      start_flow(FluidLinks::Flow{2 * (cluster_.workers + server), 2 * wid + 1, kPullArrive, server, wid,
-                                  units_.add(u, 1, 0), now},
-                 u.chunk.length);
+    for (std::size_t j = 0; j < jobs_.size(); ++j) {
+      ServerJob& sj = s.jobs[j];
+      while (!sj.out_q.empty() &&
+             (serial_[j] ? sj.in_flight == 0 : !sj.peer_busy[static_cast<std::size_t>(sj.out_q.front().next)])) {
+        Pull& next = sj.out_q.front();
+        const int wid = next.next++;
+        const PushUnit u = next.unit;
+        if (next.next == cluster_.workers) sj.out_q.pop();
+        sj.peer_busy[static_cast<std::size_t>(wid)] = 1;
+        ++sj.in_flight;
+        send(static_cast<int>(j),
+             FluidLinks::Flow{2 * (cluster_.workers + server), 2 * wid + 1, kPullArrive, server, wid,
+                              units_.add(u, 1, static_cast<int>(j)), now},
+             u.chunk.length);
+      }
+    }
+  }
+  // Job `job`'s message `f` (both links): one flow over both, or for a serial_ job the
+  // per-message model as flows: one over the sender's link, which frees the sender when it
+  // ends, and one over the receiver's, queued behind the job's others there (one at a
+  // time, in the order they were sent), both starting now if they can (cut-through); it
+  // arrives when both have ended. With the job alone on its links this is the per-message
+  // model; beside other jobs each link is shared equally among the jobs that use it.
+  void send(int job, FluidLinks::Flow f, Bytes payload) {
+    if (!serial_[static_cast<std::size_t>(job)]) return start_flow(f, payload);
+    if (pending_.size() <= f.unit) pending_.resize(f.unit + 1, 0);
+    pending_[f.unit] = 2;
+    FluidLinks::Flow up = f, down = f;
+    up.down = -1;
+    up.part = kSenderPart;
+    down.up = -1;
+    down.part = kReceiverPart;
+    start_flow(up, payload);
+    const std::size_t q = static_cast<std::size_t>(job) * 2 * static_cast<std::size_t>(cluster_.workers + cluster_.servers) +
+                          static_cast<std::size_t>(f.down);
+    if (down_busy_[q]) {
+      down_q_[q].push_back(DownPart{down, payload});
+    } else {
+      down_busy_[q] = 1;
+      start_flow(down, payload);
     }
   }
   void start_flow(const FluidLinks::Flow& f, Bytes payload) {
@@ -821,28 +877,61 @@ class PsNetwork {
     fluid_->advance(now);
     in_wake_ = true;
     for (const FluidLinks::Flow& f : fluid_->take_done()) {
-      const TimeNs at = add_saturated(now + cluster_.frame_cpu, cluster_.latency);
-      if (f.kind == kPushArrive) {
-        Nic& n = *nics_[static_cast<std::size_t>(f.from)];
-        Port& w = *n.ports[0];
-        n.peer_busy[static_cast<std::size_t>(f.to)] = 0;
-        if (--n.in_flight == 0) w.busy_ += now - n.busy_since;
-        if (w.rec_up_.enabled()) w.rec_up_.add(f.start, now, "push " + std::to_string(units_.get(f.unit).chunk.tensor));
-        clock_.schedule_event(at, kPushArrive, f.from, f.unit);
-        if (n.in_flight == 0 && w.tx_.empty()) w.listener_->on_drained(now);
-        try_send_fluid(f.from);
+      const int job = units_.job(f.unit);
+      if (f.part == kReceiverPart) {
+        // The job's next message queued on this link starts.
+        const std::size_t q = static_cast<std::size_t>(job) * 2 *
+                                  static_cast<std::size_t>(cluster_.workers + cluster_.servers) +
+                              static_cast<std::size_t>(f.down);
+        if (down_q_[q].empty()) {
+          down_busy_[q] = 0;
+        } else {
+          const DownPart next = down_q_[q].front();
+          down_q_[q].pop_front();
+          FluidLinks::Flow d = next.flow;
+          d.start = now;
+          start_flow(d, next.payload);
+        }
       } else {
-        servers_[static_cast<std::size_t>(f.from)]->peer_busy[static_cast<std::size_t>(f.to)] = 0;
-        Port& w = port(0, f.to);
-        if (w.rec_down_.enabled()) w.rec_down_.add(f.start, now, "pull " + std::to_string(units_.get(f.unit).chunk.tensor));
-        clock_.schedule_event(at, kPullArrive, f.to, f.unit);
-        try_send_server_fluid(f.from);
+        sender_done(job, f);
       }
+      if (f.part == kBothParts || --pending_[f.unit] == 0) arrived(job, f);
     }
     in_wake_ = false;
     wake_at_ = fluid_->reshare(now);
     ++wake_generation_;
     if (wake_at_ != FluidLinks::kNever) clock_.schedule_event(wake_at_, kFlowWake, 0, wake_generation_);
+  }
+
+  // Flow `f` of job `job` left its sender (its sender's link carried it): the sender may
+  // start the next.
+  void sender_done(int job, const FluidLinks::Flow& f) {
+    const TimeNs now = clock_.now();
+    if (f.kind == kPushArrive) {
+      Port& w = port(job, f.from);
+      w.peer_busy_[static_cast<std::size_t>(f.to)] = 0;
+      if (--w.in_flight_ == 0) w.busy_ += now - w.busy_since_;
+      if (w.rec_up_.enabled()) w.rec_up_.add(f.start, now, "push " + std::to_string(units_.get(f.unit).chunk.tensor));
+      if (w.in_flight_ == 0 && w.tx_.empty()) w.listener_->on_drained(now);
+      try_send_fluid(f.from);
+    } else {
+      ServerJob& sj = servers_[static_cast<std::size_t>(f.from)]->jobs[static_cast<std::size_t>(job)];
+      sj.peer_busy[static_cast<std::size_t>(f.to)] = 0;
+      --sj.in_flight;
+      try_send_server_fluid(f.from);
+    }
+  }
+  // Flow `f`'s message of job `job` has arrived now: handed on frame_cpu and the latency later.
+  void arrived(int job, const FluidLinks::Flow& f) {
+    const TimeNs now = clock_.now();
+    const TimeNs at = add_saturated(now + cluster_.frame_cpu, cluster_.latency);
+    if (f.kind == kPushArrive) {
+      clock_.schedule_event(at, kPushArrive, f.from, f.unit);
+    } else {
+      Port& w = port(job, f.to);
+      if (w.rec_down_.enabled()) w.rec_down_.add(f.start, now, "pull " + std::to_string(units_.get(f.unit).chunk.tensor));
+      clock_.schedule_event(at, kPullArrive, f.to, f.unit);
+    }
   }
 
   SimClock& clock_;
@@ -858,9 +947,22 @@ class PsNetwork {
   UnitPool units_;
   std::uint64_t silent_ = 0;  // arrivals that needed no event (counted as events all the same)
   Status error_;
-  // LinkSharing::kFair: on for one job of a policy that is neither packet-level nor
-  // stop-and-wait.
+  // Links shared as flows (FluidLinks): on for one job under LinkSharing::kFair of a policy
+  // that is neither packet-level nor stop-and-wait, and for several under JobSharing::kFlows.
   bool fluid_on_ = false;
+  // Per job, with fluid_on_: whether its messages go one at a time per host (its own model
+  // is the per-message one), else as over TCP (LinkSharing::kFair).
+  std::vector<char> serial_;
+  // A serial_ job's message as flows (send()): which part a flow is.
+  static constexpr std::uint8_t kBothParts = 0, kSenderPart = 1, kReceiverPart = 2;
+  struct DownPart {
+    FluidLinks::Flow flow;
+    Bytes payload;
+  };
+  // Per job and link (job * links + link): the receiver parts queued, and whether one is in flight.
+  std::vector<std::deque<DownPart>> down_q_;
+  std::vector<char> down_busy_;
+  std::vector<std::uint8_t> pending_;  // per unit slot: the parts of its message not yet ended
   std::unique_ptr<FluidLinks> fluid_;
   TimeNs wake_at_ = FluidLinks::kNever;  // the kFlowWake of wake_generation_
   std::uint32_t wake_generation_ = 0;

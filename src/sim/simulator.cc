@@ -44,7 +44,8 @@ Result<JobSharing> parse_job_sharing(const std::string& s) {
   if (s == "fair") return JobSharing::kFair;
   if (s == "strict") return JobSharing::kStrict;
   if (s == "deadline") return JobSharing::kDeadline;
-  return invalid_argument("unknown job sharing '" + s + "' (known: fair, strict, deadline)");
+  if (s == "flows") return JobSharing::kFlows;
+  return invalid_argument("unknown job sharing '" + s + "' (known: fair, strict, deadline, flows)");
 }
 
 const char* job_sharing_name(JobSharing s) {
@@ -52,6 +53,7 @@ const char* job_sharing_name(JobSharing s) {
     case JobSharing::kFair: return "fair";
     case JobSharing::kStrict: return "strict";
     case JobSharing::kDeadline: return "deadline";
+    case JobSharing::kFlows: return "flows";
   }
   return "?";
 }

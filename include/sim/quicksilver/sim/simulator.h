@@ -44,6 +44,12 @@ AllReduceCost allreduce_cost(const ClusterConfig& cluster);
 //   kFair     each job's own scheduler orders its queue, and the link serves the jobs
 //             round robin, one unit each (separate transports sharing a NIC fairly);
 //   kStrict   job 0's units first, then job 1's, ... (a job priority);
+//   kFlows    as the runtime's jobs over TCP connections of their own: the jobs'
+//             messages are in flight at once and share every link max-min fairly (byte
+//             by byte, docs/simulator.md "Several jobs"); within a job its own model:
+//             under LinkSharing::kFair (and neither packet-level nor stop-and-wait) the
+//             TCP rule, else one message at a time per host, each link serving the job's
+//             messages in order, as in the per-message model;
 //   kDeadline priorities that hold across jobs (the paper's future work, section VI-C):
 //             earliest deadline first, a unit's deadline being when its layer's next
 //             forward would start if its job computed without waiting (when the layer's
@@ -57,7 +63,7 @@ AllReduceCost allreduce_cost(const ClusterConfig& cluster);
 // runs at 1/k of its speed. Every job runs
 // until all have completed options.iterations (a job that finished early would stop
 // competing); each job's result covers its first options.iterations. PS only.
-enum class JobSharing { kFair, kStrict, kDeadline };
+enum class JobSharing { kFair, kStrict, kDeadline, kFlows };
 Result<JobSharing> parse_job_sharing(const std::string& s);
 const char* job_sharing_name(JobSharing s);
 struct SharingOptions {
