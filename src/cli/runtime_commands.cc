@@ -545,7 +545,7 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
     if (f.sim.job_sharing != "fair") {
       return fail("quicksilver", invalid_argument("--job-sharing " + f.sim.job_sharing +
                                                   ": the runtime's jobs share the links as their TCP connections "
-                                                  "do (fair); strict and deadline are the simulator's"));
+                                                  "do (fair); the other sharings are the simulator's"));
     }
     auto jobs = parse_shared_jobs(f.sim, *job);
     if (!jobs) return fail("quicksilver", jobs.status());
