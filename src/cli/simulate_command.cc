@@ -92,8 +92,8 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--link-sharing", f->link_sharing,
                   "ps simulator: how the messages in flight share a link: fair (as TCP connections: each "
                   "host sends to every peer at once, max-min fair over uplinks and downlinks) or fifo (one "
-                  "message after another per link); Mercury's packets and several jobs always use fifo "
-                  "(default fifo)");
+                  "message after another per link); Mercury's packets, stop-and-wait p3 and several jobs "
+                  "(but --job-sharing flows) keep fifo (default fifo)");
   app->add_option("--iterations", f->iterations, "Iterations to simulate (warm-up included)")->capture_default_str();
   app->add_option("--warmup", f->warmup, "Leading iterations left out of the summary")->capture_default_str();
   app->add_option("--statistic", f->statistic,
