@@ -26,6 +26,7 @@ ap.add_argument("--policies", default="mercury,bytescheduler,wfbp,mgwfbp,deft")
 ap.add_argument("--batch", type=int, default=16)
 ap.add_argument("--iterations", type=int, default=10)
 ap.add_argument("--warmup", type=int, default=3)
+ap.add_argument("--tail", type=int, default=2, help="iterations trained after the measured ones (not timed)")
 ap.add_argument("--probe-mb", type=float, default=16, help="MB each host sends to measure the link's goodput")
 args = ap.parse_args()
 
@@ -59,9 +60,13 @@ def wire():
 
 
 def train(mode):
-    """samples/s over all workers; mode "alone": every process trains on its own, no
-    communication (the compute the limit is made of, with the processes sharing the
-    machine as in the other modes)."""
+    """samples/s over all workers in steady state: from the start of the first measured
+    iteration's forward pass to the start of the forward pass after the last measured one,
+    with more iterations after it (--tail), so that no mode's figure holds the flush of the
+    communication still in flight when training ends (DeFT's merged updates keep some in
+    flight across iterations by design). Mode "alone": every process trains on its own, no
+    communication (the compute the limit is made of, with the processes sharing the machine
+    as in the other modes)."""
     torch.manual_seed(0)
     model, shape = make_model(args.model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -74,22 +79,32 @@ def train(mode):
     y = torch.randint(0, 10, (args.batch,))
     loss_fn = nn.CrossEntropyLoss()
     qs_mode = mode not in ("ddp", "alone")
-    for it in range(args.warmup + args.iterations):
+    end = args.warmup + args.iterations
+    for it in range(end + args.tail):
         if it == args.warmup:
-            if qs_mode:
-                opt.synchronize()
-            torch.distributed.barrier()
             t0, start = cpu_ticks(), time.perf_counter()
+        elif it == end:
+            took = time.perf_counter() - start
+            idle = idle_since(t0)
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
+    if it + 1 == end:  # no tail
+        took = time.perf_counter() - start
+        idle = idle_since(t0)
+    merged = None
     if qs_mode:
         opt.synchronize()
-        report = opt.shutdown()  # DeFT: its last updates too
-    took = time.perf_counter() - start
-    idle = idle_since(t0)
+        opt.shutdown()  # DeFT: its last updates too
+        # DeFT: how many iterations each delayed update merged, over the measured window
+        # (an update before the forward pass after `before` backward passes).
+        ks = [last - first + 1 for before, _, first, last in opt.quicksilver_updates()
+              if isinstance(before, int) and args.warmup < before <= end]
+        if ks:
+            merged = (sum(ks) / len(ks), max(ks))
     torch.distributed.barrier()
-    return args.iterations * args.batch * qs.size() / took, sum(p.numel() * 4 for p in model.parameters()), idle
+    return (args.iterations * args.batch * qs.size() / took, sum(p.numel() * 4 for p in model.parameters()), idle,
+            merged)
 
 
 def goodput():
@@ -122,9 +137,9 @@ if qs.size() < 2:
 modes = ["alone", "ddp"] + args.policies.split(",") + ["ddp again"]
 bps = goodput()
 wire_alone, wire_idle = wire()
-results, idles = {}, {}
+results, idles, merges = {}, {}, {}
 for m in modes:
-    results[m], model_bytes, idles[m] = train(m.split()[0])
+    results[m], model_bytes, idles[m], merges[m] = train(m.split()[0])
 ddp = (results["ddp"] + results["ddp again"]) / 2
 n = qs.size()
 # The limit: an iteration is no shorter than its compute, nor than the bytes each host
@@ -144,5 +159,7 @@ if qs.rank() == 0:
         wire_alone * 1e3, wire_idle))
     for m, sps in results.items():
         ratio = "" if m.startswith("ddp") or m == "alone" else "  {:.2f}x DDP (mean of both)".format(sps / ddp)
+        if merges[m]:
+            ratio += "  updates merge {:.1f} iterations (at most {})".format(*merges[m])
         print("  {:<16} {:8.1f} samples/s  {:.2f} of the limit  machine {:3.0%} idle{}".format(
             m, sps, sps / limit, idles[m], ratio))

@@ -28,6 +28,7 @@ ap.add_argument("--policies", default="deft,mercury")
 ap.add_argument("--batch", type=int, default=16, help="per worker")
 ap.add_argument("--epochs", type=int, default=6)
 ap.add_argument("--lr", type=float, default=0.05)
+ap.add_argument("--momentum", type=float, default=0.9)
 ap.add_argument("--target", type=float, default=0.95, help="test accuracy")
 ap.add_argument("--eval-every", type=int, default=5, help="iterations")
 ap.add_argument("--knobs", default="", help="k=v,... for the Quicksilver policies (e.g. deft_capacity_scale=0.5)")
@@ -61,7 +62,7 @@ def train(mode, data):
     torch.manual_seed(0)
     model = models.DigitsCNN()
     net = model
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     if mode == "ddp":
         net = nn.parallel.DistributedDataParallel(model)
     else:
@@ -110,9 +111,9 @@ data = split()
 modes = ["ddp"] + args.policies.split(",") + ["ddp"]
 rows = [(m, train(m, data)) for m in modes]
 if qs.rank() == 0:
-    print("digits CNN: {} workers, batch {} each, {} epochs of {} samples, SGD lr {} momentum 0.9; target test "
+    print("digits CNN: {} workers, batch {} each, {} epochs of {} samples, SGD lr {} momentum {}; target test "
           "accuracy {:.2f} (checked every {} iterations, out of the clock)".format(
-              qs.size(), args.batch, args.epochs, len(data[0]), args.lr, args.target, args.eval_every))
+              qs.size(), args.batch, args.epochs, len(data[0]), args.lr, args.momentum, args.target, args.eval_every))
     for m, (total, to_target, at, final, iterations, updates, notes) in rows:
         reach = "{:7.2f} s (iteration {})".format(to_target, at) if at else "not reached"
         upd = "" if updates is None else "  updates per iteration {:.2f}".format(updates)

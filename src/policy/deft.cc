@@ -251,7 +251,7 @@ std::vector<Block> deft_buckets(const AllReduceContext& ctx, const PolicyOptions
 
 DeftPolicy::DeftPolicy(const AllReduceContext& ctx, const PolicyOptions& o, std::vector<Block> buckets,
                        double capacity_scale)
-    : ctx_(ctx), buckets_(std::move(buckets)), scale_(capacity_scale), exact_max_(o.deft_exact_max_items),
+    : ctx_(ctx), opts_(o), buckets_(std::move(buckets)), scale_(capacity_scale), exact_max_(o.deft_exact_max_items),
       link_cost_(ctx.links) {
   feedback_ = o.deft_loss_feedback;
   epsilon_ = o.deft_epsilon;
@@ -579,10 +579,20 @@ void DeftPolicy::on_feedback(const TrainingFeedback& f, TimeNs, CollectiveSink&)
   loss.sigma = j.noise;
   loss.batch = std::max(j.batch, 1.0);
   j.ratio = loss.ratio(j.cycle);
+  // IV-C3: on a failed test the Solver reruns with a raised capacity, and the Preserver
+  // tests its new schedule, until one passes or ten raises are spent. The new schedules
+  // are tested as the dry run predicts them (the executed one is judged again after the
+  // next window), with the loss model fed this window's measurements: one raise per
+  // window would take the whole run to reach a passing capacity.
   if (!(std::abs(j.ratio - 1.0) <= epsilon_) && retries_ < max_retries_) {
-    scale_ *= 1.0 + capacity_step_;
-    ++retries_;
     j.raised = true;
+    while (retries_ < max_retries_) {
+      scale_ *= 1.0 + capacity_step_;
+      ++retries_;
+      j.resolved = batch_cycle(deft_dry_run(ctx_, opts_, buckets_, scale_, horizon_));
+      j.resolved_ratio = loss.ratio(j.resolved);
+      if (std::abs(j.resolved_ratio - 1.0) <= epsilon_) break;
+    }
   }
   ratio_ = j.ratio;
   cycle_ = j.cycle;
@@ -631,6 +641,13 @@ std::vector<std::string> DeftPolicy::report() const {
                     "batch %.0f",
                     judgements_.size(), retries_, scale_, static_cast<long long>(j.iteration), j.ratio, cyc.c_str(),
                     j.loss, j.grad_sq, j.noise, j.lr, j.batch);
+      if (j.raised) {
+        std::string res;
+        for (int k : j.resolved) res += (res.empty() ? "" : " ") + std::to_string(k) + "B";
+        r.emplace_back(buf);
+        std::snprintf(buf, sizeof buf, "  after it the Solver re-solved to the cycle [%s] (dry run), loss ratio %.4f",
+                      res.c_str(), j.resolved_ratio);
+      }
     }
   } else {
     std::snprintf(buf, sizeof buf, "Preserver: loss ratio %.4f over the cycle [%s] after %d retries; capacity x%.3f",

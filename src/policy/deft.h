@@ -70,6 +70,10 @@ class DeftPolicy final : public AllReducePolicy {
     double loss = 0, grad_sq = 0, noise = 0, lr = 0, batch = 0;  // window means (lr: last)
     double ratio = 1.0;          // E_OB / E_OD
     bool raised = false;         // the capacities were raised after it
+    // When raised: the last re-solved schedule the Preserver tested (the dry run's cycle
+    // at the final capacity) and its ratio.
+    std::vector<int> resolved;
+    double resolved_ratio = 1.0;
   };
   const std::vector<PreserverJudgement>& judgements() const { return judgements_; }
   // Set by make_deft: the Preserver's outcome, for the report.
@@ -112,6 +116,7 @@ class DeftPolicy final : public AllReducePolicy {
   void open_range(std::int64_t first, std::int64_t last);
 
   AllReduceContext ctx_;
+  PolicyOptions opts_;  // the dry runs of the Preserver's re-solves (on_feedback)
   std::vector<Block> buckets_;
   std::vector<TimeNs> comm_;        // per bucket: T_ar on link 0
   std::vector<TimeNs> ready_;       // per bucket: gradient ready after the backward start
