@@ -96,12 +96,17 @@ def train(mode):
     if qs_mode:
         opt.synchronize()
         opt.shutdown()  # DeFT: its last updates too
-        # DeFT: how many iterations each delayed update merged, over the measured window
-        # (an update before the forward pass after `before` backward passes).
-        ks = [last - first + 1 for before, _, first, last in opt.quicksilver_updates()
-              if isinstance(before, int) and args.warmup < before <= end]
-        if ks:
-            merged = (sum(ks) / len(ks), max(ks))
+        # DeFT: the delayed updates applied in the measured window (an update applies
+        # before the forward pass after `before` backward passes): updates per layer per
+        # iteration, the iterations each merged, and the share of the window's gradients
+        # they applied (well below 1: the schedule falls behind, holding merged sums back).
+        log = opt.quicksilver_updates()
+        if log:
+            layers = len({layer for _, layer, _, _ in log})
+            ks = [last - first + 1 for before, _, first, last in log
+                  if isinstance(before, int) and args.warmup < before <= end]
+            cells = layers * args.iterations
+            merged = (len(ks) / cells, sum(ks) / len(ks) if ks else 0.0, max(ks, default=0), sum(ks) / cells)
     torch.distributed.barrier()
     return (args.iterations * args.batch * qs.size() / took, sum(p.numel() * 4 for p in model.parameters()), idle,
             merged)
@@ -160,6 +165,7 @@ if qs.rank() == 0:
     for m, sps in results.items():
         ratio = "" if m.startswith("ddp") or m == "alone" else "  {:.2f}x DDP (mean of both)".format(sps / ddp)
         if merges[m]:
-            ratio += "  updates merge {:.1f} iterations (at most {})".format(*merges[m])
+            ratio += ("\n{:>20} updates: {:.2f} per layer per iteration, each of {:.1f} iterations (at most {}); "
+                      "{:.2f} of the window's gradients applied in it").format("", *merges[m])
         print("  {:<16} {:8.1f} samples/s  {:.2f} of the limit  machine {:3.0%} idle{}".format(
             m, sps, sps / limit, idles[m], ratio))

@@ -18,7 +18,8 @@ x, y = models.digits()
 order = torch.randperm(len(x), generator=torch.Generator().manual_seed(7))
 test, train = order[:297], order[297:]
 print("lag  lr    momentum  test accuracy after 280 iterations")
-for lag, lr, momentum in [(0, 0.05, 0.9), (1, 0.05, 0.9), (2, 0.05, 0.9), (0, 0.02, 0.9), (1, 0.02, 0.9)]:
+for lag, lr, momentum in [(0, 0.05, 0.9), (1, 0.05, 0.9), (2, 0.05, 0.9), (0, 0.02, 0.9), (1, 0.02, 0.9),
+                          (0, 0.1, 0.0), (1, 0.1, 0.0), (2, 0.1, 0.0)]:
     torch.manual_seed(0)
     model = models.DigitsCNN()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <memory>
 
 #include "policy/deft.h"
 #include "quicksilver/core/rng.h"
@@ -251,37 +252,53 @@ TEST(DeftPreserver, RaisesCapacityUntilTheRatioPasses) {
   EXPECT_NE((*none)->report().back().find("capacity x1.000"), std::string::npos);
 }
 
-// Measured training (PyTorch, deft_loss_feedback): no dry run; every horizon the
-// Preserver judges what ran with the measured loss, |g|^2, noise and lr. Nothing updated
-// yet counts as one update of every iteration so far, which slows convergence when a step
-// moves the loss (raised), and not when the gradient is zero (kept).
-TEST(DeftPreserver, JudgesMeasuredTrainingEveryHorizon) {
+// DeFT on the slow profile, 2 workers, judged on measured training (PyTorch,
+// deft_loss_feedback) every 4 iterations; `feed` gives it iterations first..first+n-1 of
+// loss 2.3, noise 0.5, lr 0.05, batch 16 and the given |g|^2.
+struct MeasuredPreserver {
   Profile p = slow_profile();
-  TensorLayout lay(p);
+  TensorLayout lay{p};
   AllReduceContext ctx;
-  ctx.profile = &p;
-  ctx.layout = &lay;
-  ctx.workers = 2;
-  ctx.links = {AllReduceCost{100'000, 2.0}};
   PolicyOptions o;
-  o.deft_partition_size = 4'000'000;
-  o.deft_loss_feedback = true;
-  o.deft_horizon = 4;
-  o.deft_capacity_scale = 0.5;
-  auto made = make_allreduce_policy("deft", o, ctx);
-  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  auto* d = dynamic_cast<DeftPolicy*>(made->get());
-  ASSERT_NE(d, nullptr);
-  EXPECT_DOUBLE_EQ(d->capacity_scale(), 0.5);  // no dry run: the Solver's schedule runs first
-  EXPECT_NE(d->report().back().find("no judgement yet"), std::string::npos) << d->report().back();
+  std::unique_ptr<AllReducePolicy> made;
+  DeftPolicy* d = nullptr;
   struct Drop : CollectiveSink {
     void all_reduce(const CollectiveBucket&, TimeNs) override {}
   } sink;
-  auto feed = [&](std::int64_t first, int n, double grad_sq) {
+
+  MeasuredPreserver(double capacity_scale, int max_retries) {
+    ctx.profile = &p;
+    ctx.layout = &lay;
+    ctx.workers = 2;
+    ctx.links = {AllReduceCost{100'000, 2.0}};
+    o.deft_partition_size = 4'000'000;
+    o.deft_loss_feedback = true;
+    o.deft_horizon = 4;
+    o.deft_capacity_scale = capacity_scale;
+    o.deft_max_retries = max_retries;
+    auto r = make_allreduce_policy("deft", o, ctx);
+    if (r.is_ok()) made = std::move(*r);
+    d = dynamic_cast<DeftPolicy*>(made.get());
+  }
+  void feed(std::int64_t first, int n, double grad_sq) {
     for (std::int64_t it = first; it < first + n; ++it) {
       d->on_feedback(TrainingFeedback{it, 2.3, grad_sq, 0.5, 0.05, 16}, 0, sink);
     }
-  };
+  }
+};
+
+// Measured training: no dry run; every horizon the Preserver judges what ran with the
+// measured loss, |g|^2, noise and lr. Nothing updated yet counts as one update of every
+// iteration so far, which slows convergence when a step moves the loss (raised), and not
+// when the gradient is zero (kept).
+TEST(DeftPreserver, JudgesMeasuredTrainingEveryHorizon) {
+  MeasuredPreserver m(0.5, PolicyOptions{}.deft_max_retries);
+  ASSERT_NE(m.d, nullptr);
+  DeftPolicy* d = m.d;
+  const PolicyOptions& o = m.o;
+  EXPECT_DOUBLE_EQ(d->capacity_scale(), 0.5);  // no dry run: the Solver's schedule runs first
+  EXPECT_NE(d->report().back().find("no judgement yet"), std::string::npos) << d->report().back();
+  auto feed = [&](std::int64_t first, int n, double grad_sq) { m.feed(first, n, grad_sq); };
   feed(0, 3, 0.2);
   EXPECT_TRUE(d->judgements().empty());  // a horizon is 4 iterations
   feed(3, 1, 0.2);
@@ -314,26 +331,12 @@ TEST(DeftPreserver, JudgesMeasuredTrainingEveryHorizon) {
 // The loss model cannot pass the executed schedule and no raise helps within the limit:
 // the Preserver spends its raises at the first failed judgement and stops there.
 TEST(DeftPreserver, StopsRaisingAtTheRetryLimit) {
-  Profile p = slow_profile();
-  TensorLayout lay(p);
-  AllReduceContext ctx;
-  ctx.profile = &p;
-  ctx.layout = &lay;
-  ctx.workers = 2;
-  ctx.links = {AllReduceCost{100'000, 2.0}};
-  PolicyOptions o;
-  o.deft_partition_size = 4'000'000;
-  o.deft_loss_feedback = true;
-  o.deft_horizon = 4;
-  o.deft_capacity_scale = 0.01;
-  o.deft_max_retries = 3;  // 0.01 x 1.1^3: still far too small to update every iteration
-  auto made = make_allreduce_policy("deft", o, ctx);
-  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  auto* d = dynamic_cast<DeftPolicy*>(made->get());
-  struct Drop : CollectiveSink {
-    void all_reduce(const CollectiveBucket&, TimeNs) override {}
-  } sink;
-  for (std::int64_t it = 0; it < 8; ++it) d->on_feedback(TrainingFeedback{it, 2.3, 0.2, 0.5, 0.05, 16}, 0, sink);
+  // 0.01 x 1.1^3: still far too small a capacity to update every iteration.
+  MeasuredPreserver m(0.01, 3);
+  ASSERT_NE(m.d, nullptr);
+  DeftPolicy* d = m.d;
+  const PolicyOptions& o = m.o;
+  m.feed(0, 8, 0.2);
   ASSERT_EQ(d->judgements().size(), 2u);
   EXPECT_TRUE(d->judgements()[0].raised);
   EXPECT_GT(std::abs(d->judgements()[0].resolved_ratio - 1.0), o.deft_epsilon);
