@@ -675,6 +675,9 @@ class _Integration:
             raise
         finally:
             self.state = "closed"
+            # The session's buffers (this process's server shares, DeFT's merged sums) go
+            # now, not when the garbage collector breaks the optimizer's cycle with us.
+            self.session = None
             if self.tapping:
                 _loss_tap.release()
                 self.tapping = False
