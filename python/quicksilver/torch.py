@@ -92,6 +92,7 @@ def init(timeout=120.0):
                                "`quicksilver run --workers N --script script.py`".format(size, " and ".join(missing)))
         dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=size,
                                 timeout=datetime.timedelta(seconds=timeout))
+        _env["owns_group"] = True  # destroyed at exit (_at_exit)
     if dist.is_initialized():
         rank, size = dist.get_rank(), dist.get_world_size()
     _env.update(rank=rank, size=size, local_rank=_env_int("LOCAL_RANK", 0),
@@ -757,3 +758,13 @@ def _at_exit():
             integration.shutdown()
         except Exception as e:  # the process is ending: say why, do not hang
             print("quicksilver.torch: at exit: {}".format(e), file=sys.stderr)
+    # The process group init() started goes while the interpreter is whole: left to the
+    # interpreter's teardown, gloo's threads can abort the process after training ended
+    # ("terminate called without an active exception", exit 134; seen once on rank 1 of a
+    # time-to-accuracy run, and the subject of pytorch/pytorch PR 179291).
+    if _env.get("owns_group") and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as e:
+            print("quicksilver.torch: at exit: {}".format(e), file=sys.stderr)
+        _env["owns_group"] = False
