@@ -81,18 +81,17 @@ def train(mode):
     loss_fn = nn.CrossEntropyLoss()
     qs_mode = mode not in ("ddp", "alone")
     end = args.warmup + args.iterations
-    for it in range(end + args.tail):
+    for it in range(end + args.tail + 1):
         if it == args.warmup:
             t0, start = cpu_ticks(), time.perf_counter()
-        elif it == end:
+        if it == end:
             took = time.perf_counter() - start
             idle = idle_since(t0)
+        if it == end + args.tail:
+            break
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
-    if it + 1 == end:  # no tail
-        took = time.perf_counter() - start
-        idle = idle_since(t0)
     merged = None
     if qs_mode:
         opt.synchronize()
