@@ -26,6 +26,9 @@ check_run() {  # name, then args; expects success and every worker's iterations 
 }
 
 check_run loopback --policy mercury,wfbp,p3,bytescheduler,tictac,mercury-nopreempt,prophet "${common[@]}"
+# The policy's own report: what Prophet's bandwidth monitor read in the measured run.
+grep -q "^  prophet: bandwidth monitor: 3 estimates, median [0-9]* Mbit/s" "$tmp/out" && ok \
+  || bad "no Prophet monitor report in: $(grep prophet "$tmp/out")"
 "$qs" run --policy mercury "${common[@]}" --json --trace "$tmp/rt.json" > "$tmp/j" 2> "$tmp/err" \
   && python3 -c "
 import json; d = json.load(open('$tmp/j')); r = d['results'][0]
@@ -34,6 +37,9 @@ assert 'goodput_fraction' not in d['config'], d['config']  # loopback: paced, no
 assert 0 <= r['cpu_idle'] <= 1, r  # the machine's CPU headroom during the run
 # What TCP repaired, per iteration over every host (timeouts: on kernels that count them).
 assert len(r['retransmits_per_iteration']) == 4 and min(r['retransmits_per_iteration']) >= 0, r
+# Of them, what the workers' connections sent (their pushes): never more than the total.
+w = r['worker_retransmits_per_iteration']
+assert len(w) == 4 and all(0 <= a <= b for a, b in zip(w, r['retransmits_per_iteration'])), r
 assert len(r.get('timeouts_per_iteration', [0] * 4)) == 4, r
 # --trace: each worker's measured timeline above the simulator's, same span names.
 ev = json.load(open('$tmp/rt.json'))['traceEvents']

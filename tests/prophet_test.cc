@@ -289,6 +289,20 @@ TEST(ProphetMonitor, ReplansFromTheLatestEstimateAtTheNextIteration) {
   EXPECT_EQ(fwd[2].delay - fwd[1].delay, 2 * kMs);  // E at the new estimate
 }
 
+TEST(ProphetMonitor, ReportsWhatTheMonitorReadAgainstTheStartingRate) {
+  Harness h(window_profile(2 * kMs), options(0));
+  EXPECT_TRUE(h.policy->report().empty());  // nothing read yet
+  h.policy->on_bandwidth_estimate(Rate::gbps(4), 100);
+  h.policy->on_bandwidth_estimate(Rate::gbps(6), 200);
+  h.policy->on_bandwidth_estimate(Rate::gbps(5), 300);
+  h.policy->on_bandwidth_estimate(Rate{0}, 400);  // no estimate: ignored
+  const auto lines = h.policy->report();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0],
+            "bandwidth monitor: 3 estimates, median 5000 Mbit/s (4000 Mbit/s to 6000 Mbit/s), 63 % of the rate it "
+            "started from (8000 Mbit/s)");
+}
+
 // ---- Tensors split over servers ----
 
 TEST(ProphetPlacement, PartitionsStayInsideSlicesRoundRobinOverServers) {

@@ -124,6 +124,7 @@ void print_json(const Job& job, const std::vector<Row>& rows, const MeasuredConf
   auto with_cpu = [](json j, const SimResult& r) {
     if (r.cpu_idle >= 0) j["cpu_idle"] = r.cpu_idle;
     if (!r.retransmits.empty()) j["retransmits_per_iteration"] = r.retransmits;
+    if (!r.worker_retransmits.empty()) j["worker_retransmits_per_iteration"] = r.worker_retransmits;
     if (!r.timeouts.empty()) j["timeouts_per_iteration"] = r.timeouts;
     return j;
   };

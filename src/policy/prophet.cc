@@ -57,10 +57,13 @@
 //    timing or bandwidth estimate; blocks only decide when units leave.
 #include <algorithm>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "knob_table.h"
 #include "ps_policies.h"
 #include "quicksilver/core/check.h"
+#include "quicksilver/core/reservoir.h"
 
 namespace qs {
 namespace {
@@ -92,6 +95,22 @@ class Prophet final : public PsPolicy {
 
   void on_bandwidth_estimate(Rate rate, TimeNs) override {
     if (rate.bits_per_second > 0) bandwidth_ = rate;
+    if (rate.bits_per_second > 0) estimates_.add(rate.bits_per_second);
+  }
+
+  // The monitor's estimates against the rate the job was configured with: in the runtime
+  // the estimate is the goodput of this worker's own transfers while its transport was
+  // busy, so losses and waits for a loaded server lower it and every block of the next
+  // iteration holds less (docs/policies-ps.md, Prophet).
+  std::vector<std::string> report() const override {
+    if (estimates_.count() == 0) return {};
+    const auto mbps = [](std::int64_t b) { return std::to_string((b + 500'000) / 1'000'000) + " Mbit/s"; };
+    const std::int64_t median = estimates_.percentile(50);
+    const double of = static_cast<double>(median) / static_cast<double>(ctx_.bandwidth.bits_per_second);
+    return {"bandwidth monitor: " + std::to_string(estimates_.count()) + " estimates, median " + mbps(median) + " (" +
+            mbps(estimates_.percentile(0)) + " to " + mbps(estimates_.percentile(100)) + "), " +
+            std::to_string(static_cast<int>(100 * of + 0.5)) + " % of the rate it started from (" +
+            mbps(ctx_.bandwidth.bits_per_second) + ")"};
   }
 
   void on_gradient_ready(int layer, TimeNs now, PushSink& out) override {
@@ -170,6 +189,7 @@ class Prophet final : public PsPolicy {
   bool overrun_;    // line 7 read as "residual positive" (PolicyOptions)
   Rate bandwidth_;  // latest monitor estimate
   Rate rate_;       // the estimate this iteration's plan uses
+  Reservoir estimates_{1024};  // the estimates received (bit/s; bounded sample), for report()
   std::vector<std::vector<PushUnit>> partitions_;  // per tensor, in sending order
   std::set<Key> ready_;                            // generated, not yet handed over
   TimeNs link_free_ = 0;                           // when the planned transfers end

@@ -600,6 +600,7 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   bool timeouts_known = true;
   for (const runtime::WorkerReport& rep : reports) {
     add_repairs(&r.retransmits, rep.retransmits);
+    add_repairs(&r.worker_retransmits, rep.retransmits);
     add_repairs(&r.timeouts, rep.timeouts);
     timeouts_known &= !rep.timeouts.empty();
   }
@@ -649,8 +650,8 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
                         std::to_string(c.b_ns_per_byte).substr(0, 7) + " ns/B (" +
                         std::to_string(8.0 / c.b_ns_per_byte).substr(0, 5) + " Gbit/s)");
     }
-    r.notes.insert(r.notes.end(), w0.notes.begin(), w0.notes.end());
   }
+  r.notes.insert(r.notes.end(), w0.notes.begin(), w0.notes.end());  // the policy's report
   if (r.iteration_times.empty()) return internal_error("the workers reported no iteration");
   finish_result(job.profile, job.cluster, job.sim, &r);
   // The prediction: the simulator on the same (scaled) configuration, at the goodput the

@@ -516,6 +516,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     r.iterations_verified = known ? known->iterations_verified() : 0;
     r.retransmits = retransmits;
     r.timeouts = timeouts;
+    r.notes = policy->report();
     // The measured timeline, time 0 = the first backward pass (as in the simulator).
     r.first_backward_at = training->first_backward_at();
     for (TraceSpan& s : trace) {

@@ -1214,6 +1214,7 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
     result.messages_per_iteration = last.traffic.messages;
     result.events = clock.fired() + net.silent_events();
     result.queue_events = clock.fired();
+    result.notes = run.policies[0]->report();
     finish_result(*inputs[j].profile, cluster, opts, &result);
     results.push_back(std::move(result));
   }

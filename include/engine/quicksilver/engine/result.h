@@ -45,6 +45,9 @@ struct SimResult {
   // segments, and retransmission timeouts (empty where the kernel does not count them,
   // before Linux 6.7). Empty for the simulator.
   std::vector<std::int64_t> retransmits, timeouts;
+  // The part of `retransmits` the workers' connections sent (their pushes); the rest is
+  // what the servers sent (acknowledgements and pulls, the direction incast hits).
+  std::vector<std::int64_t> worker_retransmits;
 };
 
 using RunResult = SimResult;

@@ -108,6 +108,9 @@ class PsPolicy {
   }
   // A new estimate of this worker's available bandwidth (Prophet's monitor).
   virtual void on_bandwidth_estimate(Rate rate, TimeNs now) { (void)rate, (void)now; }
+  // Lines for the result's notes after the run (e.g. what Prophet's monitor read), so a
+  // user can see what the policy planned with; both engines print worker 0's.
+  virtual std::vector<std::string> report() const { return {}; }
 };
 
 // Checks a unit a policy pushed against the job: a known tensor, a non-empty range that
