@@ -265,6 +265,25 @@ TEST(CreditSchedulers, P3StopAndWait) {
   EXPECT_EQ(iteration(one_layer(3000), "p3", o, one_to_one()), 9'000);
 }
 
+// The same with every link a token bucket (ClusterConfig::link_burst), as the emulated
+// cluster's tbf shapers are. A bucket of a whole slice refills during each 1 us startup,
+// so every slice and the pull leave at once: slices enter at 2, 3, 4, the pull arrives at
+// 4, forward [4,5]. Half a slice: each frame sends 500 bytes at once and 500 at the rate
+// on both links: slice1 [2,2.5], slice2 [3.5,4], slice3 [5,5.5], the pull [5.5,6],
+// forward [6,7]. The bucket starts full and never holds more than its depth.
+TEST(CreditSchedulers, P3SlicesLeaveAtOnceFromAFullBucket) {
+  PolicyOptions o;
+  o.slice_size = 1000;
+  o.startup_time = 1000;
+  ClusterConfig c = one_to_one();
+  c.link_burst = 1000;
+  EXPECT_EQ(iteration(one_layer(3000), "p3", o, c), 5'000);
+  c.link_burst = 500;
+  EXPECT_EQ(iteration(one_layer(3000), "p3", o, c), 7'000);
+  c.link_burst = 0;
+  EXPECT_EQ(iteration(one_layer(3000), "p3", o, c), 9'000);
+}
+
 // Issue 14 point 7: with ack_queue an acknowledgement waits behind the pull in flight on
 // the server's link and what the worker's downlink still carries, up to the cap. Two
 // workers, two servers, an 8000-byte tensor split over both, 1000-byte slices at

@@ -5,6 +5,7 @@ to test a model of what the runtime adds (issue 14 point 7; docs/simulator.md).
 
 Usage: python3 tools/replay_e2e.py [build/quicksilver] [extra simulate flags...]
 e.g.   python3 tools/replay_e2e.py build/quicksilver --ack-queue 2ms
+       python3 tools/replay_e2e.py build/quicksilver --link-burst 69632@scaled --latency 60us
 
 The runtime scaled bandwidth and tensor sizes together (0.05 for 10 Gbit/s, 0.02 for 25)
 and predicted at the measured iperf3 goodput; the same prediction is the unscaled job at
@@ -43,7 +44,9 @@ for model, g, gp, scale, it in SC:
     n += 1
     out = {}
     for p in pols:
-        extra = list(EXTRA)
+        # BYTES@scaled: a size the runtime had at its scale (e.g. the shapers' 68 KiB burst,
+        # 69632@scaled), given unscaled here.
+        extra = [f"{int(int(a[:-7]) / scale)}B" if a.endswith("@scaled") else a for a in EXTRA]
         if p.startswith("mercury"):
             extra += ["--packet-size", f"{int(32768/scale)}B"]
         cmd = [QS, "simulate", "--model", model, "--policy", p, "--bandwidth", f"{g*gp}Gbps",

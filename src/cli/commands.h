@@ -35,7 +35,7 @@ struct SimFlags {
   std::string reduction_rate, allreduce_a, allreduce_b, allreduce_fit;
   double second_link = 0;
   bool overlapping_pulls = false;
-  std::string frame_header, frame_cpu;
+  std::string frame_header, frame_cpu, link_burst;
   std::string ack_queue;
   std::string link_sharing;
   int iterations = 5;

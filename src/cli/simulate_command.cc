@@ -86,6 +86,10 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--frame-cpu", f->frame_cpu,
                   "ps simulator: time each frame holds a link beyond its bytes (the transport's CPU per frame), "
                   "e.g. 1us (default 0)");
+  app->add_option("--link-burst", f->link_burst,
+                  "ps simulator: every link is a token bucket this deep, as tbf shapes the emulated cluster: a "
+                  "frame leaves at once for the bytes it holds (refilled at the rate while idle), e.g. 68KiB "
+                  "(default 0: none; not with --link-sharing fair)");
   app->add_option("--ack-queue", f->ack_queue,
                   "ps simulator: acknowledgements wait behind pulls queued on the server's uplink and the "
                   "worker's downlink, up to this long, e.g. 2ms (default 0: latency only)");
@@ -256,6 +260,11 @@ Result<Job> make_job(const SimFlags& f) {
     auto q = parse_time(f.ack_queue);
     if (!q) return q.status().with_context("--ack-queue");
     job.cluster.ack_queue = *q;
+  }
+  if (!f.link_burst.empty()) {
+    auto b = parse_size(f.link_burst);
+    if (!b) return b.status().with_context("--link-burst");
+    job.cluster.link_burst = *b;
   }
   if (!f.frame_cpu.empty()) {
     auto c = parse_time(f.frame_cpu);

@@ -633,8 +633,9 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
     r.notes.push_back("worker " + std::to_string(rep.worker_id) + ": " + std::to_string(rep.iterations_verified) +
                       " iterations verified exact, uplink " + std::to_string(rep.uplink_gbps).substr(0, 5) +
                       " Gbps, urgent-packet delay p50/p99 " + format_time(rep.urgent_delay_p50) + "/" +
-                      format_time(rep.urgent_delay_p99) + ", " + rep.congestion_control + ", push end by " +
-                      rep.push_end);
+                      format_time(rep.urgent_delay_p99) + ", acknowledgement round trip p10/p50 " +
+                      format_time(rep.ack_rtt_p10) + "/" + format_time(rep.ack_rtt_p50) + ", " +
+                      rep.congestion_control + ", push end by " + rep.push_end);
   }
   for (int l = 0; l < counted_links; ++l) {
     const std::uint64_t sent = link_bytes(l) - bytes_before[static_cast<std::size_t>(l)];

@@ -25,6 +25,7 @@ std::string report_to_json(const WorkerReport& r) {
               {"push_end", r.push_end},
               {"queue_delay_ns", {r.queue_delay_p50, r.queue_delay_p99, r.queue_delay_max}},
               {"urgent_delay_ns", {r.urgent_delay_p50, r.urgent_delay_p99, r.urgent_delay_max}},
+              {"ack_rtt_ns", {r.ack_rtt_p10, r.ack_rtt_p50}},
               {"iterations_verified", r.iterations_verified},
               {"retransmits", r.retransmits},
               {"timeouts", r.timeouts},
@@ -58,6 +59,10 @@ Result<WorkerReport> report_from_json(std::string_view line) {
     r.urgent_delay_p50 = u.at(0).get<TimeNs>();
     r.urgent_delay_p99 = u.at(1).get<TimeNs>();
     r.urgent_delay_max = u.at(2).get<TimeNs>();
+    if (j.contains("ack_rtt_ns")) {
+      r.ack_rtt_p10 = j.at("ack_rtt_ns").at(0).get<TimeNs>();
+      r.ack_rtt_p50 = j.at("ack_rtt_ns").at(1).get<TimeNs>();
+    }
     r.iterations_verified = j.value("iterations_verified", 0);
     r.retransmits = j.value("retransmits", std::vector<std::int64_t>());
     r.timeouts = j.value("timeouts", std::vector<std::int64_t>());

@@ -32,8 +32,17 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     PushUnit unit;
     bool acked = false;
     bool pulled = false;
+    TimeNs in_kernel = -1;  // when its last byte was handed to the kernel
   };
   using Key = std::pair<TensorId, std::uint64_t>;
+  // A unit's key as the Sender's tag (0: too large to pack; not measured).
+  static std::uint64_t tag_of(TensorId t, std::uint64_t offset) {
+    if (t < 0 || t >= (1 << 23) || offset >= (std::uint64_t{1} << 40)) return 0;
+    return (static_cast<std::uint64_t>(t) + 1) << 40 | offset;
+  }
+  static Key key_of(std::uint64_t tag) {
+    return Key{static_cast<TensorId>((tag >> 40) - 1), tag & ((std::uint64_t{1} << 40) - 1)};
+  }
 
   explicit Impl(WorkerOptions o) : opts(std::move(o)), jl(opts.job) {}
 
@@ -59,6 +68,11 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       if (iteration < opts.warmup && iteration + 1 < opts.job.iterations) return;
       delays.add(q.delay);
       if (q.priority < urgent_end) urgent_delays.add(q.delay);
+    });
+    sender->set_sent_callback([this](int, std::uint64_t tag) {
+      if (tag == 0) return;
+      auto it = outstanding.find(key_of(tag));
+      if (it != outstanding.end()) it->second.in_kernel = loop->now();
     });
     // The tensors: the caller's, or synthetic ones with known content.
     source = opts.tensors;
@@ -308,7 +322,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       TimeNs& f = first_push[static_cast<std::size_t>(u.chunk.tensor)];
       if (f < 0) f = loop->now();
     }
-    sender->enqueue(u.server, h, payload, 0);
+    sender->enqueue(u.server, h, payload, tag_of(u.chunk.tensor, static_cast<std::uint64_t>(u.chunk.offset)));
     bytes_pushed += u.chunk.length;
     ++units_pushed;
   }
@@ -451,6 +465,9 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       case FrameKind::kAck: {
         auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset});
         it->second.acked = true;
+        if (it->second.in_kernel >= 0 && (iteration >= opts.warmup || iteration + 1 == opts.job.iterations)) {
+          ack_rtts.add(loop->now() - it->second.in_kernel);
+        }
         const PushUnit u = it->second.unit;
         if (it->second.pulled) outstanding.erase(it);
         training->on_push_acked(u);
@@ -513,6 +530,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     r.urgent_delay_p50 = urgent_delays.percentile(50);
     r.urgent_delay_p99 = urgent_delays.percentile(99);
     r.urgent_delay_max = urgent_delays.percentile(100);
+    r.ack_rtt_p10 = ack_rtts.percentile(10);
+    r.ack_rtt_p50 = ack_rtts.percentile(50);
     r.iterations_verified = known ? known->iterations_verified() : 0;
     r.retransmits = retransmits;
     r.timeouts = timeouts;
@@ -565,6 +584,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   Bytes bytes_pushed = 0;
   std::int64_t units_pushed = 0;
   Reservoir delays, urgent_delays;  // sending-buffer queueing delays (bounded)
+  Reservoir ack_rtts;                // acknowledgement round trips (bounded)
   transport::RepairCounter repairs_counter;         // what TCP repaired since the last look
   std::vector<std::int64_t> retransmits, timeouts;  // per iteration
 };

@@ -97,18 +97,38 @@ struct Link {
   const BandwidthSchedule* schedule = nullptr;
   TimeNs busy_until = 0;
   TimeNs frame_cpu = 0;  // added to every frame's time on this link
+  Bytes burst = 0;       // token bucket depth (ClusterConfig::link_burst); 0: none
 
   // Cut-through transfer of one frame of `bytes` (header included) from this link (free
   // from `now`) to `to`: this link is busy until it serialised them; they arrive once `to`
   // carried them too, behind what it already carries. Returns (this link's end, the
   // arrival at the far end).
   std::pair<TimeNs, TimeNs> transfer(TimeNs now, Bytes bytes, Link& to) {
-    const TimeNs fin1 = finish_time(now, bytes) + frame_cpu;
+    const TimeNs fin1 = serialise(now, bytes) + frame_cpu;
     const TimeNs start2 = std::max(now, to.busy_until);
-    const TimeNs fin2 = std::max(fin1, to.finish_time(start2, bytes) + to.frame_cpu);
+    const TimeNs fin2 = std::max(fin1, to.serialise(start2, bytes) + to.frame_cpu);
     to.busy_until = fin2;
     busy_until = fin1;
     return {fin1, fin2};
+  }
+  // When a frame of `bytes` starting at `start` (the link free) has left: at the rate, or
+  // with a burst (a token bucket, as the emulated cluster's tbf shapers are) at once for
+  // the bytes the bucket holds, which refills at the rate while the link idles, up to
+  // `burst`.
+  TimeNs serialise(TimeNs start, Bytes bytes) {
+    if (burst <= 0) return finish_time(start, bytes);
+    const std::int64_t bps = schedule->rate_at(start).bits_per_second;
+    const __int128 refill = static_cast<__int128>(std::max<TimeNs>(0, start - tokens_at_)) * bps / 8'000'000'000;
+    const Bytes held = static_cast<Bytes>(std::min<__int128>(burst, tokens_ + refill));
+    if (held >= bytes) {
+      tokens_ = held - bytes;
+      tokens_at_ = start;
+      return start;
+    }
+    const TimeNs fin = schedule->finish_time(start, bytes - held);
+    tokens_ = 0;
+    tokens_at_ = fin;
+    return fin;
   }
   // schedule->finish_time(), remembering the last size's time at a constant rate (a link
   // mostly carries units of one size, and the division is a good part of a transfer).
@@ -124,6 +144,8 @@ struct Link {
  private:
   Bytes memo_bytes_ = -1;
   TimeNs memo_time_ = 0;
+  Bytes tokens_ = 0;      // burst: the bucket's bytes at tokens_at_ (it starts full: see serialise)
+  TimeNs tokens_at_ = INT64_MIN / 2;
 };
 
 // Open-addressing (linear probing, backward-shift deletion) map from a unit's key to
@@ -436,6 +458,7 @@ class PsNetwork {
       Nic& n = *nics_.emplace_back(std::make_unique<Nic>());
       n.up.schedule = n.down.schedule = host_schedule(cluster.worker_bandwidth, w);
       n.up.frame_cpu = n.down.frame_cpu = cluster.frame_cpu;
+      n.up.burst = n.down.burst = cluster.link_burst;
       n.up_lane = clock.add_lane();
       n.ports.resize(jobs_.size(), nullptr);
       n.fair.finish.assign(jobs_.size(), 0);
@@ -447,6 +470,7 @@ class PsNetwork {
       Server& srv = *servers_.emplace_back(std::make_unique<Server>(in_lane, clock.add_lane()));
       srv.in.schedule = srv.out.schedule = host_schedule(cluster.server_bandwidth, s);
       srv.in.frame_cpu = srv.out.frame_cpu = cluster.frame_cpu;
+      srv.in.burst = srv.out.burst = cluster.link_burst;
       for (const NetJob& j : jobs_) srv.jobs.emplace_back(j.server_discipline, j.layout->num_tensors() + 1);
       srv.fair.finish.assign(jobs_.size(), 0);
     }

@@ -163,6 +163,10 @@ struct WorkerReport {
   // the maximum exact.
   TimeNs queue_delay_p50 = 0, queue_delay_p99 = 0, queue_delay_max = 0;
   TimeNs urgent_delay_p50 = 0, urgent_delay_p99 = 0, urgent_delay_max = 0;
+  // Acknowledgement round trip: from a unit's last byte handed to the kernel to its
+  // server's acknowledgement arriving (serialisation, the path both ways, and both
+  // processes' wake-ups), percentiles 10 and 50 over the same units; 0 when none.
+  TimeNs ack_rtt_p10 = 0, ack_rtt_p50 = 0;
   int iterations_verified = 0;     // iterations whose every pulled element was checked
   // What TCP repaired on this worker's connections (its pushes), per iteration:
   // retransmitted segments, and retransmission timeouts (empty on kernels before 6.7).
