@@ -89,7 +89,7 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--link-burst", f->link_burst,
                   "ps simulator: every link is a token bucket this deep, as tbf shapes the emulated cluster: a "
                   "frame leaves at once for the bytes it holds (refilled at the rate while idle), e.g. 68KiB "
-                  "(default 0: none; not with --link-sharing fair)");
+                  "(default 0: none; the links --link-sharing fair shares as flows have none)");
   app->add_option("--ack-queue", f->ack_queue,
                   "ps simulator: acknowledgements wait behind pulls queued on the server's uplink and the "
                   "worker's downlink, up to this long, e.g. 2ms (default 0: latency only)");

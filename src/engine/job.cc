@@ -87,9 +87,6 @@ Status ClusterConfig::validate() const {
   if (frame_cpu < 0 || frame_cpu > kNsPerSec) return invalid_argument("--frame-cpu must be in 0..1s");
   if (ack_queue < 0 || ack_queue > kNsPerSec) return invalid_argument("--ack-queue must be in 0..1s");
   if (link_burst < 0 || link_burst > kGiB) return invalid_argument("--link-burst must be in 0..1GiB");
-  if (link_burst > 0 && link_sharing == LinkSharing::kFair) {
-    return invalid_argument("--link-burst models the per-message links: not with --link-sharing fair");
-  }
   return Status::ok();
 }
 

@@ -89,8 +89,9 @@ struct ClusterConfig {
   // Each link as a token bucket of this depth (bytes), refilled at its rate while it
   // idles: a frame leaves at once for as many bytes as the bucket holds, the rest at the
   // rate. The emulated cluster's tbf shapers are such buckets (68 KiB at the rates it
-  // runs), and `run` predicts with theirs; a NIC has none (0, default). Per-message model
-  // only (not the links shared as flows of LinkSharing::kFair).
+  // runs); a NIC has none (0, default). The per-message links only: under
+  // LinkSharing::kFair the messages shared as flows have no burst (p3's and Mercury's,
+  // which keep the per-message model, do).
   Bytes link_burst = 0;
   // An acknowledgement waits behind the pull in flight on the server's uplink and the
   // backlog of the worker's downlink, up to this long (0, default: it takes the latency
