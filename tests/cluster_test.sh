@@ -29,6 +29,11 @@ check_run loopback --policy mercury,wfbp,p3,bytescheduler,tictac,mercury-nopreem
 # The policy's own report: what Prophet's bandwidth monitor read in the measured run.
 grep -q "^  prophet: bandwidth monitor: 3 estimates, median [0-9]* Mbit/s" "$tmp/out" && ok \
   || bad "no Prophet monitor report in: $(grep prophet "$tmp/out")"
+# Every worker's acknowledgement round trip (its pushes were acknowledged: never 0).
+workers=$(grep -c "iterations verified exact" "$tmp/out")
+timed=$(grep -c "acknowledgement round trip p10/p50 [0-9.]*[nmu]*s/[0-9.]*[nmu]*s," "$tmp/out")
+[ "$workers" -gt 0 ] && [ "$timed" -eq "$workers" ] && ! grep -q "round trip p10/p50 [^,]*/0ns," "$tmp/out" && ok \
+  || bad "acknowledgement round trips: $timed of $workers workers: $(grep -m2 'round trip' "$tmp/out")"
 "$qs" run --policy mercury "${common[@]}" --json --trace "$tmp/rt.json" > "$tmp/j" 2> "$tmp/err" \
   && python3 -c "
 import json; d = json.load(open('$tmp/j')); r = d['results'][0]
