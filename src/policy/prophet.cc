@@ -99,9 +99,9 @@ class Prophet final : public PsPolicy {
   }
 
   // The monitor's estimates against the rate the job was configured with: in the runtime
-  // the estimate is the goodput of this worker's own transfers while its transport was
-  // busy, so losses and waits for a loaded server lower it and every block of the next
-  // iteration holds less (docs/policies-ps.md, Prophet).
+  // the estimate is the goodput of this worker's own transfers while its transport held
+  // them, so a server's downlink shared with the other workers lowers it, and every block
+  // of the next iteration holds less (docs/policies-ps.md, Prophet).
   std::vector<std::string> report() const override {
     if (estimates_.count() == 0) return {};
     const auto mbps = [](std::int64_t b) { return std::to_string((b + 500'000) / 1'000'000) + " Mbit/s"; };
