@@ -192,6 +192,19 @@ TEST(PriorityFifo, RejectsOutOfRangePriority) {
   EXPECT_THROW(q.push(-1, 0), CheckFailure);
 }
 
+TEST(BandwidthSchedule, DelayedHoldsTheFirstRateLonger) {
+  BandwidthSchedule s({{0, Rate::gbps(10)}, {100, Rate::gbps(2)}, {250, Rate::gbps(5)}});
+  const BandwidthSchedule d = s.delayed(30);
+  ASSERT_EQ(d.segments().size(), 3u);
+  EXPECT_EQ(d.rate_at(129), Rate::gbps(10));
+  EXPECT_EQ(d.rate_at(130), Rate::gbps(2));
+  EXPECT_EQ(d.segments()[2].start, 280);
+  EXPECT_EQ(s.delayed(0).segments()[1].start, 100);
+  // Delaying then shifting by the same amount gives the schedule back.
+  EXPECT_EQ(s.delayed(30).shifted(30).segments()[1].start, 100);
+  EXPECT_TRUE(BandwidthSchedule({{0, Rate::gbps(1)}}).delayed(5).is_constant());
+}
+
 TEST(BandwidthSchedule, ShiftedStartsWhereTheOffsetFalls) {
   BandwidthSchedule s({{0, Rate::gbps(10)}, {100, Rate::gbps(2)}, {250, Rate::gbps(5)}});
   const BandwidthSchedule a = s.shifted(0);

@@ -217,6 +217,9 @@ void add_worker_flags(CLI::App* app, RoleFlags* f) {
   app->add_option("--slowdown", f->compute_factor, "Compute slowdown of this worker (1 = profile times)");
   app->add_option("--nic-rate", f->nic_rate, "This host's NIC rate, for the utilisation figure");
   app->add_option("--die-at-iteration", f->die_at_iteration, "Testing: exit abruptly at this iteration")->group("");
+  app->add_flag("--announce-start", f->announce_start,
+                "Print a line 'training starts' when training begins (before the report)")
+      ->group("");
   app->add_option("--gloo-via", f->gloo_via,
                   "Testing: RANK=HOST:PORT, reach that worker's link-0 gloo device through HOST:PORT (a fault proxy)")
       ->group("");
@@ -376,6 +379,7 @@ int run_worker_role(const RoleFlags& f) {
   o.die_at_iteration = f.die_at_iteration;
   o.verify = !f.no_verify;
   o.record_trace = !f.sim.trace.empty();
+  if (f.announce_start) o.on_training_start = [] { std::cout << "training starts" << std::endl; };
   if (f.servers.empty() && f.coordinator.empty()) {
     return fail("quicksilver worker", "give --connect HOST:PORT,... or --coordinator HOST:PORT");
   }

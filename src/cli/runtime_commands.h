@@ -23,6 +23,7 @@ struct RoleFlags {
   std::string pacing_rate;      // SO_MAX_PACING_RATE per connection
   std::string commit_window = "100us";  // JobOptions::commit_window
   int die_at_iteration = -1;    // worker: testing aid, exit abruptly at this iteration
+  bool announce_start = false;  // worker: print "training starts" when training begins (the launcher's cue)
   std::string gloo_via;         // all-reduce worker: testing aid, RANK=HOST:PORT (CollectiveOptions::via)
   bool no_verify = false;       // worker: skip the exact check of every sum (benchmarks)
   bool no_checksum = false;     // frames without payload checksums (JobOptions::payload_checksums)

@@ -134,4 +134,13 @@ BandwidthSchedule BandwidthSchedule::shifted(TimeNs offset) const {
   return BandwidthSchedule(std::move(segs));
 }
 
+BandwidthSchedule BandwidthSchedule::delayed(TimeNs delay) const {
+  QS_CHECK(delay >= 0);
+  std::vector<Segment> segs{{0, segments_.front().rate}};
+  for (std::size_t i = 1; i < segments_.size(); ++i) {
+    segs.push_back(Segment{add_saturated(segments_[i].start, delay), segments_[i].rate});
+  }
+  return BandwidthSchedule(std::move(segs));
+}
+
 }  // namespace qs

@@ -430,6 +430,12 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   }
   std::string connect;
   for (const auto& a : addrs) connect += (connect.empty() ? "" : ",") + a;
+  // A time-varying trace starts when the first PS worker begins training (it says so on
+  // its output), so that every run, and every policy, meets the trace at the same point of
+  // its training whatever the rendezvous took; the all-reduce workers' trace starts when
+  // they are started.
+  const bool dynamic = cluster && job.cluster.schedule && !job.cluster.schedule->is_constant();
+  const bool trace_at_training = dynamic && !allreduce;
   for (int w = 0; w < n; ++w) {
     std::vector<std::string> a = {"worker", "--worker-id", std::to_string(w), "--json"};
     if (allreduce) {
@@ -442,6 +448,7 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
       }
     } else {
       a.insert(a.end(), {"--connect", connect});
+      if (trace_at_training) a.push_back("--announce-start");
     }
     a.insert(a.end(), base.begin(), base.end());
     const double factor = job.cluster.compute_factor.empty() ? 1.0 : job.cluster.compute_factor[static_cast<std::size_t>(w)];
@@ -477,20 +484,16 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
     children.push_back(std::move(*c));
   }
   // Dynamic scenarios: apply the bandwidth schedule to every host's shaper over time,
-  // from its first rate. Time 0 is when the workers start, not their first backward
-  // pass (the rendezvous, tens of milliseconds, comes first); the prediction is shifted
-  // by the difference (below).
+  // from its first rate. Time 0 is when the first PS worker begins training (above), or
+  // when the all-reduce workers start (their rendezvous, tens of milliseconds, comes
+  // first); the prediction is shifted by the difference to the first backward pass
+  // (below).
   std::mutex shaper_mu;
   std::condition_variable shaper_cv;
   bool stop_shaper = false;  // guarded by shaper_mu
   std::thread shaper;
   TimeNs shaper_start = -1;  // steady clock (CLOCK_MONOTONIC), as the workers' reports
-  if (cluster && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
-    Status st = cluster->set_rate_all(job.cluster.schedule->segments()[0].rate);
-    if (!st.is_ok()) {
-      cleanup();
-      return st.with_context("setting the trace's first rate");
-    }
+  auto start_shaper = [&] {
     const auto t_start = std::chrono::steady_clock::now();
     shaper_start = std::chrono::duration_cast<std::chrono::nanoseconds>(t_start.time_since_epoch()).count();
     shaper = std::thread([&, t0 = t_start] {
@@ -503,6 +506,14 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
         if (!c.is_ok()) log("changing the rate: " + c.message());
       }
     });
+  };
+  if (dynamic) {
+    Status st = cluster->set_rate_all(job.cluster.schedule->segments()[0].rate);
+    if (!st.is_ok()) {
+      cleanup();
+      return st.with_context("setting the trace's first rate");
+    }
+    if (!trace_at_training) start_shaper();
   }
   struct JoinShaper {
     std::mutex* mu;
@@ -524,6 +535,14 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   while (true) {
     pump(children, 50);
     reap(children);
+    if (trace_at_training && shaper_start < 0) {
+      for (int w = 0; w < n; ++w) {
+        if (children[static_cast<std::size_t>(m + w)].out_text.find("training starts\n") != std::string::npos) {
+          start_shaper();
+          break;
+        }
+      }
+    }
     bool workers_running = false;
     for (int w = 0; w < n; ++w) workers_running |= children[static_cast<std::size_t>(m + w)].running;
     if (!workers_running && !workers_done) workers_done = std::chrono::steady_clock::now();
@@ -680,7 +699,12 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
       const TimeNs t = rep.first_backward_at;
       if (t > 0 && (first == 0 || t < first)) first = t;
     }
-    if (first > shaper_start) predicted_cluster.schedule = predicted_cluster.schedule->shifted(first - shaper_start);
+    // The trace may also have started after that (its cue travels through a pipe).
+    if (first > shaper_start) {
+      predicted_cluster.schedule = predicted_cluster.schedule->shifted(first - shaper_start);
+    } else if (first > 0) {
+      predicted_cluster.schedule = predicted_cluster.schedule->delayed(shaper_start - first);
+    }
   }
   auto pred = simulate(job.profile, policy, job.policy_options, predicted_cluster, job.sim);
   if (pred) run.row.predicted = std::move(*pred);

@@ -180,6 +180,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     if (finish_requested) {
       say_bye();
     } else {
+      if (opts.on_training_start) opts.on_training_start();
       training->start();
     }
     QS_RETURN_IF_ERROR(loop->run([this] { return finished && all_flushed(); }));

@@ -48,6 +48,9 @@ class BandwidthSchedule {
   // The schedule as seen from `offset` on: time 0 of the result is `offset` here.
   // Precondition: offset >= 0.
   BandwidthSchedule shifted(TimeNs offset) const;
+  // The schedule seen from `delay` before its start: the first rate holds `delay` longer,
+  // every later change comes `delay` later. Precondition: delay >= 0.
+  BandwidthSchedule delayed(TimeNs delay) const;
 
  private:
   std::size_t segment_index(TimeNs t) const;

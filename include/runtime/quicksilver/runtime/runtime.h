@@ -125,6 +125,10 @@ struct WorkerOptions {
   // hooks, torch/) reports from other threads through Worker::post(). Whatever moves the
   // gradients (this TCP worker, or an all-reduce one) takes the same factory.
   std::function<std::unique_ptr<Compute>(Timer& timer)> compute;
+  // Called once, on the worker's loop, as training begins (every server has said hello;
+  // the first backward pass starts next). The launcher starts a time-varying bandwidth
+  // trace then, so that every run meets the trace at the same point of its training.
+  std::function<void()> on_training_start;
 };
 
 struct ServerOptions {
