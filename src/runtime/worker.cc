@@ -202,13 +202,17 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     loop->schedule_after(Liveness::period(opts.job), [this] {
       if (finished) return;
       const TimeNs now = loop->now();
-      std::vector<int> silent;
+      std::vector<int> silent, quiet_too;
       for (std::size_t s = 0; s < conns.size(); ++s) {
         const TimeNs quiet = liveness[s].tick(*conns[s], now, static_cast<std::uint16_t>(opts.worker_id));
         if (started && quiet > opts.job.peer_timeout) silent.push_back(static_cast<int>(s));
+        // Two heartbeats missed: once one server is lost, this one is taken as lost too
+        // (a link that went down silences every server within one heartbeat period of
+        // each other, and the message should then name the link).
+        if (started && quiet > opts.job.peer_timeout / 2) quiet_too.push_back(static_cast<int>(s));
       }
       if (!silent.empty()) {
-        loop->fail(unavailable(silence_message(silent)));
+        loop->fail(unavailable(silence_message(quiet_too.size() == conns.size() ? quiet_too : silent)));
         return;
       }
       const bool waiting = started && (training->blocked() || !outstanding.empty());
