@@ -4,11 +4,11 @@
 # run builds its own cluster (4 workers, 4 servers, network namespaces, tc-shaped links),
 # calibrates it with every link loaded at once (docs/runtime.md) and runs the policies.
 # Per scenario and policy it prints the median (min to max) of the iteration time, its spread (max / min), the link
-# utilisation, the prediction error, the retransmission timeouts over all hosts and
-# the machine's CPU idle share. It then checks the issue's targets: Mercury's spread at
+# utilisation, the prediction error, the retransmission timeouts over all hosts, the
+# packets the hosts' own queues dropped, and the machine's CPU idle share. It then checks the issue's targets: Mercury's spread at
 # most 1.10, its utilisation median at least 95 % and minimum at least 92 % (constant-rate
 # scenarios), and every prediction within 10 %.
-# Extra arguments go to every `quicksilver run` (e.g. --rto-min 5ms), so settings can be
+# Extra arguments go to every `quicksilver run` (e.g. --host-queue 2ms), so settings can be
 # compared with one command each.
 # Needs root. Usage: [SCENARIOS="..."] [POLICIES=...] [KEEP=DIR] \
 #   bash bench/reproducibility.sh [build/quicksilver] [runs] [run flags...]
@@ -54,8 +54,8 @@ scen = [s for s in scen if not only or s in only]
 print(f"Every PS policy, 4 workers + 4 servers, {runs} independent runs each (median (min to max))"
       + (f"; run flags: {extra}" if extra else ""))
 print()
-print("| scenario | policy | iteration (ms) | spread | link utilisation | prediction error | RTOs | CPU idle |")
-print("|---|---|---|---|---|---|---|---|")
+print("| scenario | policy | iteration (ms) | spread | link utilisation | prediction error | RTOs | host-queue drops | CPU idle |")
+print("|---|---|---|---|---|---|---|---|---|")
 failures, missing = [], []
 for sc in scen:
     rows = {}
@@ -74,11 +74,15 @@ for sc in scen:
         er = [x["relative_error"] for x in rs]
         rto = [sum(x.get("timeouts_per_iteration", [])) for x in rs]
         idle = [x.get("cpu_idle", -1) for x in rs]
+        # Packets the hosts' own queues dropped (a local drop can stall a connection for
+        # 200 ms: docs/runtime.md); "?" where the run did not count them.
+        hq = [x.get("host_queue_drops", -1) for x in rs]
+        hq_cell = str(sum(hq)) if min(hq) >= 0 else "?"
         spread = max(it) / min(it)
         cell = lambda v, f: f"{f(statistics.median(v))} ({f(min(v))} to {f(max(v))})"
         print(f"| {sc} | {pol} | {cell(it, lambda x: f'{x:.1f}')} | {spread:.2f} "
               f"| {cell(ut, lambda x: f'{100 * x:.1f} %')} | {cell(er, lambda x: f'{100 * x:+.1f} %')} "
-              f"| {sum(rto)} | {100 * statistics.median(idle):.0f} % |")
+              f"| {sum(rto)} | {hq_cell} | {100 * statistics.median(idle):.0f} % |")
         if pol == "mercury":
             if spread > 1.10: failures.append(f"{sc}: mercury's spread {spread:.2f} > 1.10")
             # Utilisation is relative to the nominal rate's goodput: not a target under a
@@ -100,7 +104,8 @@ for sc in scen:
         for x in d["results"]:
             if x["policy"] == "mercury":
                 print(f"  {sc} run {r}: {x['iteration_ms']:.1f} ms, CPU idle {100 * x.get('cpu_idle', -1):.0f} %, "
-                      f"retransmitted {sum(x.get('retransmits_per_iteration', []))}; "
+                      f"retransmitted {sum(x.get('retransmits_per_iteration', []))}, "
+                      f"switch-port drops {x.get('switch_drops', '?')}; "
                       f"{d['config'].get('calibration', 'no calibration')}")
 print()
 for m in missing: print(f"missing: {m} (the run failed)")

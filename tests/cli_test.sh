@@ -60,9 +60,15 @@ expect_error "no delay emulation" run --model vgg16 --policy mercury --latency 1
 expect_error "--rto-min needs --netns" run --model vgg16 --policy mercury --rto-min 5ms
 expect_error "--quickack needs --netns" run --model vgg16 --policy mercury --quickack
 expect_error "--rto-min" run --netns --model vgg16 --policy mercury --rto-min soon
-expect_error "--switch-buffer needs --netns" run --model vgg16 --policy mercury --switch-buffer 10ms
+expect_error "--switch-buffer, --host-queue and --host-gso need --netns" run --model vgg16 --policy mercury --switch-buffer 10ms
+expect_error "--switch-buffer, --host-queue and --host-gso need --netns" run --model vgg16 --policy mercury --host-queue 2ms
+expect_error "--switch-buffer, --host-queue and --host-gso need --netns" run --model vgg16 --policy mercury --host-gso 64KiB
 expect_error "--switch-buffer must be in 100us..1s" run --netns --model vgg16 --policy mercury --switch-buffer 5s
 expect_error "--switch-buffer" run --netns --model vgg16 --policy mercury --switch-buffer deep
+expect_error "--host-queue must be in 100us..1s" run --netns --model vgg16 --policy mercury --host-queue 10us
+expect_error "--host-queue" run --netns --model vgg16 --policy mercury --host-queue deep
+expect_error "--host-gso must be in 1500B..64KiB" run --netns --model vgg16 --policy mercury --host-gso 1MiB
+expect_error "--host-gso" run --netns --model vgg16 --policy mercury --host-gso big
 printf '0s 10Gbps\n5ms 2Gbps\n' > "$tmp/fast.txt"
 expect_error "rate changes less than 10 ms apart" run --netns --model vgg16 --policy mercury --bandwidth-trace "$tmp/fast.txt"
 

@@ -116,7 +116,13 @@ if [ "$(id -u)" -eq 0 ] && command -v ip > /dev/null && command -v tc > /dev/nul
 import json; d = json.load(open('$tmp/nj')); g = d['config']['goodput_fraction']
 assert 0.5 < g < 1.05, g
 assert 0 < d['results'][0]['link_utilisation'] < 1.2, d['results'][0]
-" && ok || bad "run --netns --json goodput: $(cat "$tmp/err")"
+# The hosts' queues (20 ms, 48 KiB packets): deep enough that TCP never overflows them,
+# as on a real host; what the shapers dropped is counted per direction.
+assert d['config']['host_queue_ns'] == 20000000 and d['config']['host_gso_bytes'] == 49152, d['config']
+r = d['results'][0]
+assert r['host_queue_drops'] == 0 and r['switch_drops'] >= 0, r
+assert any(n.startswith(\"the hosts' own queues dropped 0 packets, the switch ports \") for n in r['notes']), r['notes']
+" && ok || bad "run --netns --json goodput and queues: $(cat "$tmp/err")"
   # A slow server link (Mercury Fig. 21b): its host shaped at its own rate, and the
   # prediction with it. Unshaped, the run takes ~55 ms against ~510 predicted; with the
   # prediction at one rate, ~50 predicted against ~520 measured.

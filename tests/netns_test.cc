@@ -3,8 +3,16 @@
 // rate changes that reach every shaper while the queue keeps its nominal size.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <regex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "quicksilver/runtime/netns.h"
 #include "runtime/tbf_netlink.h"
@@ -63,9 +71,65 @@ TEST_F(Netns, EveryLinkIsShapedInBothDirections) {
       // 1 ms of the rate, but at least a whole GSO packet (64 KiB + headers), which tbf
       // would otherwise segment in software.
       EXPECT_EQ(field(q, "burst"), "68Kb") << q;
-      EXPECT_EQ(field(q, "limit"), "194632b") << q;  // 2 ms of queue + the burst
     }
+    EXPECT_EQ(field(uplink(h), "limit"), "1319632b") << uplink(h);      // the host's 20 ms + the burst
+    EXPECT_EQ(field(downlink(h), "limit"), "194632b") << downlink(h);  // the switch port's 2 ms + the burst
   }
+}
+
+// Every host hands its link TCP packets of at most NetnsOptions::gso_max (48 KiB).
+TEST_F(Netns, HostsSendPacketsOfAtMostTheGsoSize) {
+  for (int h = 0; h < 2; ++h) {
+    std::string out;
+    Status s = run_command({"ip", "-n", cluster_->namespace_name(h), "-d", "link", "show", "dev",
+                            tag() + "v" + std::to_string(h)},
+                           &out);
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    EXPECT_EQ(field(out, "gso_max_size"), "49152") << out;
+  }
+}
+
+// The shapers' drop counters: a burst of datagrams larger than host 0's queue is dropped
+// there, on its uplink, and counted as the host queue's; its switch port toward host 1
+// receives no more than the uplink's rate and drops nothing.
+TEST_F(Netns, DropsAreCountedWhereTheQueueOverflowed) {
+  auto before = cluster_->drops(0);
+  ASSERT_TRUE(before.is_ok()) << before.status().message();
+  EXPECT_EQ(before->host_queue, 0U);
+  EXPECT_EQ(before->switch_port, 0U);
+  Status sent;
+  std::thread t([&] {
+    sent = NetnsCluster::enter(cluster_->namespace_name(0));
+    if (!sent.is_ok()) return;
+    const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    // A send buffer larger than the burst, so that sendto() does not wait for the queue.
+    const int sndbuf = 16 << 20;
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndbuf, sizeof sndbuf);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(9);  // discard: nobody listens, the datagrams only cross the links
+    inet_pton(AF_INET, cluster_->address(1).c_str(), &to.sin_addr);
+    const std::vector<char> payload(60000, 'x');
+    // One datagram first, so that host 1's address is resolved (ARP) before the burst.
+    (void)sendto(fd, payload.data(), payload.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // 6 MB in datagrams of 41 fragments each, against a queue of 1.3 MB draining at
+    // 500 Mbit/s (62.5 KB per ms). (Single-packet datagrams leave no faster than that:
+    // each send's share of forwarding paces the loop.)
+    for (int i = 0; i < 100; ++i) {
+      (void)sendto(fd, payload.data(), payload.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
+    }
+    close(fd);
+  });
+  t.join();
+  ASSERT_TRUE(sent.is_ok()) << sent.message();
+  auto sender = cluster_->drops(0);
+  auto receiver = cluster_->drops(1);
+  ASSERT_TRUE(sender.is_ok() && receiver.is_ok());
+  EXPECT_GT(sender->host_queue, 0U);
+  EXPECT_EQ(receiver->switch_port, 0U);
+  EXPECT_EQ(receiver->host_queue, 0U);
+  EXPECT_FALSE(cluster_->drops(2).is_ok());
 }
 
 TEST_F(Netns, RateChangesReachEveryShaperAndKeepTheQueue) {
@@ -76,8 +140,9 @@ TEST_F(Netns, RateChangesReachEveryShaperAndKeepTheQueue) {
       // Burst and queue stay those of the nominal 500 Mbit/s: a packet queued under the
       // nominal burst must still fit the bucket at the new rate.
       EXPECT_EQ(field(q, "burst"), "68Kb") << q;
-      EXPECT_EQ(field(q, "limit"), "194632b") << q;
     }
+    EXPECT_EQ(field(uplink(h), "limit"), "1319632b");
+    EXPECT_EQ(field(downlink(h), "limit"), "194632b");
   }
   ASSERT_TRUE(cluster_->set_rate(1, Rate::gbps(40)).is_ok());  // above 2^32 B/s: TCA_TBF_RATE64
   EXPECT_EQ(field(uplink(1), "rate"), "40Gbit");
@@ -87,16 +152,17 @@ TEST_F(Netns, RateChangesReachEveryShaperAndKeepTheQueue) {
 }
 
 // The start-up calibration's candidates: the cluster re-sized for a new nominal rate, as if
-// built at it (burst 1 ms, queues 2 ms of the new rate).
+// built at it (burst 1 ms, queues 20 and 2 ms of the new rate).
 TEST_F(Netns, ANewNominalRateResizesBurstAndQueues) {
   ASSERT_TRUE(cluster_->set_nominal_rate(Rate::mbps(100)).is_ok());
   EXPECT_EQ(cluster_->nominal_rate().bits_per_second, Rate::mbps(100).bits_per_second);
   for (int h = 0; h < 2; ++h) {
     for (const std::string& q : {uplink(h), downlink(h)}) {
       EXPECT_EQ(field(q, "rate"), "100Mbit") << q;
-      EXPECT_EQ(field(q, "burst"), "68Kb") << q;   // 1 ms of 100 Mbit/s is under a GSO packet
-      EXPECT_EQ(field(q, "limit"), "100Kb") << q;  // the 2 ms queue under its 32 KiB floor, + the burst
+      EXPECT_EQ(field(q, "burst"), "68Kb") << q;  // 1 ms of 100 Mbit/s is under a GSO packet
     }
+    EXPECT_EQ(field(uplink(h), "limit"), "319632b");  // 20 ms + the burst
+    EXPECT_EQ(field(downlink(h), "limit"), "100Kb");  // the 2 ms queue under its 32 KiB floor, + the burst
   }
   ASSERT_TRUE(cluster_->set_nominal_rate(Rate::gbps(1)).is_ok());
   EXPECT_EQ(field(downlink(1), "burst"), "125000b");
@@ -121,25 +187,27 @@ TEST_F(Netns, WholeClusterGoodputLoadsEveryLinkAtOnce) {
 }
 
 // `--switch-buffer`: the bridge side of every link (the switch port toward its host)
-// queues that long at the nominal rate; the hosts' own queues stay 2 ms.
+// queues that long at the nominal rate; the hosts' own queues stay as they are
+// (`--host-queue`, here 5 ms).
 TEST(NetnsSwitch, TheSwitchBufferSizesTheDownlinkQueuesOnly) {
   if (Status s = NetnsCluster::available(); !s.is_ok()) GTEST_SKIP() << s.message();
   NetnsOptions o;
   o.hosts = 2;
   o.rate = Rate::mbps(500);
   o.switch_buffer = 10 * kNsPerMs;
+  o.host_queue = 5 * kNsPerMs;
   o.tag = "qsb" + std::to_string(getpid() % 10000);
   auto c = NetnsCluster::create(o);
   ASSERT_TRUE(c.is_ok()) << c.status().message();
   for (int h = 0; h < 2; ++h) {
     const std::string up = qdisc((*c)->namespace_name(h), o.tag + "v" + std::to_string(h));
     const std::string down = qdisc("", o.tag + "p" + std::to_string(h));
-    EXPECT_EQ(field(up, "limit"), "194632b") << up;      // 2 ms + the burst
+    EXPECT_EQ(field(up, "limit"), "382132b") << up;      // 5 ms + the burst
     EXPECT_EQ(field(down, "limit"), "694632b") << down;  // 10 ms + the burst
   }
   ASSERT_TRUE((*c)->set_rate_all(Rate::mbps(100)).is_ok());  // a changing rate keeps both
   EXPECT_EQ(field(qdisc("", o.tag + "p0"), "limit"), "694632b");
-  EXPECT_EQ(field(qdisc((*c)->namespace_name(0), o.tag + "v0"), "limit"), "194632b");
+  EXPECT_EQ(field(qdisc((*c)->namespace_name(0), o.tag + "v0"), "limit"), "382132b");
 }
 
 TEST(TbfLink, UnknownDeviceOrNamespaceIsNamed) {

@@ -68,7 +68,8 @@ struct MeasuredConfig {
   std::optional<double> goodput;
   std::string calibration;           // ClusterRunResult::calibration
   double calibration_cpu_idle = -1;  // ClusterRunResult::calibration_cpu_idle
-  TimeNs rto_min = 0, switch_buffer = 0;
+  TimeNs rto_min = 0, switch_buffer = 0, host_queue = 0;
+  Bytes gso_max = 0;
   double scale = 0;  // ClusterRunResult::scale (bandwidth and tensor sizes); 0: not given
 };
 // Prints the --json document (stdout), with `measured` in its config when given.

@@ -126,6 +126,8 @@ void print_json(const Job& job, const std::vector<Row>& rows, const MeasuredConf
     if (!r.retransmits.empty()) j["retransmits_per_iteration"] = r.retransmits;
     if (!r.worker_retransmits.empty()) j["worker_retransmits_per_iteration"] = r.worker_retransmits;
     if (!r.timeouts.empty()) j["timeouts_per_iteration"] = r.timeouts;
+    if (r.host_queue_drops >= 0) j["host_queue_drops"] = r.host_queue_drops;
+    if (r.switch_drops >= 0) j["switch_drops"] = r.switch_drops;
     return j;
   };
   for (const Row& row : rows) {
@@ -157,6 +159,8 @@ void print_json(const Job& job, const std::vector<Row>& rows, const MeasuredConf
   if (measured && measured->scale > 0) config["scale"] = measured->scale;
   if (measured && measured->rto_min > 0) config["rto_min_ns"] = measured->rto_min;
   if (measured && measured->switch_buffer > 0) config["switch_buffer_ns"] = measured->switch_buffer;
+  if (measured && measured->host_queue > 0) config["host_queue_ns"] = measured->host_queue;
+  if (measured && measured->gso_max > 0) config["host_gso_bytes"] = measured->gso_max;
   // Hosts that are not alike (shown only when given, so other outputs stay as they were).
   auto rates = [](const std::vector<Rate>& v) {
     json a = json::array();

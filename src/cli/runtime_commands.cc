@@ -422,6 +422,14 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
                   "--netns: each switch port's buffer (the queue toward a host, where incast overflows), as time "
                   "at the link's rate")
       ->capture_default_str();
+  app->add_option("--host-queue", f->host_queue,
+                  "--netns: each host's own queue (its NIC's, toward the switch), as time at the link's rate; "
+                  "deep enough that TCP never overflows it, as on a real host (docs/runtime.md)")
+      ->capture_default_str();
+  app->add_option("--host-gso", f->host_gso,
+                  "--netns: the largest packet a host's TCP hands its link (segmentation offload; 64KiB: the "
+                  "kernel's)")
+      ->capture_default_str();
   app->add_flag("--quickack", f->quickack,
                 "--netns: every host route acknowledges each segment at once (no delayed acknowledgements)");
   app->add_option("--timeout", f->timeout, "Give up on a policy's run after this long")->capture_default_str();
@@ -453,8 +461,10 @@ std::string package_dir(const std::string& exe) {
   return std::filesystem::exists(pkg / "quicksilver", ec) ? pkg.string() : std::string();
 }
 
-// --rto-min (default: 5ms with --netns, else none) and --switch-buffer.
-Status parse_network_flags(const RunFlags& f, TimeNs* rto_min, TimeNs* switch_buffer) {
+// --rto-min (default: 5ms with --netns, else none), --switch-buffer, --host-queue and
+// --host-gso.
+Status parse_network_flags(const RunFlags& f, TimeNs* rto_min, TimeNs* switch_buffer, TimeNs* host_queue,
+                           Bytes* gso_max) {
   if (f.rto_min.empty()) {
     *rto_min = f.netns ? kDefaultRtoMin : 0;
   } else {
@@ -465,6 +475,12 @@ Status parse_network_flags(const RunFlags& f, TimeNs* rto_min, TimeNs* switch_bu
   auto sb = parse_time(f.switch_buffer);
   if (!sb) return sb.status().with_context("--switch-buffer");
   *switch_buffer = *sb;
+  auto hq = parse_time(f.host_queue);
+  if (!hq) return hq.status().with_context("--host-queue");
+  *host_queue = *hq;
+  auto gso = parse_size(f.host_gso);
+  if (!gso) return gso.status().with_context("--host-gso");
+  *gso_max = *gso;
   return Status::ok();
 }
 
@@ -480,7 +496,7 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
   o.netns = f.netns;
   o.congestion = f.congestion;
   o.quickack = f.quickack;
-  if (Status s = parse_network_flags(f, &o.rto_min, &o.switch_buffer); !s.is_ok()) return fail("quicksilver", s);
+  if (Status s = parse_network_flags(f, &o.rto_min, &o.switch_buffer, &o.host_queue, &o.gso_max); !s.is_ok()) return fail("quicksilver", s);
   if (f.netns) {
     auto rate = parse_rate(f.sim.bandwidth);
     if (!rate) return fail("quicksilver", rate.status().with_context("--bandwidth"));
@@ -575,7 +591,7 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   auto cw = parse_time(f.commit_window);  // refuses < 0
   if (!cw) return fail("quicksilver", cw.status().with_context("--commit-window"));
   o.commit_window = *cw;
-  if (Status s = parse_network_flags(f, &o.rto_min, &o.switch_buffer); !s.is_ok()) return fail("quicksilver", s);
+  if (Status s = parse_network_flags(f, &o.rto_min, &o.switch_buffer, &o.host_queue, &o.gso_max); !s.is_ok()) return fail("quicksilver", s);
   o.quickack = f.quickack;
   if (!f.gloo_algorithm.empty()) {
     auto a = runtime::parse_gloo_algorithm(f.gloo_algorithm);
@@ -612,7 +628,7 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   if (!run->rows.empty()) {
     if (f.sim.json) {
       const MeasuredConfig m{run->goodput_fraction, run->calibration, run->calibration_cpu_idle, run->rto_min,
-                             run->switch_buffer, run->scale};
+                             run->switch_buffer, run->host_queue, run->gso_max, run->scale};
       print_json(run->job, run->rows, &m);
     } else {
       print_table(run->job, run->rows, run->describe());

@@ -44,6 +44,8 @@ struct RunFlags {
   // --netns: every route's minimum retransmission timeout; empty: 5ms with --netns
   std::string rto_min;
   std::string switch_buffer = "2ms";  // --netns: each switch port's buffer
+  std::string host_queue = "20ms";    // --netns: each host's own queue
+  std::string host_gso = "48KiB";     // --netns: each host's largest TCP packet (GSO)
   bool quickack = false;        // --netns: every route acknowledges at once
   std::string timeout = "300s";
   std::string peer_timeout = "20s";  // every child's --peer-timeout

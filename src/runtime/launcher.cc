@@ -379,6 +379,19 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   const int counted_links = cluster ? (cluster->has_second_link() ? 2 : 1) : 0;
   std::vector<std::uint64_t> bytes_before;
   for (int l = 0; l < counted_links; ++l) bytes_before.push_back(link_bytes(l));
+  // What the shapers' queues dropped, over every host (link 0): host queues, switch ports.
+  auto queue_drops = [&]() -> std::optional<runtime::NetnsCluster::Drops> {
+    if (!cluster) return std::nullopt;
+    runtime::NetnsCluster::Drops sum;
+    for (int h = 0; h < cluster->hosts(); ++h) {
+      auto d = cluster->drops(h);
+      if (!d) return std::nullopt;
+      sum.host_queue += d->host_queue;
+      sum.switch_port += d->switch_port;
+    }
+    return sum;
+  };
+  const auto drops_before = queue_drops();
   std::vector<Child> children;
   auto cleanup = [&] { kill_all(children); };
   const bool allreduce = job.cluster.architecture == Architecture::kAllReduce;
@@ -656,6 +669,13 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
                       format_time(rep.ack_rtt_p10) + "/" + format_time(rep.ack_rtt_p50) + ", " +
                       rep.congestion_control + ", push end by " + rep.push_end);
   }
+  if (const auto drops_after = queue_drops(); drops_before && drops_after) {
+    r.host_queue_drops = static_cast<std::int64_t>(drops_after->host_queue - drops_before->host_queue);
+    r.switch_drops = static_cast<std::int64_t>(drops_after->switch_port - drops_before->switch_port);
+    r.notes.push_back("the hosts' own queues dropped " + std::to_string(r.host_queue_drops) +
+                      " packets, the switch ports " + std::to_string(r.switch_drops) +
+                      (shared_job >= 0 ? " (every job's)" : ""));
+  }
   for (int l = 0; l < counted_links; ++l) {
     const std::uint64_t sent = link_bytes(l) - bytes_before[static_cast<std::size_t>(l)];
     r.notes.push_back("link " + std::to_string(l) + " carried " + format_size(static_cast<Bytes>(sent / n)) +
@@ -814,6 +834,11 @@ std::string ClusterRunResult::describe() const {
          (quickack ? "; route quickack" : "") +
          (switch_buffer > 0 && switch_buffer != 2 * kNsPerMs ? "; switch buffer " + format_time(switch_buffer)
                                                               : std::string()) +
+         (host_queue > 0 && host_queue != LaunchOptions{}.host_queue ? "; host queue " + format_time(host_queue)
+                                                                      : std::string()) +
+         (host_queue > 0 && gso_max != LaunchOptions{}.gso_max
+              ? "; host GSO " + (gso_max > 0 ? format_size(gso_max) : std::string("the kernel's"))
+              : std::string()) +
          "; bandwidth and tensor sizes scaled by " + std::to_string(scale).substr(0, 6) +
          ", communication/compute ratios kept)";
 }
@@ -973,15 +998,17 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
                             format_rate(Rate{std::llround(job.cluster.bandwidth.bits_per_second * f.scale)}) +
                             "; a scaled link needs at least 1Mbps");
   }
-  if (f.switch_buffer < 100 * kNsPerUs || f.switch_buffer > kNsPerSec) {
-    return invalid_argument("--switch-buffer must be in 100us..1s");
-  }
-  if (f.switch_buffer != 2 * kNsPerMs && !f.netns) {
-    return invalid_argument("--switch-buffer needs --netns (loopback has no switch)");
+  QS_RETURN_IF_ERROR(runtime::check_netns_queues(f.switch_buffer, f.host_queue, f.gso_max));
+  if ((f.switch_buffer != 2 * kNsPerMs || f.host_queue != LaunchOptions{}.host_queue ||
+       f.gso_max != LaunchOptions{}.gso_max) &&
+      !f.netns) {
+    return invalid_argument("--switch-buffer, --host-queue and --host-gso need --netns (loopback has no switch)");
   }
   out.rto_min = f.netns ? f.rto_min : 0;
   out.quickack = f.netns && f.quickack;
   out.switch_buffer = f.netns ? f.switch_buffer : 0;
+  out.host_queue = f.netns ? f.host_queue : 0;
+  out.gso_max = f.netns ? f.gso_max : 0;
   // What launchers killed outright (SIGKILL) left in the temporary directory. (Their
   // namespaces go when a cluster is next built: NetnsCluster::create.)
   (void)cleanup_stale_run_dirs(false);
@@ -1028,6 +1055,8 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     no.rto_min = f.rto_min;
     no.quickack = f.quickack;
     no.switch_buffer = f.switch_buffer;
+    no.host_queue = f.host_queue;
+    no.gso_max = f.gso_max;
     if (allreduce && job.cluster.second_link_slowdown != 0) {
       // DeFT's second link: a veth of its own per host, `second_link_slowdown` times slower.
       no.second_rate.bits_per_second =

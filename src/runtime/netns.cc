@@ -124,14 +124,10 @@ std::string second_veth_bridge(const std::string& tag, int h) { return tag + "q"
 std::string veth_host(const std::string& tag, int h) { return tag + "v" + std::to_string(h); }
 std::string veth_bridge(const std::string& tag, int h) { return tag + "p" + std::to_string(h); }
 
-// A host's own queue (its uplink shaper): 2 ms of the nominal rate. The switch port's
-// (downlink) is NetnsOptions::switch_buffer.
-constexpr TimeNs kHostQueue = 2 * kNsPerMs;
-
 // tbf parameters: a burst of about 1 ms of the nominal rate (MACHINE-NOTES: less loses
-// rate), at least kMinBurst, and a queue of `queue_time` at the nominal rate (2 ms by default), short enough
-// that the shaper does not hide a sender's priorities behind a long FIFO. Both are byte counts fixed by the
-// nominal rate, as a switch port's buffer is; a dynamic scenario changes only the rate:
+// rate), at least kMinBurst, and a queue of `queue_time` at the nominal rate
+// (NetnsOptions::switch_buffer or host_queue). Both are byte counts fixed by the nominal
+// rate, as a switch port's buffer is; a dynamic scenario changes only the rate:
 //  * the queue: 2 ms at 1/10 of the rate held 8 packets, and TCP lost whole windows to
 //    retransmission timeouts;
 //  * the burst: it is also tbf's largest packet. A GSO packet of up to 64 KiB queued
@@ -299,6 +295,10 @@ Status NetnsCluster::add_link(int h, const std::string& bridge, const std::strin
   QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", vb, "up"}));
   QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "addr", "add", address + "/16", "dev", vh}));
   QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "link", "set", vh, "up"}));
+  if (options_.gso_max > 0) {
+    QS_RETURN_IF_ERROR(
+        run_command({"ip", "-n", ns, "link", "set", vh, "gso_max_size", std::to_string(options_.gso_max)}));
+  }
   if (options_.rto_min > 0 || options_.quickack) {
     // The connected route again, with the metrics (ip prints and takes rto_min in ms).
     std::vector<std::string> argv = {"ip", "-n", ns, "route", "replace", subnet, "dev", vh, "proto",
@@ -313,7 +313,7 @@ Status NetnsCluster::add_link(int h, const std::string& bridge, const std::strin
     }
     QS_RETURN_IF_ERROR(run_command(argv));
   }
-  QS_RETURN_IF_ERROR(shape(ns, vh, rate, kHostQueue, shapers));        // uplink: [2h]
+  QS_RETURN_IF_ERROR(shape(ns, vh, rate, options_.host_queue, shapers));  // uplink: [2h]
   return shape("", vb, rate, options_.switch_buffer, shapers);  // downlink: [2h + 1]
 }
 
@@ -360,13 +360,34 @@ Status NetnsCluster::build() {
 Status NetnsCluster::set_rate(int host, Rate rate) {
   if (host < 0 || host >= options_.hosts) return invalid_argument("no host " + std::to_string(host));
   QS_RETURN_IF_ERROR(
-      shapers_[2 * static_cast<std::size_t>(host)]->set(tbf_params(rate, options_.rate, kHostQueue), false));
+      shapers_[2 * static_cast<std::size_t>(host)]->set(tbf_params(rate, options_.rate, options_.host_queue), false));
   return shapers_[2 * static_cast<std::size_t>(host) + 1]->set(
       tbf_params(rate, options_.rate, options_.switch_buffer), false);
 }
 
+Status check_netns_queues(TimeNs switch_buffer, TimeNs host_queue, Bytes gso_max) {
+  if (switch_buffer < 100 * kNsPerUs || switch_buffer > kNsPerSec) {
+    return invalid_argument("--switch-buffer must be in 100us..1s");
+  }
+  if (host_queue < 100 * kNsPerUs || host_queue > kNsPerSec) {
+    return invalid_argument("--host-queue must be in 100us..1s");
+  }
+  if (gso_max != 0 && (gso_max < 1500 || gso_max > 64 * 1024)) {
+    return invalid_argument("--host-gso must be in 1500B..64KiB");
+  }
+  return Status::ok();
+}
+
+Result<NetnsCluster::Drops> NetnsCluster::drops(int host) const {
+  if (host < 0 || host >= options_.hosts) return invalid_argument("no host " + std::to_string(host));
+  Drops d;
+  QS_ASSIGN_OR_RETURN(d.host_queue, shapers_[2 * static_cast<std::size_t>(host)]->drops());
+  QS_ASSIGN_OR_RETURN(d.switch_port, shapers_[2 * static_cast<std::size_t>(host) + 1]->drops());
+  return d;
+}
+
 Status NetnsCluster::set_rate_all(Rate rate) {
-  const TbfParams up = tbf_params(rate, options_.rate, kHostQueue);
+  const TbfParams up = tbf_params(rate, options_.rate, options_.host_queue);
   const TbfParams down = tbf_params(rate, options_.rate, options_.switch_buffer);
   Status first;
   for (std::size_t i = 0; i < shapers_.size(); ++i) {  // on, even past a failure: the others should still follow
@@ -437,7 +458,7 @@ Status NetnsCluster::set_nominal_rate(Rate rate) {
     options_.second_rate.bits_per_second = std::max<std::int64_t>(
         1000, std::llround(static_cast<double>(options_.second_rate.bits_per_second) * static_cast<double>(rate.bits_per_second) /
                            static_cast<double>(options_.rate.bits_per_second)));
-    const TbfParams up = tbf_params(options_.second_rate, options_.second_rate, kHostQueue);
+    const TbfParams up = tbf_params(options_.second_rate, options_.second_rate, options_.host_queue);
     const TbfParams down = tbf_params(options_.second_rate, options_.second_rate, options_.switch_buffer);
     for (std::size_t i = 0; i < second_shapers_.size(); ++i) {
       QS_RETURN_IF_ERROR(second_shapers_[i]->set(i % 2 == 0 ? up : down, false));

@@ -58,12 +58,11 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
   if (o.workers < 1 || o.workers > runtime::kMaxWorkers) {
     return invalid_argument("--workers must be in 1.." + std::to_string(runtime::kMaxWorkers));
   }
-  if (!o.netns && (o.rto_min > 0 || o.quickack || o.switch_buffer != 2 * kNsPerMs)) {
-    return invalid_argument("--rto-min, --quickack and --switch-buffer need --netns");
+  if (!o.netns && (o.rto_min > 0 || o.quickack || o.switch_buffer != 2 * kNsPerMs ||
+                   o.host_queue != ScriptLaunchOptions{}.host_queue || o.gso_max != ScriptLaunchOptions{}.gso_max)) {
+    return invalid_argument("--rto-min, --quickack, --switch-buffer, --host-queue and --host-gso need --netns");
   }
-  if (o.switch_buffer < 100 * kNsPerUs || o.switch_buffer > kNsPerSec) {
-    return invalid_argument("--switch-buffer must be in 100us..1s");
-  }
+  QS_RETURN_IF_ERROR(runtime::check_netns_queues(o.switch_buffer, o.host_queue, o.gso_max));
   if (o.rto_min < 0 || o.rto_min > 60 * kNsPerSec) return invalid_argument("--rto-min must be in 0..60s");
   auto log = [&](const std::string& m) {
     if (o.log) o.log(m);
@@ -82,6 +81,8 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
     no.rto_min = o.rto_min;
     no.quickack = o.quickack;
     no.switch_buffer = o.switch_buffer;
+    no.host_queue = o.host_queue;
+    no.gso_max = o.gso_max;
     QS_ASSIGN_OR_RETURN(cluster, runtime::NetnsCluster::create(no));
     master_addr = cluster->address(0);
   }

@@ -3,11 +3,13 @@
 #include "quicksilver/core/check.h"
 #include "quicksilver/runtime/netns.h"
 
+#include <linux/gen_stats.h>
 #include <linux/netlink.h>
 #include <linux/pkt_sched.h>
 #include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -25,6 +27,7 @@ struct Request {
   tcmsg t;
   char attrs[256];
 };
+
 
 // Appends attribute `type` with `len` bytes of `data` (none when data is null).
 rtattr* add_attr(Request& r, unsigned short type, const void* data, std::size_t len) {
@@ -49,6 +52,14 @@ Status open_here(const std::string& dev, int* fd, int* ifindex) {
     close(*fd);
     *fd = -1;
     return io_error(std::string("netlink bind: ") + std::strerror(e));
+  }
+  // The kernel answers at once; a lost answer must not hang the launcher.
+  const timeval answer_within{5, 0};
+  if (setsockopt(*fd, SOL_SOCKET, SO_RCVTIMEO, &answer_within, sizeof answer_within) != 0) {
+    const int e = errno;
+    close(*fd);
+    *fd = -1;
+    return io_error(std::string("netlink SO_RCVTIMEO: ") + std::strerror(e));
   }
   *ifindex = static_cast<int>(if_nametoindex(dev.c_str()));
   if (*ifindex == 0) {
@@ -133,27 +144,82 @@ Status TbfLink::set(const TbfParams& p, bool create) {
   add_attr(r, TCA_TBF_BURST, &burst, sizeof burst);
   options->rta_len = static_cast<unsigned short>(r.n.nlmsg_len - (reinterpret_cast<char*>(options) - reinterpret_cast<char*>(&r)));
 
-  sockaddr_nl kernel{};
-  kernel.nl_family = AF_NETLINK;
-  ssize_t sent;
-  do {
-    sent = sendto(fd_, &r, r.n.nlmsg_len, 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel);
-  } while (sent < 0 && errno == EINTR);
-  if (sent != static_cast<ssize_t>(r.n.nlmsg_len)) {
-    return io_error("tbf on " + name_ + ": netlink send: " + std::strerror(errno));
-  }
+  QS_RETURN_IF_ERROR(send(&r, r.n.nlmsg_len));
   // The answer: an NLMSG_ERROR carrying 0 (success) or -errno, for our sequence number.
   alignas(nlmsghdr) char buf[8192];
   while (true) {
     ssize_t n = recv(fd_, buf, sizeof buf, 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return io_error("tbf on " + name_ + ": netlink receive: " + std::strerror(errno));
+    if (n < 0) {
+      return io_error("tbf on " + name_ + ": netlink receive: " +
+                      (errno == EAGAIN ? std::string("no answer from the kernel in 5 s") : std::strerror(errno)));
+    }
     for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, static_cast<unsigned>(n)); h = NLMSG_NEXT(h, n)) {
       if (h->nlmsg_seq != seq_ || h->nlmsg_type != NLMSG_ERROR) continue;
       const auto* e = static_cast<const nlmsgerr*>(NLMSG_DATA(h));
       if (e->error == 0) return Status::ok();
       return io_error("tbf on " + name_ + ": the kernel refused " + (create ? "adding" : "changing") +
                       " the qdisc: " + std::strerror(-e->error));
+    }
+  }
+}
+
+Status TbfLink::send(const void* message, std::size_t len) {
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  ssize_t sent;
+  do {
+    sent = sendto(fd_, message, len, 0, reinterpret_cast<const sockaddr*>(&kernel), sizeof kernel);
+  } while (sent < 0 && errno == EINTR);
+  if (sent != static_cast<ssize_t>(len)) {
+    return io_error("tbf on " + name_ + ": netlink send: " + std::strerror(errno));
+  }
+  return Status::ok();
+}
+
+Result<std::uint64_t> TbfLink::drops() {
+  // RTM_GETQDISC for the root qdisc answers with one RTM_NEWQDISC carrying its statistics:
+  // TCA_STATS2, nesting TCA_STATS_QUEUE (struct gnet_stats_queue). Without NLM_F_ECHO the
+  // kernel sends that answer to the RTNLGRP_TC group only, not to the asker.
+  Request r{};
+  r.n.nlmsg_len = NLMSG_LENGTH(sizeof(tcmsg));
+  r.n.nlmsg_type = RTM_GETQDISC;
+  r.n.nlmsg_flags = NLM_F_REQUEST | NLM_F_ECHO;
+  r.n.nlmsg_seq = ++seq_;
+  r.t.tcm_family = AF_UNSPEC;
+  r.t.tcm_ifindex = ifindex_;
+  r.t.tcm_parent = TC_H_ROOT;
+  QS_RETURN_IF_ERROR(send(&r, r.n.nlmsg_len));
+  alignas(nlmsghdr) char buf[16384];
+  while (true) {
+    ssize_t n = recv(fd_, buf, sizeof buf, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return io_error("tbf on " + name_ + ": netlink receive: " +
+                      (errno == EAGAIN ? std::string("no answer from the kernel in 5 s") : std::strerror(errno)));
+    }
+    for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, static_cast<unsigned>(n)); h = NLMSG_NEXT(h, n)) {
+      if (h->nlmsg_seq != seq_) continue;
+      if (h->nlmsg_type == NLMSG_ERROR) {
+        const auto* e = static_cast<const nlmsgerr*>(NLMSG_DATA(h));
+        return io_error("tbf on " + name_ + ": the kernel did not give the qdisc's statistics: " +
+                        std::strerror(-e->error));
+      }
+      if (h->nlmsg_type != RTM_NEWQDISC) continue;
+      auto* t = static_cast<tcmsg*>(NLMSG_DATA(h));
+      int len = static_cast<int>(h->nlmsg_len) - static_cast<int>(NLMSG_LENGTH(sizeof(tcmsg)));
+      for (auto* a = reinterpret_cast<rtattr*>(reinterpret_cast<char*>(t) + NLMSG_ALIGN(sizeof(tcmsg)));
+           RTA_OK(a, len); a = RTA_NEXT(a, len)) {
+        if (a->rta_type != TCA_STATS2) continue;
+        int inner = static_cast<int>(RTA_PAYLOAD(a));
+        for (auto* s = static_cast<rtattr*>(RTA_DATA(a)); RTA_OK(s, inner); s = RTA_NEXT(s, inner)) {
+          if (s->rta_type != TCA_STATS_QUEUE || RTA_PAYLOAD(s) < sizeof(gnet_stats_queue)) continue;
+          gnet_stats_queue q;
+          std::memcpy(&q, RTA_DATA(s), sizeof q);
+          return static_cast<std::uint64_t>(q.drops);
+        }
+      }
+      return internal_error("tbf on " + name_ + ": the kernel's answer holds no queue statistics");
     }
   }
 }

@@ -9,6 +9,8 @@
 // Private to the runtime (netns.cc). Thread safety: one thread at a time per object.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "quicksilver/core/status.h"
@@ -39,8 +41,13 @@ class TbfLink {
   // Installs tbf as the device's root qdisc (`create`) or changes the one installed, and
   // waits for the kernel's answer. Errors name the device and the kernel's reason.
   Status set(const TbfParams& p, bool create);
+  // Packets the shaper has dropped since it was installed: its queue was full (the
+  // kernel's qdisc statistics, `tc -s qdisc show`).
+  Result<std::uint64_t> drops();
 
  private:
+  // Sends one netlink message of `len` bytes to the kernel.
+  Status send(const void* message, std::size_t len);
   TbfLink(int fd, int ifindex, std::string name) : fd_(fd), ifindex_(ifindex), name_(std::move(name)) {}
   int fd_ = -1;
   int ifindex_ = 0;

@@ -48,6 +48,9 @@ struct SimResult {
   // The part of `retransmits` the workers' connections sent (their pushes); the rest is
   // what the servers sent (acknowledgements and pulls, the direction incast hits).
   std::vector<std::int64_t> worker_retransmits;
+  // Measured runs on the emulated cluster: packets the hosts' own queues (uplinks) and the
+  // switch ports (downlinks) dropped while the run ran, over every host. -1: not measured.
+  std::int64_t host_queue_drops = -1, switch_drops = -1;
 };
 
 using RunResult = SimResult;

@@ -58,6 +58,10 @@ struct LaunchOptions {
   bool quickack = false;
   // netns only: each switch port's buffer (NetnsOptions::switch_buffer), 100us..1s.
   TimeNs switch_buffer = 2 * kNsPerMs;
+  // netns only: each host's own queue (NetnsOptions::host_queue), 100us..1s, and the
+  // largest packet its TCP hands the link (NetnsOptions::gso_max; 0: the kernel's).
+  TimeNs host_queue = 20 * kNsPerMs;
+  Bytes gso_max = 48 * 1024;
   // --architecture allreduce: gloo's algorithm for every worker (empty: from the job's
   // --allreduce, ring or rhd).
   std::string gloo_algorithm;
@@ -104,6 +108,8 @@ struct ClusterRunResult {
   TimeNs rto_min = 0;  // LaunchOptions::rto_min as run (0: the kernel's default)
   bool quickack = false;  // LaunchOptions::quickack as run
   TimeNs switch_buffer = 0;  // LaunchOptions::switch_buffer as run (netns; 0: none)
+  TimeNs host_queue = 0;     // LaunchOptions::host_queue as run (netns; 0: none)
+  Bytes gso_max = 0;         // LaunchOptions::gso_max as run (netns; 0: the kernel's)
   // netns: the start-up calibration of the whole cluster, every link loaded at once, as
   // run ("8 links at once at 500Mbps: goodput 95.3% (least 94.9%), CPU idle 61.0%; tried
   // before: ..."), and the machine's idle share during it. Empty and -1 without.

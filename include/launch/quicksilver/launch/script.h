@@ -38,11 +38,13 @@ struct ScriptLaunchOptions {
   bool netns = false;
   Rate bandwidth = Rate::gbps(1);
   std::string congestion = "cubic";  // allowed inside the namespaces (NetnsOptions)
-  // netns: NetnsOptions::rto_min, quickack and switch_buffer (the CLI gives rto_min
-  // kDefaultRtoMin unless told otherwise).
+  // netns: NetnsOptions::rto_min, quickack, switch_buffer, host_queue and gso_max (the
+  // CLI gives rto_min kDefaultRtoMin unless told otherwise).
   TimeNs rto_min = 0;
   bool quickack = false;
   TimeNs switch_buffer = 2 * kNsPerMs;
+  TimeNs host_queue = 20 * kNsPerMs;
+  Bytes gso_max = 48 * 1024;
   TimeNs timeout = 0;                        // 0: none
   TimeNs grace = 15 * kNsPerSec;             // after the first failure (see above)
   // SIGINT/SIGTERM/SIGHUP stop the run (above); the previous handlers come back at the end.

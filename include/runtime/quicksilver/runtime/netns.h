@@ -51,9 +51,21 @@ struct NetnsOptions {
   bool quickack = false;
   // The buffer of each switch port, i.e. of the bridge's side of every host's link (its
   // downlink shaper's queue), as time at the nominal rate. Where several senders answer
-  // one host at once (incast), this is what overflows. A host's own queue (its uplink
-  // shaper) is 2 ms.
+  // one host at once (incast), this is what overflows.
   TimeNs switch_buffer = 2 * kNsPerMs;
+  // Each host's own queue (its uplink shaper's), as time at the nominal rate: the NIC's
+  // queue, which on a real host TCP never overflows (TCP small queues hold each socket to
+  // a few packets in it, and the qdisc holds 1000). A packet the sender's own queue drops
+  // is one TCP counts as never sent: with nothing else in flight, Linux waits at least
+  // 200 ms (its zero-window probe timer, which ignores the route's rto_min) before it sends
+  // again. 20 ms, with gso_max below, never dropped a packet in the e2e scenarios
+  // (docs/runtime.md, "The 200 ms stall").
+  TimeNs host_queue = 20 * kNsPerMs;
+  // The largest packet a host's TCP hands its link (the host side veth's gso_max_size;
+  // 0: the kernel's 64 KiB). TCP small queues let every socket hold two such packets in
+  // the host's queue, so at the emulation's scaled-down rates a 64 KiB packet is a long
+  // wait for the packets behind it; smaller ones cost CPU per byte.
+  Bytes gso_max = 48 * 1024;
   // DeFT's second link (its III-C): a second veth per host on a bridge and subnet of its
   // own (10.214.0.0/16), shaped at this rate both ways. 0: none.
   Rate second_rate{0};
@@ -61,6 +73,10 @@ struct NetnsOptions {
   // limited to 15).
   std::string tag;
 };
+
+// Checks NetnsOptions::switch_buffer and host_queue (100us..1s) and gso_max (0, or
+// 1500 B..64 KiB), naming the flag that is wrong.
+Status check_netns_queues(TimeNs switch_buffer, TimeNs host_queue, Bytes gso_max);
 
 class NetnsCluster {
  public:
@@ -79,6 +95,12 @@ class NetnsCluster {
   Result<std::uint64_t> sent_bytes(int host, int link) const;
   // The host's interface inside its namespace (what GLOO_SOCKET_IFNAME names).
   std::string interface_name(int host) const;
+  // Packets the host's own queue (uplink) and its switch port (downlink) have dropped
+  // since the cluster was built (the shapers' qdisc statistics).
+  struct Drops {
+    std::uint64_t host_queue = 0, switch_port = 0;
+  };
+  Result<Drops> drops(int host) const;
   // Changes host's rate limit in both directions (the dynamic scenarios). Through
   // netlink sockets opened when the cluster was built: microseconds per shaper.
   Status set_rate(int host, Rate rate);
