@@ -148,12 +148,8 @@ Status TbfLink::set(const TbfParams& p, bool create) {
   // The answer: an NLMSG_ERROR carrying 0 (success) or -errno, for our sequence number.
   alignas(nlmsghdr) char buf[8192];
   while (true) {
-    ssize_t n = recv(fd_, buf, sizeof buf, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      return io_error("tbf on " + name_ + ": netlink receive: " +
-                      (errno == EAGAIN ? std::string("no answer from the kernel in 5 s") : std::strerror(errno)));
-    }
+    QS_ASSIGN_OR_RETURN(const std::size_t got, receive(buf, sizeof buf));
+    auto n = static_cast<ssize_t>(got);
     for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, static_cast<unsigned>(n)); h = NLMSG_NEXT(h, n)) {
       if (h->nlmsg_seq != seq_ || h->nlmsg_type != NLMSG_ERROR) continue;
       const auto* e = static_cast<const nlmsgerr*>(NLMSG_DATA(h));
@@ -177,6 +173,16 @@ Status TbfLink::send(const void* message, std::size_t len) {
   return Status::ok();
 }
 
+Result<std::size_t> TbfLink::receive(void* buf, std::size_t size) {
+  while (true) {
+    const ssize_t n = recv(fd_, buf, size, 0);
+    if (n >= 0) return static_cast<std::size_t>(n);
+    if (errno == EINTR) continue;
+    return io_error("tbf on " + name_ + ": netlink receive: " +
+                    (errno == EAGAIN ? std::string("no answer from the kernel in 5 s") : std::strerror(errno)));
+  }
+}
+
 Result<std::uint64_t> TbfLink::drops() {
   // RTM_GETQDISC for the root qdisc answers with one RTM_NEWQDISC carrying its statistics:
   // TCA_STATS2, nesting TCA_STATS_QUEUE (struct gnet_stats_queue). Without NLM_F_ECHO the
@@ -192,12 +198,8 @@ Result<std::uint64_t> TbfLink::drops() {
   QS_RETURN_IF_ERROR(send(&r, r.n.nlmsg_len));
   alignas(nlmsghdr) char buf[16384];
   while (true) {
-    ssize_t n = recv(fd_, buf, sizeof buf, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      return io_error("tbf on " + name_ + ": netlink receive: " +
-                      (errno == EAGAIN ? std::string("no answer from the kernel in 5 s") : std::strerror(errno)));
-    }
+    QS_ASSIGN_OR_RETURN(const std::size_t got, receive(buf, sizeof buf));
+    auto n = static_cast<ssize_t>(got);
     for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, static_cast<unsigned>(n)); h = NLMSG_NEXT(h, n)) {
       if (h->nlmsg_seq != seq_) continue;
       if (h->nlmsg_type == NLMSG_ERROR) {
