@@ -496,7 +496,10 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
   o.netns = f.netns;
   o.congestion = f.congestion;
   o.quickack = f.quickack;
-  if (Status s = parse_network_flags(f, &o.rto_min, &o.switch_buffer, &o.host_queue, &o.gso_max); !s.is_ok()) return fail("quicksilver", s);
+  if (Status s = parse_network_flags(f, &o.rto_min, &o.switch_buffer, &o.host_queue, &o.gso_max);
+      !s.is_ok()) {
+    return fail("quicksilver", s);
+  }
   if (f.netns) {
     auto rate = parse_rate(f.sim.bandwidth);
     if (!rate) return fail("quicksilver", rate.status().with_context("--bandwidth"));
@@ -591,7 +594,10 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   auto cw = parse_time(f.commit_window);  // refuses < 0
   if (!cw) return fail("quicksilver", cw.status().with_context("--commit-window"));
   o.commit_window = *cw;
-  if (Status s = parse_network_flags(f, &o.rto_min, &o.switch_buffer, &o.host_queue, &o.gso_max); !s.is_ok()) return fail("quicksilver", s);
+  if (Status s = parse_network_flags(f, &o.rto_min, &o.switch_buffer, &o.host_queue, &o.gso_max);
+      !s.is_ok()) {
+    return fail("quicksilver", s);
+  }
   o.quickack = f.quickack;
   if (!f.gloo_algorithm.empty()) {
     auto a = runtime::parse_gloo_algorithm(f.gloo_algorithm);

@@ -380,6 +380,7 @@ Status check_netns_queues(TimeNs switch_buffer, TimeNs host_queue, Bytes gso_max
 
 Result<NetnsCluster::Drops> NetnsCluster::drops(int host) const {
   if (host < 0 || host >= options_.hosts) return invalid_argument("no host " + std::to_string(host));
+  if (shapers_.size() < 2 * static_cast<std::size_t>(host + 1)) return unavailable("the cluster is torn down");
   Drops d;
   QS_ASSIGN_OR_RETURN(d.host_queue, shapers_[2 * static_cast<std::size_t>(host)]->drops());
   QS_ASSIGN_OR_RETURN(d.switch_port, shapers_[2 * static_cast<std::size_t>(host) + 1]->drops());
