@@ -212,6 +212,25 @@ TEST(NetnsSwitch, TheSwitchBufferSizesTheDownlinkQueuesOnly) {
   EXPECT_EQ(field(qdisc((*c)->namespace_name(0), o.tag + "v0"), "limit"), "382132b");
 }
 
+// `fan_in`: every switch port also holds one shaper burst (68 KiB) from each host that
+// sends to it at once, whatever the rate; the hosts' own queues do not change.
+TEST(NetnsSwitch, EverySwitchPortHoldsABurstFromEachSender) {
+  if (Status s = NetnsCluster::available(); !s.is_ok()) GTEST_SKIP() << s.message();
+  NetnsOptions o;
+  o.hosts = 2;
+  o.rate = Rate::mbps(500);
+  o.fan_in = 4;
+  o.tag = "qsf" + std::to_string(getpid() % 10000);
+  auto c = NetnsCluster::create(o);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_EQ(field(qdisc("", o.tag + "p" + std::to_string(h)), "limit"), "473160b");  // 2 ms + 5 bursts
+    EXPECT_EQ(field(qdisc((*c)->namespace_name(h), o.tag + "v" + std::to_string(h)), "limit"), "1319632b");
+  }
+  ASSERT_TRUE((*c)->set_rate_all(Rate::mbps(100)).is_ok());  // a changing rate keeps it
+  EXPECT_EQ(field(qdisc("", o.tag + "p1"), "limit"), "473160b");
+}
+
 TEST(TbfLink, UnknownDeviceOrNamespaceIsNamed) {
   if (Status s = NetnsCluster::available(); !s.is_ok()) GTEST_SKIP() << s.message();
   auto a = TbfLink::open("", "nosuchdev0");

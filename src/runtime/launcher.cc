@@ -1055,6 +1055,9 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     no.rto_min = f.rto_min;
     no.quickack = f.quickack;
     no.switch_buffer = f.switch_buffer;
+    // A PS job's switch ports take a burst from every worker (toward a server) or every
+    // server (toward a worker) at once; an all-reduce host hears one peer at a time.
+    no.fan_in = allreduce ? 0 : std::max(job.cluster.workers, job.cluster.servers);
     no.host_queue = f.host_queue;
     no.gso_max = f.gso_max;
     if (allreduce && job.cluster.second_link_slowdown != 0) {

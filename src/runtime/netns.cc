@@ -143,11 +143,11 @@ std::string veth_bridge(const std::string& tag, int h) { return tag + "p" + std:
 // (issue 16). So the burst is at least a whole GSO packet.
 constexpr std::int64_t kMinBurst = 64 * 1024 + 4 * 1024;
 
-TbfParams tbf_params(Rate rate, Rate nominal, TimeNs queue_time) {
+TbfParams tbf_params(Rate rate, Rate nominal, TimeNs queue_time, int bursts = 1) {
   const std::int64_t burst = std::max<std::int64_t>(kMinBurst, nominal.bits_per_second / 8 / 1000);
   const auto queue = static_cast<std::int64_t>(static_cast<double>(nominal.bits_per_second) / 8 *
                                                static_cast<double>(queue_time) / kNsPerSec);
-  return TbfParams{rate, burst, std::max<std::int64_t>(32 * 1024, queue) + burst};
+  return TbfParams{rate, burst, std::max<std::int64_t>(32 * 1024, queue) + burst * bursts};
 }
 
 }  // namespace
@@ -274,11 +274,11 @@ Result<std::uint64_t> NetnsCluster::sent_bytes(int host, int link) const {
   return v;
 }
 
-Status NetnsCluster::shape(const std::string& ns, const std::string& dev, Rate rate, TimeNs queue,
+Status NetnsCluster::shape(const std::string& ns, const std::string& dev, Rate rate, TimeNs queue, int bursts,
                            std::vector<std::unique_ptr<TbfLink>>* into) {
   auto link = TbfLink::open(ns, dev);
   if (!link.is_ok()) return link.status();
-  QS_RETURN_IF_ERROR(link->set(tbf_params(rate, rate, queue), true));
+  QS_RETURN_IF_ERROR(link->set(tbf_params(rate, rate, queue, bursts), true));
   into->push_back(std::make_unique<TbfLink>(std::move(*link)));
   return Status::ok();
 }
@@ -313,8 +313,8 @@ Status NetnsCluster::add_link(int h, const std::string& bridge, const std::strin
     }
     QS_RETURN_IF_ERROR(run_command(argv));
   }
-  QS_RETURN_IF_ERROR(shape(ns, vh, rate, options_.host_queue, shapers));  // uplink: [2h]
-  return shape("", vb, rate, options_.switch_buffer, shapers);  // downlink: [2h + 1]
+  QS_RETURN_IF_ERROR(shape(ns, vh, rate, options_.host_queue, 1, shapers));          // uplink: [2h]
+  return shape("", vb, rate, options_.switch_buffer, 1 + options_.fan_in, shapers);  // downlink: [2h + 1]
 }
 
 Status NetnsCluster::build() {
@@ -362,7 +362,7 @@ Status NetnsCluster::set_rate(int host, Rate rate) {
   QS_RETURN_IF_ERROR(
       shapers_[2 * static_cast<std::size_t>(host)]->set(tbf_params(rate, options_.rate, options_.host_queue), false));
   return shapers_[2 * static_cast<std::size_t>(host) + 1]->set(
-      tbf_params(rate, options_.rate, options_.switch_buffer), false);
+      tbf_params(rate, options_.rate, options_.switch_buffer, 1 + options_.fan_in), false);
 }
 
 Status check_netns_queues(TimeNs switch_buffer, TimeNs host_queue, Bytes gso_max) {
@@ -389,7 +389,7 @@ Result<NetnsCluster::Drops> NetnsCluster::drops(int host) const {
 
 Status NetnsCluster::set_rate_all(Rate rate) {
   const TbfParams up = tbf_params(rate, options_.rate, options_.host_queue);
-  const TbfParams down = tbf_params(rate, options_.rate, options_.switch_buffer);
+  const TbfParams down = tbf_params(rate, options_.rate, options_.switch_buffer, 1 + options_.fan_in);
   Status first;
   for (std::size_t i = 0; i < shapers_.size(); ++i) {  // on, even past a failure: the others should still follow
     Status st = shapers_[i]->set(i % 2 == 0 ? up : down, false);
@@ -460,7 +460,7 @@ Status NetnsCluster::set_nominal_rate(Rate rate) {
         1000, std::llround(static_cast<double>(options_.second_rate.bits_per_second) * static_cast<double>(rate.bits_per_second) /
                            static_cast<double>(options_.rate.bits_per_second)));
     const TbfParams up = tbf_params(options_.second_rate, options_.second_rate, options_.host_queue);
-    const TbfParams down = tbf_params(options_.second_rate, options_.second_rate, options_.switch_buffer);
+    const TbfParams down = tbf_params(options_.second_rate, options_.second_rate, options_.switch_buffer, 1 + options_.fan_in);
     for (std::size_t i = 0; i < second_shapers_.size(); ++i) {
       QS_RETURN_IF_ERROR(second_shapers_[i]->set(i % 2 == 0 ? up : down, false));
     }

@@ -53,6 +53,15 @@ struct NetnsOptions {
   // downlink shaper's queue), as time at the nominal rate. Where several senders answer
   // one host at once (incast), this is what overflows.
   TimeNs switch_buffer = 2 * kNsPerMs;
+  // The most hosts that send to one host at once (a PS job: max(workers, servers); an
+  // all-reduce job 0: each host hears one peer at a time). Each switch port holds, beyond
+  // switch_buffer and its own burst, one shaper burst (68 KiB, a whole GSO packet) from
+  // each of them. Bursts are byte counts that do not shrink with the emulation's
+  // scaled rate, while the buffer does: 2 ms of a 10 Gbit/s port hold 2.5 MB, 36 such
+  // bursts, but 2 ms of the scaled 500 Mbit/s hold 125 KB, under two; without the floor,
+  // four workers' bursts to one server overflowed it where a real port would not
+  // (docs/runtime.md, "Incast and the scaled buffer"). 0: switch_buffer alone.
+  int fan_in = 0;
   // Each host's own queue (its uplink shaper's), as time at the nominal rate: the NIC's
   // queue, which on a real host TCP never overflows (TCP small queues hold each socket to
   // a few packets in it, and the qdisc holds 1000). A packet the sender's own queue drops
@@ -133,7 +142,7 @@ class NetnsCluster {
   static StaleCleanup cleanup_stale_locked(bool dry_run);
   // Installs the shaper of `dev` in namespace `ns` ("" = the launcher's) at the nominal
   // rate and keeps its netlink socket in shapers_.
-  Status shape(const std::string& ns, const std::string& dev, Rate rate, TimeNs queue,
+  Status shape(const std::string& ns, const std::string& dev, Rate rate, TimeNs queue, int bursts,
                std::vector<std::unique_ptr<TbfLink>>* into);
   Status add_link(int host, const std::string& bridge, const std::string& vh, const std::string& vb,
                   const std::string& address, const std::string& subnet, Rate rate,
