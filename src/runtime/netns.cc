@@ -150,6 +150,15 @@ TbfParams tbf_params(Rate rate, Rate nominal, TimeNs queue_time, int bursts = 1)
   return TbfParams{rate, burst, std::max<std::int64_t>(32 * 1024, queue) + burst * bursts};
 }
 
+// A host's own queue (its uplink shaper), and its switch port (downlink): the port also
+// holds a burst from each of the fan_in hosts that may send to it at once.
+TbfParams uplink_params(const NetnsOptions& o, Rate rate, Rate nominal) {
+  return tbf_params(rate, nominal, o.host_queue);
+}
+TbfParams downlink_params(const NetnsOptions& o, Rate rate, Rate nominal) {
+  return tbf_params(rate, nominal, o.switch_buffer, 1 + o.fan_in);
+}
+
 }  // namespace
 
 namespace {
@@ -274,11 +283,12 @@ Result<std::uint64_t> NetnsCluster::sent_bytes(int host, int link) const {
   return v;
 }
 
-Status NetnsCluster::shape(const std::string& ns, const std::string& dev, Rate rate, TimeNs queue, int bursts,
+Status NetnsCluster::shape(const std::string& ns, const std::string& dev, Rate rate, bool uplink,
                            std::vector<std::unique_ptr<TbfLink>>* into) {
   auto link = TbfLink::open(ns, dev);
   if (!link.is_ok()) return link.status();
-  QS_RETURN_IF_ERROR(link->set(tbf_params(rate, rate, queue, bursts), true));
+  const TbfParams p = uplink ? uplink_params(options_, rate, rate) : downlink_params(options_, rate, rate);
+  QS_RETURN_IF_ERROR(link->set(p, true));
   into->push_back(std::make_unique<TbfLink>(std::move(*link)));
   return Status::ok();
 }
@@ -313,8 +323,8 @@ Status NetnsCluster::add_link(int h, const std::string& bridge, const std::strin
     }
     QS_RETURN_IF_ERROR(run_command(argv));
   }
-  QS_RETURN_IF_ERROR(shape(ns, vh, rate, options_.host_queue, 1, shapers));          // uplink: [2h]
-  return shape("", vb, rate, options_.switch_buffer, 1 + options_.fan_in, shapers);  // downlink: [2h + 1]
+  QS_RETURN_IF_ERROR(shape(ns, vh, rate, true, shapers));  // uplink: [2h]
+  return shape("", vb, rate, false, shapers);             // downlink: [2h + 1]
 }
 
 Status NetnsCluster::build() {
@@ -360,9 +370,9 @@ Status NetnsCluster::build() {
 Status NetnsCluster::set_rate(int host, Rate rate) {
   if (host < 0 || host >= options_.hosts) return invalid_argument("no host " + std::to_string(host));
   QS_RETURN_IF_ERROR(
-      shapers_[2 * static_cast<std::size_t>(host)]->set(tbf_params(rate, options_.rate, options_.host_queue), false));
+      shapers_[2 * static_cast<std::size_t>(host)]->set(uplink_params(options_, rate, options_.rate), false));
   return shapers_[2 * static_cast<std::size_t>(host) + 1]->set(
-      tbf_params(rate, options_.rate, options_.switch_buffer, 1 + options_.fan_in), false);
+      downlink_params(options_, rate, options_.rate), false);
 }
 
 Status check_netns_queues(TimeNs switch_buffer, TimeNs host_queue, Bytes gso_max) {
@@ -388,8 +398,8 @@ Result<NetnsCluster::Drops> NetnsCluster::drops(int host) const {
 }
 
 Status NetnsCluster::set_rate_all(Rate rate) {
-  const TbfParams up = tbf_params(rate, options_.rate, options_.host_queue);
-  const TbfParams down = tbf_params(rate, options_.rate, options_.switch_buffer, 1 + options_.fan_in);
+  const TbfParams up = uplink_params(options_, rate, options_.rate);
+  const TbfParams down = downlink_params(options_, rate, options_.rate);
   Status first;
   for (std::size_t i = 0; i < shapers_.size(); ++i) {  // on, even past a failure: the others should still follow
     Status st = shapers_[i]->set(i % 2 == 0 ? up : down, false);
@@ -459,8 +469,8 @@ Status NetnsCluster::set_nominal_rate(Rate rate) {
     options_.second_rate.bits_per_second = std::max<std::int64_t>(
         1000, std::llround(static_cast<double>(options_.second_rate.bits_per_second) * static_cast<double>(rate.bits_per_second) /
                            static_cast<double>(options_.rate.bits_per_second)));
-    const TbfParams up = tbf_params(options_.second_rate, options_.second_rate, options_.host_queue);
-    const TbfParams down = tbf_params(options_.second_rate, options_.second_rate, options_.switch_buffer, 1 + options_.fan_in);
+    const TbfParams up = uplink_params(options_, options_.second_rate, options_.second_rate);
+    const TbfParams down = downlink_params(options_, options_.second_rate, options_.second_rate);
     for (std::size_t i = 0; i < second_shapers_.size(); ++i) {
       QS_RETURN_IF_ERROR(second_shapers_[i]->set(i % 2 == 0 ? up : down, false));
     }

@@ -141,8 +141,9 @@ class NetnsCluster {
   Status teardown_locked();
   static StaleCleanup cleanup_stale_locked(bool dry_run);
   // Installs the shaper of `dev` in namespace `ns` ("" = the launcher's) at the nominal
-  // rate and keeps its netlink socket in shapers_.
-  Status shape(const std::string& ns, const std::string& dev, Rate rate, TimeNs queue, int bursts,
+  // rate, as a host's own queue (`uplink`) or a switch port, and keeps its netlink socket
+  // in `into`.
+  Status shape(const std::string& ns, const std::string& dev, Rate rate, bool uplink,
                std::vector<std::unique_ptr<TbfLink>>* into);
   Status add_link(int host, const std::string& bridge, const std::string& vh, const std::string& vb,
                   const std::string& address, const std::string& subnet, Rate rate,
