@@ -99,7 +99,8 @@ def launch(build_dir, launcher, workers, args, timeout):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--redirects", "2", "--tee", "2",
                "--nproc_per_node", str(workers), WORKER] + args
     else:
-        cmd = [os.path.join(build_dir, "quicksilver"), "run", "--workers", str(workers), "--script", WORKER] + args
+        cmd = [os.path.join(build_dir, "quicksilver"), "run", "--python", sys.executable, "--workers", str(workers),
+               "--script", WORKER] + args
     start = time.monotonic()
     p = subprocess.run(cmd, env=env(build_dir), capture_output=True, text=True, timeout=timeout)
     return p, time.monotonic() - start
@@ -336,10 +337,47 @@ def test_profile_command_feeds_the_simulator(build_dir, tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="--netns needs root")
 def test_netns_shaped_cluster(build_dir, tmp_path):
     """`quicksilver run --netns`: one namespace per worker, shaped links; still exact."""
-    cmd = [os.path.join(build_dir, "quicksilver"), "run", "--netns", "--bandwidth", "1Gbps", "--workers", "2",
+    cmd = [os.path.join(build_dir, "quicksilver"), "run", "--python", sys.executable, "--netns", "--bandwidth", "1Gbps",
+           "--workers", "2",
            "--script", WORKER, "--model", "digits", "--policies", "mercury,bytescheduler", "--iterations", "3",
            "--out", str(tmp_path)]
     p = subprocess.run(cmd, env=env(build_dir), capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
     assert "MASTER_ADDR=10.213." in p.stderr
     check_equal(str(tmp_path), ["mercury", "bytescheduler"], "sgd", "digits", 2, 8, 3)
+
+
+def test_no_gloo_symbol_binds_across(build_dir, tmp_path):
+    """The all-reduce runtime's gloo (the system's libgloo.so.0) and the gloo inside the
+    user's torch never meet, even with torch's libraries in the global symbol scope
+    (TORCH_USE_RTLD_GLOBAL=1): the dynamic linker's own record (LD_DEBUG=bindings) of a
+    2-rank all-reduce job shows no binding from our module or its libgloo into torch's
+    libraries, nor back. A pip torch without this died with SIGSEGV on both ranks."""
+    logs = tmp_path / "ld"
+    logs.mkdir()
+    e = env(build_dir)
+    e.update(TORCH_USE_RTLD_GLOBAL="1", LD_DEBUG="bindings", LD_DEBUG_OUTPUT=str(logs / "b"))
+    cmd = [os.path.join(build_dir, "quicksilver"), "run", "--python", sys.executable, "--workers", "2", "--script", WORKER,
+           "--model", "digits",
+           "--policies", "mgwfbp", "--iterations", "2", "--out", str(tmp_path), "--architecture", "allreduce"]
+    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    # A pip torch carries its own gloo; Debian's links the system's libgloo.so.0, the one
+    # our module uses, so there a binding of that one library to torch's is no clash.
+    torch_libs = ("libtorch", "libc10")
+    bindings = []
+    for f in logs.iterdir():
+        for line in open(f, errors="replace"):
+            parts = line.split()
+            if "binding file" in line and len(parts) > 6:
+                bindings.append((os.path.basename(parts[3]), os.path.basename(parts[6]), line.strip()))
+    shared_gloo = any(any(t in src for t in torch_libs) and "libgloo" in dst for src, dst, _ in bindings)
+    ours = ("_quicksilver",) if shared_gloo else ("_quicksilver", "libgloo")
+    across = [l for src, dst, l in bindings
+              if (any(o in src for o in ours) and any(t in dst for t in torch_libs))
+              or (any(t in src for t in torch_libs) and "_quicksilver" in dst)]
+    into_gloo = sum(1 for src, dst, _ in bindings if "_quicksilver" in src and "libgloo" in dst)
+    assert into_gloo > 0, "the log shows no call into gloo: the check saw nothing"
+    assert not across, "{} bindings across, e.g. {}".format(len(across), across[:3])
+    print("torch {} ({}): {} bindings from the module into its libgloo, none across".format(
+        torch.__version__, "the system's gloo" if shared_gloo else "a gloo of its own", into_gloo))
