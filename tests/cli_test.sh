@@ -188,5 +188,25 @@ QUICKSILVER_SECRET_FILE="$tmp/secret" expect_bad "--insecure: QUICKSILVER_SECRET
 expect_bad "excludes" server --server-id 0 --policy mercury --insecure --secret-file "$tmp/secret"
 "$qs" coordinator --help | grep -q "127.0.0.1:7000" && ok || bad "the coordinator's default address is not loopback"
 
+# The interpreter (docs/cli.md "The Python interpreter"): `run --script` and `profile` start
+# the one --python names (a stub that records how it was started).
+cat > "$tmp/py" <<SH
+#!/bin/sh
+echo "\$* RANK=\$RANK" >> "$tmp/py.log"
+SH
+chmod +x "$tmp/py"
+echo "raise SystemExit('not this interpreter')" > "$tmp/train.py"
+expect_ok run --workers 2 --python "$tmp/py" --script "$tmp/train.py" --lr 1
+[ "$(sort "$tmp/py.log" | tr '\n' '|')" = "$tmp/train.py --lr 1 RANK=0|$tmp/train.py --lr 1 RANK=1|" ] && ok \
+  || bad "run --script --python: the stub was started as: $(cat "$tmp/py.log")"
+if [ -d "$(dirname "$qs")/python/quicksilver" ]; then  # built with QS_WITH_TORCH
+  rm -f "$tmp/py.log"
+  expect_ok profile --python "$tmp/py" --model m --out -
+  expect_ok profile --model m --python="$tmp/py" --out x
+  [ "$(tr '\n' '|' < "$tmp/py.log")" = "-m quicksilver.profile --model m --out - RANK=|-m quicksilver.profile --model m --out x RANK=|" ] \
+    && ok || bad "profile --python: the stub was started as: $(cat "$tmp/py.log")"
+fi
+expect_bad "--python needs a PATH" profile --model m --python
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

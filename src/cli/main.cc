@@ -14,9 +14,25 @@ int main(int argc, char** argv) {
   // script's own (its flags are not ours to parse).
   std::vector<std::string> script_args;
   // `quicksilver profile ...`: the measurement is PyTorch's (python/quicksilver/profile.py,
-  // which parses its own flags); this finds the package and hands over.
+  // which parses its own flags); this takes --python (the interpreter), finds the package
+  // and hands over.
   if (argc > 1 && std::string(argv[1]) == "profile") {
-    return qs::cli::run_profile(std::vector<std::string>(argv + 2, argv + argc), "/proc/self/exe");
+    std::vector<std::string> args;
+    std::string python;
+    for (int i = 2; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--python" && i + 1 < argc) {
+        python = argv[++i];
+      } else if (a.starts_with("--python=")) {
+        python = a.substr(9);
+      } else if (a == "--python") {
+        std::cerr << "quicksilver profile: --python needs a PATH (see quicksilver --help)\n";
+        return 2;
+      } else {
+        args.push_back(a);
+      }
+    }
+    return qs::cli::run_profile(args, python, "/proc/self/exe");
   }
   if (argc > 1 && std::string(argv[1]) == "run") {
     for (int i = 2; i + 1 < argc; ++i) {
@@ -62,7 +78,9 @@ int main(int argc, char** argv) {
   CLI::App* tune = app.add_subcommand("tune", "Search bytescheduler's partition/credit (or p3's slice) size by simulation");
   qs::cli::add_tune_flags(tune, &tune_flags);
   // Listed for --help only: main() hands `profile` to Python before parsing.
-  app.add_subcommand("profile", "Measure a PyTorch model into a profile JSON (flags: quicksilver profile --help)");
+  app.add_subcommand("profile",
+                     "Measure a PyTorch model into a profile JSON (flags: quicksilver profile --help; "
+                     "--python PATH: the interpreter)");
   bool cleanup_dry_run = false;
   CLI::App* cleanup = app.add_subcommand(
       "cleanup", "Remove what `quicksilver run` launchers killed outright left: namespaces, bridges, veths, "

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -15,6 +17,7 @@
 #include <sstream>
 
 #include "quicksilver/launch/launcher.h"
+#include "quicksilver/launch/python.h"
 #include "quicksilver/runtime/collective.h"
 #include "quicksilver/runtime/store.h"
 #include "quicksilver/launch/script.h"
@@ -445,7 +448,10 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
                   "Run this PyTorch training script (quicksilver.torch) as --workers processes with torchrun's "
                   "environment; every argument after it is the script's")
       ->group("PyTorch");
-  app->add_option("--python", f->python, "--script: the Python interpreter")->capture_default_str()->group("PyTorch");
+  app->add_option("--python", f->python,
+                  "--script: the Python interpreter (default: the one the build was made for, else python3 on "
+                  "PATH or /usr/bin/python3, the first that imports torch)")
+      ->group("PyTorch");
   app->add_option("--kill-worker", f->kill_worker, "Testing: this worker dies abruptly...")->group("");
   app->add_option("--kill-at-iteration", f->kill_at_iteration, "...at this iteration")->group("");
 }
@@ -459,6 +465,19 @@ std::string package_dir(const std::string& exe) {
   if (ec) return {};
   const auto pkg = self.parent_path() / "python";
   return std::filesystem::exists(pkg / "quicksilver", ec) ? pkg.string() : std::string();
+}
+
+// The interpreter for Python code: `given` (--python), else choose_python's rule over the
+// build's interpreter (QS_BUILD_PYTHON, set by CMake with QS_WITH_TORCH) and $PATH.
+Result<std::string> python_interpreter(const std::string& given) {
+  PythonSearch search;
+  search.given = given;
+#ifdef QS_BUILD_PYTHON
+  search.build = QS_BUILD_PYTHON;
+#endif
+  const char* path = std::getenv("PATH");
+  search.path = path != nullptr ? path : "";
+  return choose_python(search);
 }
 
 // --rto-min (default: 5ms with --netns, else none), --switch-buffer, --host-queue and
@@ -488,7 +507,11 @@ Status parse_network_flags(const RunFlags& f, TimeNs* rto_min, TimeNs* switch_bu
 // hosts the servers. The package is found beside this executable (build/python).
 int run_script_command(const RunFlags& f, const std::string& exe) {
   ScriptLaunchOptions o;
-  o.python = f.python;
+  if (runs_under_python(f.script)) {
+    auto python = python_interpreter(f.python);
+    if (!python) return fail("quicksilver run", python.status());
+    o.python = *python;
+  }
   o.script = f.script;
   o.args = f.script_args;
   o.workers = f.sim.workers;
@@ -521,23 +544,25 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
 
 }  // namespace
 
-int run_profile(const std::vector<std::string>& args, const std::string& exe) {
+int run_profile(const std::vector<std::string>& args, const std::string& python, const std::string& exe) {
   const std::string pkg = package_dir(exe);
   if (pkg.empty()) {
     return fail("quicksilver profile",
                 "no quicksilver Python package beside this executable: build with QS_WITH_TORCH=ON "
-                "(scripts/build.sh does when /usr/bin/python3 imports torch)");
+                "(scripts/build.sh does when an interpreter imports torch: scripts/python.sh)");
   }
+  auto interpreter = python_interpreter(python);
+  if (!interpreter) return fail("quicksilver profile", interpreter.status());
   const char* old = std::getenv("PYTHONPATH");
   const std::string path = pkg + (old != nullptr && *old != '\0' ? ":" + std::string(old) : "");
   setenv("PYTHONPATH", path.c_str(), 1);
-  std::vector<std::string> argv_s{"/usr/bin/python3", "-m", "quicksilver.profile"};
+  std::vector<std::string> argv_s{*interpreter, "-m", "quicksilver.profile"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
   execv(argv_s[0].c_str(), argv.data());
-  return fail("quicksilver profile", "cannot execute /usr/bin/python3", 3);
+  return fail("quicksilver profile", "cannot execute " + *interpreter + ": " + std::strerror(errno));
 }
 
 int run_cleanup(bool dry_run) {

@@ -57,7 +57,7 @@ struct RunFlags {
   // --script: a training script run as --workers processes (torchrun's environment).
   std::string script;
   std::vector<std::string> script_args;  // everything after the script's path
-  std::string python = "/usr/bin/python3";
+  std::string python;  // --script *.py: the interpreter; empty: choose_python's rule
 };
 
 struct CoordinatorFlags {
@@ -82,8 +82,9 @@ int run_worker_role(const RoleFlags& f);
 int run_cluster(const RunFlags& f, const std::string& self_exe);
 // `quicksilver cleanup [--dry-run]`: what launchers killed outright left behind.
 int run_cleanup(bool dry_run);
-// `quicksilver profile ARGS`: runs `/usr/bin/python3 -m quicksilver.profile ARGS` with the
-// package beside this executable on PYTHONPATH (replaces this process).
-int run_profile(const std::vector<std::string>& args, const std::string& self_exe);
+// `quicksilver profile [--python PATH] ARGS`: runs `PYTHON -m quicksilver.profile ARGS` with
+// the package beside this executable on PYTHONPATH (replaces this process). PYTHON is
+// `python` when not empty, else choose_python's (quicksilver/launch/python.h).
+int run_profile(const std::vector<std::string>& args, const std::string& python, const std::string& self_exe);
 
 }  // namespace qs::cli

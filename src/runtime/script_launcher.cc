@@ -52,9 +52,13 @@ int exit_code(int status) {
 
 }  // namespace
 
+bool runs_under_python(std::string_view script) { return script.size() > 3 && script.ends_with(".py"); }
+
 Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
   if (o.script.empty()) return invalid_argument("--script: no script given");
   if (access(o.script.c_str(), R_OK) != 0) return not_found("--script: cannot read '" + o.script + "'");
+  const bool python = runs_under_python(o.script);
+  if (python && o.python.empty()) return invalid_argument("--script " + o.script + ": no Python interpreter given");
   if (o.workers < 1 || o.workers > runtime::kMaxWorkers) {
     return invalid_argument("--workers must be in 1.." + std::to_string(runtime::kMaxWorkers));
   }
@@ -134,7 +138,6 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
       // As torchrun does: N processes on one machine, one thread each unless told.
       setenv("OMP_NUM_THREADS", "1", 0);
       // A Python script runs under the interpreter; anything else (a LibTorch program) as is.
-      const bool python = o.script.size() > 3 && o.script.compare(o.script.size() - 3, 3, ".py") == 0;
       std::vector<std::string> argv_s{o.python, o.script};
       if (!python) argv_s.erase(argv_s.begin());
       argv_s.insert(argv_s.end(), o.args.begin(), o.args.end());

@@ -23,9 +23,11 @@
 namespace qs {
 
 struct ScriptLaunchOptions {
-  std::string python = "/usr/bin/python3";  // MACHINE-NOTES: the one that sees Debian's torch
   // Required: a Python script (*.py, run by `python`) or an executable (a LibTorch program).
   std::string script;
+  // The interpreter of a *.py script (choose_python, quicksilver/launch/python.h); required
+  // for one, unused otherwise.
+  std::string python;
   std::vector<std::string> args;             // the script's own arguments
   int workers = 2;                           // N, in 1..runtime::kMaxWorkers
   // Prepended to the children's PYTHONPATH (where the quicksilver package is); may be empty.
@@ -61,7 +63,12 @@ struct ScriptRunResult {
   bool ok() const { return first_failed < 0 && !timed_out && !interrupted; }
 };
 
-// Errors (nothing ran): no script, a bad worker count, fork failures.
+// Whether run_script runs `script` under ScriptLaunchOptions::python (a *.py file) rather
+// than as a program.
+bool runs_under_python(std::string_view script);
+
+// Errors (nothing ran): no script, a *.py script without an interpreter, a bad worker
+// count, fork failures.
 Result<ScriptRunResult> run_script(const ScriptLaunchOptions& options);
 
 }  // namespace qs
