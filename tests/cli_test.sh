@@ -189,7 +189,8 @@ expect_bad "excludes" server --server-id 0 --policy mercury --insecure --secret-
 "$qs" coordinator --help | grep -q "127.0.0.1:7000" && ok || bad "the coordinator's default address is not loopback"
 
 # The interpreter (docs/cli.md "The Python interpreter"): `run --script` and `profile` start
-# the one --python names (a stub that records how it was started).
+# the one --python names (a stub that records how it was started); run --script's
+# --timeout bounds the script only when given, the default's value (300s) included.
 cat > "$tmp/py" <<SH
 #!/bin/sh
 echo "\$* RANK=\$RANK" >> "$tmp/py.log"
@@ -199,6 +200,11 @@ echo "raise SystemExit('not this interpreter')" > "$tmp/train.py"
 expect_ok run --workers 2 --python "$tmp/py" --script "$tmp/train.py" --lr 1
 [ "$(sort "$tmp/py.log" | tr '\n' '|')" = "$tmp/train.py --lr 1 RANK=0|$tmp/train.py --lr 1 RANK=1|" ] && ok \
   || bad "run --script --python: the stub was started as: $(cat "$tmp/py.log")"
+grep -q "timeout" "$tmp/err" && bad "run --script without --timeout is bounded: $(cat "$tmp/err")" || ok
+expect_ok run --workers 1 --timeout 300s --python "$tmp/py" --script "$tmp/train.py"
+grep -q "timeout 300s)" "$tmp/err" && ok || bad "run --script --timeout 300s (the default's value) dropped: $(cat "$tmp/err")"
+expect_ok run --workers 1 --timeout 120000ms --python "$tmp/py" --script "$tmp/train.py"
+grep -q "timeout 120s)" "$tmp/err" && ok || bad "run --script --timeout 120000ms dropped: $(cat "$tmp/err")"
 if [ -d "$(dirname "$qs")/python/quicksilver" ]; then  # built with QS_WITH_TORCH
   rm -f "$tmp/py.log"
   expect_ok profile --python "$tmp/py" --model m --out -

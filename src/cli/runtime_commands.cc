@@ -435,7 +435,10 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
       ->capture_default_str();
   app->add_flag("--quickack", f->quickack,
                 "--netns: every host route acknowledges each segment at once (no delayed acknowledgements)");
-  app->add_option("--timeout", f->timeout, "Give up on a policy's run after this long")->capture_default_str();
+  f->timeout_option = app->add_option("--timeout", f->timeout,
+                                      "Give up on a policy's run after this long; a --script run is bounded "
+                                      "only when this is given")
+                          ->capture_default_str();
   app->add_option("--peer-timeout", f->peer_timeout,
                   "Every node's longest silence of a connection before its peer is lost (idle ones carry heartbeats)")
       ->capture_default_str();
@@ -531,8 +534,9 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
   auto timeout = parse_time(f.timeout);
   if (!timeout) return fail("quicksilver", timeout.status().with_context("--timeout"));
   // --timeout bounds a policy's run (300 s by default); a script trains as long as it
-  // likes unless the flag is given.
-  o.timeout = f.timeout == "300s" ? 0 : *timeout;
+  // likes unless the flag is given (any value, the default's included).
+  const bool timeout_given = f.timeout_option != nullptr && f.timeout_option->count() > 0;
+  o.timeout = timeout_given ? *timeout : 0;
   o.log = [](std::string_view m) { std::cerr << "quicksilver run: " << m << "\n"; };
   auto r = run_script(o);
   if (!r) return fail("quicksilver run", r.status());

@@ -48,6 +48,8 @@ struct RunFlags {
   std::string host_gso = "48KiB";     // --netns: each host's largest TCP packet (GSO)
   bool quickack = false;        // --netns: every route acknowledges at once
   std::string timeout = "300s";
+  // --timeout's option (add_run_flags): a --script run is bounded only when it was given.
+  const CLI::Option* timeout_option = nullptr;
   std::string peer_timeout = "20s";  // every child's --peer-timeout
   bool no_checksum = false;          // every child's --no-checksum
   bool keep_going = false;

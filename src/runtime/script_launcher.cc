@@ -151,7 +151,7 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
     pids[static_cast<std::size_t>(r)] = pid;
   }
   log("started " + std::to_string(o.workers) + " workers of " + o.script + " (MASTER_ADDR=" + master_addr +
-      " MASTER_PORT=" + std::to_string(port) + ")");
+      " MASTER_PORT=" + std::to_string(port) + (o.timeout > 0 ? ", timeout " + format_time(o.timeout) : "") + ")");
 
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
