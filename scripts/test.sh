@@ -10,7 +10,9 @@ cd "$(dirname "$0")/.."
 (cd build && ctest --output-on-failure --timeout 600 -j 2 -E '^pytorch_test$')
 if [ -d build/python/quicksilver ]; then
   start=$SECONDS
-  QS_BUILD_DIR="$PWD/build" OMP_NUM_THREADS=1 /usr/bin/python3 -m pytest -q -rs tests/python
+  # The build's interpreter unless QS_PYTHON names another (scripts/python.sh).
+  python=$(bash scripts/python.sh)
+  QS_BUILD_DIR="$PWD/build" OMP_NUM_THREADS=1 "$python" -m pytest -q -rs tests/python
   echo "test: pytest took $((SECONDS - start))s"
 fi
 if [ -x ../shared/tools/contract-check ]; then
