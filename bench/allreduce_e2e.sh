@@ -11,6 +11,7 @@
 set -euo pipefail
 qs=${1:-build/quicksilver}
 iters=${2:-5}
+python=$(QS_BUILD_DIR=${QS_BUILD_DIR:-$(dirname "$qs")} bash "$(dirname "$0")/../scripts/python.sh" --no-torch)
 models=${MODELS:-resnet101 vgg19 gpt2}
 bandwidths=${BANDWIDTHS:-10Gbps 25Gbps}
 policies=wfbp,synceasgd,mgwfbp,mgwfbp-opt,ddp,bytescheduler,usbyte,deft
@@ -26,7 +27,7 @@ for model in $models; do
       grep -v "^  " "$tmp/out"
       grep -E "^  deft: (update frequency|link [01] all-reduce fit)" "$tmp/out" || true
       # DeFT against wfbp, measured and predicted (columns: iteration, predicted).
-      /usr/bin/python3 - "$tmp/out" <<'PY'
+      "$python" - "$tmp/out" <<'PY'
 import re, sys
 rows = {}
 for line in open(sys.argv[1]):

@@ -6,7 +6,7 @@ communication and scheduling), each process's user + system time read when it ex
 (wait4). Each policy runs twice, with I and 4I iterations: the difference over 3I
 iterations is the steady state, without start-up, calibration and connection set-up.
 
-    /usr/bin/python3 bench/cpu_time.py build/quicksilver --model resnet50 --bandwidth 2Gbps
+    python3 bench/cpu_time.py build/quicksilver --model resnet50 --bandwidth 2Gbps
 
 Prints, per policy, the CPU ms per iteration of the mean worker and the mean server, and
 each against wfbp (the native PS the paper compares with), medians over --repeats.

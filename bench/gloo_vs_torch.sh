@@ -5,13 +5,14 @@
 # the other, RUNS times. Prints each side's median time per all-reduce and the ratio
 # torch / quicksilver (1.0: as fast as PyTorch; the issue's target is at least 0.95, since
 # both use the same libgloo).
-# Needs root, iproute2, Debian's python3-torch. Usage:
+# Needs root, iproute2 and torch (the interpreter of scripts/python.sh). Usage:
 #   bash bench/gloo_vs_torch.sh [build/quicksilver] [SIZE_MIB=16] [RATE=1gbit] [RUNS=5]
 set -euo pipefail
 qs=$(realpath "${1:-build/quicksilver}")
 mib=${2:-16}
 rate=${3:-1gbit}
 runs=${4:-5}
+python=$(QS_BUILD_DIR=${QS_BUILD_DIR:-$(dirname "$qs")} bash "$(dirname "$0")/../scripts/python.sh")
 tag=qsgt$$
 tmp=$(mktemp -d)
 cleanup() { ip netns del ${tag}a 2> /dev/null || true; ip netns del ${tag}b 2> /dev/null || true; rm -rf "$tmp"; }
@@ -59,12 +60,12 @@ ours() {  # median iteration in ms (one all-reduce per iteration; compute ~0)
   local w1=$!
   ip netns exec ${tag}a "$qs" "${role[@]}" --worker-id 0 --link 10.215.0.1 > "$tmp/w0"
   wait $w1 $c
-  /usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["median_iteration_ns"]/1e6)' "$tmp/w0"
+  "$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["median_iteration_ns"]/1e6)' "$tmp/w0"
 }
 theirs() {
-  ip netns exec ${tag}b env GLOO_SOCKET_IFNAME=${tag}y /usr/bin/python3 "$tmp/torch_ar.py" 1 $elements &
+  ip netns exec ${tag}b env GLOO_SOCKET_IFNAME=${tag}y "$python" "$tmp/torch_ar.py" 1 $elements &
   local p=$!
-  ip netns exec ${tag}a env GLOO_SOCKET_IFNAME=${tag}x /usr/bin/python3 "$tmp/torch_ar.py" 0 $elements
+  ip netns exec ${tag}a env GLOO_SOCKET_IFNAME=${tag}x "$python" "$tmp/torch_ar.py" 0 $elements
   wait $p
 }
 
@@ -73,8 +74,8 @@ printf "%-5s %14s %14s %8s\n" run quicksilver_ms torch_ms ratio
 ratios=()
 for r in $(seq "$runs"); do
   q=$(ours); t=$(theirs)
-  ratio=$(/usr/bin/python3 -c "print(f'{$t/$q:.3f}')")
+  ratio=$("$python" -c "print(f'{$t/$q:.3f}')")
   ratios+=("$ratio")
   printf "%-5s %14.2f %14.2f %8s\n" "$r" "$q" "$t" "$ratio"
 done
-/usr/bin/python3 -c "import statistics,sys; r=[float(x) for x in sys.argv[1:]]; print(f'median ratio torch/quicksilver {statistics.median(r):.3f} (min {min(r):.3f}, max {max(r):.3f})')" "${ratios[@]}"
+"$python" -c "import statistics,sys; r=[float(x) for x in sys.argv[1:]]; print(f'median ratio torch/quicksilver {statistics.median(r):.3f} (min {min(r):.3f}, max {max(r):.3f})')" "${ratios[@]}"

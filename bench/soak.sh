@@ -74,4 +74,4 @@ for policy in $policies; do
   rc=0; wait $launcher || rc=$?
   echo "   exit $rc after $(( $(date +%s) - start )) s; $(tail -1 "$out/$policy.err")"
 done
-/usr/bin/python3 "$here/soak_plot.py" "$out" "$period" ${policies}
+"$(QS_BUILD_DIR=${QS_BUILD_DIR:-$(dirname "$qs")} bash "$here/../scripts/python.sh" --no-torch)" "$here/soak_plot.py" "$out" "$period" ${policies}

@@ -4,7 +4,7 @@ resident memory and descriptors over time, and every iteration's time over time 
 running median); printed: start and end RSS and descriptors per process, the iteration
 time in the first and the last fifth of the run, and whether every sum was checked exact.
 
-    /usr/bin/python3 bench/soak_plot.py OUT_DIR PERIOD POLICY...
+    "$(bash scripts/python.sh --no-torch)" bench/soak_plot.py OUT_DIR PERIOD POLICY...
 
 Writes docs/img/soak.png (beside this script's ../docs/img), or the file $SOAK_PLOT names."""
 import bisect

@@ -3,7 +3,7 @@ DeFT's delayed updates in bench/time_to_accuracy.py): SGD whose step at iteratio
 the gradient of iteration t - lag, for a few learning rates, test accuracy after 280
 iterations of batch 32.
 
-    /usr/bin/python3 bench/stale_gradient.py
+    "$(bash scripts/python.sh)" bench/stale_gradient.py
 """
 import os
 import sys

@@ -1,7 +1,7 @@
 """Plots the test accuracy against training time and against iterations, one line per mode,
 from the CSV of bench/time_to_accuracy.py --csv (DeFT's Fig. 10 in this project's terms).
 
-    /usr/bin/python3 bench/tta_plot.py curves.csv docs/img/tta_digits.png [TITLE]
+    "$(bash scripts/python.sh --no-torch)" bench/tta_plot.py curves.csv docs/img/tta_digits.png [TITLE]
 """
 import csv
 import sys

@@ -12,6 +12,8 @@ set -u
 qs=${QS_BIN:?set QS_BIN to the quicksilver binary}
 here=$(cd "$(dirname "$0")" && pwd)
 proxy_py="$here/../tools/faultproxy.py"
+# The proxy needs only the standard library: the interpreter of scripts/python.sh --no-torch.
+python=$(QS_BUILD_DIR=${QS_BUILD_DIR:-$(dirname "$qs")} bash "$here/../scripts/python.sh" --no-torch) || exit 1
 tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null; done; rm -rf "$tmp"; }
@@ -44,7 +46,7 @@ start_case() {
   pids+=($s0 $s1)
   wait_line "$out.s0" listening && wait_line "$out.s1" listening || { bad "$name: servers did not start"; return 1; }
   a0=$(awk '/listening/{print $2}' "$out.s0"); a1=$(awk '/listening/{print $2}' "$out.s1")
-  /usr/bin/python3 "$proxy_py" --listen 127.0.0.1:0 --target "$a0" "$@" > "$out.px" 2> "$out.pxerr" & px=$!
+  "$python" "$proxy_py" --listen 127.0.0.1:0 --target "$a0" "$@" > "$out.px" 2> "$out.pxerr" & px=$!
   pids+=($px)
   wait_line "$out.px" listening || { bad "$name: the proxy did not start: $(cat "$out.pxerr")"; return 1; }
   ap=$(awk '/listening/{print $2}' "$out.px")
@@ -172,7 +174,7 @@ ar_case() {  # name, extra worker flags...
     > "$out.co" 2>&1 & co=$!
   pids+=($co)
   wait_line "$out.co" listening || { bad "$name: no coordinator: $(cat "$out.co")"; return 1; }
-  /usr/bin/python3 "$proxy_py" --listen 127.0.0.2:0 --target-file "$out.target" --fault corrupt --direction up \
+  "$python" "$proxy_py" --listen 127.0.0.2:0 --target-file "$out.target" --fault corrupt --direction up \
     --after 60000000 > "$out.px" 2> "$out.pxerr" & px=$!
   pids+=($px)
   wait_line "$out.px" listening || { bad "$name: the proxy did not start: $(cat "$out.pxerr")"; return 1; }

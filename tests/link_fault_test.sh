@@ -10,6 +10,8 @@ qs=${QS_BIN:?set QS_BIN to the quicksilver binary}
 if [ "$(id -u)" -ne 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev/null; then
   echo "skipped: needs root and iproute2"; exit 0
 fi
+# For the JSON checks (standard library only; scripts/python.sh --no-torch).
+python=$(QS_BUILD_DIR=${QS_BUILD_DIR:-$(dirname "$qs")} bash "$(dirname "$0")/../scripts/python.sh" --no-torch) || exit 1
 tmp=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null; done; rm -rf "$tmp"' EXIT
@@ -41,7 +43,7 @@ nj=(--netns --model "$tmp/small.json" --policy mercury --workers 2 --servers 2 -
 pids+=($l)
 cut_link $l 1
 wait $l; rc=$?
-if [ $rc -eq 0 ] && /usr/bin/python3 -c "
+if [ $rc -eq 0 ] && "$python" -c "
 import json, sys; r = json.load(open('$tmp/link1.out'))['results'][0]
 assert sum('150 iterations verified exact' in n for n in r['notes']) == 2, r['notes']
 print('link down 1 s, masked: exact sums; slowest iteration %.0f ms, median %.1f ms' % (max(r['iterations_ms']), r['iteration_ms']))
@@ -76,7 +78,7 @@ for _ in $(seq 300); do [ "$(pgrep -P "$l" -f " worker --worker-id" | wc -l)" -g
 sleep 2  # past gloo's calibration sweep
 ip link set dev "qs${l}p2" down; sleep 1; ip link set dev "qs${l}p2" up 2> /dev/null
 wait $l; rc=$?
-if [ $rc -eq 0 ] && /usr/bin/python3 -c "
+if [ $rc -eq 0 ] && "$python" -c "
 import json, sys; r = json.load(open('$tmp/link3.out'))['results'][0]
 assert sum('150 iterations verified exact' in n for n in r['notes']) == 2, r['notes']
 print('all-reduce, link down 1 s, masked: exact sums; slowest iteration %.0f ms, median %.1f ms' % (max(r['iterations_ms']), r['iteration_ms']))

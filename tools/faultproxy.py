@@ -16,7 +16,7 @@ ways, and at a chosen moment (a byte count in one direction) does one of
 
 The fault happens once, on the first connection whose --direction ("up": client to target,
 "down": target to client) reaches --after bytes; other connections are forwarded as they
-are. Standard library only (/usr/bin/python3).
+are. Standard library only (any python3).
 
     faultproxy.py --listen 127.0.0.1:0 --target 127.0.0.1:7100 --fault stall --after 3000000 \\
                   --stall-for 10

@@ -1,9 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Generate Quicksilver's built-in model zoo as JSON data files.
 
-Run once with Debian's python (it has torch 1.13 and torchvision 0.14):
+Run once with an interpreter that has torch and torchvision (scripts/python.sh prints the
+project's; the kept files were made by Debian's, torch 1.13 and torchvision 0.14):
 
-    /usr/bin/python3 tools/gen_zoo.py --out data/zoo
+    "$(bash scripts/python.sh)" tools/gen_zoo.py --out data/zoo
 
 Each model is built as a torch ``nn.Module`` (torchvision for the vision models, small
 modules defined here for VGG-16/CIFAR-10, BERT-Base and GPT-2), run forward once on a

@@ -8,7 +8,7 @@ configured rate count as busy; the median busy rate / configured rate is the upl
 utilisation while it had data to send, independent of the runtime's own accounting.
 
 Usage (as root, while a run is going; workers are hosts M..M+N-1):
-  /usr/bin/python3 tools/nic_sampler.py --device qs12345p4 --rate 500Mbps --seconds 5
+  python3 tools/nic_sampler.py --device qs12345p4 --rate 500Mbps --seconds 5
 """
 import argparse
 import time

@@ -4,7 +4,7 @@
 One row per (policy, worker, track): compute, uplink, downlink; one colour per layer, so
 that a reader sees which layer's gradient occupies the link while which layer computes.
 
-Usage: /usr/bin/python3 tools/plot_trace.py TRACE.json -o timeline.png [--workers 1] [--until-ms 50]
+Usage: "$(bash scripts/python.sh --no-torch)" tools/plot_trace.py TRACE.json -o timeline.png [--workers 1] [--until-ms 50]
 """
 import argparse
 import json

@@ -6,7 +6,7 @@ the transfer itself (Fig. 11), averaged over the iterations after the first.
 
     ./build/quicksilver run --model resnet50 --policy wfbp,bytescheduler,prophet \\
         --workers 2 --servers 2 --iterations 6 --trace run.json
-    /usr/bin/python3 tools/prophet_figs.py run.json -o docs/img/prophet_fig9_11.png
+    "$(bash scripts/python.sh --no-torch)" tools/prophet_figs.py run.json -o docs/img/prophet_fig9_11.png
 
 What the runtime's trace gives: the compute track (one span per layer's forward and
 backward step), and the gradients track (one span per tensor and iteration, from the

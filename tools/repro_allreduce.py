@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plots the all-reduce reproductions (docs/reproductions.md, section "All-reduce").
 
-Usage: /usr/bin/python3 tools/repro_allreduce.py BUILD_DIR
+Usage: "$(bash scripts/python.sh --no-torch)" tools/repro_allreduce.py BUILD_DIR
 Runs BUILD_DIR/bench/allreduce_bench --repro=fig9|table1|fig14, prints the tables and
 writes docs/img/mgwfbp_fig9.png and docs/img/deft_fig14.png.
 """

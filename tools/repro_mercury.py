@@ -15,7 +15,7 @@ scheduler, and priorities that hold across jobs (--job-sharing strict|deadline).
 Fig. 21: (a) heterogeneous GPU workers (--compute-factor) and (b) hosts not in a perfect
 load balance (--server-shares, --server-bandwidths), 4 workers and 4 PSes at 10 Gbps.
 
-Usage: /usr/bin/python3 tools/repro_mercury.py [--bin build/quicksilver] [--out docs/img]
+Usage: "$(bash scripts/python.sh --no-torch)" tools/repro_mercury.py [--bin build/quicksilver] [--out docs/img]
            [--only fig11|fig12|fig13|fig17|fig20|fig21]
 Prints markdown tables; writes mercury_fig11.png, mercury_fig12.png, mercury_fig13.png,
 mercury_fig17.png, mercury_fig20.png and mercury_fig21.png.

@@ -17,7 +17,7 @@ Fig. 12 (section 5.4): ResNet-50 with Prophet from 2 to 8 workers, "roughly line
 rate per worker falls from 69.94 to 68.83 samples/s. The same setup at 10 Gbps, extended to
 64 workers, with as many servers as workers and with one.
 
-Usage: /usr/bin/python3 tools/repro_prophet.py [--bin build/quicksilver] [--out docs/img]
+Usage: "$(bash scripts/python.sh --no-torch)" tools/repro_prophet.py [--bin build/quicksilver] [--out docs/img]
            [--only table2|fig12]
 Prints markdown tables (samples/s per worker, as the paper's ~70 samples/s at 10 Gbps is
 one worker's rate); writes prophet_table2.png and prophet_fig12.png.

@@ -4,7 +4,7 @@ fuzz/corpus/connection_fuzz, the same seeds) in the wire format of
 include/transport/quicksilver/transport/wire.h, version 2: 32-byte headers with the
 payload's and the header's CRC32C. Standard library only.
 
-    /usr/bin/python3 tools/wire_corpus.py      # from the repository root
+    python3 tools/wire_corpus.py      # from the repository root
 """
 import os
 import struct
