@@ -3,8 +3,8 @@
 # links, as root): bench/pytorch_ddp.py for every model x hosts x link rate, each run
 # printing the limit, DDP first and last, and every policy's samples/s and ratios.
 #
-#   sudo bash bench/pytorch_netns.sh [BIN]           # BIN: build/quicksilver by default
-#   MODELS="resnet18" HOSTS="2" RATES="1Gbps" POLICIES="mercury,deft" sudo -E bash bench/pytorch_netns.sh
+#   bash bench/pytorch_netns.sh [BIN]           # as root; BIN: build/quicksilver by default
+#   MODELS="resnet18" HOSTS="2" RATES="1Gbps" POLICIES="mercury,deft" bash bench/pytorch_netns.sh
 #
 # Iterations per model (measured after warm-up) are chosen so that a run takes minutes:
 # VGG-11 moves 515 MB of gradients per iteration, 31 s per iteration for 4 hosts at

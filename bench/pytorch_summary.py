@@ -2,7 +2,7 @@
 link rate; per mode, its fraction of the limit and its ratio to DDP; for DeFT also the
 share of the window's gradients its updates applied (below 1: it fell behind).
 
-    sudo bash bench/pytorch_netns.sh > matrix.txt; python3 bench/pytorch_summary.py matrix.txt
+    bash bench/pytorch_netns.sh > matrix.txt; python3 bench/pytorch_summary.py matrix.txt   # the first as root
 """
 import re
 import sys
