@@ -1,8 +1,8 @@
 // Exchange: the third seam of the training loop. It moves a unit of gradient to where it
 // is summed and reports when it was delivered and when its sum is back in the worker's
 // parameter buffer. Implementations: the simulated parameter-server network and the
-// simulated a+bM all-reduce links (sim/), the TCP parameter-server transport (runtime/),
-// gloo collectives (next).
+// simulated a+bM all-reduce links (sim/), the TCP parameter-server transport and gloo
+// collectives (runtime/: Worker::Impl, CollectiveWorker::Impl).
 //
 // The loop calls push() (PS) or all_reduce() (all-reduce) for each of its policy's
 // decisions, once any user-level startup delay has passed, then flush() once the policy
