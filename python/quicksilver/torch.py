@@ -36,6 +36,7 @@ slow convergence.
 
 import atexit
 import datetime
+import inspect
 import json
 import os
 import socket
@@ -45,6 +46,7 @@ import weakref
 
 import torch
 import torch.distributed as dist
+from torch.autograd import Variable
 
 try:
     from . import _quicksilver as _qs
@@ -56,10 +58,11 @@ except ImportError as e:  # pragma: no cover - the message is the point
 QuicksilverError = _qs.QuicksilverError
 AFTER_TRAINING = _qs.AFTER_TRAINING
 
-__all__ = ["init", "rank", "size", "local_rank", "DistributedOptimizer", "broadcast_parameters",
-           "shutdown", "QuicksilverError", "policies"]
+__all__ = ["init", "rank", "size", "local_rank", "local_size", "DistributedOptimizer", "broadcast_parameters",
+           "broadcast_optimizer_state", "broadcast_object", "allreduce", "allreduce_", "Average", "Sum",
+           "Compression", "shutdown", "QuicksilverError", "policies"]
 
-_env = {"rank": 0, "size": 1, "local_rank": 0, "master_addr": "127.0.0.1", "initialized": False,
+_env = {"rank": 0, "size": 1, "local_rank": 0, "local_size": 1, "master_addr": "127.0.0.1", "initialized": False,
         "timeout": 120.0}
 _live = weakref.WeakSet()  # integrations not yet shut down (finished at exit)
 
@@ -95,7 +98,7 @@ def init(timeout=120.0):
         _env["owns_group"] = True  # destroyed at exit (_at_exit)
     if dist.is_initialized():
         rank, size = dist.get_rank(), dist.get_world_size()
-    _env.update(rank=rank, size=size, local_rank=_env_int("LOCAL_RANK", 0),
+    _env.update(rank=rank, size=size, local_rank=_env_int("LOCAL_RANK", 0), local_size=_env_int("LOCAL_WORLD_SIZE", size),
                 master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), initialized=True, timeout=timeout)
 
 
@@ -109,6 +112,12 @@ def size():
 
 def local_rank():
     return _env["local_rank"]
+
+
+def local_size():
+    """Workers on this host: LOCAL_WORLD_SIZE (torchrun and `quicksilver run --script` set
+    it), else every worker."""
+    return _env["local_size"]
 
 
 def policies():
@@ -307,11 +316,39 @@ class _Recorder:
         return handles
 
 
+_SKIPPED = "skipped"  # a pass whose step() never came: zero_grad() discarded it
+
+
+def _hyperparameters(groups):
+    """The optimizer's hyperparameters as they are now (every key of every param group but
+    its parameters), copied so that a later change (a scheduler's, a tensor lr filled in
+    place) does not reach them: the update of a step uses the values of that step."""
+    return [{k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in g.items() if k != "params"}
+            for g in groups]
+
+
+def _raw_step(cls):
+    """cls.step without the profiling wrapper torch's Optimizer puts around it (marked
+    `hooked`; its step pre/post hooks run once per user step() here, not once per layer)."""
+    step = cls.step
+    return step.__wrapped__ if getattr(step, "hooked", False) and hasattr(step, "__wrapped__") else step
+
+
 class _Integration:
-    """The hooks of one (optimizer, model) pair and the session they drive."""
+    """The hooks of one (optimizer, model) pair and the session they drive.
+
+    Passes: a backward pass whose gradients go to the transport (the last of
+    backward_passes_per_step) is a pass, numbered from 1. Each pass's fate is decided by
+    the user's step() (the hyperparameters it had, _hyperparameters) or by a zero_grad()
+    without step() (_SKIPPED); a layer's update of pass n is applied once its sums are in
+    and its fate is known, with that fate's hyperparameters (issue: "hyperparameters
+    belong to the step they were set for"). The transport owns a layer's .grad buffers
+    from the hook that reports them until the update; the user may write them only after
+    synchronize() (which hands the averages over); a write without it is seen by the
+    buffer's version counter and raises."""
 
     def __init__(self, optimizer, model, policy, knobs, servers, bandwidth, congestion,
-                 connect_timeout, peer_timeout, architecture):
+                 connect_timeout, peer_timeout, architecture, options):
         self.opt = optimizer
         self.model = model
         self.policy = policy
@@ -323,7 +360,13 @@ class _Integration:
         self.congestion = congestion
         self.connect_timeout = connect_timeout
         self.peer_timeout = peer_timeout
+        self.k = options["backward_passes_per_step"]
+        self.average = options["op"] == Average
+        self.find_unused = options["find_unused_parameters"]
+        self.broadcast_buffers = options["broadcast_buffers"]
+        self.check_every = options["check_consistency"]
         self.base = type(optimizer)
+        self.raw_step = _raw_step(self.base)
         self.session = None
         self.state = "recording"  # -> "recorded" (first forward seen) -> "running" -> "closed"
         self.report = None
@@ -332,6 +375,30 @@ class _Integration:
         self.delayed = False
         self.update_log = []  # delayed updates applied: (before, layer, first, last)
         self.tapping = False
+        # Passes (see the class comment).
+        self.passes = 0          # passes handed to the transport
+        self.stepped = 0         # passes whose fate is decided
+        self.fate = {}           # pass -> hyperparameters, or _SKIPPED
+        self.averaged = 0        # the pass synchronize() averaged in place (0: none)
+        self.skipping = False    # inside skip_synchronize()
+        self.micro = 0           # backward passes of the current accumulation cycle
+        self.in_backward = False # a backward pass of this model is running
+        self.in_forward = False  # between the model's forward pre-hook and forward hook
+        self.cycle_used = set()  # id(p) of every parameter with a gradient this cycle
+        self.reported = set()    # id(p) handed to the transport this pass
+        self.versions = {}       # id(p) -> its buffer's version when handed over
+        self.unused_masks = {}   # pass -> (mask, work): find_unused_parameters' global use
+        # find_unused_parameters: whether a parameter's .grad would be None at a step had
+        # no worker used it (DDP leaves such a .grad as zero_grad() left it): the last pass
+        # whose update gave it a gradient, against the steps taken at the last zero_grad()
+        # that set gradients to None; per pass, the parameters whose .grad would be None.
+        self.zero_grad_to_none = _zero_grad_default(self.base)
+        self.had_grad = {}       # id(p) -> the last pass whose update gave it a gradient
+        self.last_clear = 0      # self.stepped at the last zero_grad() to None
+        self.none_at = {}        # pass -> {id(p)}
+        self.sync_buffers_next = True  # DDP: before a forward that follows one with grad enabled
+        self.next_check = self.check_every
+        self.next_layer = 0      # the layer the forward pass enters next
 
         self.rec = _Recorder(model)
         names = self.names = self.rec.names
@@ -357,20 +424,112 @@ class _Integration:
             handle, node = _accumulate_grad_hook(p, lambda p=p: self._grad_hook(p))
             self.handles.append(handle)
             self.nodes.append(node)
-        # model.zero_grad() would clear sums not yet applied: it does what optimizer.zero_grad() does.
-        self.model_zero_grad = model.__dict__.get("zero_grad")
-        integration = self
-        model.zero_grad = lambda set_to_none=None: integration.zero_grad(set_to_none)
+        self._install_model_overrides()
         _live.add(self)
+
+    def use_names(self, named_parameters):
+        """Horovod's named_parameters: (name, parameter) pairs, names unique, covering
+        every parameter the optimizer updates; the names appear in messages and profiles."""
+        pairs = list(named_parameters)
+        if any(not isinstance(x, tuple) or len(x) != 2 for x in pairs):
+            raise ValueError("quicksilver.torch.DistributedOptimizer: named_parameters must be (name, parameter) "
+                             "pairs, e.g. model.named_parameters()")
+        names = [n for n, _ in pairs]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ValueError("quicksilver.torch.DistributedOptimizer: named_parameters names {} more than once"
+                             .format(", ".join(dups)))
+        mine = {id(p) for p in self.params}
+        foreign = [n for n, p in pairs if id(p) not in mine and p.requires_grad]
+        if foreign:
+            raise ValueError("quicksilver.torch.DistributedOptimizer: named_parameters {} are not trainable "
+                             "parameters of the model".format(", ".join(foreign[:5])))
+        named = {id(p) for _, p in pairs}
+        unnamed = [p for g in self.opt.param_groups for p in g["params"] if p.requires_grad and id(p) not in named]
+        if unnamed:
+            raise ValueError("quicksilver.torch.DistributedOptimizer: named_parameters was given, but {} of the "
+                             "optimizer's parameters are not in it (e.g. '{}')".format(
+                                 len(unnamed), self.names.get(id(unnamed[0]), "?")))
+        for n, p in pairs:
+            self.names[id(p)] = n
+
+    # ---- what the model's readers see ----
+
+    def _install_model_overrides(self):
+        """Reads of the model settle first (every update of a step taken is applied): its
+        and its modules' state_dict(), parameters(), named_parameters(),
+        load_state_dict(); a copy or pickle of it (copy.deepcopy, torch.save) settles too
+        and carries none of these hooks. model.zero_grad() is the optimizer's (clearing a
+        buffer the sums still land in would lose them)."""
+        integration = self
+        self.overridden = []  # (module, name, what was in its __dict__, or _MISSING)
+        hook_ids = {h.id for h in self.handles if hasattr(h, "id")}
+
+        def put(module, name, fn):
+            self.overridden.append((module, name, module.__dict__.get(name, _MISSING)))
+            module.__dict__[name] = fn
+
+        for module in self.model.modules():
+            cls = type(module)
+
+            def reader(name, module=module, cls=cls):
+                method = getattr(cls, name)
+
+                def read(*args, **kwargs):
+                    integration.settle()
+                    return method(module, *args, **kwargs)
+                return read
+
+            for name in ("state_dict", "load_state_dict", "parameters", "named_parameters"):
+                put(module, name, reader(name))
+
+            def getstate(module=module, cls=cls):
+                integration.settle()
+                base = getattr(cls, "__getstate__", None)
+                state = dict(base(module) if base is not None else module.__dict__)
+                for name in ("state_dict", "load_state_dict", "parameters", "named_parameters", "zero_grad",
+                             "__getstate__"):
+                    state.pop(name, None)
+                for key, value in list(state.items()):
+                    if key.endswith("_hooks") and isinstance(value, dict) and hook_ids & set(value):
+                        state[key] = type(value)((k, v) for k, v in value.items() if k not in hook_ids)
+                return state
+
+            put(module, "__getstate__", getstate)
+        put(self.model, "zero_grad", lambda set_to_none=None: integration.zero_grad(set_to_none))
+
+    def _remove_model_overrides(self):
+        for module, name, before in reversed(self.overridden):
+            if before is _MISSING:
+                module.__dict__.pop(name, None)
+            else:
+                module.__dict__[name] = before
+        self.overridden = []
+
+    def settle(self):
+        """Applies every update whose step() was taken, waiting for its sums: what a read
+        of the parameters or of the optimizer's state must see. Within the model's own
+        forward pass (a model that reads its parameters()) it does nothing: there each
+        layer waits for its own update in its pre-hook."""
+        if self.state != "running" or self.in_forward or self.delayed:
+            return
+        for l in range(len(self.layers)):
+            while self.applied[l] < self.stepped:
+                self.session.sum_ready(l, True)
+                self._apply(l)
 
     # ---- the hooks ----
 
     # Until the first step, every pass is timed afresh: the profile has the last forward
     # pass before it (not, say, an evaluation pass before training) and its backward.
     def _begin(self, inputs):
+        self.in_forward = True
+        if self.broadcast_buffers and self.sync_buffers_next and _env["size"] > 1:
+            self._sync_buffers()
         if self.state in ("recording", "recorded"):
             self.rec.reset()
             self.rec.begin(inputs)
+        self.next_layer = 0
 
     def _pre_hook(self, name, module):
         if self.state in ("recording", "recorded"):
@@ -379,46 +538,164 @@ class _Integration:
             layer = self.rec.layer_of_module.get(id(module))
             if layer is None:
                 return
-            self.session.enter_forward(layer)
-            if self.delayed:
-                self._apply_due(layer, self.session.backwards(layer))
-            elif self.applied[layer] < self.session.backwards(layer):
-                self._apply(layer)
+            if layer > self.next_layer:
+                if not self.find_unused:
+                    raise RuntimeError(
+                        "quicksilver.torch: the forward pass used layer '{}' before layer '{}': every pass must use "
+                        "the layers with parameters in the order of the first one; a model that skips layers in "
+                        "some passes needs DistributedOptimizer(..., find_unused_parameters=True)".format(
+                            self.layers[layer][0], self.layers[self.next_layer][0]))
+                while self.next_layer < layer:
+                    self._enter(self.next_layer)
+            self._enter(layer)
+
+    def _enter(self, layer):
+        """Layer's forward may start: its gate (the sums of its last pass) and its update."""
+        self.session.enter_forward(layer)
+        if layer >= self.next_layer:
+            self.next_layer = layer + 1
+        if self.delayed:
+            self._apply_due(layer, self.session.backwards(layer))
+        elif self.applied[layer] < self.stepped:
+            self._apply(layer)
 
     def _end(self):
+        self.in_forward = False
+        self.sync_buffers_next = torch.is_grad_enabled()
         if self.state in ("recording", "recorded"):
             self.rec.end()
             if self.rec.layers:
                 self.state = "recorded"
         elif self.state == "running":
+            if self.find_unused:
+                while self.next_layer < len(self.layers):
+                    self._enter(self.next_layer)
             self.session.leave_forward()
             if self.delayed:
                 self._measured_pass()
+            if self.check_every and self.stepped >= self.next_check:
+                while self.next_check <= self.stepped:
+                    self.next_check += self.check_every
+                self._check_consistency()
 
     def _grad_hook(self, p):
         if self.state == "recorded":
             self.rec.grad(p)
-        elif self.state == "running":
-            t = self.tensor_of[id(p)]
-            buf = self.grads[t]
-            if p.grad is not buf and (p.grad is None or p.grad.data_ptr() != buf.data_ptr()):
-                # Someone replaced .grad (set it to None): the sums go to the registered buffer.
+            return
+        if self.state != "running":
+            return
+        if not self.in_backward:
+            self._backward_begins()
+        self.cycle_used.add(id(p))
+        if self.micro == self.k:
+            self._report(p)
+
+    def _backward_begins(self):
+        self.in_backward = True
+        Variable._execution_engine.queue_callback(self._backward_ends)
+        if self.micro == 0 and self.stepped < self.passes:
+            raise RuntimeError(
+                "quicksilver.torch: a second backward pass without optimizer.step() in between. For gradient "
+                "accumulation pass DistributedOptimizer(..., backward_passes_per_step=K) and call step() once "
+                "every K backward passes; to drop a pass's gradients, call optimizer.zero_grad() before the next "
+                "backward")
+        self.micro += 1
+        if self.micro > self.k:
+            raise RuntimeError(
+                "quicksilver.torch: {} backward passes without optimizer.step(), but backward_passes_per_step={}"
+                .format(self.micro, self.k))
+
+    def _report(self, p):
+        """Hands p's gradient of this pass to the transport (its registered buffer)."""
+        t = self.tensor_of[id(p)]
+        buf = self.grads[t]
+        if p.grad is not buf:
+            # Someone replaced .grad (set it to None): the sums go to the registered buffer.
+            if p.grad is None:
+                buf.zero_()
+            else:
                 buf.copy_(p.grad)
-                p.grad = buf
-            self.session.gradient_ready(t)
+            p.grad = buf
+        self.reported.add(id(p))
+        self.versions[id(p)] = buf._version
+        self.session.gradient_ready(t)
+
+    def _backward_ends(self):
+        """Autograd's callback at the end of the backward pass: the parameters that got no
+        gradient in this cycle (find_unused_parameters) or only in its earlier passes are
+        reported now; the pass is complete."""
+        self.in_backward = False
+        if self.micro < self.k:
+            return
+        missing = [p for p in self.params if id(p) not in self.reported]
+        unused = [p for p in missing if id(p) not in self.cycle_used]
+        if unused and not self.find_unused:
+            raise RuntimeError(
+                "quicksilver.torch: parameters {} got no gradient in this backward pass: pass "
+                "DistributedOptimizer(..., find_unused_parameters=True) for a model that does not use every "
+                "parameter in every pass".format(", ".join(self.names[id(p)] for p in unused[:5])))
+        for p in missing:
+            if p.grad is None:
+                p.grad = self.grads[self.tensor_of[id(p)]]
+                p.grad.zero_()
+            self._report(p)
+        self.passes += 1
+        if self.find_unused:
+            self._share_use(self.passes)
+            self.none_at[self.passes] = {id(p) for p in self.params
+                                         if self.had_grad.get(id(p), 0) <= self.last_clear}
+        self.reported = set()
+        self.cycle_used = set()
+        self.micro = 0
+
+    def _share_use(self, n):
+        """find_unused_parameters: how many workers used each parameter in pass n (an
+        all-reduce of a 0/1 vector on the control plane, waited for at the update): a
+        parameter no worker used keeps its .grad as the user's zero_grad() left it, as
+        DistributedDataParallel does."""
+        mask = torch.tensor([1 if id(p) in self.cycle_used else 0 for p in self.all_params], dtype=torch.int32)
+        work = dist.all_reduce(mask, async_op=True) if _env["size"] > 1 else None
+        self.unused_masks[n] = (mask, work)
+
+    def _globally_unused(self, n):
+        entry = self.unused_masks.get(n)
+        if entry is None:
+            return set()
+        mask, work = entry
+        if work is not None:
+            work.wait()
+            self.unused_masks[n] = (mask, None)
+        return {id(p) for p, used in zip(self.all_params, mask.tolist()) if used == 0}
 
     # ---- the first step: the profile, the servers, the session ----
 
     def _start(self):
-        self.layers = self.rec.layers
-        unused = [self.names[id(p)] for p in self.params if id(p) not in self.rec.assigned]
+        layers = list(self.rec.layers)
+        unused = [p for p in self.params if id(p) not in self.rec.assigned]
+        if unused and not self.find_unused:
+            raise RuntimeError("quicksilver.torch: the first forward pass did not use parameters {}: pass "
+                               "DistributedOptimizer(..., find_unused_parameters=True) for a model that does not use "
+                               "every parameter in every pass".format(", ".join(self.names[id(p)] for p in unused[:5])))
         if unused:
-            raise RuntimeError("quicksilver.torch: the first forward pass did not use parameters {}: every "
-                               "trainable parameter must be used in every pass".format(", ".join(unused[:5])))
-        nograd = [self.names[id(p)] for p in self.params if p.grad is None]
-        if nograd:
-            raise RuntimeError("quicksilver.torch: parameters {} got no gradient in the first backward pass"
-                               .format(", ".join(nograd[:5])))
+            # Layers after the last: each module owning parameters the first pass did not
+            # use (the least urgent; entering one waits for every layer before it).
+            ids = {id(p) for p in unused}
+            for name, module in self.model.named_modules():
+                own = [p for p in module.parameters(recurse=False) if id(p) in ids]
+                if own:
+                    ids -= {id(p) for p in own}
+                    self.rec.layer_of_module[id(module)] = len(layers)
+                    layers.append((name or type(module).__name__, own))
+        nograd = [p for _, ps in layers for p in ps if p.grad is None]
+        if nograd and not self.find_unused:
+            raise RuntimeError("quicksilver.torch: parameters {} got no gradient in the first backward pass: pass "
+                               "DistributedOptimizer(..., find_unused_parameters=True) for a model that does not use "
+                               "every parameter in every pass".format(", ".join(self.names[id(p)] for p in nograd[:5])))
+        first_used = {id(p) for _, ps in layers for p in ps if p.grad is not None}
+        for p in nograd:
+            p.grad = torch.zeros_like(p)
+        self.layers = layers
+        self.rec.layers = layers
         L = len(self.layers)
         # The times of the first pass (the first iteration's: they include its warm-up).
         profile = self.rec.profile(type(self.model).__name__, *self.rec.times())
@@ -477,6 +754,7 @@ class _Integration:
                           self.peer_timeout)
         # The registry: tensor ids in layer order, each parameter's own .grad.
         self.layer_params = [ps for _, ps in self.layers]
+        self.all_params = [p for ps in self.layer_params for p in ps]
         self.tensor_of = {}
         self.grads = []
         for ps in self.layer_params:
@@ -493,6 +771,7 @@ class _Integration:
             ids = {id(p) for p in ps}
             self.layer_groups.append([[p for p in g["params"] if id(p) in ids] for g in self.opt.param_groups])
         self.applied = [0] * L
+        self.covered = [0] * L  # delayed updates: per layer, the iterations applied
         self.session = _qs.Session(job, rank, endpoints, [(g.data_ptr(), g.numel()) for g in self.grads], hosted,
                                    links, "ring", secret if servers is None else b"")
         self.state = "running"
@@ -508,28 +787,96 @@ class _Integration:
         # The first backward's gradients, as its hooks would have reported them.
         for l in reversed(range(L)):
             for p in self.layer_params[l]:
-                self.session.gradient_ready(self.tensor_of[id(p)])
+                self._report(p)
+        self.passes = 1
+        if self.find_unused:
+            self.cycle_used = first_used
+            self._share_use(1)
+            self.none_at[1] = {id(p) for p in self.params}
+        self.reported = set()
+        self.cycle_used = set()
 
-    def _step_layer(self, l, divisor):
-        """The wrapped optimizer's step on layer l's parameters alone, its .grad (the sums)
-        divided by `divisor` first."""
+    # ---- updates ----
+
+    def _check_unchanged(self, n, why):
+        """Raises if a gradient of pass n still owned by the transport (its layer's update
+        not applied; delayed updates: any, their copies were taken) was written or
+        replaced by the user's code since it was handed over."""
+        if self.averaged == n:
+            return
+        for l, ps in enumerate(self.layer_params):
+            if self.delayed or self.applied[l] < n:
+                self._check_unchanged_layer(l, n, why)
+
+    def _step_layer(self, l, divisor, hyper, skip=()):
+        """The wrapped optimizer's step on layer l's parameters alone, with the
+        hyperparameters `hyper` (one dict per param group), its gradients divided by
+        `divisor` first; the parameters in `skip` have no gradient for it (None)."""
+        grads = []
         for p, g in zip(self.layer_params[l], self.layer_grads[l]):
-            if p.grad is not g:
+            current = p.grad
+            if current is not None and current is not g:  # replaced after synchronize()
+                g.copy_(current)
+            if current is None or id(p) in skip:  # set to None after synchronize(); unused by all
+                p.grad = None
+            else:
                 p.grad = g
-            g.div_(divisor)
+                if divisor != 1:
+                    g.div_(divisor)
+            grads.append(g)
         groups = self.opt.param_groups
-        self.opt.param_groups = [dict(g, params=ps) for g, ps in zip(groups, self.layer_groups[l]) if ps]
+        self.opt.param_groups = [dict(h, params=ps) for h, ps in zip(hyper, self.layer_groups[l]) if ps]
         try:
-            self.base.step(self.opt)
+            self.raw_step(self.opt)
         finally:
             self.opt.param_groups = groups
+            for p, g in zip(self.layer_params[l], grads):
+                p.grad = g
 
     def _apply(self, l):
-        """The optimizer's update of layer l's parameters, on the average of the sums."""
-        self._step_layer(l, _env["size"])
+        """Layer l's update of its next pass (its sums are in, its fate is known)."""
+        n = self.applied[l] + 1
+        fate = self.fate[n]
+        if fate is not _SKIPPED:
+            self._check_unchanged_layer(l, n)
+            divisor = 1 if (self.averaged == n or not self.average) else _env["size"]
+            unused = self._globally_unused(n) if self.find_unused else set()
+            skip = {id(p) for p in self.layer_params[l] if id(p) in unused and id(p) in self.none_at.get(n, ())}
+            self._step_layer(l, divisor, fate, skip)
+            for p in self.layer_params[l]:
+                if id(p) not in skip:
+                    self.had_grad[id(p)] = n
         for g in self.layer_grads[l]:
             g.zero_()
-        self.applied[l] += 1
+        self.applied[l] = n
+        self._forget()
+
+    def _check_unchanged_layer(self, l, n, why="after step()"):
+        if self.averaged == n:
+            return
+        for p, buf in zip(self.layer_params[l], self.layer_grads[l]):
+            if (p.grad is not buf or buf._version != self.versions.get(id(p), buf._version)) and self.delayed:
+                raise RuntimeError(
+                    "quicksilver.torch: the gradient of '{}' was changed {}, after Quicksilver took it: policy '{}' "
+                    "delays updates and sums each pass's gradients with later ones, so gradients cannot be changed "
+                    "between backward() and step() (clip_grad_norm_, GradScaler): use a synchronous policy for "
+                    "that".format(self.names[id(p)], why, self.policy))
+            if p.grad is not buf or buf._version != self.versions.get(id(p), buf._version):
+                raise RuntimeError(
+                    "quicksilver.torch: the gradient of '{}' was changed {} while Quicksilver was still summing it "
+                    "over the workers (clip_grad_norm_, GradScaler.unscale_, or any other write of .grad). Call "
+                    "optimizer.synchronize() first: it waits for the sums and leaves the averaged gradients in "
+                    ".grad for you to change; then call step() inside `with optimizer.skip_synchronize():`"
+                    .format(self.names[id(p)], why))
+
+    def _forget(self):
+        """Drops the fates and masks of passes every layer has applied."""
+        done = min(self.applied) if not self.delayed else min(self.covered)
+        for n in [n for n in self.fate if n <= done]:
+            del self.fate[n]
+        for n in [n for n in self.unused_masks if n <= done]:
+            del self.unused_masks[n]
+            self.none_at.pop(n, None)
 
     # Rank 0 measures the gradient's noise on every 4th pass that can (a copy of each
     # layer's gradient): the Preserver judges means over many iterations.
@@ -537,9 +884,10 @@ class _Integration:
 
     def _apply_due(self, l, before):
         """Delayed updates: layer l's updates due before this forward pass (after `before`
-        backward passes), each one step on its sums over workers x iterations; then the
-        gradient buffers are cleared for the next backward (the last one's gradients were
-        copied when it ended)."""
+        backward passes), each one step on its sums over workers x iterations, with the
+        hyperparameters of the step() that followed the last iteration it merges; then
+        the gradient buffers are cleared for the next backward (the last one's gradients
+        were copied when it ended)."""
         # Measured once per training pass (an evaluation pass after it sees zeroed buffers).
         measuring = self.tapping and before != _qs.AFTER_TRAINING and before != self.measured_before
         if measuring:
@@ -552,10 +900,18 @@ class _Integration:
             self.session.load_update(l, first, last)
             if measuring:
                 self._measure(l, before, _env["size"] * (last - first + 1), local)
-            self._step_layer(l, _env["size"] * (last - first + 1))
+            hyper = self.fate.get(last + 1)
+            if hyper is None or hyper is _SKIPPED:
+                hyper = _hyperparameters(self.opt.param_groups)  # its step() never came (after training)
+            divisor = (_env["size"] if self.average else 1) * (last - first + 1)
+            self._step_layer(l, divisor, hyper)
             self.update_log.append((before, l, first, last))
+            self.covered[l] = max(self.covered[l], last + 1)
         for g in self.layer_grads[l]:
             g.zero_()
+        for p in self.layer_params[l]:
+            self.versions[id(p)] = p.grad._version if p.grad is not None else 0
+        self._forget()
 
     def _pass_measure(self, before):
         if self.measure is None or self.measure[0] != before:
@@ -619,9 +975,48 @@ class _Integration:
         self.session.feedback(self.session.backwards(0) - 1, self.loss, self.measured[0], self.measured[1], lr,
                               float(self.rec.batch_size * _env["size"]))
 
+    # ---- what runs on the control plane (torch.distributed) ----
+
+    def _sync_buffers(self):
+        """broadcast_buffers: rank 0's buffers (BatchNorm's running statistics) to every
+        worker before a forward pass that follows one run with gradients enabled (and
+        before the first), as DistributedDataParallel does; one broadcast per dtype."""
+        buffers = [b for b in self.model.buffers() if b.numel() > 0]
+        by_dtype = {}
+        for b in buffers:
+            by_dtype.setdefault(b.dtype, []).append(b)
+        for group in by_dtype.values():
+            flat = torch.cat([b.detach().reshape(-1) for b in group])
+            dist.broadcast(flat, src=0)
+            at = 0
+            with torch.no_grad():
+                for b in group:
+                    b.copy_(flat[at:at + b.numel()].view_as(b))
+                    at += b.numel()
+
+    def _check_consistency(self):
+        """check_consistency: every worker's digest (CRC32C) of each parameter, gathered;
+        raises naming the first parameter that differs from rank 0's."""
+        digests = torch.tensor([_qs.digest(p.data_ptr(), p.numel() * p.element_size())
+                                for p in self.all_params], dtype=torch.int64)
+        size = _env["size"]
+        if size == 1:
+            return
+        gathered = [torch.empty_like(digests) for _ in range(size)]
+        dist.all_gather(gathered, digests)
+        for k, p in enumerate(self.all_params):
+            differ = [r for r in range(1, size) if gathered[r][k] != gathered[0][k]]
+            if differ:
+                raise RuntimeError(
+                    "quicksilver.torch: check_consistency: after step {} parameter '{}' differs between rank 0 and "
+                    "rank(s) {}: the workers no longer train the same model".format(
+                        self.stepped, self.names[id(p)], ", ".join(str(r) for r in differ)))
+
     # ---- the optimizer's methods ----
 
     def step(self, closure=None):
+        for hook in self._pre_hooks():
+            hook(self.opt, (), {})
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -632,40 +1027,134 @@ class _Integration:
             if self.state == "closed":
                 raise RuntimeError("quicksilver.torch: step() after shutdown()")
             raise RuntimeError("quicksilver.torch: step() before any forward pass of the model")
+        if self.micro != 0:
+            raise RuntimeError("quicksilver.torch: step() after {} of backward_passes_per_step={} backward passes"
+                               .format(self.micro, self.k))
+        if self.skipping and self.averaged != self.passes and self.stepped < self.passes:
+            raise RuntimeError("quicksilver.torch: step() inside skip_synchronize() without optimizer.synchronize() "
+                               "after the backward pass: the gradients are not summed yet")
+        if self.stepped == self.passes:
+            raise RuntimeError("quicksilver.torch: step() without a backward pass since the last step()")
+        n = self.passes
+        self._check_unchanged(n, "between backward() and step()")
+        self.fate[n] = _hyperparameters(self.opt.param_groups)
+        self.stepped = n
+        post = self._post_hooks()
         if self.delayed:
             if self.tapping:
                 self._feedback()
-            return loss
-        for l in range(len(self.layers)):
-            if self.applied[l] < self.session.backwards(l) and self.session.sum_ready(l, False):
-                self._apply(l)
+        elif self.averaged == n or post:
+            self.settle()  # the sums are in (synchronize()), or a post hook reads the parameters
+        else:
+            for l in range(len(self.layers)):
+                if self.applied[l] < n and self.session.sum_ready(l, False):
+                    self._apply(l)
+        for hook in post:
+            hook(self.opt, (), {})
         return loss
 
+    def _post_hooks(self):
+        """torch >= 2.0: the optimizer's step post hooks (run once per step() here)."""
+        own = getattr(self.opt, "_optimizer_step_post_hooks", None)
+        if own is None:
+            return []
+        from torch.optim import optimizer as _optimizer_module
+        return list(own.values()) + list(getattr(_optimizer_module, "_global_optimizer_post_hooks", {}).values())
+
+    def _pre_hooks(self):
+        own = getattr(self.opt, "_optimizer_step_pre_hooks", None)
+        if own is None:
+            return []
+        from torch.optim import optimizer as _optimizer_module
+        return list(getattr(_optimizer_module, "_global_optimizer_pre_hooks", {}).values()) + list(own.values())
+
     def zero_grad(self, set_to_none=None):
-        # Running, every gradient buffer is zeroed right after its layer's update (the sums
-        # land in it: clearing it earlier would lose them). Before, the optimizer's own.
+        """Running, every gradient buffer is zeroed right after its layer's update (the sums
+        land in it: clearing it earlier would lose them), so this clears nothing itself:
+        it discards a pass whose step() never came (GradScaler skipped it), or the
+        micro-batches of an accumulation cycle so far. Before, the optimizer's own."""
+        if set_to_none if set_to_none is not None else self.zero_grad_to_none:
+            self.last_clear = self.stepped
         if self.session is None or self.state == "closed":
             if set_to_none is None:
                 self.base.zero_grad(self.opt)
             else:
                 self.base.zero_grad(self.opt, set_to_none=set_to_none)
+            return
+        if self.micro:
+            for g in self.grads:
+                g.zero_()
+            self.micro = 0
+            self.cycle_used = set()
+        if self.stepped < self.passes:
+            if self.delayed:
+                raise RuntimeError("quicksilver.torch: zero_grad() drops a pass without step(), which policy '{}' "
+                                   "cannot do (delayed updates merge every pass's gradients)".format(self.policy))
+            self.settle()
+            n = self.passes
+            self.fate[n] = _SKIPPED
+            self.stepped = n
+            for l in range(len(self.layers)):
+                if self.applied[l] < n:
+                    self.session.sum_ready(l, True)
+                    self._apply(l)
 
     def synchronize(self):
-        """Waits for every sum of the last backward pass and applies the updates. Under
-        DeFT the updates follow its schedule: this applies none (shutdown() the rest)."""
-        if self.state != "running" or self.delayed:
+        """Horovod's meaning: waits for the sums of the last backward pass and leaves their
+        average in every .grad (for a clip, GradScaler.unscale_, a look), without updating;
+        then `with optimizer.skip_synchronize(): optimizer.step()` updates with them. After
+        step() (no backward since), it applies the updates of the steps taken, waiting
+        for their sums (what a read of the parameters needs; reads settle by themselves)."""
+        if self.state == "recorded":
+            self._start()
+        if self.state != "running":
             return
+        if self.delayed:
+            if self.stepped < self.passes:
+                raise RuntimeError(
+                    "quicksilver.torch: synchronize() between backward() and step() does not apply to policy '{}': "
+                    "its delayed updates sum a pass's gradients with later ones, so there is no averaged gradient "
+                    "of this step to clip or unscale (use a synchronous policy for that)".format(self.policy))
+            return
+        self.settle()
+        n = self.passes
+        if self.stepped == n or self.averaged == n:
+            return
+        self._check_unchanged(n, "before synchronize()")
         for l in range(len(self.layers)):
-            if self.applied[l] < self.session.backwards(l):
+            if self.applied[l] < n:
                 self.session.sum_ready(l, True)
-                self._apply(l)
+        unused = self._globally_unused(n) if self.find_unused else set()
+        for l, ps in enumerate(self.layer_params):
+            if self.applied[l] >= n:
+                continue
+            for p, g in zip(ps, self.layer_grads[l]):
+                if self.average and _env["size"] != 1:
+                    g.div_(_env["size"])
+                if id(p) in unused and id(p) in self.none_at.get(n, ()):
+                    p.grad = None
+        self.averaged = n
+
+    def skip_synchronize(self):
+        """`with optimizer.skip_synchronize(): optimizer.step()`: the step after
+        synchronize() (Horovod's spelling); a step in it without synchronize() raises."""
+        integration = self
+
+        class _Skip:
+            def __enter__(self):
+                integration.skipping = True
+
+            def __exit__(self, *exc):
+                integration.skipping = False
+                return False
+        return _Skip()
 
     def shutdown(self):
         if self.state == "closed":
             return self.report
         try:
             if self.state == "running":
-                self.synchronize()
+                self.settle()
                 self.report = self.session.finish()
                 if self.delayed:  # the updates held back until the end of training
                     for l in range(len(self.layers)):
@@ -685,12 +1174,21 @@ class _Integration:
             for h in self.handles:
                 h.remove()
             self.nodes = []
-            if self.model_zero_grad is None:
-                self.model.__dict__.pop("zero_grad", None)
-            else:
-                self.model.zero_grad = self.model_zero_grad
+            self._remove_model_overrides()
             _live.discard(self)
         return self.report
+
+
+_MISSING = object()
+
+
+def _zero_grad_default(cls):
+    """What the optimizer's zero_grad() does without an argument: set the gradients to
+    None (torch >= 2.0) or zero them (1.13)."""
+    try:
+        return bool(inspect.signature(cls.zero_grad).parameters["set_to_none"].default)
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _knob_text(v):
@@ -713,42 +1211,184 @@ def _parse_servers(servers):
     return out
 
 
-def DistributedOptimizer(optimizer, model, policy="mercury", servers=None, bandwidth="10Gbps",
+# Horovod's reduction ops and compression, by the names Horovod's users know.
+Average = "average"
+Sum = "sum"
+
+
+class Compression:
+    """What goes on the wire: `Compression.none` (float32, today's only one). fp16 and bf16
+    come with the wire compression of the GPU work and raise until then."""
+    none = "none"
+    fp16 = "fp16"
+    bf16 = "bf16"
+
+
+_HOROVOD_ONLY = ("gradient_predivide_factor", "sparse_as_dense", "num_groups", "groups", "process_set")
+
+
+def _rewrap_scheduler_step(optimizer):
+    """An LR scheduler created before DistributedOptimizer stored a wrapper of the original
+    class's step on the optimizer instance (torch 1.13: `_with_counter`; 2.x:
+    `_wrapped_by_lr_sched`), which would shadow the wrapper's step and train every worker
+    alone. Replaced by the same bookkeeping around the wrapper's step."""
+    patched = optimizer.__dict__.get("step")
+    if patched is None:
+        return
+    ref = weakref.ref(optimizer)
+    if getattr(patched, "_with_counter", False):
+        def step(*args, **kwargs):
+            opt = ref()
+            opt._step_count = getattr(opt, "_step_count", 0) + 1
+            return type(opt).step(opt, *args, **kwargs)
+        step._with_counter = True
+    elif getattr(patched, "_wrapped_by_lr_sched", False):
+        def step(*args, **kwargs):
+            opt = ref()
+            opt._opt_called = True
+            return type(opt).step(opt, *args, **kwargs)
+        step._wrapped_by_lr_sched = True
+    else:
+        raise ValueError("quicksilver.torch.DistributedOptimizer: optimizer.step was replaced on the optimizer "
+                         "object by {!r}, which Quicksilver does not know; create DistributedOptimizer before "
+                         "whatever replaced it".format(patched))
+    optimizer.step = step
+
+
+def DistributedOptimizer(optimizer, model=None, policy="mercury", named_parameters=None, compression=None,
+                         backward_passes_per_step=1, op=Average, find_unused_parameters=False,
+                         broadcast_buffers=True, check_consistency=0, servers=None, bandwidth="10Gbps",
                          congestion="cubic", connect_timeout=120.0, peer_timeout=600.0, architecture=None,
                          **knobs):
     """Makes `optimizer` (any torch.optim optimizer of `model`'s parameters) train through
     Quicksilver with `policy` (one of policies()) and its knobs as keywords (e.g.
     packet_size="32KiB", partition_size=4000000, credit_size="20MB"; docs/pytorch.md).
     Returns the same object, of a subclass of its class: isinstance checks and LR
-    schedulers keep working. `servers`: "host:port,..." of separately started `quicksilver
-    server` processes (default: each process hosts one server, N = M). `architecture`:
-    "ps" or "allreduce" (gloo; rank 0 hosts the rendezvous store); by default the policy's
-    own, and "ps" for the names both have (wfbp, bytescheduler). `bandwidth`: the
-    nominal NIC rate for the policies that plan with one. Added methods: synchronize()
-    (wait for and apply every outstanding update, e.g. before reading the parameters
-    without a forward pass), shutdown() (end; returns this worker's measurements),
-    quicksilver_profile() (the measured profile, DESIGN.md's format), quicksilver_updates()
-    (DeFT: the delayed updates applied, as (before, layer, first, last): layer's step on the
-    sums of iterations first..last, before the forward pass after `before` backward passes;
-    quicksilver.torch.AFTER_TRAINING: at shutdown)."""
+    schedulers (created before or after) keep working.
+
+    As Horovod's: `named_parameters` (names for the messages; must be the model's
+    trainable parameters), `compression` (Compression.none), `backward_passes_per_step`
+    (K backward passes accumulate locally, then one communication and one step()), `op`
+    (Average, or Sum: the sums undivided). As DistributedDataParallel's:
+    `find_unused_parameters` (a parameter without a gradient in a pass counts as zero;
+    one no worker used keeps .grad as zero_grad() left it), `broadcast_buffers` (rank 0's
+    buffers before each training forward pass). `check_consistency=N`: every N steps the
+    workers compare a digest of every parameter and raise naming the first that differs.
+    `servers`: "host:port,..." of separately started `quicksilver server` processes
+    (default: each process hosts one server, N = M). `architecture`: "ps" or "allreduce"
+    (gloo); by default the policy's own, and "ps" for the names both have (wfbp,
+    bytescheduler). `bandwidth`: the nominal NIC rate for the policies that plan with one.
+
+    Added methods: synchronize() (wait for the sums and leave the averages in .grad; after
+    step(), apply the updates of the steps taken), skip_synchronize() (a context: the step
+    after synchronize()), shutdown() (end; returns this worker's measurements),
+    quicksilver_profile() (the measured profile, DESIGN.md's format),
+    quicksilver_updates() (DeFT: the delayed updates applied, as (before, layer, first,
+    last): layer's step on the sums of iterations first..last, before the forward pass
+    after `before` backward passes; quicksilver.torch.AFTER_TRAINING: at shutdown)."""
     _require_init("DistributedOptimizer")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        if named_parameters is None:  # Horovod's positional named_parameters
+            named_parameters, model = model, None
+        else:
+            raise TypeError("quicksilver.torch.DistributedOptimizer: model must be a torch.nn.Module, not {}"
+                            .format(type(model).__name__))
+    if model is None:
+        raise TypeError("quicksilver.torch.DistributedOptimizer needs the model: DistributedOptimizer(optimizer, "
+                        "model, ...) (named_parameters= may come beside it). Its forward hooks let each layer start "
+                        "as soon as its own update is in")
+    horovod = [k for k in knobs if k in _HOROVOD_ONLY]
+    if horovod:
+        raise ValueError("quicksilver.torch.DistributedOptimizer: Horovod's {} is not supported".format(
+            ", ".join(horovod)))
     if isinstance(optimizer.__class__.__dict__.get("_quicksilver"), bool):
         raise ValueError("quicksilver.torch.DistributedOptimizer: this optimizer is wrapped already")
+    if compression not in (None, Compression.none, "none"):
+        raise ValueError("quicksilver.torch.DistributedOptimizer: compression={!r} is not available yet: gradients "
+                         "travel as float32 (Compression.none). fp16/bf16 on the wire come with the GPU work "
+                         "(docs/pytorch.md, Limits)".format(compression))
+    if op not in (Average, Sum):
+        raise ValueError("quicksilver.torch.DistributedOptimizer: op={!r}: give quicksilver.torch.Average or Sum"
+                         .format(op))
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError("quicksilver.torch.DistributedOptimizer: backward_passes_per_step={!r} must be an integer "
+                         ">= 1".format(backward_passes_per_step))
+    if not isinstance(check_consistency, int) or check_consistency < 0:
+        raise ValueError("quicksilver.torch.DistributedOptimizer: check_consistency={!r} must be an integer >= 0 "
+                         "(0: off; N: every N steps)".format(check_consistency))
     integration = _Integration(optimizer, model, policy, knobs, servers, bandwidth, congestion,
-                               connect_timeout, peer_timeout, architecture)
+                               connect_timeout, peer_timeout, architecture,
+                               {"backward_passes_per_step": backward_passes_per_step, "op": op,
+                                "find_unused_parameters": bool(find_unused_parameters),
+                                "broadcast_buffers": bool(broadcast_buffers),
+                                "check_consistency": check_consistency})
+    if named_parameters is not None:
+        integration.use_names(named_parameters)
     base = type(optimizer)
     cls = type("Distributed" + base.__name__, (base,), {
         "_quicksilver": True,
         "step": lambda self, closure=None: self._qs.step(closure),
         "zero_grad": lambda self, set_to_none=None: self._qs.zero_grad(set_to_none),
         "synchronize": lambda self: self._qs.synchronize(),
+        "skip_synchronize": lambda self: self._qs.skip_synchronize(),
+        "state_dict": lambda self, *a, **k: (self._qs.settle(), base.state_dict(self, *a, **k))[1],
+        "load_state_dict": lambda self, *a, **k: (self._qs.settle(), base.load_state_dict(self, *a, **k))[1],
         "shutdown": lambda self: self._qs.shutdown(),
         "quicksilver_profile": lambda self: getattr(self._qs, "profile", None),
         "quicksilver_updates": lambda self: list(self._qs.update_log),
     })
     optimizer._qs = integration
     optimizer.__class__ = cls
+    _rewrap_scheduler_step(optimizer)
     return optimizer
+
+
+def _control_plane(what):
+    _require_init(what)
+    return _env["size"] > 1
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """root_rank's `obj` (anything picklable) on every worker (Horovod's broadcast_object)."""
+    if not _control_plane("broadcast_object"):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=root_rank)
+    return box[0]
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Every worker's optimizer takes root_rank's state (its state_dict: per-parameter
+    state such as momentum buffers, and the param groups' hyperparameters), e.g. after
+    rank 0 alone resumed from a checkpoint."""
+    if not _control_plane("broadcast_optimizer_state"):
+        return
+    state = broadcast_object(optimizer.state_dict() if _env["rank"] == root_rank else None, root_rank)
+    if _env["rank"] != root_rank:
+        optimizer.load_state_dict(state)
+
+
+def allreduce_(tensor, average=None, name=None, op=None):
+    """In place: the sum (op=Sum) or average (op=Average, the default; or average=True)
+    of `tensor` over every worker, on the control plane (Horovod's allreduce_)."""
+    if average is not None and op is not None:
+        raise ValueError("quicksilver.torch.allreduce: give average= or op=, not both")
+    op = op or (Sum if average is False else Average)
+    if op not in (Average, Sum):
+        raise ValueError("quicksilver.torch.allreduce: op={!r}: give quicksilver.torch.Average or Sum".format(op))
+    if _control_plane("allreduce"):
+        dist.all_reduce(tensor)
+        if op == Average:
+            if tensor.is_floating_point():
+                tensor.div_(_env["size"])
+            else:
+                tensor.floor_divide_(_env["size"])
+    return tensor
+
+
+def allreduce(tensor, average=None, name=None, op=None):
+    """A new tensor: the average (default) or sum of `tensor` over every worker."""
+    return allreduce_(tensor.detach().clone(), average=average, name=name, op=op)
 
 
 @atexit.register

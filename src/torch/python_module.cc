@@ -20,6 +20,7 @@
 #include "quicksilver/runtime/runtime.h"
 #include "quicksilver/runtime/store.h"
 #include "quicksilver/transport/auth.h"
+#include "quicksilver/transport/crc32c.h"
 #include "quicksilver/torch/session.h"
 
 #include <thread>
@@ -110,6 +111,15 @@ PYBIND11_MODULE(_quicksilver, m) {
         "The all-reduce policies (on gloo)");
   m.def("is_allreduce_policy", &qs::pytorch::is_allreduce_policy);
   m.attr("AFTER_TRAINING") = qs::runtime::kAfterTraining;
+  m.def(
+      "digest",
+      [](std::uintptr_t data, std::int64_t bytes) {
+        if (bytes < 0) throw py::value_error("digest: a negative size");
+        return qs::transport::crc32c(0, reinterpret_cast<const void*>(data), static_cast<std::size_t>(bytes));
+      },
+      py::arg("data"), py::arg("bytes"), py::call_guard<py::gil_scoped_release>(),
+      "CRC32C of `bytes` bytes at address `data` (a tensor's data_ptr(), kept alive by the caller): the "
+      "consistency check's digest of a parameter");
   m.def("knobs", [] {
     std::map<std::string, std::string> out;
     for (const qs::Knob* k : qs::policy_registry().knobs()) out[k->name] = k->help;

@@ -1,0 +1,461 @@
+"""Training loops as people write them (a scheduler stepped every iteration or created
+before the wrapper, a clip, accumulation, a checkpoint, an EMA, evaluation, BatchNorm,
+unused parameters, a Horovod port), written once and run two ways: by each worker of a
+quicksilver.torch job (idiom_worker.py) and by one process on the concatenated batches
+(the reference, test_idioms.py). `World` is all that differs: how a batch is chosen, and
+what the three added lines do."""
+import contextlib
+import copy
+import io
+
+import torch
+import torch.nn as nn
+
+import models
+
+ITERATIONS = 6
+PER_WORKER = 8
+K = 2  # micro-batches of the accumulation idiom
+
+
+class DigitsBN(nn.Module):
+    """The digits CNN with BatchNorm (running statistics: buffers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+class DigitsBranchy(nn.Module):
+    """A head used on odd iterations only, and a layer that never gets a gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.fc1 = nn.Linear(8 * 4 * 4, 32)
+        self.head_a = nn.Linear(32, 10)
+        self.head_b = nn.Linear(32, 10)
+        self.iteration = 0
+
+    def forward(self, x):
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        h = torch.relu(self.fc1(x.flatten(1)))
+        return self.head_b(h) if self.iteration % 2 else self.head_a(h)
+
+
+def make_model(kind):
+    return {"digits": models.DigitsCNN, "bn": DigitsBN, "branchy": DigitsBranchy}[kind]()
+
+
+class World:
+    """A worker (rank of size, with quicksilver.torch) or the reference (rank None: one
+    process training on the concatenation of every worker's batch)."""
+
+    def __init__(self, size, rank=None, qs=None, policy="mercury", knobs=None, bn_apart=False):
+        self.size, self.rank, self.qs, self.policy = size, rank, qs, policy
+        self.knobs = knobs or {}
+        self.bn_apart = bn_apart
+        self.x, self.y = models.digits()
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.delayed = None  # the reference of a delayed-update run: DelayedReference
+        self.logs = []  # a worker's: per wrapped optimizer, its profile, delayed updates and report
+
+    @property
+    def worker(self):
+        return self.rank is not None
+
+    def batch(self, index):
+        if self.worker:
+            return models.batch(self.x, self.y, index, self.rank, self.size, PER_WORKER)
+        parts = [models.batch(self.x, self.y, index, r, self.size, PER_WORKER) for r in range(self.size)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def forward_backward(self, model, index, scale=None):
+        """loss.backward() on this world's batch `index`; the loss (scaled by `scale`, a
+        GradScaler, if given). The BatchNorm reference runs each worker's batch apart and
+        keeps rank 0's running statistics (what DDP's broadcast_buffers leaves there)."""
+        if self.worker or not self.bn_apart:
+            x, y = self.batch(index)
+            loss = self.loss_fn(model(x), y)
+            (scale.scale(loss) if scale else loss).backward()
+            return loss
+        saved = [b.clone() for b in model.buffers()]
+        for r in reversed(range(self.size)):
+            if r != self.size - 1:
+                with torch.no_grad():
+                    for b, s in zip(model.buffers(), saved):
+                        b.copy_(s)
+            x, y = models.batch(self.x, self.y, index, r, self.size, PER_WORKER)
+            loss = self.loss_fn(model(x), y) / self.size
+            loss.backward()
+        return loss
+
+    def wrap(self, optimizer, model, **kwargs):
+        """The three lines (the reference: none, or its delayed-update replay)."""
+        if not self.worker:
+            if self.delayed is not None:
+                return self.delayed.wrap(optimizer, model)
+            return optimizer
+        kwargs.setdefault("check_consistency", 1)
+        optimizer = self.qs.DistributedOptimizer(optimizer, model, policy=self.policy, **self.knobs, **kwargs)
+        self.qs.broadcast_parameters(model.state_dict(), root_rank=0)
+        return optimizer
+
+    def synchronize(self, optimizer):
+        if self.worker:
+            optimizer.synchronize()
+
+    def skip_synchronize(self, optimizer):
+        return optimizer.skip_synchronize() if self.worker else contextlib.nullcontext()
+
+    def finish(self, optimizer):
+        if self.worker:
+            report = optimizer.shutdown()
+            self.logs.append({"profile": optimizer.quicksilver_profile(), "updates": optimizer.quicksilver_updates(),
+                              "report": report})
+            return report
+        if self.delayed is not None:
+            self.delayed.finish()
+        return None
+
+
+class DelayedReference:
+    """One process replaying a delayed-update schedule (DeFT's, as the workers logged it):
+    before the forward pass after `before` backward passes (steps), each logged layer
+    takes one step of the optimizer on the mean of the full-batch gradients of
+    iterations first..last, with the hyperparameters of the step() that followed
+    iteration `last` (the rule quicksilver.torch states); what is due after training, at
+    the end."""
+
+    def __init__(self, profile, updates, after_training):
+        self.profile, self.updates, self.after = profile, [tuple(u) for u in updates], after_training
+
+    def wrap(self, optimizer, model):
+        params = dict(model.named_parameters())
+        self.layer_params = [[params[t["name"]] for t in l["tensors"]] for l in self.profile["layers"]]
+        self.opt, self.model = optimizer, model
+        self.passes, self.grads, self.hyper, self.done = 0, {}, {}, set()
+        self.raw = type(optimizer).step
+        optimizer.step = self._step  # shadows a scheduler's wrapper too (warnings only)
+        model.register_forward_pre_hook(lambda m, i: self._due(self.passes))
+        return optimizer
+
+    def _step(self, closure=None):
+        self.grads[self.passes] = {id(p): (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+                                   for ps in self.layer_params for p in ps}
+        self.passes += 1
+        self.hyper[self.passes] = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
+
+    def _due(self, before):
+        for u in self.updates:
+            if u[0] == before and u not in self.done:
+                self.done.add(u)
+                self._apply(*u[1:])
+
+    def _apply(self, layer, first, last):
+        ps = self.layer_params[layer]
+        saved = [p.grad for p in ps]
+        for p in ps:
+            p.grad = sum(self.grads[i][id(p)] for i in range(first, last + 1)) / (last - first + 1)
+        hyper = self.hyper.get(last + 1, self.hyper[max(self.hyper)])
+        mine = {id(p) for p in ps}
+        groups = self.opt.param_groups
+        self.opt.param_groups = [dict(h, params=[p for p in g["params"] if id(p) in mine])
+                                 for h, g in zip(hyper, groups)]
+        self.opt.param_groups = [g for g in self.opt.param_groups if g["params"]]
+        try:
+            self.raw(self.opt)
+        finally:
+            self.opt.param_groups = groups
+            for p, g in zip(ps, saved):
+                p.grad = None if g is None else g.zero_()
+
+    def finish(self):
+        self._due(self.after)
+
+
+def seeded_model(kind):
+    torch.manual_seed(0)
+    return make_model(kind)
+
+
+def state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# ---- the idioms: each returns {name: state_dict} to compare ----
+
+def onecycle(world):
+    """OneCycleLR stepped every iteration (created after the wrapper), Nesterov momentum and
+    weight decay; evaluation every other iteration."""
+    model = seeded_model("digits")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3)
+    opt = world.wrap(opt, model)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=ITERATIONS)
+    for it in range(ITERATIONS):
+        opt.zero_grad()
+        world.forward_backward(model, it)
+        opt.step()
+        sched.step()
+        if it % 2:
+            model.eval()
+            with torch.no_grad():
+                model(world.x[:16])
+            model.train()
+    world.finish(opt)
+    return {"model": state(model)}
+
+
+def warmup_before(world):
+    """AdamW with two parameter groups and a warm-up LambdaLR created BEFORE the wrapper
+    (any helper that returns optimizer and scheduler together does that)."""
+    model = seeded_model("digits")
+    head = list(model.fc2.parameters())
+    rest = [p for n, p in model.named_parameters() if not n.startswith("fc2.")]
+    opt = torch.optim.AdamW([{"params": rest}, {"params": head, "lr": 3e-3, "weight_decay": 0.0}],
+                            lr=1e-2, weight_decay=0.05)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
+    opt = world.wrap(opt, model)
+    for it in range(ITERATIONS):
+        opt.zero_grad()
+        world.forward_backward(model, it)
+        opt.step()
+        sched.step()
+    world.finish(opt)
+    return {"model": state(model)}
+
+
+def clip(world, max_norm=0.05):
+    """clip_grad_norm_ between backward and step (Horovod's convention: synchronize(),
+    clip, step inside skip_synchronize()), with a cosine schedule per iteration."""
+    model = seeded_model("digits")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=ITERATIONS)
+    opt = world.wrap(opt, model)
+    norms = []
+    for it in range(ITERATIONS):
+        opt.zero_grad()
+        world.forward_backward(model, it)
+        world.synchronize(opt)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+        with world.skip_synchronize(opt):
+            opt.step()
+        sched.step()
+    world.finish(opt)
+    return {"model": state(model), "norms": {"norms": torch.tensor(norms)}}
+
+
+def clip_tiny(world):
+    """A clip that leaves almost nothing: the parameters barely move."""
+    return clip(world, max_norm=1e-6)
+
+
+def accumulate(world):
+    """K micro-batches, each forward and backward, then one step (backward_passes_per_step)."""
+    model = seeded_model("digits")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = world.wrap(opt, model, backward_passes_per_step=K) if world.worker else world.wrap(opt, model)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    for it in range(ITERATIONS):
+        opt.zero_grad()
+        for micro in range(K):
+            world.forward_backward(model, it * K + micro)
+        opt.step()
+        sched.step()
+    world.finish(opt)
+    return {"model": state(model)}
+
+
+def checkpoint_ema(world):
+    """After step(): an EMA of the parameters (zip over parameters()), torch's
+    AveragedModel, a checkpoint (model and optimizer state_dict through torch.save),
+    copy.deepcopy of the model; then a resume: a fresh model and optimizer load the
+    checkpoint and train on."""
+    model = seeded_model("digits")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = world.wrap(opt, model)
+    ema = copy.deepcopy(model)
+    swa = torch.optim.swa_utils.AveragedModel(model)
+    saved, snapshot = None, None
+    for it in range(ITERATIONS):
+        opt.zero_grad()
+        world.forward_backward(model, it)
+        opt.step()
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.mul_(0.8).add_(p.detach(), alpha=0.2)
+        swa.update_parameters(model)
+        if it == 2:
+            buf = io.BytesIO()
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, buf)
+            saved = buf.getvalue()
+            snapshot = copy.deepcopy(model)
+    world.finish(opt)
+    # Resume from the checkpoint of iteration 2 and train its remaining iterations again.
+    resumed = make_model("digits")
+    ropt = torch.optim.SGD(resumed.parameters(), lr=0.05, momentum=0.9)
+    ropt = world.wrap(ropt, resumed)
+    ck = torch.load(io.BytesIO(saved))
+    resumed.load_state_dict(ck["model"])
+    ropt.load_state_dict(ck["optimizer"])
+    for it in range(3, ITERATIONS):
+        ropt.zero_grad()
+        world.forward_backward(resumed, it)
+        ropt.step()
+    world.finish(ropt)
+    return {"model": state(model), "ema": state(ema), "swa": state(swa.module), "snapshot": state(snapshot),
+            "checkpoint": ck["model"], "resumed": state(resumed)}
+
+
+def gradscaler(world):
+    """A CPU GradScaler (torch >= 2.3): scale, synchronize, unscale_, clip, step, update."""
+    model = seeded_model("digits")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = world.wrap(opt, model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    for it in range(ITERATIONS):
+        opt.zero_grad()
+        world.forward_backward(model, it, scale=scaler)
+        world.synchronize(opt)
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        with world.skip_synchronize(opt):
+            scaler.step(opt)
+        scaler.update()
+    world.finish(opt)
+    return {"model": state(model)}
+
+
+def unused(world):
+    """A head used on odd iterations only and one never used (find_unused_parameters)."""
+    model = seeded_model("branchy")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    opt = world.wrap(opt, model, find_unused_parameters=True) if world.worker else world.wrap(opt, model)
+    for it in range(ITERATIONS):
+        model.iteration = it
+        opt.zero_grad()
+        world.forward_backward(model, it)
+        opt.step()
+    world.finish(opt)
+    return {"model": state(model)}
+
+
+def batchnorm(world):
+    """BatchNorm: rank 0's buffers broadcast before each training forward (DDP's default)."""
+    model = seeded_model("bn")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = world.wrap(opt, model)
+    for it in range(ITERATIONS):
+        opt.zero_grad()
+        world.forward_backward(model, it)
+        opt.step()
+    world.finish(opt)
+    return {"model": state(model)}
+
+
+def horovod(world):
+    """A Horovod script's spellings: named_parameters, Compression.none, op=Average,
+    broadcast_optimizer_state, broadcast_object, allreduce of a metric."""
+    qs = world.qs
+    model = seeded_model("digits")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if world.worker:
+        qs.broadcast_parameters(model.state_dict(), root_rank=0)
+        qs.broadcast_optimizer_state(opt, root_rank=0)
+        start = qs.broadcast_object(0 if qs.rank() == 0 else 99, root_rank=0)
+        assert start == 0, start
+        opt = qs.DistributedOptimizer(opt, model, named_parameters=model.named_parameters(), policy=world.policy,
+                                      compression=qs.Compression.none, op=qs.Average, check_consistency=1,
+                                      **world.knobs)
+    losses = []
+    for it in range(ITERATIONS):
+        opt.zero_grad()
+        loss = world.forward_backward(model, it)
+        opt.step()
+        losses.append(qs.allreduce(loss.detach()) if world.worker else None)
+    world.finish(opt)
+    out = {"model": state(model)}
+    if world.worker:
+        out["losses"] = {"losses": torch.stack(losses)}
+    return out
+
+
+IDIOMS = {f.__name__: f for f in (onecycle, warmup_before, clip, clip_tiny, accumulate, checkpoint_ema, gradscaler,
+                                   unused, batchnorm, horovod)}
+
+
+# ---- what must raise, and with which words ----
+
+def clip_without_synchronize(world):
+    model = seeded_model("digits")
+    opt = world.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    for it in range(3):
+        opt.zero_grad()
+        world.forward_backward(model, it)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-6)
+        opt.step()
+
+
+def accumulate_undeclared(world):
+    model = seeded_model("digits")
+    opt = world.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    for it in range(3):
+        opt.zero_grad()
+        for micro in range(2):
+            world.forward_backward(model, it * 2 + micro)
+        opt.step()
+
+
+def two_forwards_undeclared(world):
+    model = seeded_model("digits")
+    opt = world.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    for it in range(3):
+        opt.zero_grad()
+        xa, ya = world.batch(2 * it)
+        xb, yb = world.batch(2 * it + 1)
+        la, lb = world.loss_fn(model(xa), ya), world.loss_fn(model(xb), yb)
+        la.backward()
+        lb.backward()
+        opt.step()
+
+
+def unused_undeclared(world):
+    model = seeded_model("branchy")
+    opt = world.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    for it in range(3):
+        model.iteration = it
+        opt.zero_grad()
+        world.forward_backward(model, it)
+        opt.step()
+
+
+def diverge(world):
+    """Rank 1 changes a parameter behind the wrapper's back: the guard names it."""
+    model = seeded_model("digits")
+    opt = world.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    for it in range(4):
+        opt.zero_grad()
+        world.forward_backward(model, it)
+        opt.step()
+        if it == 1 and world.rank == 1:
+            with torch.no_grad():
+                model.fc1.bias.add_(1e-4)
+
+
+MUST_RAISE = {
+    "clip_without_synchronize": "synchronize()",
+    "accumulate_undeclared": "backward_passes_per_step",
+    "two_forwards_undeclared": "backward_passes_per_step",
+    "unused_undeclared": "find_unused_parameters=True",
+    "diverge": "parameter 'fc1.bias' differs between rank 0 and rank(s) 1",
+}
+RAISERS = {f.__name__: f for f in (clip_without_synchronize, accumulate_undeclared, two_forwards_undeclared,
+                                    unused_undeclared, diverge)}
