@@ -413,6 +413,9 @@ class _Integration:
                 if id(p) not in model_ids and p.requires_grad:
                     raise ValueError("quicksilver.torch: the optimizer updates a parameter of shape {} that is "
                                      "not a trainable parameter of the model".format(tuple(p.shape)))
+        if self.find_unused and _qs.delays_updates(policy) and self.architecture != "ps":
+            raise ValueError("quicksilver.torch: find_unused_parameters=True does not apply to policy '{}': its "
+                             "delayed updates sum each pass's gradients with later ones".format(policy))
         # Validates the policy and the knobs before any training (a one-layer stand-in).
         _qs.Job(json.dumps({"name": "check", "layers": [{"name": "l", "forward_ms": 0, "backward_ms": 0,
                                                          "tensors": [{"name": "t", "elements": 1}]}]}),
@@ -892,7 +895,11 @@ class _Integration:
         measuring = self.tapping and before != _qs.AFTER_TRAINING and before != self.measured_before
         if measuring:
             self._measure_local(l, before)
-        for first, last in self.session.take_updates(l, before):
+        updates = self.session.take_updates(l, before)
+        # Within an accumulation cycle (a later micro-batch's forward) the buffers hold the
+        # cycle's gradients so far: kept.
+        kept = [g.clone() for g in self.layer_grads[l]] if self.micro and updates else None
+        for first, last in updates:
             local = None
             if measuring and first == last == before - 1 and (before % self.MEASURE_EVERY == 1
                                                              or self.noise is None):
@@ -907,8 +914,12 @@ class _Integration:
             self._step_layer(l, divisor, hyper)
             self.update_log.append((before, l, first, last))
             self.covered[l] = max(self.covered[l], last + 1)
-        for g in self.layer_grads[l]:
-            g.zero_()
+        if kept is not None:
+            for g, k in zip(self.layer_grads[l], kept):
+                g.copy_(k)
+        elif not self.micro:
+            for g in self.layer_grads[l]:
+                g.zero_()
         for p in self.layer_params[l]:
             self.versions[id(p)] = p.grad._version if p.grad is not None else 0
         self._forget()

@@ -110,6 +110,13 @@ PYBIND11_MODULE(_quicksilver, m) {
   m.def("allreduce_policies", [] { return qs::policy_registry().names(qs::Architecture::kAllReduce); },
         "The all-reduce policies (on gloo)");
   m.def("is_allreduce_policy", &qs::pytorch::is_allreduce_policy);
+  m.def(
+      "delays_updates",
+      [](const std::string& policy) {
+        const qs::PolicySpec* spec = qs::policy_registry().find(policy, qs::Architecture::kAllReduce);
+        return spec != nullptr && spec->delays_updates;
+      },
+      "Whether the all-reduce policy applies its updates late (DeFT)");
   m.attr("AFTER_TRAINING") = qs::runtime::kAfterTraining;
   m.def(
       "digest",

@@ -7,6 +7,7 @@ what the three added lines do."""
 import contextlib
 import copy
 import io
+import types
 
 import torch
 import torch.nn as nn
@@ -144,7 +145,9 @@ class DelayedReference:
         self.opt, self.model = optimizer, model
         self.passes, self.grads, self.hyper, self.done = 0, {}, {}, set()
         self.raw = type(optimizer).step
-        optimizer.step = self._step  # shadows a scheduler's wrapper too (warnings only)
+        # A method of the optimizer (a scheduler wraps it), shadowing any scheduler's
+        # wrapper made before (torch then warns; the schedule is the same).
+        optimizer.step = types.MethodType(lambda _opt, closure=None: self._step(closure), optimizer)
         model.register_forward_pre_hook(lambda m, i: self._due(self.passes))
         return optimizer
 
@@ -320,7 +323,9 @@ def gradscaler(world):
     model = seeded_model("digits")
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     opt = world.wrap(opt, model)
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    # The first step overflows (float32 max is 3.4e38) and is skipped (zero_grad() drops
+    # it); the scale then backs off to 1e8.
+    scaler = torch.amp.GradScaler("cpu", init_scale=1e38, backoff_factor=1e-30)
     for it in range(ITERATIONS):
         opt.zero_grad()
         world.forward_backward(model, it, scale=scaler)

@@ -1,0 +1,200 @@
+"""Training scripts as people write them (tests/python/idioms.py), on 2 and 3 workers, against
+one process trained on the concatenated batches: rank 0 within 1e-5 of that reference and
+every rank's parameters bit-identical to rank 0's, read where the user reads them (right
+after the loop, from model.state_dict()); every worker runs with check_consistency=1. DeFT
+is compared with one process replaying its logged delayed-update schedule. The idioms
+that cannot be right must raise, each with the words that name the remedy."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import idioms
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "idiom_worker.py")
+TOLERANCE = 1e-5
+CPU_GRADSCALER = hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")
+SYNC = ["onecycle", "warmup_before", "clip", "clip_tiny", "accumulate", "checkpoint_ema", "unused", "batchnorm",
+        "horovod"]
+DEFT = ["onecycle", "warmup_before", "accumulate", "batchnorm"]
+# Small buckets and knapsacks at 0.3 of the compute make DeFT delay and merge on loopback.
+DEFT_KNOBS = {"deft_partition_size": "4KiB", "deft_horizon": 3, "deft_capacity_scale": 0.3}
+
+
+def launch(build_dir, launcher, workers, args, timeout=600):
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.path.join(build_dir, "python") + os.pathsep + e.get("PYTHONPATH", "")
+    e["OMP_NUM_THREADS"] = "1"
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--redirects", "2", "--tee", "2",
+               "--nproc_per_node", str(workers), WORKER] + args
+    else:
+        cmd = [os.path.join(build_dir, "quicksilver"), "run", "--python", sys.executable, "--workers", str(workers),
+               "--script", WORKER] + args
+    start = time.monotonic()
+    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    return time.monotonic() - start
+
+
+def parameter_names(name):
+    kind = {"unused": "branchy", "batchnorm": "bn"}.get(name, "digits")
+    return {n for n, _ in idioms.make_model(kind).named_parameters()}
+
+
+def compare(out, name, policy, workers, reference):
+    """Rank 0 against the reference (every saved state); every rank's parameters against
+    rank 0's, bit for bit (BatchNorm's running statistics are each rank's own, as in DDP)."""
+    got = [torch.load(os.path.join(out, "{}-{}-{}.pt".format(name, policy, r))) for r in range(workers)]
+    params = parameter_names(name)
+    worst = 0.0
+    for key, ref in reference.items():
+        diff = max((got[0][key][k] - ref[k]).abs().max().item() for k in ref)
+        assert diff <= TOLERANCE, "{} {} '{}': rank 0 differs from one process by {:.2e}".format(
+            name, policy, key, diff)
+        worst = max(worst, diff)
+        for r in range(1, workers):
+            for k in got[0][key]:
+                if key == "norms" or k in params or key == "losses":
+                    assert torch.equal(got[r][key][k], got[0][key][k]), "{} {}: rank {}'s '{}' {} differs".format(
+                        name, policy, r, key, k)
+    # Training moved the parameters (the comparison is not vacuous).
+    start = idioms.seeded_model({"unused": "branchy", "batchnorm": "bn"}.get(name, "digits")).state_dict()
+    moved = max((got[0]["model"][k].float() - start[k].float()).abs().max().item() for k in start)
+    assert moved > 1e-3 or name == "clip_tiny", (name, moved)
+    return worst
+
+
+@pytest.mark.parametrize("workers,launcher,policy", [(2, "torchrun", "mercury"), (2, "quicksilver", "mgwfbp"),
+                                                     (3, "quicksilver", "mercury"), (3, "torchrun", "mgwfbp")])
+def test_idioms_match_one_process(build_dir, tmp_path, workers, launcher, policy):
+    took = launch(build_dir, launcher, workers, ["--idioms", ",".join(SYNC), "--policies", policy, "--out",
+                                                 str(tmp_path)])
+    worst = {}
+    for name in SYNC:
+        reference = idioms.IDIOMS[name](idioms.World(workers, bn_apart=(name == "batchnorm")))
+        worst[name] = compare(str(tmp_path), name, policy, workers, reference)
+    print("{} workers ({}), {}: {} idioms in {:.1f} s; worst difference from one process: {}".format(
+        workers, launcher, policy, len(SYNC), took, ", ".join("{} {:.1e}".format(k, v) for k, v in worst.items())))
+
+
+@pytest.mark.skipif(not CPU_GRADSCALER, reason="a CPU GradScaler needs torch >= 2.3; this is torch " + torch.__version__)
+@pytest.mark.parametrize("policy", ["mercury", "mgwfbp"])
+def test_gradscaler(build_dir, tmp_path, policy):
+    """GradScaler: scale, synchronize(), unscale_, clip, step in skip_synchronize(), update;
+    its first step overflows and is skipped (zero_grad() drops that pass)."""
+    launch(build_dir, "quicksilver", 2, ["--idioms", "gradscaler", "--policies", policy, "--out", str(tmp_path)])
+    worst = compare(str(tmp_path), "gradscaler", policy, 2, idioms.gradscaler(idioms.World(2)))
+    print("gradscaler, {}: worst difference {:.1e}".format(policy, worst))
+
+
+def deft_reference(out, name, workers):
+    import quicksilver._quicksilver as qsm
+    logs = json.load(open(os.path.join(out, "{}-deft-0.json".format(name))))
+    for r in range(1, workers):
+        theirs = json.load(open(os.path.join(out, "{}-deft-{}.json".format(name, r))))
+        assert [l["updates"] for l in theirs] == [l["updates"] for l in logs], "rank {} applied other updates".format(r)
+    world = idioms.World(workers, bn_apart=(name == "batchnorm"))
+    world.delayed = idioms.DelayedReference(logs[0]["profile"], logs[0]["updates"], qsm.AFTER_TRAINING)
+    return idioms.IDIOMS[name](world), logs[0]["updates"]
+
+
+@pytest.mark.parametrize("workers,launcher", [(2, "torchrun"), (3, "quicksilver")])
+def test_deft_idioms_follow_their_schedule(build_dir, tmp_path, workers, launcher):
+    """DeFT's delayed, merged updates under the same idioms: each update (first..last) uses
+    the hyperparameters of the step() that followed iteration `last`."""
+    took = launch(build_dir, launcher, workers, ["--idioms", ",".join(DEFT), "--policies", "deft", "--out",
+                                                 str(tmp_path), "--knobs", json.dumps(DEFT_KNOBS)])
+    merged = 0
+    for name in DEFT:
+        reference, updates = deft_reference(str(tmp_path), name, workers)
+        compare(str(tmp_path), name, "deft", workers, reference)
+        merged += sum(1 for u in updates if u[3] > u[2])
+    assert merged, "DeFT merged no iterations: the test would not see merged updates"
+    print("deft, {} workers ({}): {} idioms in {:.1f} s, {} merged updates".format(workers, launcher, len(DEFT), took,
+                                                                                  merged))
+
+
+def test_every_policy_with_a_per_iteration_schedule(build_dir, tmp_path):
+    """The thirteen policies PyTorch runs, each with OneCycleLR stepped every iteration."""
+    import quicksilver.torch as qs
+    policies = qs.policies()
+    knobs = dict(DEFT_KNOBS, packet_size="4KiB", partition_size="8KiB", credit_size="16KiB", slice_size="8KiB",
+                 prophet_partition_size="8KiB", ddp_bucket_size="16KiB", ddp_first_bucket_size="4KiB")
+    took = launch(build_dir, "quicksilver", 2, ["--idioms", "onecycle", "--policies", ",".join(policies), "--out",
+                                                str(tmp_path), "--knobs", json.dumps(knobs)])
+    sync_ref = idioms.onecycle(idioms.World(2))
+    for policy in policies:
+        if policy == "deft":
+            reference, _ = deft_reference(str(tmp_path), "onecycle", 2)
+        else:
+            reference = sync_ref
+        compare(str(tmp_path), "onecycle", policy, 2, reference)
+    print("{} policies with OneCycleLR, {:.1f} s".format(len(policies), took))
+    assert len(policies) == 13, policies
+
+
+RAISE_CASES = [(name, policy) for name in idioms.RAISERS for policy in ("mercury", "deft")] + [
+    ("clip_without_synchronize", "mgwfbp"), ("two_forwards_undeclared", "mgwfbp")]
+
+
+@pytest.mark.parametrize("name,policy", RAISE_CASES)
+def test_what_cannot_be_right_raises(build_dir, tmp_path, name, policy):
+    """Each rank raises a Python error naming the remedy (never a hang, never a transport
+    error, never a silent result)."""
+    took = launch(build_dir, "quicksilver", 2, ["--raise", name, "--policies", policy, "--out", str(tmp_path),
+                                                "--knobs", json.dumps(DEFT_KNOBS if policy == "deft" else {})],
+                  timeout=180)
+    expected = idioms.MUST_RAISE[name]
+    if policy == "deft" and name == "clip_without_synchronize":
+        expected = "use a synchronous policy"
+    for r in range(2):
+        text = open(os.path.join(str(tmp_path), "raise-{}-{}-{}.txt".format(name, policy, r))).read()
+        assert expected in text, "rank {}: {!r}".format(r, text)
+        assert "protocol error" not in text and "CRC32C" not in text, text
+    assert took < 60, "took {:.1f} s".format(took)
+
+
+def test_imagenet_shaped_script_trains_resumes_and_matches_one_process(build_dir, tmp_path):
+    """pytorch/examples' imagenet/main.py loop (tests/python/imagenet_like.py): the scheduler
+    created before the wrapper, per-epoch validation and checkpoints, a resume; two
+    workers equal one process on the concatenated batches, and a run resumed from the
+    first epoch's checkpoint equals the run that went straight through."""
+    script = os.path.join(HERE, "imagenet_like.py")
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.path.join(build_dir, "python") + os.pathsep + e.get("PYTHONPATH", "")
+    e["OMP_NUM_THREADS"] = "1"
+
+    def run(out, *extra, workers=2):
+        os.makedirs(out, exist_ok=True)
+        if workers == 1:
+            cmd = [sys.executable, script]
+        else:
+            cmd = [os.path.join(build_dir, "quicksilver"), "run", "--python", sys.executable, "--workers",
+                   str(workers), "--script", script]
+        p = subprocess.run(cmd + ["--out", out] + list(extra), env=e, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+        return p.stdout
+
+    straight, resumed, single = (str(tmp_path / d) for d in ("straight", "resumed", "single"))
+    log = run(straight, "--epochs", "2")
+    assert log.count("epoch 1: acc@1") == 2, log
+    run(resumed, "--epochs", "1")
+    run(resumed, "--epochs", "2", "--resume", os.path.join(resumed, "checkpoint.pth.tar"))
+    run(single, "--epochs", "2", "--batch-size", "8", workers=1)
+    got = [torch.load(os.path.join(straight, "final-{}.pt".format(r))) for r in range(2)]
+    again = torch.load(os.path.join(resumed, "final-0.pt"))
+    ref = torch.load(os.path.join(single, "final-0.pt"))
+    for k in ref:
+        assert torch.equal(got[1][k], got[0][k]), k
+    diff = max((got[0][k] - ref[k]).abs().max().item() for k in ref)
+    resume_diff = max((again[k] - got[0][k]).abs().max().item() for k in ref)
+    assert diff <= TOLERANCE, "two workers differ from one process by {:.2e}".format(diff)
+    assert resume_diff <= 1e-6, "the resumed run differs from the straight one by {:.2e}".format(resume_diff)
+    assert os.path.exists(os.path.join(straight, "model_best.pth.tar"))
+    print("imagenet-shaped: 2 workers vs one process {:.1e}, resumed vs straight {:.1e}".format(diff, resume_diff))
