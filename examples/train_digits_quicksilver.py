@@ -1,8 +1,14 @@
 """train_digits.py with Quicksilver's three lines (marked "# +qs"): data-parallel over N
 processes, each training on its own share of every epoch.
 
-    quicksilver run --workers 2 --script examples/train_digits_quicksilver.py
-    torchrun --redirects 2 --tee 2 --standalone --nproc_per_node 2 examples/train_digits_quicksilver.py
+From the repository root, after scripts/build.sh:
+
+    ./build/quicksilver run --workers 2 --script examples/train_digits_quicksilver.py
+    PYTHONPATH=build/python torchrun --redirects 2 --tee 2 --standalone --nproc_per_node 2 \
+        examples/train_digits_quicksilver.py
+
+(`quicksilver run` finds the package beside itself; torchrun needs PYTHONPATH. Debian's
+torchrun needs --redirects and --tee on Python 3.11; pip's does not.)
 """
 import torch
 import torch.nn as nn

@@ -398,6 +398,7 @@ class _Integration:
         self.none_at = {}        # pass -> {id(p)}
         self.sync_buffers_next = True  # DDP: before a forward that follows one with grad enabled
         self.next_check = self.check_every
+        self.pending_check = None  # (step, gathered digests, the all-gather's work)
         self.next_layer = 0      # the layer the forward pass enters next
 
         self.rec = _Recorder(model)
@@ -1006,22 +1007,36 @@ class _Integration:
                     at += b.numel()
 
     def _check_consistency(self):
-        """check_consistency: every worker's digest (CRC32C) of each parameter, gathered;
-        raises naming the first parameter that differs from rank 0's."""
+        """check_consistency, at the end of a forward pass (every layer's update of the
+        steps taken is in): every worker's digest (CRC32C) of each parameter, gathered
+        without waiting (a worker that stopped early must not hold the others in the
+        guard: the session names that failure); the digests are compared once they are
+        in (_compare_digests, from step() and the next check), and a difference raises
+        naming the first parameter that differs from rank 0's."""
+        self._compare_digests(wait=True)
         digests = torch.tensor([_qs.digest(p.data_ptr(), p.numel() * p.element_size())
                                 for p in self.all_params], dtype=torch.int64)
-        size = _env["size"]
-        if size == 1:
+        if _env["size"] == 1:
             return
-        gathered = [torch.empty_like(digests) for _ in range(size)]
-        dist.all_gather(gathered, digests)
+        gathered = [torch.empty_like(digests) for _ in range(_env["size"])]
+        self.pending_check = (self.stepped, gathered, dist.all_gather(gathered, digests, async_op=True))
+
+    def _compare_digests(self, wait):
+        if self.pending_check is None:
+            return
+        step, gathered, work = self.pending_check
+        if not work.is_completed():
+            if not wait:
+                return
+            work.wait()
+        self.pending_check = None
         for k, p in enumerate(self.all_params):
-            differ = [r for r in range(1, size) if gathered[r][k] != gathered[0][k]]
+            differ = [r for r in range(1, len(gathered)) if gathered[r][k] != gathered[0][k]]
             if differ:
                 raise RuntimeError(
                     "quicksilver.torch: check_consistency: after step {} parameter '{}' differs between rank 0 and "
                     "rank(s) {}: the workers no longer train the same model".format(
-                        self.stepped, self.names[id(p)], ", ".join(str(r) for r in differ)))
+                        step, self.names[id(p)], ", ".join(str(r) for r in differ)))
 
     # ---- the optimizer's methods ----
 
@@ -1046,6 +1061,7 @@ class _Integration:
                                "after the backward pass: the gradients are not summed yet")
         if self.stepped == self.passes:
             raise RuntimeError("quicksilver.torch: step() without a backward pass since the last step()")
+        self._compare_digests(wait=False)
         n = self.passes
         self._check_unchanged(n, "between backward() and step()")
         self.fate[n] = _hyperparameters(self.opt.param_groups)
@@ -1334,7 +1350,11 @@ def DistributedOptimizer(optimizer, model=None, policy="mercury", named_paramete
                                 "broadcast_buffers": bool(broadcast_buffers),
                                 "check_consistency": check_consistency})
     if named_parameters is not None:
-        integration.use_names(named_parameters)
+        try:
+            integration.use_names(named_parameters)
+        except Exception:
+            integration.shutdown()  # its hooks and the model's overrides go
+            raise
     base = type(optimizer)
     cls = type("Distributed" + base.__name__, (base,), {
         "_quicksilver": True,

@@ -14,6 +14,7 @@ import torch.nn as nn
 
 import models
 
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 ITERATIONS = 6
 PER_WORKER = 8
 K = 2  # micro-batches of the accumulation idiom
@@ -301,6 +302,10 @@ def checkpoint_ema(world):
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, buf)
             saved = buf.getvalue()
             snapshot = copy.deepcopy(model)
+            whole = io.BytesIO()
+            torch.save(model, whole)  # the module itself, pickled
+            whole.seek(0)
+            pickled = torch.load(whole, weights_only=False) if TORCH2 else torch.load(whole)
     world.finish(opt)
     # Resume from the checkpoint of iteration 2 and train its remaining iterations again.
     resumed = make_model("digits")
@@ -315,7 +320,7 @@ def checkpoint_ema(world):
         ropt.step()
     world.finish(ropt)
     return {"model": state(model), "ema": state(ema), "swa": state(swa.module), "snapshot": state(snapshot),
-            "checkpoint": ck["model"], "resumed": state(resumed)}
+            "checkpoint": ck["model"], "pickled": state(pickled), "resumed": state(resumed)}
 
 
 def gradscaler(world):
@@ -372,6 +377,13 @@ def horovod(world):
     qs = world.qs
     model = seeded_model("digits")
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if not world.worker or world.rank == 0:
+        # Rank 0 alone warms up (as if it had resumed alone): its parameters and momentum
+        # buffers must reach every worker.
+        x, y = models.batch(world.x, world.y, 100, 0, world.size, PER_WORKER)
+        world.loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
     if world.worker:
         qs.broadcast_parameters(model.state_dict(), root_rank=0)
         qs.broadcast_optimizer_state(opt, root_rank=0)
@@ -393,7 +405,25 @@ def horovod(world):
     return out
 
 
-IDIOMS = {f.__name__: f for f in (onecycle, warmup_before, clip, clip_tiny, accumulate, checkpoint_ema, gradscaler,
+def sum_op(world):
+    """op=Sum: the sums undivided; with SGD (momentum, no weight decay) that is the average
+    at `workers` times the learning rate."""
+    model = seeded_model("digits")
+    lr = 0.02
+    if world.worker:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        opt = world.wrap(opt, model, op=world.qs.Sum)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr * world.size, momentum=0.9)
+    for it in range(ITERATIONS):
+        opt.zero_grad()
+        world.forward_backward(model, it)
+        opt.step()
+    world.finish(opt)
+    return {"model": state(model)}
+
+
+IDIOMS = {f.__name__: f for f in (sum_op, onecycle, warmup_before, clip, clip_tiny, accumulate, checkpoint_ema, gradscaler,
                                    unused, batchnorm, horovod)}
 
 

@@ -20,7 +20,7 @@ WORKER = os.path.join(HERE, "idiom_worker.py")
 TOLERANCE = 1e-5
 CPU_GRADSCALER = hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")
 SYNC = ["onecycle", "warmup_before", "clip", "clip_tiny", "accumulate", "checkpoint_ema", "unused", "batchnorm",
-        "horovod"]
+        "horovod", "sum_op"]
 DEFT = ["onecycle", "warmup_before", "accumulate", "batchnorm"]
 # Small buckets and knapsacks at 0.3 of the compute make DeFT delay and merge on loopback.
 DEFT_KNOBS = {"deft_partition_size": "4KiB", "deft_horizon": 3, "deft_capacity_scale": 0.3}
@@ -66,7 +66,7 @@ def compare(out, name, policy, workers, reference):
     # Training moved the parameters (the comparison is not vacuous).
     start = idioms.seeded_model({"unused": "branchy", "batchnorm": "bn"}.get(name, "digits")).state_dict()
     moved = max((got[0]["model"][k].float() - start[k].float()).abs().max().item() for k in start)
-    assert moved > 1e-3 or name == "clip_tiny", (name, moved)
+    assert moved > 1e-4 or name == "clip_tiny", (name, policy, moved)
     return worst
 
 

@@ -381,3 +381,47 @@ def test_no_gloo_symbol_binds_across(build_dir, tmp_path):
     assert not across, "{} bindings across, e.g. {}".format(len(across), across[:3])
     print("torch {} ({}): {} bindings from the module into its libgloo, none across".format(
         torch.__version__, "the system's gloo" if shared_gloo else "a gloo of its own", into_gloo))
+
+
+def test_misuse_raises_clearly():
+    """Arguments and calls that do not apply are refused with the remedy, never ignored."""
+    import quicksilver.torch as qs
+    qs.init()
+    assert qs.local_size() == 1 and qs.size() == 1
+    model = models.DigitsCNN()
+
+    def opt():
+        return torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="compression='fp16' is not available yet"):
+        qs.DistributedOptimizer(opt(), model, compression=qs.Compression.fp16)
+    with pytest.raises(ValueError, match="gradient_predivide_factor is not supported"):
+        qs.DistributedOptimizer(opt(), model, gradient_predivide_factor=2.0)
+    with pytest.raises(TypeError, match="needs the model"):
+        qs.DistributedOptimizer(opt(), model.named_parameters())  # Horovod's positional form
+    with pytest.raises(ValueError, match="are not in it"):
+        qs.DistributedOptimizer(opt(), model, named_parameters=list(model.named_parameters())[:2])
+    with pytest.raises(ValueError, match="backward_passes_per_step=0"):
+        qs.DistributedOptimizer(opt(), model, backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="op='max'"):
+        qs.DistributedOptimizer(opt(), model, op="max")
+    with pytest.raises(ValueError, match="does not apply to policy 'deft'"):
+        qs.DistributedOptimizer(opt(), model, policy="deft", find_unused_parameters=True)
+    o = qs.DistributedOptimizer(opt(), model, policy="mercury", named_parameters=model.named_parameters())
+    x, y = models.digits()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    o.zero_grad()
+    loss_fn(model(x[:8]), y[:8]).backward()
+    o.step()
+    with pytest.raises(RuntimeError, match="without a backward pass since the last step"):
+        o.step()
+    o.zero_grad()
+    loss_fn(model(x[:8]), y[:8]).backward()
+    with pytest.raises(RuntimeError, match="skip_synchronize\\(\\) without optimizer.synchronize\\(\\)"):
+        with o.skip_synchronize():
+            o.step()
+    o.synchronize()
+    with o.skip_synchronize():
+        o.step()
+    o.shutdown()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        o.step()

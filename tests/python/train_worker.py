@@ -33,7 +33,7 @@ for opt_name in args.optimizers.split(","):
         model = models.make(args.model)
         optimizer = models.optimizer(opt_name, model.parameters())
         optimizer = qs.DistributedOptimizer(optimizer, model, policy=policy, architecture=args.architecture,
-                                            **json.loads(args.knobs))
+                                            check_consistency=1, **json.loads(args.knobs))
         torch.manual_seed(0)
         reference_init = models.make(args.model).state_dict()
         if qs.rank() == 0:
