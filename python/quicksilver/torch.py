@@ -431,6 +431,14 @@ class _Integration:
         self._install_model_overrides()
         _live.add(self)
 
+    def _broken(self, error):
+        """A loop that cannot be right: the session stops at once (the peers fail fast, not at
+        their timeouts) and `error` is what the user is told."""
+        if self.session is not None and self.state == "running":
+            self.session.abort(str(error))
+            self.state = "failed"
+        return error
+
     def use_names(self, named_parameters):
         """Horovod's named_parameters: (name, parameter) pairs, names unique, covering
         every parameter the optimizer updates; the names appear in messages and profiles."""
@@ -544,11 +552,11 @@ class _Integration:
                 return
             if layer > self.next_layer:
                 if not self.find_unused:
-                    raise RuntimeError(
+                    raise self._broken(RuntimeError(
                         "quicksilver.torch: the forward pass used layer '{}' before layer '{}': every pass must use "
                         "the layers with parameters in the order of the first one; a model that skips layers in "
                         "some passes needs DistributedOptimizer(..., find_unused_parameters=True)".format(
-                            self.layers[layer][0], self.layers[self.next_layer][0]))
+                            self.layers[layer][0], self.layers[self.next_layer][0])))
                 while self.next_layer < layer:
                     self._enter(self.next_layer)
             self._enter(layer)
@@ -598,16 +606,16 @@ class _Integration:
         self.in_backward = True
         Variable._execution_engine.queue_callback(self._backward_ends)
         if self.micro == 0 and self.stepped < self.passes:
-            raise RuntimeError(
+            raise self._broken(RuntimeError(
                 "quicksilver.torch: a second backward pass without optimizer.step() in between. For gradient "
                 "accumulation pass DistributedOptimizer(..., backward_passes_per_step=K) and call step() once "
                 "every K backward passes; to drop a pass's gradients, call optimizer.zero_grad() before the next "
-                "backward")
+                "backward"))
         self.micro += 1
         if self.micro > self.k:
-            raise RuntimeError(
+            raise self._broken(RuntimeError(
                 "quicksilver.torch: {} backward passes without optimizer.step(), but backward_passes_per_step={}"
-                .format(self.micro, self.k))
+                .format(self.micro, self.k)))
 
     def _report(self, p):
         """Hands p's gradient of this pass to the transport (its registered buffer)."""
@@ -634,10 +642,10 @@ class _Integration:
         missing = [p for p in self.params if id(p) not in self.reported]
         unused = [p for p in missing if id(p) not in self.cycle_used]
         if unused and not self.find_unused:
-            raise RuntimeError(
+            raise self._broken(RuntimeError(
                 "quicksilver.torch: parameters {} got no gradient in this backward pass: pass "
                 "DistributedOptimizer(..., find_unused_parameters=True) for a model that does not use every "
-                "parameter in every pass".format(", ".join(self.names[id(p)] for p in unused[:5])))
+                "parameter in every pass".format(", ".join(self.names[id(p)] for p in unused[:5]))))
         for p in missing:
             if p.grad is None:
                 p.grad = self.grads[self.tensor_of[id(p)]]
@@ -860,18 +868,18 @@ class _Integration:
             return
         for p, buf in zip(self.layer_params[l], self.layer_grads[l]):
             if (p.grad is not buf or buf._version != self.versions.get(id(p), buf._version)) and self.delayed:
-                raise RuntimeError(
+                raise self._broken(RuntimeError(
                     "quicksilver.torch: the gradient of '{}' was changed {}, after Quicksilver took it: policy '{}' "
                     "delays updates and sums each pass's gradients with later ones, so gradients cannot be changed "
                     "between backward() and step() (clip_grad_norm_, GradScaler): use a synchronous policy for "
-                    "that".format(self.names[id(p)], why, self.policy))
+                    "that".format(self.names[id(p)], why, self.policy)))
             if p.grad is not buf or buf._version != self.versions.get(id(p), buf._version):
-                raise RuntimeError(
+                raise self._broken(RuntimeError(
                     "quicksilver.torch: the gradient of '{}' was changed {} while Quicksilver was still summing it "
                     "over the workers (clip_grad_norm_, GradScaler.unscale_, or any other write of .grad). Call "
                     "optimizer.synchronize() first: it waits for the sums and leaves the averaged gradients in "
                     ".grad for you to change; then call step() inside `with optimizer.skip_synchronize():`"
-                    .format(self.names[id(p)], why))
+                    .format(self.names[id(p)], why)))
 
     def _forget(self):
         """Drops the fates and masks of passes every layer has applied."""
@@ -1033,10 +1041,10 @@ class _Integration:
         for k, p in enumerate(self.all_params):
             differ = [r for r in range(1, len(gathered)) if gathered[r][k] != gathered[0][k]]
             if differ:
-                raise RuntimeError(
+                raise self._broken(RuntimeError(
                     "quicksilver.torch: check_consistency: after step {} parameter '{}' differs between rank 0 and "
                     "rank(s) {}: the workers no longer train the same model".format(
-                        step, self.names[id(p)], ", ".join(str(r) for r in differ)))
+                        step, self.names[id(p)], ", ".join(str(r) for r in differ))))
 
     # ---- the optimizer's methods ----
 
@@ -1052,15 +1060,18 @@ class _Integration:
         elif self.state != "running":
             if self.state == "closed":
                 raise RuntimeError("quicksilver.torch: step() after shutdown()")
+            if self.state == "failed":
+                raise RuntimeError("quicksilver.torch: step() after an earlier error stopped this optimizer (the "
+                                   "first error says why)")
             raise RuntimeError("quicksilver.torch: step() before any forward pass of the model")
         if self.micro != 0:
-            raise RuntimeError("quicksilver.torch: step() after {} of backward_passes_per_step={} backward passes"
-                               .format(self.micro, self.k))
+            raise self._broken(RuntimeError("quicksilver.torch: step() after {} of backward_passes_per_step={} backward passes"
+                               .format(self.micro, self.k)))
         if self.skipping and self.averaged != self.passes and self.stepped < self.passes:
-            raise RuntimeError("quicksilver.torch: step() inside skip_synchronize() without optimizer.synchronize() "
-                               "after the backward pass: the gradients are not summed yet")
+            raise self._broken(RuntimeError("quicksilver.torch: step() inside skip_synchronize() without optimizer.synchronize() "
+                               "after the backward pass: the gradients are not summed yet"))
         if self.stepped == self.passes:
-            raise RuntimeError("quicksilver.torch: step() without a backward pass since the last step()")
+            raise self._broken(RuntimeError("quicksilver.torch: step() without a backward pass since the last step()"))
         self._compare_digests(wait=False)
         n = self.passes
         self._check_unchanged(n, "between backward() and step()")
@@ -1115,8 +1126,8 @@ class _Integration:
             self.cycle_used = set()
         if self.stepped < self.passes:
             if self.delayed:
-                raise RuntimeError("quicksilver.torch: zero_grad() drops a pass without step(), which policy '{}' "
-                                   "cannot do (delayed updates merge every pass's gradients)".format(self.policy))
+                raise self._broken(RuntimeError("quicksilver.torch: zero_grad() drops a pass without step(), which policy '{}' "
+                                   "cannot do (delayed updates merge every pass's gradients)".format(self.policy)))
             self.settle()
             n = self.passes
             self.fate[n] = _SKIPPED
@@ -1138,10 +1149,10 @@ class _Integration:
             return
         if self.delayed:
             if self.stepped < self.passes:
-                raise RuntimeError(
+                raise self._broken(RuntimeError(
                     "quicksilver.torch: synchronize() between backward() and step() does not apply to policy '{}': "
                     "its delayed updates sum a pass's gradients with later ones, so there is no averaged gradient "
-                    "of this step to clip or unscale (use a synchronous policy for that)".format(self.policy))
+                    "of this step to clip or unscale (use a synchronous policy for that)".format(self.policy)))
             return
         self.settle()
         n = self.passes

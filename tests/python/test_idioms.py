@@ -153,9 +153,13 @@ def test_what_cannot_be_right_raises(build_dir, tmp_path, name, policy):
     expected = idioms.MUST_RAISE[name]
     if policy == "deft" and name == "clip_without_synchronize":
         expected = "use a synchronous policy"
-    for r in range(2):
-        text = open(os.path.join(str(tmp_path), "raise-{}-{}-{}.txt".format(name, policy, r))).read()
-        assert expected in text, "rank {}: {!r}".format(r, text)
+    # Every rank runs the same loop, so each raises the same error, unless a peer raised
+    # first: the session stops at once and a rank still waiting on it is told its peer is
+    # gone. Never a protocol error (the transport never read memory being written).
+    texts = [open(os.path.join(str(tmp_path), "raise-{}-{}-{}.txt".format(name, policy, r))).read() for r in range(2)]
+    assert any(expected in t for t in texts), texts
+    for r, text in enumerate(texts):
+        assert expected in text or "lost" in text or "stopped" in text, "rank {}: {!r}".format(r, text)
         assert "protocol error" not in text and "CRC32C" not in text, text
     assert took < 60, "took {:.1f} s".format(took)
 

@@ -406,19 +406,33 @@ def test_misuse_raises_clearly():
         qs.DistributedOptimizer(opt(), model, op="max")
     with pytest.raises(ValueError, match="does not apply to policy 'deft'"):
         qs.DistributedOptimizer(opt(), model, policy="deft", find_unused_parameters=True)
-    o = qs.DistributedOptimizer(opt(), model, policy="mercury", named_parameters=model.named_parameters())
     x, y = models.digits()
     loss_fn = torch.nn.CrossEntropyLoss()
-    o.zero_grad()
-    loss_fn(model(x[:8]), y[:8]).backward()
-    o.step()
+
+    def trained_once():
+        m = models.DigitsCNN()
+        o = qs.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m, named_parameters=m.named_parameters())
+        o.zero_grad()
+        loss_fn(m(x[:8]), y[:8]).backward()
+        o.step()
+        return m, o
+
+    m, o = trained_once()
     with pytest.raises(RuntimeError, match="without a backward pass since the last step"):
         o.step()
+    with pytest.raises(RuntimeError, match="after an earlier error stopped this optimizer"):
+        o.step()
+    o.shutdown()
+    m, o = trained_once()
     o.zero_grad()
-    loss_fn(model(x[:8]), y[:8]).backward()
+    loss_fn(m(x[:8]), y[:8]).backward()
     with pytest.raises(RuntimeError, match="skip_synchronize\\(\\) without optimizer.synchronize\\(\\)"):
         with o.skip_synchronize():
             o.step()
+    o.shutdown()
+    m, o = trained_once()
+    o.zero_grad()
+    loss_fn(m(x[:8]), y[:8]).backward()
     o.synchronize()
     with o.skip_synchronize():
         o.step()
