@@ -1,28 +1,52 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: CTest (GoogleTest + CLI tests), the PyTorch tests (pytest, when
-# the build has the integration: its summary printed), then the shared contract
-# check when ../shared is beside the checkout (CI has it; a user's clone may not), then
-# (unless QS_TEST_QUICK=1) the sanitizer builds (scripts/sanitize.sh) and every fuzz
-# target for QS_FUZZ_SECONDS (default 30) each (scripts/fuzz.sh). Each step prints its
-# runner's summary and how long it took.
+# Runs the whole test suite, stage by stage, each printing its runner's summary and a line
+# with its elapsed time ("test: STAGE took Ns"), then a table of the stages' times:
+#   ctest            CTest (GoogleTest, the command-line and multi-process tests)
+#   pytest-system    the PyTorch tests (pytest) on the build's interpreter (Debian's torch)
+#   torch2-install   a venv with PyPI's current torch 2.x (scripts/torch2.sh; reused)
+#   pytest-torch2    the same PyTorch tests on it
+#   contract         ../shared/tools/contract-check, when ../shared is beside the checkout
+#   sanitizers       the C++ suite under ASan+UBSan and the threaded tests under TSan
+#   fuzz             every libFuzzer target for QS_FUZZ_SECONDS (default 30) each
+# QS_TEST_QUICK=1 skips the sanitizers and fuzzing; QS_TEST_TORCH2=0 skips torch 2.x.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-(cd build && ctest --output-on-failure --timeout 600 -j 2 -E '^pytorch_test$')
-if [ -d build/python/quicksilver ]; then
-  start=$SECONDS
-  # The build's interpreter unless QS_PYTHON names another (scripts/python.sh).
-  python=$(bash scripts/python.sh)
+names=(); times=()
+stage() {  # stage NAME COMMAND...: runs it, prints and records its time
+  local name=$1 start=$SECONDS
+  shift
+  echo "test: $name ..."
+  "$@"
+  names+=("$name"); times+=($((SECONDS - start)))
+  echo "test: $name took $((SECONDS - start))s"
+}
+pytest_on() {  # pytest_on PYTHON: the PyTorch tests, the summary naming torch's version
+  local python=$1 version
+  version=$("$python" -c 'import torch; print(torch.__version__)')
+  echo "test: pytest on torch $version ($python)"
   QS_BUILD_DIR="$PWD/build" OMP_NUM_THREADS=1 "$python" -m pytest -q -rs tests/python
-  echo "test: pytest took $((SECONDS - start))s"
+  echo "test: pytest on torch $version passed"
+}
+total=$SECONDS
+stage ctest bash -c 'cd build && ctest --output-on-failure --timeout 600 -j 2 -E "^pytorch_test$"'
+if [ -d build/python/quicksilver ]; then
+  # The build's interpreter unless QS_PYTHON names another (scripts/python.sh).
+  stage pytest-system pytest_on "$(bash scripts/python.sh)"
+  if [ "${QS_TEST_TORCH2:-1}" != 0 ]; then
+    stage torch2-install bash -c 'bash scripts/torch2.sh > build/torch2-python'
+    stage pytest-torch2 pytest_on "$(cat build/torch2-python)"
+  fi
 fi
 if [ -x ../shared/tools/contract-check ]; then
-  ../shared/tools/contract-check build/quicksilver
+  stage contract ../shared/tools/contract-check build/quicksilver
 fi
 if [ "${QS_TEST_QUICK:-0}" != 1 ]; then
-  start=$SECONDS
-  bash scripts/sanitize.sh all
-  echo "test: sanitizers took $((SECONDS - start))s"
-  start=$SECONDS
-  bash scripts/fuzz.sh "${QS_FUZZ_SECONDS:-30}"
-  echo "test: fuzzing took $((SECONDS - start))s"
+  stage sanitizers bash scripts/sanitize.sh all
+  stage fuzz bash scripts/fuzz.sh "${QS_FUZZ_SECONDS:-30}"
 fi
+echo "test: stage times"
+for i in "${!names[@]}"; do
+  printf 'test:   %-16s %5ds\n' "${names[$i]}" "${times[$i]}"
+done
+printf 'test:   %-16s %5ds\n' total $((SECONDS - total))
+echo "stages: ${#names[@]} passed, 0 failed"

@@ -42,6 +42,7 @@ import os
 import socket
 import sys
 import time
+import types
 import weakref
 
 import torch
@@ -211,6 +212,14 @@ class _LossTap:
 _loss_tap = _LossTap()
 
 
+def _eager(fn):
+    """`fn` as a hook torch.compile never traces (torch 2.x): it runs as Python, at its
+    place in every call, a graph break around it (the hooks wait for sums and apply
+    updates: side effects a traced graph would hoist or drop)."""
+    disable = getattr(getattr(torch, "_dynamo", None), "disable", None)
+    return disable(fn) if disable is not None else fn
+
+
 def _accumulate_grad_hook(p, fn):
     """Calls fn() once p's gradient of a backward pass is accumulated into p.grad. PyTorch
     2.1+ has a hook for exactly that; 1.13 hooks the AccumulateGrad node, which must be kept
@@ -297,13 +306,16 @@ class _Recorder:
         """Registers the forward hooks on the model; returns their handles."""
         # A hook that returned a value would replace the module's input or output: these
         # never do, whatever the callbacks return.
+        @_eager
         def begin(_m, inputs):
             on_begin(inputs)
 
+        @_eager
         def end(_m, _inputs, _output):
             on_end()
 
         def enter(name):
+            @_eager
             def pre_hook(m, _inputs):
                 on_enter(name, m)
             return pre_hook
@@ -478,16 +490,18 @@ class _Integration:
         hook_ids = {h.id for h in self.handles if hasattr(h, "id")}
 
         def put(module, name, fn):
+            # A method bound to the module, as the class's own would be (torch.compile
+            # looks at such attributes' __func__).
             self.overridden.append((module, name, module.__dict__.get(name, _MISSING)))
-            module.__dict__[name] = fn
+            module.__dict__[name] = types.MethodType(fn, module)
 
         for module in self.model.modules():
             cls = type(module)
 
-            def reader(name, module=module, cls=cls):
+            def reader(name, cls=cls):
                 method = getattr(cls, name)
 
-                def read(*args, **kwargs):
+                def read(module, *args, **kwargs):
                     integration.settle()
                     return method(module, *args, **kwargs)
                 return read
@@ -495,7 +509,7 @@ class _Integration:
             for name in ("state_dict", "load_state_dict", "parameters", "named_parameters"):
                 put(module, name, reader(name))
 
-            def getstate(module=module, cls=cls):
+            def getstate(module, cls=cls):
                 integration.settle()
                 base = getattr(cls, "__getstate__", None)
                 state = dict(base(module) if base is not None else module.__dict__)
@@ -508,7 +522,7 @@ class _Integration:
                 return state
 
             put(module, "__getstate__", getstate)
-        put(self.model, "zero_grad", lambda set_to_none=None: integration.zero_grad(set_to_none))
+        put(self.model, "zero_grad", lambda _module, set_to_none=None: integration.zero_grad(set_to_none))
 
     def _remove_model_overrides(self):
         for module, name, before in reversed(self.overridden):

@@ -549,18 +549,29 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
 }  // namespace
 
 int run_profile(const std::vector<std::string>& args, const std::string& python, const std::string& exe) {
+  // A build tree has the package beside the executable (build/python); a pip install has
+  // it in the interpreter's own site-packages, where the bootstrap below finds it or says
+  // what to do.
   const std::string pkg = package_dir(exe);
-  if (pkg.empty()) {
-    return fail("quicksilver profile",
-                "no quicksilver Python package beside this executable: build with QS_WITH_TORCH=ON "
-                "(scripts/build.sh does when an interpreter imports torch: scripts/python.sh)");
-  }
   auto interpreter = python_interpreter(python);
   if (!interpreter) return fail("quicksilver profile", interpreter.status());
-  const char* old = std::getenv("PYTHONPATH");
-  const std::string path = pkg + (old != nullptr && *old != '\0' ? ":" + std::string(old) : "");
-  setenv("PYTHONPATH", path.c_str(), 1);
-  std::vector<std::string> argv_s{*interpreter, "-m", "quicksilver.profile"};
+  if (!pkg.empty()) {
+    const char* old = std::getenv("PYTHONPATH");
+    const std::string path = pkg + (old != nullptr && *old != '\0' ? ":" + std::string(old) : "");
+    setenv("PYTHONPATH", path.c_str(), 1);
+  }
+  const std::string bootstrap =
+      "import importlib.util, runpy, sys\n"
+      "try:\n"
+      "    if importlib.util.find_spec('quicksilver.profile') is None:\n"
+      "        raise ImportError('no quicksilver.profile')\n"
+      "except ImportError as e:\n"
+      "    sys.exit('quicksilver profile: ' + sys.executable + ' cannot import the quicksilver package (' + str(e) +\n"
+      "             '): install it into that interpreter with `pip install .` from the source tree, or build with '\n"
+      "             'scripts/build.sh and run build/quicksilver (it finds build/python), or name another with --python')\n"
+      "sys.argv[0] = 'quicksilver profile'\n"
+      "runpy.run_module('quicksilver.profile', run_name='__main__', alter_sys=True)\n";
+  std::vector<std::string> argv_s{*interpreter, "-c", bootstrap};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());

@@ -423,7 +423,23 @@ def sum_op(world):
     return {"model": state(model)}
 
 
-IDIOMS = {f.__name__: f for f in (sum_op, onecycle, warmup_before, clip, clip_tiny, accumulate, checkpoint_ema, gradscaler,
+def compiled(world):
+    """torch.compile (torch 2.x) of the model after the wrapper; the reference compiles too."""
+    model = seeded_model("digits")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = world.wrap(opt, model)
+    fast = torch.compile(model)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=ITERATIONS)
+    for it in range(ITERATIONS):
+        opt.zero_grad()
+        world.forward_backward(fast, it)
+        opt.step()
+        sched.step()
+    world.finish(opt)
+    return {"model": state(model)}
+
+
+IDIOMS = {f.__name__: f for f in (compiled, sum_op, onecycle, warmup_before, clip, clip_tiny, accumulate, checkpoint_ema, gradscaler,
                                    unused, batchnorm, horovod)}
 
 

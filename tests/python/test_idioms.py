@@ -93,6 +93,17 @@ def test_gradscaler(build_dir, tmp_path, policy):
     print("gradscaler, {}: worst difference {:.1e}".format(policy, worst))
 
 
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2.0; this is torch "
+                    + torch.__version__)
+@pytest.mark.parametrize("policy", ["mercury", "mgwfbp"])
+def test_compiled_model(build_dir, tmp_path, policy):
+    """torch.compile'd models: the integration's hooks run outside the compiled graphs (a
+    graph break each), at their place in every call."""
+    launch(build_dir, "quicksilver", 2, ["--idioms", "compiled", "--policies", policy, "--out", str(tmp_path)])
+    worst = compare(str(tmp_path), "compiled", policy, 2, idioms.compiled(idioms.World(2)))
+    print("compiled, {}: worst difference {:.1e}".format(policy, worst))
+
+
 def deft_reference(out, name, workers):
     import quicksilver._quicksilver as qsm
     logs = json.load(open(os.path.join(out, "{}-deft-0.json".format(name))))
