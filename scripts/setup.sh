@@ -4,7 +4,7 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
-  nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libsodium-dev
+  nlohmann-json3-dev libcli11-dev libsodium-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-pytest python3-numpy python3-matplotlib
   iproute2 iperf3
@@ -12,6 +12,8 @@ packages=(
   libgloo-dev
   # The PyTorch integration (quicksilver.torch; docs/pytorch.md) and its tests.
   python3-torch libtorch-dev pybind11-dev python3-dev python3-sklearn python3-torchvision
+  # CI's second PyTorch: PyPI's current torch in a venv (scripts/torch2.sh).
+  python3-venv
 )
 missing=()
 for p in "${packages[@]}"; do
