@@ -390,6 +390,7 @@ class _Integration:
         # Passes (see the class comment).
         self.passes = 0          # passes handed to the transport
         self.stepped = 0         # passes whose fate is decided
+        self.settled = 0         # every layer's update through this pass is applied
         self.fate = {}           # pass -> hyperparameters, or _SKIPPED
         self.averaged = 0        # the pass synchronize() averaged in place (0: none)
         self.skipping = False    # inside skip_synchronize()
@@ -537,12 +538,13 @@ class _Integration:
         of the parameters or of the optimizer's state must see. Within the model's own
         forward pass (a model that reads its parameters()) it does nothing: there each
         layer waits for its own update in its pre-hook."""
-        if self.state != "running" or self.in_forward or self.delayed:
+        if self.state != "running" or self.in_forward or self.delayed or self.settled == self.stepped:
             return
         for l in range(len(self.layers)):
             while self.applied[l] < self.stepped:
                 self.session.sum_ready(l, True)
                 self._apply(l)
+        self.settled = self.stepped
 
     # ---- the hooks ----
 

@@ -571,7 +571,8 @@ int run_profile(const std::vector<std::string>& args, const std::string& python,
       "             'scripts/build.sh and run build/quicksilver (it finds build/python), or name another with --python')\n"
       "sys.argv[0] = 'quicksilver profile'\n"
       "runpy.run_module('quicksilver.profile', run_name='__main__', alter_sys=True)\n";
-  std::vector<std::string> argv_s{*interpreter, "-c", bootstrap};
+  std::vector<std::string> argv_s{*interpreter, "-m", "quicksilver.profile"};
+  if (pkg.empty()) argv_s = {*interpreter, "-c", bootstrap};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
