@@ -24,7 +24,7 @@ pytest_on() {  # pytest_on PYTHON: the PyTorch tests, the summary naming torch's
   local python=$1 version
   version=$("$python" -c 'import torch; print(torch.__version__)')
   echo "test: pytest on torch $version ($python)"
-  QS_BUILD_DIR="$PWD/build" OMP_NUM_THREADS=1 "$python" -m pytest -q -rs tests/python
+  QS_BUILD_DIR="$PWD/build" OMP_NUM_THREADS=1 "$python" -m pytest -q -rs --durations=5 tests/python
   echo "test: pytest on torch $version passed"
 }
 total=$SECONDS

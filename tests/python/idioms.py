@@ -197,6 +197,24 @@ def state(model):
 
 # ---- the idioms: each returns {name: state_dict} to compare ----
 
+def train(world, model, opt, sched=None, forward=None, each=None):
+    """The plain loop: zero_grad, forward and backward, step, the scheduler per iteration
+    (if any), then `each(it)`; the model's forward through `forward` (a compiled one) if
+    given. Ends with the world's finish()."""
+    for it in range(ITERATIONS):
+        if hasattr(model, "iteration"):
+            model.iteration = it
+        opt.zero_grad()
+        world.forward_backward(model if forward is None else forward, it)
+        opt.step()
+        if sched is not None:
+            sched.step()
+        if each is not None:
+            each(it)
+    world.finish(opt)
+    return {"model": state(model)}
+
+
 def onecycle(world):
     """OneCycleLR stepped every iteration (created after the wrapper), Nesterov momentum and
     weight decay; evaluation every other iteration."""
@@ -204,18 +222,14 @@ def onecycle(world):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3)
     opt = world.wrap(opt, model)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=ITERATIONS)
-    for it in range(ITERATIONS):
-        opt.zero_grad()
-        world.forward_backward(model, it)
-        opt.step()
-        sched.step()
+
+    def evaluate(it):
         if it % 2:
             model.eval()
             with torch.no_grad():
                 model(world.x[:16])
             model.train()
-    world.finish(opt)
-    return {"model": state(model)}
+    return train(world, model, opt, sched, each=evaluate)
 
 
 def warmup_before(world):
@@ -228,13 +242,7 @@ def warmup_before(world):
                             lr=1e-2, weight_decay=0.05)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
     opt = world.wrap(opt, model)
-    for it in range(ITERATIONS):
-        opt.zero_grad()
-        world.forward_backward(model, it)
-        opt.step()
-        sched.step()
-    world.finish(opt)
-    return {"model": state(model)}
+    return train(world, model, opt, sched)
 
 
 def clip(world, max_norm=0.05):
@@ -349,26 +357,14 @@ def unused(world):
     model = seeded_model("branchy")
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
     opt = world.wrap(opt, model, find_unused_parameters=True) if world.worker else world.wrap(opt, model)
-    for it in range(ITERATIONS):
-        model.iteration = it
-        opt.zero_grad()
-        world.forward_backward(model, it)
-        opt.step()
-    world.finish(opt)
-    return {"model": state(model)}
+    return train(world, model, opt)
 
 
 def batchnorm(world):
     """BatchNorm: rank 0's buffers broadcast before each training forward (DDP's default)."""
     model = seeded_model("bn")
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    opt = world.wrap(opt, model)
-    for it in range(ITERATIONS):
-        opt.zero_grad()
-        world.forward_backward(model, it)
-        opt.step()
-    world.finish(opt)
-    return {"model": state(model)}
+    return train(world, model, world.wrap(opt, model))
 
 
 def horovod(world):
@@ -415,12 +411,7 @@ def sum_op(world):
         opt = world.wrap(opt, model, op=world.qs.Sum)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr * world.size, momentum=0.9)
-    for it in range(ITERATIONS):
-        opt.zero_grad()
-        world.forward_backward(model, it)
-        opt.step()
-    world.finish(opt)
-    return {"model": state(model)}
+    return train(world, model, opt)
 
 
 def compiled(world):
@@ -430,13 +421,7 @@ def compiled(world):
     opt = world.wrap(opt, model)
     fast = torch.compile(model)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=ITERATIONS)
-    for it in range(ITERATIONS):
-        opt.zero_grad()
-        world.forward_backward(fast, it)
-        opt.step()
-        sched.step()
-    world.finish(opt)
-    return {"model": state(model)}
+    return train(world, model, opt, sched, forward=fast)
 
 
 IDIOMS = {f.__name__: f for f in (compiled, sum_op, onecycle, warmup_before, clip, clip_tiny, accumulate, checkpoint_ema, gradscaler,

@@ -8,11 +8,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
+import harness
 import idioms
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,19 +27,9 @@ DEFT_KNOBS = {"deft_partition_size": "4KiB", "deft_horizon": 3, "deft_capacity_s
 
 
 def launch(build_dir, launcher, workers, args, timeout=600):
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.path.join(build_dir, "python") + os.pathsep + e.get("PYTHONPATH", "")
-    e["OMP_NUM_THREADS"] = "1"
-    if launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--redirects", "2", "--tee", "2",
-               "--nproc_per_node", str(workers), WORKER] + args
-    else:
-        cmd = [os.path.join(build_dir, "quicksilver"), "run", "--python", sys.executable, "--workers", str(workers),
-               "--script", WORKER] + args
-    start = time.monotonic()
-    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
+    p, took = harness.launch(build_dir, launcher, workers, WORKER, args, timeout)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
-    return time.monotonic() - start
+    return took
 
 
 def parameter_names(name):

@@ -9,12 +9,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
+import harness
 import models
+from harness import env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "train_worker.py")
@@ -86,24 +87,8 @@ def reference_delayed(model_name, opt_name, workers, per_worker, iterations, pro
     return model.state_dict()
 
 
-def env(build_dir):
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.path.join(build_dir, "python") + os.pathsep + e.get("PYTHONPATH", "")
-    e["OMP_NUM_THREADS"] = "1"
-    return e
-
-
 def launch(build_dir, launcher, workers, args, timeout):
-    if launcher == "torchrun":
-        # Debian's torchrun needs --redirects/--tee on Python 3.11 (MACHINE-NOTES.md).
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--redirects", "2", "--tee", "2",
-               "--nproc_per_node", str(workers), WORKER] + args
-    else:
-        cmd = [os.path.join(build_dir, "quicksilver"), "run", "--python", sys.executable, "--workers", str(workers),
-               "--script", WORKER] + args
-    start = time.monotonic()
-    p = subprocess.run(cmd, env=env(build_dir), capture_output=True, text=True, timeout=timeout)
-    return p, time.monotonic() - start
+    return harness.launch(build_dir, launcher, workers, WORKER, args, timeout)
 
 
 def check_equal(out, policies, opt_name, model_name, workers, per_worker, iterations):
