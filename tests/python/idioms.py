@@ -118,6 +118,17 @@ class World:
     def skip_synchronize(self, optimizer):
         return optimizer.skip_synchronize() if self.worker else contextlib.nullcontext()
 
+    def done(self, optimizer, model):
+        """The loop ended: the model's state as the user reads it (model.state_dict() right
+        after the last step(), before shutdown; under DeFT after shutdown, which applies the
+        updates still held back), and the optimizer finished."""
+        if self.delayed is not None or (self.worker and self.policy == "deft"):
+            self.finish(optimizer)
+            return state(model)
+        read = state(model)
+        self.finish(optimizer)
+        return read
+
     def finish(self, optimizer):
         if self.worker:
             report = optimizer.shutdown()
@@ -211,8 +222,7 @@ def train(world, model, opt, sched=None, forward=None, each=None):
             sched.step()
         if each is not None:
             each(it)
-    world.finish(opt)
-    return {"model": state(model)}
+    return {"model": world.done(opt, model)}
 
 
 def onecycle(world):
@@ -261,8 +271,7 @@ def clip(world, max_norm=0.05):
         with world.skip_synchronize(opt):
             opt.step()
         sched.step()
-    world.finish(opt)
-    return {"model": state(model), "norms": {"norms": torch.tensor(norms)}}
+    return {"model": world.done(opt, model), "norms": {"norms": torch.tensor(norms)}}
 
 
 def clip_tiny(world):
@@ -282,8 +291,7 @@ def accumulate(world):
             world.forward_backward(model, it * K + micro)
         opt.step()
         sched.step()
-    world.finish(opt)
-    return {"model": state(model)}
+    return {"model": world.done(opt, model)}
 
 
 def checkpoint_ema(world):
@@ -314,7 +322,7 @@ def checkpoint_ema(world):
             torch.save(model, whole)  # the module itself, pickled
             whole.seek(0)
             pickled = torch.load(whole, weights_only=False) if TORCH2 else torch.load(whole)
-    world.finish(opt)
+    final = world.done(opt, model)
     # Resume from the checkpoint of iteration 2 and train its remaining iterations again.
     resumed = make_model("digits")
     ropt = torch.optim.SGD(resumed.parameters(), lr=0.05, momentum=0.9)
@@ -326,9 +334,8 @@ def checkpoint_ema(world):
         ropt.zero_grad()
         world.forward_backward(resumed, it)
         ropt.step()
-    world.finish(ropt)
-    return {"model": state(model), "ema": state(ema), "swa": state(swa.module), "snapshot": state(snapshot),
-            "checkpoint": ck["model"], "pickled": state(pickled), "resumed": state(resumed)}
+    return {"model": final, "ema": state(ema), "swa": state(swa.module), "snapshot": state(snapshot),
+            "checkpoint": ck["model"], "pickled": state(pickled), "resumed": world.done(ropt, resumed)}
 
 
 def gradscaler(world):
@@ -348,8 +355,7 @@ def gradscaler(world):
         with world.skip_synchronize(opt):
             scaler.step(opt)
         scaler.update()
-    world.finish(opt)
-    return {"model": state(model)}
+    return {"model": world.done(opt, model)}
 
 
 def unused(world):
@@ -394,8 +400,7 @@ def horovod(world):
         loss = world.forward_backward(model, it)
         opt.step()
         losses.append(qs.allreduce(loss.detach()) if world.worker else None)
-    world.finish(opt)
-    out = {"model": state(model)}
+    out = {"model": world.done(opt, model)}
     if world.worker:
         out["losses"] = {"losses": torch.stack(losses)}
     return out

@@ -122,7 +122,6 @@ def main():
                              "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, is_best)
         print("epoch {}: acc@1 {:.1f} val loss {:.4f} lr {:.4f}".format(epoch, acc1, val_loss,
                                                                       optimizer.param_groups[0]["lr"]), flush=True)
-    optimizer.shutdown()
     torch.save(model.state_dict(), os.path.join(args.out, "final-{}.pt".format(qs.rank())))
 
 

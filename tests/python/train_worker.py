@@ -50,9 +50,12 @@ for opt_name in args.optimizers.split(","):
             loss = loss_fn(model(xb), yb)
             loss.backward()
             optimizer.step()
+        # Read as a user reads it: right after the loop (DeFT: after shutdown(), which
+        # applies the updates it still holds back).
+        final = None if policy == "deft" else {k: v.clone() for k, v in model.state_dict().items()}
         report = optimizer.shutdown()
         tag = "{}-{}-{}".format(policy, opt_name, qs.rank())
-        torch.save(model.state_dict(), os.path.join(args.out, tag + ".pt"))
+        torch.save(final if final is not None else model.state_dict(), os.path.join(args.out, tag + ".pt"))
         with open(os.path.join(args.out, tag + ".json"), "w") as f:
             json.dump({"report": report, "profile": optimizer.quicksilver_profile(),
                        "updates": optimizer.quicksilver_updates()}, f)
