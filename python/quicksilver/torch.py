@@ -22,7 +22,13 @@ What happens underneath (the C++ side is quicksilver/torch/session.h):
   layer's forward pre-hook waits (GIL released) only for that layer's sums, then applies
   its update: the next forward pass overlaps the rest of the communication;
 - the update is the wrapped optimizer's own step() on that layer's parameters alone, on
-  the sum divided by the number of workers (the average, as DistributedDataParallel).
+  the sum divided by the number of workers (the average, as DistributedDataParallel),
+  with the hyperparameters its step() saw (_Integration: a pass's fate);
+- from its hook until its update a gradient belongs to the transport: a write by the
+  user's code is seen by its version counter and raises; synchronize() hands the
+  averages over for a clip or GradScaler, skip_synchronize() steps with them;
+- reads of the model or the optimizer (state_dict(), parameters(), a deepcopy, a pickle)
+  first apply every update of the steps taken (settle).
 
 DeFT (delayed updates) differs: a layer's sums may cover iterations first..last and arrive
 while later iterations compute. Worker 0 decides which updates are due before each forward
@@ -99,7 +105,8 @@ def init(timeout=120.0):
         _env["owns_group"] = True  # destroyed at exit (_at_exit)
     if dist.is_initialized():
         rank, size = dist.get_rank(), dist.get_world_size()
-    _env.update(rank=rank, size=size, local_rank=_env_int("LOCAL_RANK", 0), local_size=_env_int("LOCAL_WORLD_SIZE", size),
+    _env.update(rank=rank, size=size, local_rank=_env_int("LOCAL_RANK", 0),
+                local_size=_env_int("LOCAL_WORLD_SIZE", size),
                 master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), initialized=True, timeout=timeout)
 
 
@@ -324,7 +331,10 @@ class _Recorder:
         for name, module in self.model.named_modules():
             if any(p.requires_grad for p in module.parameters(recurse=False)):
                 handles.append(module.register_forward_pre_hook(enter(name)))
-        handles.append(self.model.register_forward_hook(end))
+        try:  # torch >= 2.0: also when the forward raises (the integration leaves it then)
+            handles.append(self.model.register_forward_hook(end, always_call=True))
+        except TypeError:
+            handles.append(self.model.register_forward_hook(end))
         return handles
 
 
@@ -484,8 +494,8 @@ class _Integration:
         """Reads of the model settle first (every update of a step taken is applied): its
         and its modules' state_dict(), parameters(), named_parameters(),
         load_state_dict(); a copy or pickle of it (copy.deepcopy, torch.save) settles too
-        and carries none of these hooks. model.zero_grad() is the optimizer's (clearing a
-        buffer the sums still land in would lose them)."""
+        and carries none of these hooks. Its and its modules' zero_grad() is the
+        optimizer's (clearing a buffer the sums still land in would lose them)."""
         integration = self
         self.overridden = []  # (module, name, what was in its __dict__, or _MISSING)
         hook_ids = {h.id for h in self.handles if hasattr(h, "id")}
@@ -523,7 +533,7 @@ class _Integration:
                 return state
 
             put(module, "__getstate__", getstate)
-        put(self.model, "zero_grad", lambda _module, set_to_none=None: integration.zero_grad(set_to_none))
+            put(module, "zero_grad", lambda _module, set_to_none=None: integration.zero_grad(set_to_none))
 
     def _remove_model_overrides(self):
         for module, name, before in reversed(self.overridden):
@@ -533,12 +543,13 @@ class _Integration:
                 module.__dict__[name] = before
         self.overridden = []
 
-    def settle(self):
+    def settle(self, always=False):
         """Applies every update whose step() was taken, waiting for its sums: what a read
         of the parameters or of the optimizer's state must see. Within the model's own
-        forward pass (a model that reads its parameters()) it does nothing: there each
-        layer waits for its own update in its pre-hook."""
-        if self.state != "running" or self.in_forward or self.delayed or self.settled == self.stepped:
+        forward pass (a model that reads its parameters()) it does nothing unless
+        `always`: there each layer waits for its own update in its pre-hook."""
+        if self.state != "running" or (self.in_forward and not always) or self.delayed \
+                or self.settled == self.stepped:
             return
         for l in range(len(self.layers)):
             while self.applied[l] < self.stepped:
@@ -699,21 +710,35 @@ class _Integration:
 
     def _start(self):
         layers = list(self.rec.layers)
-        unused = [p for p in self.params if id(p) not in self.rec.assigned]
-        if unused and not self.find_unused:
-            raise RuntimeError("quicksilver.torch: the first forward pass did not use parameters {}: pass "
-                               "DistributedOptimizer(..., find_unused_parameters=True) for a model that does not use "
-                               "every parameter in every pass".format(", ".join(self.names[id(p)] for p in unused[:5])))
-        if unused:
-            # Layers after the last: each module owning parameters the first pass did not
-            # use (the least urgent; entering one waits for every layer before it).
-            ids = {id(p) for p in unused}
-            for name, module in self.model.named_modules():
-                own = [p for p in module.parameters(recurse=False) if id(p) in ids]
-                if own:
-                    ids -= {id(p) for p in own}
-                    self.rec.layer_of_module[id(module)] = len(layers)
-                    layers.append((name or type(module).__name__, own))
+        layers = [(name, list(ps)) for name, ps in layers]
+        # Parameters whose own module the first pass never entered: read by another
+        # module's forward (MultiheadAttention reads out_proj's weight itself; a
+        # ParameterList; F.linear(x, self.child.weight)), or not used at all. Each joins
+        # the layer of its nearest ancestor module that is a layer, whose pre-hook comes
+        # before any read inside that ancestor's forward; without one, the first layer,
+        # entered before the model reads anything. Their updates are then never applied
+        # after a forward has read them.
+        owner = {}
+        for name, module in self.model.named_modules():
+            for p in module.parameters(recurse=False):
+                owner.setdefault(id(p), name)
+        layer_at = {}
+        for name, module in self.model.named_modules():
+            l = self.rec.layer_of_module.get(id(module))
+            if l is not None:
+                layer_at.setdefault(name, l)
+        for p in self.params:
+            if id(p) in self.rec.assigned:
+                continue
+            path = owner.get(id(p), "")
+            l = 0
+            while path:
+                path = path.rpartition(".")[0]
+                if path in layer_at:
+                    l = layer_at[path]
+                    break
+            layers[l][1].append(p)
+            self.rec.assigned.add(id(p))
         nograd = [p for _, ps in layers for p in ps if p.grad is None]
         if nograd and not self.find_unused:
             raise RuntimeError("quicksilver.torch: parameters {} got no gradient in the first backward pass: pass "
@@ -793,11 +818,7 @@ class _Integration:
                 self.tensor_of[id(p)] = len(self.grads)
                 self.grads.append(g)
         self.layer_grads = [[self.grads[self.tensor_of[id(p)]] for p in ps] for ps in self.layer_params]
-        # Each layer's parameters within each of the optimizer's groups (per-layer steps).
-        self.layer_groups = []
-        for ps in self.layer_params:
-            ids = {id(p) for p in ps}
-            self.layer_groups.append([[p for p in g["params"] if id(p) in ids] for g in self.opt.param_groups])
+        self._group_layers()
         self.applied = [0] * L
         self.covered = [0] * L  # delayed updates: per layer, the iterations applied
         self.session = _qs.Session(job, rank, endpoints, [(g.data_ptr(), g.numel()) for g in self.grads], hosted,
@@ -836,6 +857,14 @@ class _Integration:
             if self.delayed or self.applied[l] < n:
                 self._check_unchanged_layer(l, n, why)
 
+    def _group_layers(self):
+        """Each layer's parameters within each of the optimizer's groups (per-layer steps);
+        again when a group was added (add_param_group)."""
+        self.layer_groups = []
+        for ps in self.layer_params:
+            ids = {id(p) for p in ps}
+            self.layer_groups.append([[p for p in g["params"] if id(p) in ids] for g in self.opt.param_groups])
+
     def _step_layer(self, l, divisor, hyper, skip=()):
         """The wrapped optimizer's step on layer l's parameters alone, with the
         hyperparameters `hyper` (one dict per param group), its gradients divided by
@@ -853,6 +882,8 @@ class _Integration:
                     g.div_(divisor)
             grads.append(g)
         groups = self.opt.param_groups
+        if len(self.layer_groups[l]) != len(groups):
+            self._group_layers()
         self.opt.param_groups = [dict(h, params=ps) for h, ps in zip(hyper, self.layer_groups[l]) if ps]
         try:
             self.raw_step(self.opt)
@@ -1081,11 +1112,13 @@ class _Integration:
                                    "first error says why)")
             raise RuntimeError("quicksilver.torch: step() before any forward pass of the model")
         if self.micro != 0:
-            raise self._broken(RuntimeError("quicksilver.torch: step() after {} of backward_passes_per_step={} backward passes"
-                               .format(self.micro, self.k)))
+            raise self._broken(RuntimeError(
+                "quicksilver.torch: step() after {} of backward_passes_per_step={} backward passes".format(
+                    self.micro, self.k)))
         if self.skipping and self.averaged != self.passes and self.stepped < self.passes:
-            raise self._broken(RuntimeError("quicksilver.torch: step() inside skip_synchronize() without optimizer.synchronize() "
-                               "after the backward pass: the gradients are not summed yet"))
+            raise self._broken(RuntimeError(
+                "quicksilver.torch: step() inside skip_synchronize() without optimizer.synchronize() after the "
+                "backward pass: the gradients are not summed yet"))
         if self.stepped == self.passes:
             raise self._broken(RuntimeError("quicksilver.torch: step() without a backward pass since the last step()"))
         self._compare_digests(wait=False)
@@ -1142,8 +1175,9 @@ class _Integration:
             self.cycle_used = set()
         if self.stepped < self.passes:
             if self.delayed:
-                raise self._broken(RuntimeError("quicksilver.torch: zero_grad() drops a pass without step(), which policy '{}' "
-                                   "cannot do (delayed updates merge every pass's gradients)".format(self.policy)))
+                raise self._broken(RuntimeError(
+                    "quicksilver.torch: zero_grad() drops a pass without step(), which policy '{}' cannot do "
+                    "(delayed updates merge every pass's gradients)".format(self.policy)))
             self.settle()
             n = self.passes
             self.fate[n] = _SKIPPED
@@ -1208,8 +1242,11 @@ class _Integration:
             return self.report
         try:
             if self.state == "running":
-                self.settle()
+                self.settle(always=True)
                 self.report = self.session.finish()
+                # Every worker ended at the same iteration, so each took part in every
+                # consistency gather: the last one is compared too.
+                self._compare_digests(wait=True)
                 if self.delayed:  # the updates held back until the end of training
                     for l in range(len(self.layers)):
                         self._apply_due(l, _qs.AFTER_TRAINING)
@@ -1222,6 +1259,9 @@ class _Integration:
             # The session's buffers (this process's server shares, DeFT's merged sums) go
             # now, not when the garbage collector breaks the optimizer's cycle with us.
             self.session = None
+            self.store = None  # rank 0's rendezvous store stops listening now
+            self.unused_masks = {}
+            self.pending_check = None
             if self.tapping:
                 _loss_tap.release()
                 self.tapping = False
@@ -1383,9 +1423,15 @@ def DistributedOptimizer(optimizer, model=None, policy="mercury", named_paramete
             integration.shutdown()  # its hooks and the model's overrides go
             raise
     base = type(optimizer)
+
+    def step(self, closure=None):
+        return self._qs.step(closure)
+    # torch 2.x wraps a class's step in its hook runner unless it is marked (load_state_dict
+    # does it again): ours runs the optimizer's step hooks itself, once per step().
+    step.hooked = True
     cls = type("Distributed" + base.__name__, (base,), {
         "_quicksilver": True,
-        "step": lambda self, closure=None: self._qs.step(closure),
+        "step": step,
         "zero_grad": lambda self, set_to_none=None: self._qs.zero_grad(set_to_none),
         "synchronize": lambda self: self._qs.synchronize(),
         "skip_synchronize": lambda self: self._qs.skip_synchronize(),

@@ -53,8 +53,26 @@ class DigitsBranchy(nn.Module):
         return self.head_b(h) if self.iteration % 2 else self.head_a(h)
 
 
+class DigitsTransformer(nn.Module):
+    """Each digit's 8 rows as 8 tokens through torch's TransformerEncoderLayer: its
+    MultiheadAttention reads out_proj's weight without calling out_proj; and a
+    ParameterList read by the model itself. Parameters whose own module is never entered."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        self.encoder = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.scales = nn.ParameterList([nn.Parameter(torch.ones(16))])
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        h = self.encoder(self.embed(x.squeeze(1))) * self.scales[0]
+        return self.head(h.mean(1))
+
+
 def make_model(kind):
-    return {"digits": models.DigitsCNN, "bn": DigitsBN, "branchy": DigitsBranchy}[kind]()
+    return {"digits": models.DigitsCNN, "bn": DigitsBN, "branchy": DigitsBranchy,
+            "transformer": DigitsTransformer}[kind]()
 
 
 class World:
@@ -419,6 +437,13 @@ def sum_op(world):
     return train(world, model, opt)
 
 
+def transformer(world):
+    """A Transformer layer (parameters read without their module being called)."""
+    model = seeded_model("transformer")
+    opt = world.wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model)
+    return train(world, model, opt)
+
+
 def compiled(world):
     """torch.compile (torch 2.x) of the model after the wrapper; the reference compiles too."""
     model = seeded_model("digits")
@@ -429,8 +454,9 @@ def compiled(world):
     return train(world, model, opt, sched, forward=fast)
 
 
-IDIOMS = {f.__name__: f for f in (compiled, sum_op, onecycle, warmup_before, clip, clip_tiny, accumulate, checkpoint_ema, gradscaler,
-                                   unused, batchnorm, horovod)}
+IDIOMS = {f.__name__: f for f in (
+    compiled, sum_op, onecycle, warmup_before, clip, clip_tiny, accumulate, checkpoint_ema,
+    gradscaler, unused, batchnorm, horovod, transformer)}
 
 
 # ---- what must raise, and with which words ----

@@ -20,7 +20,7 @@ WORKER = os.path.join(HERE, "idiom_worker.py")
 TOLERANCE = 1e-5
 CPU_GRADSCALER = hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")
 SYNC = ["onecycle", "warmup_before", "clip", "clip_tiny", "accumulate", "checkpoint_ema", "unused", "batchnorm",
-        "horovod", "sum_op"]
+        "horovod", "sum_op", "transformer"]
 DEFT = ["onecycle", "warmup_before", "accumulate", "batchnorm"]
 # Small buckets and knapsacks at 0.3 of the compute make DeFT delay and merge on loopback.
 DEFT_KNOBS = {"deft_partition_size": "4KiB", "deft_horizon": 3, "deft_capacity_scale": 0.3}
@@ -32,8 +32,11 @@ def launch(build_dir, launcher, workers, args, timeout=600):
     return took
 
 
+KIND = {"unused": "branchy", "batchnorm": "bn", "transformer": "transformer"}
+
+
 def parameter_names(name):
-    kind = {"unused": "branchy", "batchnorm": "bn"}.get(name, "digits")
+    kind = KIND.get(name, "digits")
     return {n for n, _ in idioms.make_model(kind).named_parameters()}
 
 
@@ -54,7 +57,7 @@ def compare(out, name, policy, workers, reference):
                     assert torch.equal(got[r][key][k], got[0][key][k]), "{} {}: rank {}'s '{}' {} differs".format(
                         name, policy, r, key, k)
     # Training moved the parameters (the comparison is not vacuous).
-    start = idioms.seeded_model({"unused": "branchy", "batchnorm": "bn"}.get(name, "digits")).state_dict()
+    start = idioms.seeded_model(KIND.get(name, "digits")).state_dict()
     moved = max((got[0]["model"][k].float() - start[k].float()).abs().max().item() for k in start)
     assert moved > 1e-4 or name == "clip_tiny", (name, policy, moved)
     return worst
@@ -73,7 +76,8 @@ def test_idioms_match_one_process(build_dir, tmp_path, workers, launcher, policy
         workers, launcher, policy, len(SYNC), took, ", ".join("{} {:.1e}".format(k, v) for k, v in worst.items())))
 
 
-@pytest.mark.skipif(not CPU_GRADSCALER, reason="a CPU GradScaler needs torch >= 2.3; this is torch " + torch.__version__)
+@pytest.mark.skipif(not CPU_GRADSCALER,
+                    reason="a CPU GradScaler needs torch >= 2.3; this is torch " + torch.__version__)
 @pytest.mark.parametrize("policy", ["mercury", "mgwfbp"])
 def test_gradscaler(build_dir, tmp_path, policy):
     """GradScaler: scale, synchronize(), unscale_, clip, step in skip_synchronize(), update;

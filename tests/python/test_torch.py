@@ -424,3 +424,34 @@ def test_misuse_raises_clearly():
     o.shutdown()
     with pytest.raises(RuntimeError, match="after shutdown"):
         o.step()
+
+
+def test_step_hooks_run_once_and_shutdown_releases_everything():
+    """torch 2.x's optimizer step hooks run once per step(), also after load_state_dict()
+    (which re-wraps a class's step); shutdown() takes the integration off the model and
+    closes rank 0's rendezvous store."""
+    import quicksilver.torch as qs
+    qs.init()
+    model = models.DigitsCNN()
+    opt = qs.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model,
+                                  policy="mgwfbp")
+    calls = []
+    if hasattr(opt, "register_step_pre_hook"):
+        opt.register_step_pre_hook(lambda *a: calls.append("pre"))
+        opt.register_step_post_hook(lambda *a: calls.append("post"))
+    x, y = models.digits()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for it in range(3):
+        opt.zero_grad()
+        loss_fn(model(x[:8]), y[:8]).backward()
+        opt.step()
+        if it == 0:
+            opt.load_state_dict(opt.state_dict())
+    if hasattr(opt, "register_step_pre_hook"):
+        assert calls == ["pre", "post"] * 3, calls
+    assert opt._qs.store is not None
+    opt.shutdown()
+    assert opt._qs.store is None
+    overrides = [n for m in model.modules() for n in ("state_dict", "parameters", "zero_grad", "__getstate__")
+                 if n in m.__dict__]
+    assert not overrides, overrides
