@@ -53,6 +53,7 @@ import weakref
 
 import torch
 import torch.distributed as dist
+import torch.optim.optimizer as _torch_optimizer
 from torch.autograd import Variable
 
 try:
@@ -1096,7 +1097,7 @@ class _Integration:
     # ---- the optimizer's methods ----
 
     def step(self, closure=None):
-        for hook in self._pre_hooks():
+        for hook in self._step_hooks("pre"):
             hook(self.opt, (), {})
         loss = None
         if closure is not None:
@@ -1126,7 +1127,7 @@ class _Integration:
         self._check_unchanged(n, "between backward() and step()")
         self.fate[n] = _hyperparameters(self.opt.param_groups)
         self.stepped = n
-        post = self._post_hooks()
+        post = self._step_hooks("post")
         if self.delayed:
             if self.tapping:
                 self._feedback()
@@ -1140,20 +1141,14 @@ class _Integration:
             hook(self.opt, (), {})
         return loss
 
-    def _post_hooks(self):
-        """torch >= 2.0: the optimizer's step post hooks (run once per step() here)."""
-        own = getattr(self.opt, "_optimizer_step_post_hooks", None)
+    def _step_hooks(self, kind):
+        """torch >= 2.0: the step hooks ("pre" or "post") of torch.optim, global and the
+        optimizer's own, in the order torch runs them (run once per step() here)."""
+        own = getattr(self.opt, "_optimizer_step_{}_hooks".format(kind), None)
         if own is None:
             return []
-        from torch.optim import optimizer as _optimizer_module
-        return list(own.values()) + list(getattr(_optimizer_module, "_global_optimizer_post_hooks", {}).values())
-
-    def _pre_hooks(self):
-        own = getattr(self.opt, "_optimizer_step_pre_hooks", None)
-        if own is None:
-            return []
-        from torch.optim import optimizer as _optimizer_module
-        return list(getattr(_optimizer_module, "_global_optimizer_pre_hooks", {}).values()) + list(own.values())
+        glob = list(getattr(_torch_optimizer, "_global_optimizer_{}_hooks".format(kind), {}).values())
+        return glob + list(own.values()) if kind == "pre" else list(own.values()) + glob
 
     def zero_grad(self, set_to_none=None):
         """Running, every gradient buffer is zeroed right after its layer's update (the sums
