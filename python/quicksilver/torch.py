@@ -41,6 +41,7 @@ slow convergence.
 """
 
 import atexit
+import contextlib
 import datetime
 import inspect
 import json
@@ -1218,19 +1219,15 @@ class _Integration:
                     p.grad = None
         self.averaged = n
 
+    @contextlib.contextmanager
     def skip_synchronize(self):
         """`with optimizer.skip_synchronize(): optimizer.step()`: the step after
         synchronize() (Horovod's spelling); a step in it without synchronize() raises."""
-        integration = self
-
-        class _Skip:
-            def __enter__(self):
-                integration.skipping = True
-
-            def __exit__(self, *exc):
-                integration.skipping = False
-                return False
-        return _Skip()
+        self.skipping = True
+        try:
+            yield
+        finally:
+            self.skipping = False
 
     def shutdown(self):
         if self.state == "closed":
