@@ -417,6 +417,27 @@ TEST(Runtime, RefusesARegistryThatDoesNotMatchTheProfile) {
   reg = good.tensors();
   reg[1].sum = nullptr;
   EXPECT_THAT(check_registry(reg, layout).to_string(), HasSubstr("a buffer is missing"));
+  // A tensor that is not host float32 must come staged (issue 28, item 1).
+  reg = good.tensors();
+  reg[4].space = MemorySpace::kDevice;
+  EXPECT_THAT(check_registry(reg, layout).to_string(),
+              HasSubstr("entry 4 is float32 in device memory: the transport reads host float32 only"));
+  reg[4].staged = true;
+  EXPECT_TRUE(check_registry(reg, layout).is_ok());
+  reg[5].dtype = DType::kBFloat16;
+  EXPECT_THAT(check_registry(reg, layout).to_string(), HasSubstr("entry 5 is bfloat16 in host memory"));
+  reg[5].staged = true;
+  EXPECT_TRUE(check_registry(reg, layout).is_ok());
+}
+
+TEST(Runtime, MemorySpacesAndDTypesParse) {
+  EXPECT_EQ(*parse_memory_space("cuda"), MemorySpace::kDevice);
+  EXPECT_EQ(*parse_memory_space("cpu"), MemorySpace::kHost);
+  EXPECT_EQ(*parse_dtype("bfloat16"), DType::kBFloat16);
+  EXPECT_EQ(dtype_size(DType::kFloat16), 2);
+  EXPECT_EQ(dtype_size(DType::kFloat32), 4);
+  EXPECT_THAT(parse_dtype("float64").status().to_string(), HasSubstr("give float32, bfloat16 or float16"));
+  EXPECT_THAT(parse_memory_space("mps").status().to_string(), HasSubstr("give cpu (host) or cuda (device)"));
 }
 
 // The oracle moves no byte: the same loop runs the compute chain alone, so an iteration

@@ -17,7 +17,9 @@ What happens underneath (the C++ side is quicksilver/torch/session.h):
   the profile, starts this process's parameter server and worker, and hands them the
   first gradients;
 - from then on every parameter's AccumulateGrad hook reports its gradient (the gradient
-  buffer is the parameter's own .grad, which the sums overwrite in place);
+  buffer is the parameter's own .grad, which the sums overwrite in place, for float32 on
+  the CPU; a parameter on a GPU or of another dtype is staged through a host float32
+  buffer, pinned on CUDA: quicksilver/staging.py);
 - step() applies the update of every layer whose sums are already in, and returns; a
   layer's forward pre-hook waits (GIL released) only for that layer's sums, then applies
   its update: the next forward pass overlaps the rest of the communication;
@@ -59,6 +61,7 @@ from torch.autograd import Variable
 
 try:
     from . import _quicksilver as _qs
+    from .staging import Staging
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(
         "quicksilver.torch: the compiled module quicksilver._quicksilver is missing ({}); build "
@@ -155,12 +158,19 @@ def broadcast_parameters(params, root_rank=0):
     for _, t in items:
         if not torch.is_tensor(t):
             continue
-        if t.is_contiguous():
-            dist.broadcast(t.data, src=root_rank)
-        else:
-            tmp = t.data.contiguous()
-            dist.broadcast(tmp, src=root_rank)
-            t.data.copy_(tmp)
+        _broadcast(t.data, root_rank)
+
+
+def _broadcast(t, root_rank):
+    """dist.broadcast of t in place, for any layout and dtype: gloo has no bfloat16 (a
+    float32 copy carries it, exactly)."""
+    if t.is_contiguous() and t.dtype != torch.bfloat16:
+        dist.broadcast(t, src=root_rank)
+        return
+    tmp = t.contiguous() if t.dtype != torch.bfloat16 else t.float()
+    dist.broadcast(tmp, src=root_rank)
+    with torch.no_grad():
+        t.copy_(tmp)
 
 
 def shutdown():
@@ -254,6 +264,10 @@ class _Recorder:
 
     def __init__(self, model):
         self.model = model
+        # Times of a model on a GPU are CUDA events recorded on the current stream (its
+        # kernels run after the hooks that queue them); resolved once the pass is done.
+        devices = {p.device for p in model.parameters() if p.device.type == "cuda"}
+        self.cuda = next(iter(devices)) if devices else None
         self.names = {}
         for n, p in model.named_parameters():
             self.names.setdefault(id(p), n)
@@ -264,13 +278,20 @@ class _Recorder:
         self.batch_size = 1
         self.reset()
 
+    def now(self):
+        if self.cuda is None:
+            return time.perf_counter_ns()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record(torch.cuda.current_stream(self.cuda))
+        return e
+
     def reset(self):
         self.t_begin = self.t_end = None
         self.forward_at = {}  # layer -> ns
         self.grad_at = {}     # id(param) -> ns
 
     def begin(self, inputs):
-        self.t_begin = time.perf_counter_ns()
+        self.t_begin = self.now()
         first = inputs[0] if inputs else None
         if torch.is_tensor(first) and first.dim() > 0:
             self.batch_size = int(first.shape[0])
@@ -284,24 +305,33 @@ class _Recorder:
                 self.layers.append((name or type(module).__name__, own))
         layer = self.layer_of_module.get(id(module))
         if layer is not None and layer not in self.forward_at:
-            self.forward_at[layer] = time.perf_counter_ns()
+            self.forward_at[layer] = self.now()
         return layer
 
     def end(self):
-        self.t_end = time.perf_counter_ns()
+        self.t_end = self.now()
         if self.layers:
             self.discovering = False
 
     def grad(self, p):
-        self.grad_at[id(p)] = time.perf_counter_ns()
+        self.grad_at[id(p)] = self.now()
 
     def times(self):
-        """(forward, backward) per layer of the last pass, in ns."""
+        """(forward, backward) per layer of the last pass, in ns (on CUDA: waits for the
+        pass's last event, then the events' times from the pass's beginning)."""
         L = len(self.layers)
-        start = [self.forward_at.get(l, self.t_end) for l in range(L)]
-        fw = [max((start[l + 1] if l + 1 < L else self.t_end) - start[l], 0) for l in range(L)]
-        done = [max(self.grad_at.get(id(p), self.t_end) for p in ps) for _, ps in self.layers]
-        bw = [max(done[l] - (done[l + 1] if l + 1 < L else self.t_end), 0) for l in range(L)]
+        if self.cuda is None:
+            ns = lambda t: t
+        else:
+            for e in [self.t_end] + list(self.grad_at.values()):
+                e.synchronize()
+            begin = self.t_begin
+            ns = lambda e: int(begin.elapsed_time(e) * 1e6)
+        end = ns(self.t_end)
+        start = [ns(self.forward_at[l]) if l in self.forward_at else end for l in range(L)]
+        fw = [max((start[l + 1] if l + 1 < L else end) - start[l], 0) for l in range(L)]
+        done = [max(ns(self.grad_at[id(p)]) if id(p) in self.grad_at else end for p in ps) for _, ps in self.layers]
+        bw = [max(done[l] - (done[l + 1] if l + 1 < L else end), 0) for l in range(L)]
         return fw, bw
 
     def profile(self, name, fw, bw):
@@ -339,6 +369,8 @@ class _Recorder:
             handles.append(self.model.register_forward_hook(end))
         return handles
 
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 _SKIPPED = "skipped"  # a pass whose step() never came: zero_grad() discarded it
 
@@ -392,6 +424,7 @@ class _Integration:
         self.base = type(optimizer)
         self.raw_step = _raw_step(self.base)
         self.session = None
+        self.staging = None
         self.state = "recording"  # -> "recorded" (first forward seen) -> "running" -> "closed"
         self.report = None
         self.handles = []
@@ -429,10 +462,17 @@ class _Integration:
         self.rec = _Recorder(model)
         names = self.names = self.rec.names
         self.params = [p for p in model.parameters() if p.requires_grad]
+        devices = set()
         for p in self.params:
-            if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise ValueError("quicksilver.torch: parameter '{}' is {} on {}: only float32 CPU parameters "
-                                 "are supported".format(names[id(p)], p.dtype, p.device))
+            if p.dtype not in _DTYPES or p.device.type not in ("cpu", "cuda"):
+                raise ValueError("quicksilver.torch: parameter '{}' is {} on {}: supported are float32, bfloat16 and "
+                                 "float16 parameters on the CPU or on one CUDA device".format(
+                                     names[id(p)], p.dtype, p.device))
+            devices.add(p.device)
+        if len(devices) > 1:
+            raise ValueError("quicksilver.torch: the model's parameters are on {}: one device per process (a "
+                             "GPU per rank: torch.cuda.set_device(local_rank) and model.to(local_rank))".format(
+                                 ", ".join(sorted(str(d) for d in devices))))
         model_ids = {id(p) for p in self.params}
         for g in optimizer.param_groups:
             for p in g["params"]:
@@ -659,7 +699,7 @@ class _Integration:
             p.grad = buf
         self.reported.add(id(p))
         self.versions[id(p)] = buf._version
-        self.session.gradient_ready(t)
+        self.staging.to_wire(t, buf)
 
     def _backward_ends(self):
         """Autograd's callback at the end of the backward pass: the parameters that got no
@@ -820,10 +860,14 @@ class _Integration:
                 self.tensor_of[id(p)] = len(self.grads)
                 self.grads.append(g)
         self.layer_grads = [[self.grads[self.tensor_of[id(p)]] for p in ps] for ps in self.layer_params]
+        self.layer_tensors = [[self.tensor_of[id(p)] for p in ps] for ps in self.layer_params]
         self._group_layers()
+        self.staging = Staging(self.all_params, self._gradient_ready)
+        wire = [self.staging.registered(t, g) for t, g in enumerate(self.grads)]
         self.applied = [0] * L
         self.covered = [0] * L  # delayed updates: per layer, the iterations applied
-        self.session = _qs.Session(job, rank, endpoints, [(g.data_ptr(), g.numel()) for g in self.grads], hosted,
+        self.session = _qs.Session(job, rank, endpoints, [(w.data_ptr(), w.numel(), p.device.type, str(p.dtype).replace("torch.", ""), self.staging.staged[t])
+                                    for t, (w, p) in enumerate(zip(wire, self.all_params))], hosted,
                                    links, "ring", secret if servers is None else b"")
         self.state = "running"
         self.delayed = self.session.delayed_updates
@@ -848,6 +892,17 @@ class _Integration:
         self.cycle_used = set()
 
     # ---- updates ----
+
+    def _gradient_ready(self, t):
+        session = self.session
+        if session is not None:
+            session.gradient_ready(t)
+
+    def _sums_in(self, l):
+        """Layer l's sums, in its registered buffers, are wanted in its .grad buffers: a
+        staged tensor's are copied there (the in-place ones are there already)."""
+        for t, g in zip(self.layer_tensors[l], self.layer_grads[l]):
+            self.staging.from_wire(t, g)
 
     def _check_unchanged(self, n, why):
         """Raises if a gradient of pass n still owned by the transport (its layer's update
@@ -900,6 +955,8 @@ class _Integration:
         fate = self.fate[n]
         if fate is not _SKIPPED:
             self._check_unchanged_layer(l, n)
+            if self.averaged != n:
+                self._sums_in(l)
             divisor = 1 if (self.averaged == n or not self.average) else _env["size"]
             unused = self._globally_unused(n) if self.find_unused else set()
             skip = {id(p) for p in self.layer_params[l] if id(p) in unused and id(p) in self.none_at.get(n, ())}
@@ -963,6 +1020,7 @@ class _Integration:
                                                              or self.noise is None):
                 local = [g.clone() for g in self.layer_grads[l]]
             self.session.load_update(l, first, last)
+            self._sums_in(l)
             if measuring:
                 self._measure(l, before, _env["size"] * (last - first + 1), local)
             hyper = self.fate.get(last + 1)
@@ -1056,7 +1114,7 @@ class _Integration:
             by_dtype.setdefault(b.dtype, []).append(b)
         for group in by_dtype.values():
             flat = torch.cat([b.detach().reshape(-1) for b in group])
-            dist.broadcast(flat, src=0)
+            _broadcast(flat, 0)
             at = 0
             with torch.no_grad():
                 for b in group:
@@ -1071,8 +1129,7 @@ class _Integration:
         in (_compare_digests, from step() and the next check), and a difference raises
         naming the first parameter that differs from rank 0's."""
         self._compare_digests(wait=True)
-        digests = torch.tensor([_qs.digest(p.data_ptr(), p.numel() * p.element_size())
-                                for p in self.all_params], dtype=torch.int64)
+        digests = torch.tensor([_digest(p) for p in self.all_params], dtype=torch.int64)
         if _env["size"] == 1:
             return
         gathered = [torch.empty_like(digests) for _ in range(_env["size"])]
@@ -1124,6 +1181,7 @@ class _Integration:
         if self.stepped == self.passes:
             raise self._broken(RuntimeError("quicksilver.torch: step() without a backward pass since the last step()"))
         self._compare_digests(wait=False)
+        self.staging.check()
         n = self.passes
         self._check_unchanged(n, "between backward() and step()")
         self.fate[n] = _hyperparameters(self.opt.param_groups)
@@ -1212,6 +1270,7 @@ class _Integration:
         for l, ps in enumerate(self.layer_params):
             if self.applied[l] >= n:
                 continue
+            self._sums_in(l)
             for p, g in zip(ps, self.layer_grads[l]):
                 if self.average and _env["size"] != 1:
                     g.div_(_env["size"])
@@ -1251,6 +1310,8 @@ class _Integration:
             # The session's buffers (this process's server shares, DeFT's merged sums) go
             # now, not when the garbage collector breaks the optimizer's cycle with us.
             self.session = None
+            if self.staging is not None:
+                self.staging.close()
             self.store = None  # rank 0's rendezvous store stops listening now
             self.unused_masks = {}
             self.pending_check = None
@@ -1266,6 +1327,15 @@ class _Integration:
 
 
 _MISSING = object()
+
+
+def _digest(p):
+    """CRC32C of a parameter's bytes (a copy on the host first when it is on a device)."""
+    t = p.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    t = t.contiguous()
+    return _qs.digest(t.data_ptr(), t.numel() * t.element_size())
 
 
 def _zero_grad_default(cls):

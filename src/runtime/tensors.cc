@@ -4,6 +4,32 @@
 
 namespace qs::runtime {
 
+const char* memory_space_name(MemorySpace m) { return m == MemorySpace::kHost ? "host" : "device"; }
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::kFloat32: return "float32";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat16: return "float16";
+  }
+  return "?";
+}
+
+int dtype_size(DType d) { return d == DType::kFloat32 ? 4 : 2; }
+
+Result<MemorySpace> parse_memory_space(const std::string& text) {
+  if (text == "cpu" || text == "host") return MemorySpace::kHost;
+  if (text == "cuda" || text == "device") return MemorySpace::kDevice;
+  return invalid_argument("memory space '" + text + "': give cpu (host) or cuda (device)");
+}
+
+Result<DType> parse_dtype(const std::string& text) {
+  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    if (text == dtype_name(d)) return d;
+  }
+  return invalid_argument("dtype '" + text + "': give float32, bfloat16 or float16");
+}
+
 Status check_registry(const std::vector<TensorBuffer>& tensors, const TensorLayout& layout) {
   if (static_cast<int>(tensors.size()) != layout.num_tensors()) {
     return invalid_argument("the tensor registry has " + std::to_string(tensors.size()) + " tensors, the profile " +
@@ -18,6 +44,11 @@ Status check_registry(const std::vector<TensorBuffer>& tensors, const TensorLayo
     if (b.elements * 4 != t.bytes) {
       return invalid_argument(what + " has " + std::to_string(b.elements) + " elements, the profile " +
                               std::to_string(t.bytes / 4));
+    }
+    if ((b.space != MemorySpace::kHost || b.dtype != DType::kFloat32) && !b.staged) {
+      return invalid_argument(what + " is " + dtype_name(b.dtype) + " in " + memory_space_name(b.space) +
+                              " memory: the transport reads host float32 only, so it must be staged (a host "
+                              "float32 buffer the source copies to and from)");
     }
     if (i > 0 && b.priority <= tensors[i - 1].priority) {
       return invalid_argument(what + ": priorities must increase with the id (the forward order)");

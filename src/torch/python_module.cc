@@ -184,7 +184,7 @@ PYBIND11_MODULE(_quicksilver, m) {
 
   py::class_<qs::pytorch::Session>(m, "Session")
       .def(py::init([](const Job& job, int rank, const std::vector<std::tuple<std::string, int>>& servers,
-                       const std::vector<std::tuple<std::uintptr_t, std::int64_t>>& tensors,
+                       const std::vector<py::tuple>& tensors,
                        HostedServer* hosted, const std::vector<std::string>& links, const std::string& algorithm,
                        const py::bytes& secret) {
              qs::pytorch::SessionOptions o;
@@ -201,10 +201,24 @@ PYBIND11_MODULE(_quicksilver, m) {
              } else {
                for (const auto& [host, port] : servers) o.servers.push_back(qs::runtime::Endpoint{host, port});
              }
+             // Each tensor: (address, elements) of host float32 used in place, or
+             // (address, elements, space, dtype, staged) with the model tensor's memory space
+             // and dtype ("cuda", "bfloat16") and whether the address is a staging buffer.
              for (std::size_t t = 0; t < tensors.size(); ++t) {
-               auto* data = reinterpret_cast<float*>(std::get<0>(tensors[t]));
-               o.tensors.push_back(qs::runtime::TensorBuffer{static_cast<qs::TensorId>(t), data, data,
-                                                             std::get<1>(tensors[t]), static_cast<int>(t)});
+               const py::tuple& e = tensors[t];
+               if (e.size() != 2 && e.size() != 5) {
+                 throw py::value_error("tensor " + std::to_string(t) +
+                                       ": give (address, elements) or (address, elements, space, dtype, staged)");
+               }
+               auto* data = reinterpret_cast<float*>(e[0].cast<std::uintptr_t>());
+               qs::runtime::TensorBuffer b{static_cast<qs::TensorId>(t), data, data, e[1].cast<std::int64_t>(),
+                                           static_cast<int>(t)};
+               if (e.size() == 5) {
+                 b.space = take(qs::runtime::parse_memory_space(e[2].cast<std::string>()));
+                 b.dtype = take(qs::runtime::parse_dtype(e[3].cast<std::string>()));
+                 b.staged = e[4].cast<bool>();
+               }
+               o.tensors.push_back(b);
              }
              std::unique_ptr<qs::runtime::Server> server;
              if (hosted != nullptr) {

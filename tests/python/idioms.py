@@ -454,9 +454,45 @@ def compiled(world):
     return train(world, model, opt, sched, forward=fast)
 
 
+def low_precision(world, dtype):
+    """A model whose parameters are `dtype` (bfloat16 or float16): staged through host
+    float32 buffers, summed in float32, rounded to `dtype`, then averaged. The reference
+    rounds the same way: each worker's gradient apart in `dtype`, summed in float32,
+    rounded, divided by the workers."""
+    model = seeded_model("digits").to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = world.wrap(opt, model)
+    loss_fn = nn.CrossEntropyLoss()
+    for it in range(ITERATIONS):
+        opt.zero_grad()
+        ranks = [world.rank] if world.worker else range(world.size)
+        sums = [torch.zeros_like(p, dtype=torch.float32) for p in model.parameters()]
+        for r in ranks:
+            x, y = models.batch(world.x, world.y, it, r, world.size, PER_WORKER)
+            if not world.worker:
+                model.zero_grad()
+            loss_fn(model(x.to(dtype)).float(), y).backward()
+            if not world.worker:
+                for s, p in zip(sums, model.parameters()):
+                    s += p.grad.float()
+        if not world.worker:
+            for s, p in zip(sums, model.parameters()):
+                p.grad = s.to(dtype) / world.size
+        opt.step()
+    return {"model": world.done(opt, model)}
+
+
+def bf16(world):
+    return low_precision(world, torch.bfloat16)
+
+
+def fp16(world):
+    return low_precision(world, torch.float16)
+
+
 IDIOMS = {f.__name__: f for f in (
     compiled, sum_op, onecycle, warmup_before, clip, clip_tiny, accumulate, checkpoint_ema,
-    gradscaler, unused, batchnorm, horovod, transformer)}
+    gradscaler, unused, batchnorm, horovod, transformer, bf16, fp16)}
 
 
 # ---- what must raise, and with which words ----

@@ -76,6 +76,36 @@ def test_idioms_match_one_process(build_dir, tmp_path, workers, launcher, policy
         workers, launcher, policy, len(SYNC), took, ", ".join("{} {:.1e}".format(k, v) for k, v in worst.items())))
 
 
+@pytest.mark.parametrize("policy", ["mercury", "mgwfbp", "deft"])
+def test_staged_tensors_match_one_process(build_dir, tmp_path, monkeypatch, policy):
+    """Every tensor forced through the staging component (QS_FORCE_STAGING=1: host float32
+    buffers registered instead of .grad, the copies of the GPU path but the device's):
+    the idioms still match one process (DeFT: its replayed schedule)."""
+    monkeypatch.setenv("QS_FORCE_STAGING", "1")
+    names = DEFT if policy == "deft" else ["onecycle", "clip", "accumulate", "checkpoint_ema", "unused"]
+    extra = ["--knobs", json.dumps(DEFT_KNOBS)] if policy == "deft" else []
+    launch(build_dir, "quicksilver", 2, ["--idioms", ",".join(names), "--policies", policy, "--out",
+                                         str(tmp_path)] + extra)
+    for name in names:
+        if policy == "deft":
+            reference, _ = deft_reference(str(tmp_path), name, 2)
+        else:
+            reference = idioms.IDIOMS[name](idioms.World(2, bn_apart=(name == "batchnorm")))
+        compare(str(tmp_path), name, policy, 2, reference)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("policy", ["mercury", "mgwfbp"])
+def test_low_precision_parameters(build_dir, tmp_path, dtype, policy):
+    """bfloat16 and float16 parameters (staged; float32 sums) against a reference that
+    rounds the same way, on 3 workers."""
+    if dtype == "fp16" and not idioms.TORCH2:
+        pytest.skip("float16 convolutions on the CPU need torch >= 2.0; this is torch " + torch.__version__)
+    launch(build_dir, "quicksilver", 3, ["--idioms", dtype, "--policies", policy, "--out", str(tmp_path)])
+    worst = compare(str(tmp_path), dtype, policy, 3, idioms.IDIOMS[dtype](idioms.World(3)))
+    print("{} parameters, {}: worst difference {:.1e}".format(dtype, policy, worst))
+
+
 @pytest.mark.skipif(not CPU_GRADSCALER,
                     reason="a CPU GradScaler needs torch >= 2.3; this is torch " + torch.__version__)
 @pytest.mark.parametrize("policy", ["mercury", "mgwfbp"])

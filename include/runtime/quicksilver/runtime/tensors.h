@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "quicksilver/core/status.h"
@@ -19,6 +20,29 @@
 
 namespace qs::runtime {
 
+// Where a model keeps a tensor, and what its elements are.
+enum class MemorySpace : std::uint8_t { kHost, kDevice };
+enum class DType : std::uint8_t { kFloat32, kBFloat16, kFloat16 };
+const char* memory_space_name(MemorySpace m);
+const char* dtype_name(DType d);
+int dtype_size(DType d);  // bytes per element
+// "cpu"/"host" -> kHost, "cuda"/"device" -> kDevice; "float32", "bfloat16", "float16".
+Result<MemorySpace> parse_memory_space(const std::string& text);
+Result<DType> parse_dtype(const std::string& text);
+
+// One tensor of the registry. The transport reads gradients from, and writes sums into,
+// host float32 memory: `gradient`/`sum` always point there. The model's own tensor is
+// described by `space` and `dtype`:
+// - in place (host float32, not `staged`): gradient/sum are the model's own storage (its
+//   .grad): no copy, the fast path;
+// - staged (any other tensor, or on request): gradient/sum are a host float32 staging
+//   buffer of the same element count, and the source's Staging component (for PyTorch,
+//   python/quicksilver/staging.py) keeps the one contract: it fills the buffer before it
+//   reports the gradient (gradient_ready / on_backward's end), and copies the sum back out
+//   only after the transport said it is in (sum_ready / on_layer_ready); between the two
+//   the buffer is the transport's. The transport itself does not copy.
+// The dtype on the wire is the job's (float32 today; see transport/wire.h), independent
+// of `dtype`: sums are float32 whatever the model's dtype.
 struct TensorBuffer {
   TensorId id = 0;                    // the profile's tensor id (forward order)
   const float* gradient = nullptr;    // this worker's gradient: read while it is pushed
@@ -28,6 +52,9 @@ struct TensorBuffer {
   // registry must list tensors with strictly increasing priority by id (the forward order
   // in which a model uses its parameters); the default is the id itself.
   int priority = 0;
+  MemorySpace space = MemorySpace::kHost;  // the model's tensor
+  DType dtype = DType::kFloat32;
+  bool staged = false;  // gradient/sum are a staging buffer, not the model's storage
 };
 
 // A delayed update (a policy whose PolicySpec::delays_updates, DeFT): `layer`'s parameters
@@ -91,7 +118,8 @@ class TensorSource {
 };
 
 // Checks a registry against the profile: one entry per tensor, in id order, non-null
-// buffers, element counts as profiled, priorities strictly increasing.
+// buffers, element counts as profiled, priorities strictly increasing, and every tensor
+// that is not host float32 staged.
 Status check_registry(const std::vector<TensorBuffer>& tensors, const TensorLayout& layout);
 
 // Synthetic gradients with known content, owned here: value(w, it, t, i) =
