@@ -9,6 +9,7 @@ counts it with the forward).
 
     quicksilver profile --model torchvision:resnet18 --input 3,64,64 --batch 16 --out resnet18.json
     quicksilver profile --model mymodel.py:make --input 1,28,28 --batch 32 --out mine.json
+    quicksilver profile --model torchvision:resnet50 --input 3,224,224 --batch 32 --device cuda --out r50.json
 """
 import argparse
 import importlib
@@ -16,6 +17,7 @@ import importlib.util
 import json
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -23,9 +25,13 @@ import torch.nn as nn
 from .torch import _Recorder, _accumulate_grad_hook
 
 
-def measure(model, inputs, targets, loss_fn=None, iterations=10, warmup=3, name=None):
+def measure(model, inputs, targets, loss_fn=None, iterations=10, warmup=3, name=None, stats=None):
     """The profile (a dict) of training `model` on (inputs, targets) with `loss_fn`
-    (cross-entropy by default): medians over `iterations` after `warmup`."""
+    (cross-entropy by default): medians over `iterations` after `warmup`. On a CUDA model
+    every time is from CUDA events (the hooks run before the kernels they follow). With
+    `stats` (a dict): its "iteration_ms" is the median of the whole iterations, timed
+    apart from the layers (forward, loss and backward), the check on their sum."""
+    cuda = next((p.device for p in model.parameters() if p.device.type == "cuda"), None)
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     rec = _Recorder(model)
     recording = [False]
@@ -37,21 +43,37 @@ def measure(model, inputs, targets, loss_fn=None, iterations=10, warmup=3, name=
             h, node = _accumulate_grad_hook(p, lambda p=p: recording[0] and rec.grad(p))
             handles.append(h)
             nodes.append(node)
-    fws, bws = [], []
+    fws, bws, whole = [], [], []
     try:
         for it in range(warmup + iterations):
+            model.zero_grad()
+            if cuda is not None:
+                torch.cuda.synchronize(cuda)
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+            else:
+                a = time.perf_counter()
             recording[0] = True
             rec.reset()
-            model.zero_grad()
             loss_fn(model(inputs), targets).backward()
             recording[0] = False
+            if cuda is not None:
+                b.record()
+                b.synchronize()
+                took = a.elapsed_time(b)
+            else:
+                took = (time.perf_counter() - a) * 1e3
             if it >= warmup:
                 fw, bw = rec.times()
                 fws.append(fw)
                 bws.append(bw)
+                whole.append(took)
     finally:
         for h in handles:
             h.remove()
+    if stats is not None:
+        stats["iteration_ms"] = statistics.median(whole)
+    rec.adopt([p for p in model.parameters() if p.requires_grad])  # every parameter is in the profile
     med = [statistics.median(col) for col in zip(*fws)]
     medb = [statistics.median(col) for col in zip(*bws)]
     return rec.profile(name or type(model).__name__, med, medb)
@@ -74,6 +96,18 @@ def _load_model(spec, classes):
 
 
 def main(argv=None):
+    """Bad input (a flag, a model that does not load, a device torch lacks) exits 2 with
+    its message, as every quicksilver command does."""
+    try:
+        _main(argv)
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+
+
+def _main(argv):
     ap = argparse.ArgumentParser(prog="quicksilver profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="torchvision:NAME or FILE.py:FUNCTION (returns the model)")
     ap.add_argument("--input", required=True, help="one sample's shape, e.g. 3,64,64")
@@ -82,6 +116,8 @@ def main(argv=None):
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    ap.add_argument("--device", default="cpu", help="the torch device to measure on: cpu, cuda, cuda:1 (times from "
+                    "CUDA events there). Not `simulate --device`, which names a built-in GPU model for zoo profiles")
     ap.add_argument("--out", required=True, help="where the profile JSON goes ('-': standard output)")
     a = ap.parse_args(argv)
     if a.iterations < 1 or a.warmup < 0 or a.batch < 1:
@@ -92,10 +128,21 @@ def main(argv=None):
         raise SystemExit("quicksilver profile: --input {!r} is not a shape like 3,64,64".format(a.input)) from None
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+    try:
+        device = torch.device(a.device)
+    except RuntimeError as e:
+        raise SystemExit("quicksilver profile: --device {!r}: {}".format(a.device, e)) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("quicksilver profile: --device {}: torch {} sees no CUDA device here".format(
+            a.device, torch.__version__))
+    if device.type not in ("cpu", "cuda"):
+        raise SystemExit("quicksilver profile: --device {!r}: give cpu or cuda[:N]".format(a.device))
     model, name = _load_model(a.model, a.classes)
-    inputs = torch.rand(a.batch, *shape)
-    targets = torch.randint(0, a.classes, (a.batch,))
-    profile = measure(model, inputs, targets, iterations=a.iterations, warmup=a.warmup, name=name)
+    model = model.to(device)
+    inputs = torch.rand(a.batch, *shape).to(device)
+    targets = torch.randint(0, a.classes, (a.batch,)).to(device)
+    stats = {}
+    profile = measure(model, inputs, targets, iterations=a.iterations, warmup=a.warmup, name=name, stats=stats)
     text = json.dumps(profile, indent=1)
     if a.out == "-":
         print(text)
@@ -103,9 +150,11 @@ def main(argv=None):
         with open(a.out, "w") as f:
             f.write(text + "\n")
         total = sum(l["forward_ms"] + l["backward_ms"] for l in profile["layers"])
-        print("quicksilver profile: {} ({} layers, {} parameters, {:.1f} ms of compute per iteration) -> {}".format(
-            name, len(profile["layers"]), sum(t["elements"] for l in profile["layers"] for t in l["tensors"]), total,
-            a.out), file=sys.stderr)
+        print("quicksilver profile: {} on {} ({} layers, {} parameters, {:.1f} ms of compute per iteration; the whole "
+              "iteration timed apart {:.1f} ms) -> {}".format(
+                  name, device, len(profile["layers"]), sum(t["elements"] for l in profile["layers"]
+                                                             for t in l["tensors"]), total, stats["iteration_ms"],
+                  a.out), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -334,6 +334,37 @@ class _Recorder:
         bw = [max(done[l] - (done[l + 1] if l + 1 < L else end), 0) for l in range(L)]
         return fw, bw
 
+    def adopt(self, params):
+        """Parameters (of `params`) whose own module the recorded pass never entered: read
+        by another module's forward (MultiheadAttention reads out_proj's weight itself; a
+        ParameterList; F.linear(x, self.child.weight)), or not used at all. Each joins the
+        layer of its nearest ancestor module that is a layer, whose pre-hook comes before
+        any read inside that ancestor's forward; without one, the first layer, entered
+        before the model reads anything. Their updates are then never applied after a
+        forward has read them."""
+        self.layers = [(name, list(ps)) for name, ps in self.layers]
+        owner = {}
+        for name, module in self.model.named_modules():
+            for p in module.parameters(recurse=False):
+                owner.setdefault(id(p), name)
+        layer_at = {}
+        for name, module in self.model.named_modules():
+            l = self.layer_of_module.get(id(module))
+            if l is not None:
+                layer_at.setdefault(name, l)
+        for p in params:
+            if id(p) in self.assigned:
+                continue
+            path = owner.get(id(p), "")
+            l = 0
+            while path:
+                path = path.rpartition(".")[0]
+                if path in layer_at:
+                    l = layer_at[path]
+                    break
+            self.layers[l][1].append(p)
+            self.assigned.add(id(p))
+
     def profile(self, name, fw, bw):
         """DESIGN.md's profile format, with these per-layer times (ns)."""
         return {"name": name, "batch_size": max(self.batch_size, 1),
@@ -751,36 +782,8 @@ class _Integration:
     # ---- the first step: the profile, the servers, the session ----
 
     def _start(self):
-        layers = list(self.rec.layers)
-        layers = [(name, list(ps)) for name, ps in layers]
-        # Parameters whose own module the first pass never entered: read by another
-        # module's forward (MultiheadAttention reads out_proj's weight itself; a
-        # ParameterList; F.linear(x, self.child.weight)), or not used at all. Each joins
-        # the layer of its nearest ancestor module that is a layer, whose pre-hook comes
-        # before any read inside that ancestor's forward; without one, the first layer,
-        # entered before the model reads anything. Their updates are then never applied
-        # after a forward has read them.
-        owner = {}
-        for name, module in self.model.named_modules():
-            for p in module.parameters(recurse=False):
-                owner.setdefault(id(p), name)
-        layer_at = {}
-        for name, module in self.model.named_modules():
-            l = self.rec.layer_of_module.get(id(module))
-            if l is not None:
-                layer_at.setdefault(name, l)
-        for p in self.params:
-            if id(p) in self.rec.assigned:
-                continue
-            path = owner.get(id(p), "")
-            l = 0
-            while path:
-                path = path.rpartition(".")[0]
-                if path in layer_at:
-                    l = layer_at[path]
-                    break
-            layers[l][1].append(p)
-            self.rec.assigned.add(id(p))
+        self.rec.adopt(self.params)
+        layers = [(name, list(ps)) for name, ps in self.rec.layers]
         nograd = [p for _, ps in layers for p in ps if p.grad is None]
         if nograd and not self.find_unused:
             raise RuntimeError("quicksilver.torch: parameters {} got no gradient in the first backward pass: pass "

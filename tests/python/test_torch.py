@@ -319,6 +319,28 @@ def test_profile_command_feeds_the_simulator(build_dir, tmp_path):
     assert json.loads(s.stdout)["results"][0]["iteration_ms"] > 0
 
 
+def test_profile_device(build_dir, tmp_path):
+    """`quicksilver profile --device`: the whole iteration is timed apart from the layers
+    and printed beside their sum; a device torch does not have, or a wrong one, exits 2
+    naming it; on a CUDA machine, the profile is measured there (CUDA events)."""
+    exe = os.path.join(build_dir, "quicksilver")
+    base = [exe, "profile", "--python", sys.executable, "--model", os.path.join(HERE, "models.py") + ":DigitsCNN",
+            "--input", "1,8,8", "--batch", "8", "--iterations", "3", "--warmup", "1"]
+    p = subprocess.run(base + ["--out", str(tmp_path / "cpu.json")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "on cpu (4 layers" in p.stderr and "the whole iteration timed apart" in p.stderr, p.stderr
+    p = subprocess.run(base + ["--device", "tpu", "--out", str(tmp_path / "x.json")], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "--device 'tpu'" in p.stderr, p.stderr
+    p = subprocess.run(base + ["--device", "cuda", "--out", str(tmp_path / "cuda.json")], capture_output=True,
+                       text=True, timeout=120)
+    if torch.cuda.is_available():
+        assert p.returncode == 0 and "on cuda" in p.stderr, p.stderr
+        assert all(l["backward_ms"] > 0 for l in json.load(open(tmp_path / "cuda.json"))["layers"])
+    else:
+        assert p.returncode == 2 and "sees no CUDA device here" in p.stderr, p.stderr
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="--netns needs root")
 def test_netns_shaped_cluster(build_dir, tmp_path):
     """`quicksilver run --netns`: one namespace per worker, shaped links; still exact."""

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# GPU checks of issue 29, for the accelerator machine (one NVIDIA H100/H200, pip PyTorch with
+# CUDA, Ubuntu, no Debian packages, no internet; ../shared/MACHINE-NOTES.md). One script,
+# stages in priority order, each under its own timeout, one summary line per stage, never
+# stopping at the first failure; about 5 minutes in all:
+#
+#   build   the quicksilver command and the Python module (build/gpu), for python3 on PATH.
+#           C++ dependencies the machine lacks come from Debian 12 packages in $QS_DEBS
+#           (default build/gpu-debs: `bash bench/gpu_check.sh --fetch` fills it here, on a
+#           Debian machine), unpacked with dpkg -x into build/gpu-prefix, never into /.
+#   a+b/2   2 ranks sharing the GPU: ResNet-18 (GroupNorm) through mercury, bytescheduler,
+#           wfbp, mgwfbp and deft, exact against one process and rank against rank; then
+#           samples/s against DDP (gloo) with the GPU's idle share (bench/gpu_train.py)
+#   a+b/4   the same with 4 ranks
+#   c       pinned copy bandwidth D2H/H2D; the urgent gradient's delay behind a large copy
+#           (bench/gpu_copy.py)
+#   d       GPU profiles of ResNet-50 and a BERT-Base-shaped transformer (quicksilver profile
+#           --device cuda), and simulate's prediction for them at 10 and 25 Gbit/s
+#   e       the emulated cluster at 4+4 and 8+8 hosts: not here (needs ip, tc and iperf3,
+#           which this script does not carry); docs/benchmarks.md says so
+#
+# With --cpu it runs what needs no GPU (the build, and stage a+b/2 on the CPU, small), as CI
+# does (tests/gpu_check_cpu_test.sh). Output: stdout, and $OUT/gpu_check.log when OUT is set.
+#
+#   bash bench/gpu_check.sh --fetch     # here (Debian): the .debs for the accelerator
+#   bash bench/gpu_check.sh             # there
+set -uo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+mode=gpu
+case "${1:-}" in
+  --fetch)
+    mkdir -p build/gpu-debs && cd build/gpu-debs
+    exec apt-get download nlohmann-json3-dev libcli11-dev libsodium-dev libsodium23 libgloo-dev libgloo0 \
+      libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200 pkgconf pkgconf-bin libpkgconf3 ;;
+  --cpu) mode=cpu ;;
+  "") ;;
+  *) echo "usage: bash bench/gpu_check.sh [--fetch | --cpu]" >&2; exit 2 ;;
+esac
+log=/dev/null
+[ -n "${OUT:-}" ] && log="$OUT/gpu_check.log"
+say() { echo "$*" | tee -a "$log"; }
+summary=()
+stage() {  # stage NAME SECONDS COMMAND...: runs it under its timeout, keeps its summary
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  t0=$(date +%s)
+  say "== $name (at most ${limit}s)"
+  timeout --kill-after=10 "$limit" bash -c '"$@"' stage "$@" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+  local line
+  line=$(printf '%-8s %-7s %4ss' "$name" "$([ "$rc" = 0 ] && echo ok || echo "FAILED($rc)")" "$(($(date +%s) - t0))")
+  summary+=("$line")
+  say "-- $line"
+}
+
+PY=$(command -v python3)
+BUILD=build/gpu
+PREFIX=$PWD/build/gpu-prefix
+DEBS=${QS_DEBS:-build/gpu-debs}
+
+deps() {  # the Debian packages into $PREFIX, paths rewritten to it
+  rm -rf "$PREFIX" && mkdir -p "$PREFIX"
+  for d in "$DEBS"/*.deb; do dpkg -x "$d" "$PREFIX"; done
+  sed -i "s#\"/usr/#\"$PREFIX/usr/#g" "$PREFIX"/usr/share/cmake/Gloo/GlooTargets-*.cmake
+  sed -i "s#^prefix=/usr#prefix=$PREFIX/usr#" "$PREFIX"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
+  echo "dependencies: $(ls "$DEBS"/*.deb | wc -l) packages unpacked into $PREFIX"
+}
+
+build() {
+  local extra=()
+  if [ -d "$DEBS" ] && ls "$DEBS"/*.deb > /dev/null 2>&1; then
+    deps || return 1
+    export CMAKE_PREFIX_PATH="$PREFIX/usr" PKG_CONFIG_PATH="$PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig"
+    export CPATH="$PREFIX/usr/include" LIBRARY_PATH="$PREFIX/usr/lib:$PREFIX/usr/lib/x86_64-linux-gnu"
+    export LD_LIBRARY_PATH="$LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    command -v pkg-config > /dev/null || extra+=(-DPKG_CONFIG_EXECUTABLE="$PREFIX/usr/bin/pkgconf")
+  fi
+  local pybind
+  pybind=$("$PY" -c 'import pybind11; print(pybind11.get_cmake_dir())' 2> /dev/null) && extra+=(-Dpybind11_DIR="$pybind")
+  local gen=()
+  command -v ninja > /dev/null && gen=(-G Ninja)
+  cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DQS_WITH_GLOO=ON -DQS_WITH_TORCH=ON \
+    -DQS_BUILD_TESTS=OFF -DQS_BUILD_BENCH=OFF -DQS_HEADER_CHECK=OFF -DPython3_EXECUTABLE="$PY" \
+    -DCMAKE_POLICY_VERSION_MINIMUM=3.5 "${extra[@]}" > "$BUILD.configure.log" 2>&1 \
+    || { tail -30 "$BUILD.configure.log"; return 1; }
+  cmake --build "$BUILD" -j "$(nproc)" --target quicksilver _quicksilver 2>&1 | tail -3
+  [ "${PIPESTATUS[0]}" = 0 ] && "$BUILD/quicksilver" --version
+}
+
+# The build's environment for every later stage (the unpacked libraries, the package).
+env_for_run() {
+  [ -d "$PREFIX/usr/lib" ] && export LD_LIBRARY_PATH="$PREFIX/usr/lib:$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PYTHONPATH="$PWD/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+  export OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
+}
+
+ranks() {  # ranks N ARGS...: bench/gpu_train.py on N ranks
+  local n=$1
+  shift
+  "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" bench/gpu_train.py "$@" 2>&1 \
+    | grep -v '^\[W\|^W1\|warnings.warn\|UserWarning\|^  *warnings\|OMP_NUM_THREADS\|^\*\*\*\*'
+  return "${PIPESTATUS[0]}"
+}
+
+profiles() {
+  local out=$BUILD/profiles rc=0
+  mkdir -p "$out"
+  "$BUILD/quicksilver" profile --python "$PY" --model torchvision:resnet50 --input 3,224,224 --batch 32 \
+    --classes 1000 --device cuda --out "$out/resnet50.json" || rc=1
+  "$BUILD/quicksilver" profile --python "$PY" --model bench/torch_models.py:bert_base --input 128 --batch 32 \
+    --classes 2 --device cuda --out "$out/bert_base.json" || rc=1
+  for m in resnet50 bert_base; do
+    [ -f "$out/$m.json" ] || continue
+    [ -n "${OUT:-}" ] && cp "$out/$m.json" "$OUT/gpu-$m.json"
+    for bw in 10Gbps 25Gbps; do
+      echo "-- simulate $m (GPU profile) at $bw, 8 workers, 8 servers (ps):"
+      "$BUILD/quicksilver" simulate --model "$out/$m.json" --policy all --workers 8 --servers 8 --bandwidth "$bw" \
+        | grep -v '^  prophet: bandwidth monitor' || rc=1
+      echo "-- simulate $m at $bw, 8 workers, all-reduce:"
+      "$BUILD/quicksilver" simulate --model "$out/$m.json" --architecture allreduce --policy all --workers 8 \
+        --bandwidth "$bw" | grep -v 'bandwidth monitor\|^  deft:' || rc=1
+    done
+  done
+  return $rc
+}
+
+export PY BUILD PREFIX DEBS log
+export -f say deps build ranks profiles
+say "gpu_check: $(date -u +%FT%TZ), $(nproc) cores, $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' 2>&1 | tail -1)"
+stage build 240 build
+env_for_run
+if [ "$mode" = cpu ]; then
+  stage a+b/2 300 ranks 2 --device cpu --size 32 --batch 4 --steps 2 --iterations 2 --warmup 1 \
+    --policies mercury,mgwfbp,deft
+else
+  stage a+b/2 150 ranks 2
+  stage a+b/4 180 ranks 4
+  stage c 60 "$PY" bench/gpu_copy.py
+  stage d 150 profiles
+  summary+=("e        skipped  (the emulated cluster needs ip, tc and iperf3: not carried)")
+fi
+say "== gpu_check summary ($(($(date +%s) - start)) s)"
+failed=0
+for l in "${summary[@]}"; do
+  say "  $l"
+  case "$l" in *FAILED*) failed=1 ;; esac
+done
+exit $failed
