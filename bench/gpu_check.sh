@@ -64,7 +64,19 @@ deps() {  # the Debian packages into $PREFIX, paths rewritten to it
   for d in "$DEBS"/*.deb; do dpkg -x "$d" "$PREFIX"; done
   sed -i "s#\"/usr/#\"$PREFIX/usr/#g" "$PREFIX"/usr/share/cmake/Gloo/GlooTargets-*.cmake
   sed -i "s#^prefix=/usr#prefix=$PREFIX/usr#" "$PREFIX"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
-  echo "dependencies: $(ls "$DEBS"/*.deb | wc -l) packages unpacked into $PREFIX"
+  # At run time only the libraries this machine lacks come from the packages (in
+  # $PREFIX/missing): the machine's own (an rdma-core with its providers, libsodium) stay.
+  mkdir -p "$PREFIX/missing"
+  local f so lacking=()
+  for f in "$PREFIX"/usr/lib/*.so.* "$PREFIX"/usr/lib/x86_64-linux-gnu/*.so.*; do
+    so=$(basename "$f")
+    [[ "$so" =~ \.so\.[0-9]+$ ]] || continue
+    if ! ldconfig -p | grep -q " $so "; then
+      ln -sf "$f" "$PREFIX/missing/$so"
+      lacking+=("$so")
+    fi
+  done
+  echo "dependencies: $(ls "$DEBS"/*.deb | wc -l) packages unpacked into $PREFIX; at run time from them: ${lacking[*]:-none}"
 }
 
 build() {
@@ -73,7 +85,7 @@ build() {
     deps || return 1
     export CMAKE_PREFIX_PATH="$PREFIX/usr" PKG_CONFIG_PATH="$PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig"
     export CPATH="$PREFIX/usr/include" LIBRARY_PATH="$PREFIX/usr/lib:$PREFIX/usr/lib/x86_64-linux-gnu"
-    export LD_LIBRARY_PATH="$LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$PREFIX/missing${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # the linker's, for libgloo's own
     command -v pkg-config > /dev/null || extra+=(-DPKG_CONFIG_EXECUTABLE="$PREFIX/usr/bin/pkgconf")
   fi
   local pybind
@@ -90,9 +102,9 @@ build() {
 
 # The build's environment for every later stage (the unpacked libraries, the package).
 env_for_run() {
-  [ -d "$PREFIX/usr/lib" ] && export LD_LIBRARY_PATH="$PREFIX/usr/lib:$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  [ -d "$PREFIX/missing" ] && export LD_LIBRARY_PATH="$PREFIX/missing${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export PYTHONPATH="$PWD/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
-  export OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
+  export OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONFAULTHANDLER=1
 }
 
 ranks() {  # ranks N ARGS...: bench/gpu_train.py on N ranks
@@ -126,7 +138,13 @@ profiles() {
 }
 
 export PY BUILD PREFIX DEBS log
-export -f say deps build ranks profiles
+probe() {  # the module imports beside CUDA torch, and a small CUDA profile
+  "$PY" -c 'import torch; torch.zeros(1, device="cuda"); import quicksilver.torch as q; print("import: ok,", q.__file__)' \
+    && "$BUILD/quicksilver" profile --python "$PY" --model tests/python/models.py:DigitsCNN --input 1,8,8 --batch 8 \
+      --iterations 3 --warmup 1 --device cuda --out "$BUILD/digits-cuda.json"
+}
+
+export -f say deps build ranks profiles probe
 say "gpu_check: $(date -u +%FT%TZ), $(nproc) cores, $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' 2>&1 | tail -1)"
 stage build 240 build
 env_for_run
@@ -134,6 +152,7 @@ if [ "$mode" = cpu ]; then
   stage a+b/2 300 ranks 2 --device cpu --size 32 --batch 4 --steps 2 --iterations 2 --warmup 1 \
     --policies mercury,mgwfbp,deft
 else
+  stage probe 60 probe
   stage a+b/2 150 ranks 2
   stage a+b/4 180 ranks 4
   stage c 60 "$PY" bench/gpu_copy.py

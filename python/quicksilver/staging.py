@@ -23,6 +23,10 @@ asynchronous DMA. One contract, per staged tensor t:
                      the host. host[t] is written next by the next to_wire, whose copy is
                      ordered after this one (it waits for an event recorded on the current
                      stream, which waits for this copy).
+  reported(ts, wait) Whether every gradient of tensors `ts` handed to to_wire was reported
+                     (ready) yet; with `wait`, waits for it. The session counts a layer's
+                     backward passes by those reports, so a call that depends on the count
+                     (a forward's gate, whether a layer's sums are in) must come after this.
   check()            A failure on the waiter thread (the session stopped) is raised here,
                      at the model thread's next call.
 
@@ -32,14 +36,16 @@ nothing on the device (the sums land in .grad).
 import os
 import queue
 import threading
+import time
 
 import torch
 
 
 def needs_staging(p):
-    """Whether parameter p's gradient must be staged (QS_FORCE_STAGING=1 stages every
-    tensor: the tests drive CPU tensors through the staged path)."""
-    return p.device.type != "cpu" or p.dtype != torch.float32 or os.environ.get("QS_FORCE_STAGING") == "1"
+    """Whether parameter p's gradient must be staged. QS_FORCE_STAGING=1 stages every
+    tensor, and =async also reports CPU copies from the waiter thread, a moment later, as
+    on CUDA: the tests drive CPU tensors through the staged path."""
+    return p.device.type != "cpu" or p.dtype != torch.float32 or os.environ.get("QS_FORCE_STAGING") in ("1", "async")
 
 
 class Staging:
@@ -57,12 +63,17 @@ class Staging:
             else:
                 self.host.append(None)
         self.error = None
+        self.cv = threading.Condition()
+        self.handed = [0] * len(params)  # to_wire calls, per tensor (CUDA)
+        self.told = [0] * len(params)    # of those, reported (or failed)
         self.pending = None
         self.thread = None
+        self.deferred = os.environ.get("QS_FORCE_STAGING") == "async"
         if self.cuda:
             device = next(p.device for p in params if p.device.type == "cuda")
             self.d2h = torch.cuda.Stream(device=device)
             self.h2d = torch.cuda.Stream(device=device)
+        if self.cuda or self.deferred:
             self.pending = queue.Queue()
             self.thread = threading.Thread(target=self._wait, name="quicksilver-staging", daemon=True)
             self.thread.start()
@@ -81,7 +92,12 @@ class Staging:
         host = self.host[t]
         if grad.device.type != "cuda":
             host.copy_(grad.detach().reshape(-1))
-            self.ready(t)
+            if self.deferred:
+                with self.cv:
+                    self.handed[t] += 1
+                self.pending.put((t, None))
+            else:
+                self.ready(t)
             return
         produced = torch.cuda.Event()
         produced.record(torch.cuda.current_stream(grad.device))
@@ -90,6 +106,8 @@ class Staging:
             host.copy_(grad.detach().reshape(-1), non_blocking=True)
             copied = torch.cuda.Event()
             copied.record(self.d2h)
+        with self.cv:
+            self.handed[t] += 1
         self.pending.put((t, copied))
 
     def from_wire(self, t, grad):
@@ -117,12 +135,29 @@ class Staging:
                 return
             t, copied = item
             try:
-                copied.synchronize()  # releases the GIL while it waits
+                if copied is None:
+                    time.sleep(0.002)  # QS_FORCE_STAGING=async: a copy that takes a while
+                else:
+                    copied.synchronize()  # releases the GIL while it waits
                 if self.error is None:
                     self.ready(t)
             except Exception as e:  # the session stopped: raised on the model's thread
                 if self.error is None:
                     self.error = e
+            with self.cv:
+                self.told[t] += 1
+                self.cv.notify_all()
+
+    def reported(self, tensors, wait):
+        if self.pending is None:
+            return True  # every report was made by to_wire itself
+        with self.cv:
+            done = lambda: self.error is not None or all(self.told[t] == self.handed[t] for t in tensors)
+            if wait:
+                self.cv.wait_for(done)
+            ok = done()
+        self.check()
+        return ok
 
     def check(self):
         if self.error is not None:

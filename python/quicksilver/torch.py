@@ -626,6 +626,7 @@ class _Integration:
             return
         for l in range(len(self.layers)):
             while self.applied[l] < self.stepped:
+                self._reported(l)
                 self.session.sum_ready(l, True)
                 self._apply(l)
         self.settled = self.stepped
@@ -663,6 +664,7 @@ class _Integration:
 
     def _enter(self, layer):
         """Layer's forward may start: its gate (the sums of its last pass) and its update."""
+        self._reported(layer)
         self.session.enter_forward(layer)
         if layer >= self.next_layer:
             self.next_layer = layer + 1
@@ -901,6 +903,12 @@ class _Integration:
         if session is not None:
             session.gradient_ready(t)
 
+    def _reported(self, l, wait=True):
+        """Whether the session was told of every gradient of layer l handed to staging
+        (on CUDA it is told once the copy is done, from staging's thread); the calls that
+        depend on its count of the layer's backward passes come after it."""
+        return self.staging.reported(self.layer_tensors[l], wait)
+
     def _sums_in(self, l):
         """Layer l's sums, in its registered buffers, are wanted in its .grad buffers: a
         staged tensor's are copied there (the in-place ones are there already)."""
@@ -1102,6 +1110,7 @@ class _Integration:
         if self.measured is None or self.loss is None:
             return
         lr = float(self.opt.param_groups[0].get("lr", 0.0))
+        self._reported(0)
         self.session.feedback(self.session.backwards(0) - 1, self.loss, self.measured[0], self.measured[1], lr,
                               float(self.rec.batch_size * _env["size"]))
 
@@ -1197,7 +1206,7 @@ class _Integration:
             self.settle()  # the sums are in (synchronize()), or a post hook reads the parameters
         else:
             for l in range(len(self.layers)):
-                if self.applied[l] < n and self.session.sum_ready(l, False):
+                if self.applied[l] < n and self._reported(l, wait=False) and self.session.sum_ready(l, False):
                     self._apply(l)
         for hook in post:
             hook(self.opt, (), {})
@@ -1241,6 +1250,7 @@ class _Integration:
             self.stepped = n
             for l in range(len(self.layers)):
                 if self.applied[l] < n:
+                    self._reported(l)
                     self.session.sum_ready(l, True)
                     self._apply(l)
 
@@ -1268,6 +1278,7 @@ class _Integration:
         self._check_unchanged(n, "before synchronize()")
         for l in range(len(self.layers)):
             if self.applied[l] < n:
+                self._reported(l)
                 self.session.sum_ready(l, True)
         unused = self._globally_unused(n) if self.find_unused else set()
         for l, ps in enumerate(self.layer_params):
@@ -1297,6 +1308,8 @@ class _Integration:
         try:
             if self.state == "running":
                 self.settle(always=True)
+                for l in range(len(self.layers)):
+                    self._reported(l)
                 self.report = self.session.finish()
                 # Every worker ended at the same iteration, so each took part in every
                 # consistency gather: the last one is compared too.
