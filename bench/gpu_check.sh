@@ -11,11 +11,11 @@
 #   a+b/2   2 ranks sharing the GPU: ResNet-18 (GroupNorm) through mercury, bytescheduler,
 #           wfbp, mgwfbp and deft, exact against one process and rank against rank; then
 #           samples/s against DDP (gloo) with the GPU's idle share (bench/gpu_train.py)
-#   a+b/4   the same with 4 ranks
-#   c       pinned copy bandwidth D2H/H2D; the urgent gradient's delay behind a large copy
-#           (bench/gpu_copy.py)
 #   d       GPU profiles of ResNet-50 and a BERT-Base-shaped transformer (quicksilver profile
 #           --device cuda), and simulate's prediction for them at 10 and 25 Gbit/s
+#   a+b/4   as a+b/2, with 4 ranks
+#   c       pinned copy bandwidth D2H/H2D; the urgent gradient's delay behind a large copy
+#           (bench/gpu_copy.py)
 #   e       the emulated cluster at 4+4 and 8+8 hosts: not here (needs ip, tc and iperf3,
 #           which this script does not carry); docs/benchmarks.md says so
 #
@@ -70,7 +70,7 @@ deps() {  # the Debian packages into $PREFIX, paths rewritten to it
   local f so lacking=()
   for f in "$PREFIX"/usr/lib/*.so.* "$PREFIX"/usr/lib/x86_64-linux-gnu/*.so.*; do
     so=$(basename "$f")
-    [[ "$so" =~ \.so\.[0-9]+$ ]] || continue
+    [[ "$so" =~ \.so\.[0-9]+(\.[0-9]+)?$ ]] || continue
     if ! ldconfig -p | grep -q " $so "; then
       ln -sf "$f" "$PREFIX/missing/$so"
       lacking+=("$so")
@@ -152,11 +152,15 @@ if [ "$mode" = cpu ]; then
   stage a+b/2 300 ranks 2 --device cpu --size 32 --batch 4 --steps 2 --iterations 2 --warmup 1 \
     --policies mercury,mgwfbp,deft
 else
-  stage probe 60 probe
-  stage a+b/2 150 ranks 2
-  stage a+b/4 180 ranks 4
-  stage c 60 "$PY" bench/gpu_copy.py
-  stage d 150 profiles
+  # QS_GPU_STAGES: the stages to run (default all, in this order); QS_GPU_POLICIES: theirs.
+  want() { [ -z "${QS_GPU_STAGES:-}" ] || [[ ",$QS_GPU_STAGES," == *",$1,"* ]]; }
+  pol=()
+  [ -n "${QS_GPU_POLICIES:-}" ] && pol=(--policies "$QS_GPU_POLICIES")
+  want probe && stage probe 60 probe
+  want a+b/2 && stage a+b/2 150 ranks 2 "${pol[@]}"
+  want d && stage d 150 profiles
+  want a+b/4 && stage a+b/4 180 ranks 4 "${pol[@]}"
+  want c && stage c 60 "$PY" bench/gpu_copy.py
   summary+=("e        skipped  (the emulated cluster needs ip, tc and iperf3: not carried)")
 fi
 say "== gpu_check summary ($(($(date +%s) - start)) s)"

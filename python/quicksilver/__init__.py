@@ -21,7 +21,16 @@ def _load_native():
     nothing binds across (docs/pytorch.md shows the LD_DEBUG=bindings check; the test is
     tests/python/test_torch.py::test_no_gloo_symbol_binds_across). Debian's torch links
     the very same libgloo.so.0, so there it changes nothing. Sanitizer runtimes refuse
-    RTLD_DEEPBIND: QS_NO_DEEPBIND=1 loads the module the ordinary way."""
+    RTLD_DEEPBIND: QS_NO_DEEPBIND=1 loads the module the ordinary way.
+
+    torch is imported first when it is installed: a library group loaded with
+    RTLD_DEEPBIND before torch's own makes torch's import die in free() (seen with torch
+    2.11 from pip on Ubuntu 24.04: `free(): invalid pointer` inside `import torch`, in a
+    process that imported quicksilver first)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
     flags = _sys.getdlopenflags()
     deep = getattr(_os, "RTLD_DEEPBIND", 0)
     if deep and _os.environ.get("QS_NO_DEEPBIND") != "1":

@@ -8,7 +8,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <execinfo.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -99,9 +104,33 @@ py::dict report_dict(const qs::runtime::WorkerReport& r) {
   return d;
 }
 
+// QS_SEGV_TRACE=1: a crash prints the native stack (which library, which function) before
+// the process dies as it would have; Python's faulthandler shows only Python frames.
+void print_native_stack(int sig) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  static const char kHead[] = "quicksilver: native stack at the crash (QS_SEGV_TRACE=1):\n";
+  (void)!write(STDERR_FILENO, kHead, sizeof kHead - 1);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+void install_crash_trace() {
+  const char* v = std::getenv("QS_SEGV_TRACE");
+  if (v == nullptr || std::string(v) != "1") return;
+  void* warm[1];
+  backtrace(warm, 1);  // loads libgcc now: nothing to load inside the handler
+  struct sigaction sa = {};
+  sa.sa_handler = print_native_stack;
+  sigaction(SIGSEGV, &sa, nullptr);
+  sigaction(SIGBUS, &sa, nullptr);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_quicksilver, m) {
+  install_crash_trace();
   m.doc() = "Quicksilver's runtime for PyTorch (see quicksilver.torch)";
   py::register_exception<QuicksilverError>(m, "QuicksilverError", PyExc_RuntimeError);
 
