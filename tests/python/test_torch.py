@@ -482,3 +482,37 @@ def test_step_hooks_run_once_and_shutdown_releases_everything():
     overrides = [n for m in model.modules() for n in ("state_dict", "parameters", "zero_grad", "__getstate__")
                  if n in m.__dict__]
     assert not overrides, overrides
+
+
+BENCH = os.path.join(HERE, "..", "..", "bench")
+CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not CUDA, reason="no CUDA device here (torch.cuda.is_available() is False): bench/gpu_check.sh runs it on one"))])
+def test_gpu_check_training_stage(build_dir, tmp_path, device):
+    """bench/gpu_check.sh's stage (a)+(b) (bench/gpu_train.py) as CI can run it: 2 ranks,
+    ResNet-18 with GroupNorm, a PS, an all-reduce and a delayed-update policy; exact
+    against one process, ranks bit-identical, then samples/s against DDP. On CUDA the
+    gradients go through the pinned staging; on the CPU through the in-place path."""
+    p, took = harness.launch(build_dir, "quicksilver", 2, os.path.join(BENCH, "gpu_train.py"),
+                             ["--device", device, "--size", "32", "--batch", "4", "--steps", "2", "--iterations", "2",
+                              "--warmup", "1", "--policies", "mercury,mgwfbp,deft"], 600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = p.stdout
+    assert "gpu_train: 2 ranks: all passed" in out, out
+    assert out.count("ranks bit-identical") == 3 and out.count("within tolerance") == 2, out
+    assert "x DDP-gloo" in out, out
+
+
+@pytest.mark.skipif(not CUDA, reason="no CUDA device here: the copy rates and the urgent gradient's delay need one")
+def test_gpu_copy_bench(build_dir):
+    p = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_copy.py"), "--sizes-mb", "1,4"], env=env(build_dir),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "urgent" in p.stdout, p.stdout + p.stderr
+
+
+def test_gpu_check_script_refuses_what_it_does_not_know():
+    p = subprocess.run(["bash", os.path.join(BENCH, "gpu_check.sh"), "--bogus"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 2 and "usage: bash bench/gpu_check.sh" in p.stderr, p.stderr
