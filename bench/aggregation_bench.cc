@@ -169,5 +169,31 @@ int main(int argc, char** argv) {
   }
   std::printf("\ncontext: memcpy of the whole %zu MiB region to another buffer: %.2f GB/s (median)\n",
               region_mib, median(big));
+
+  // Compression (--compression bf16|fp16): what rounding and widening cost per float32
+  // element, over the same region, medians of --reps (the simulator's conversion cost,
+  // ClusterConfig::convert_ns_per_element, comes from here).
+  std::printf("\n== Compression: float32 elements to and from the wire's dtype, %zu MiB region ==\n", region_mib);
+  std::printf("| operation | ns per element (median) | float32 GB/s |\n|---|---:|---:|\n");
+  const std::size_t n = s.region.size();
+  std::vector<std::byte> wire(n * 2);
+  for (auto d : {qs::transport::WireDType::kBFloat16, qs::transport::WireDType::kFloat16}) {
+    const char* dn = qs::transport::wire_dtype_name(d);
+    for (int op = 0; op < 2; ++op) {
+      std::vector<double> ns;
+      for (int r = 0; r < reps; ++r) {
+        const auto t0 = Clk::now();
+        if (op == 0) {
+          qs::runtime::encode_floats(s.region.data(), n, d, wire.data());
+        } else {
+          qs::runtime::add_wire(other.data(), wire.data(), n, d);
+        }
+        ns.push_back(std::chrono::duration<double, std::nano>(Clk::now() - t0).count() / static_cast<double>(n));
+      }
+      const double m = median(ns);
+      std::printf("| %s %s | %.3f | %.2f |\n", op == 0 ? "encode (worker push, server pull) to" : "add_wire (server sum) from",
+                  dn, m, 4.0 / m);
+    }
+  }
   return 0;
 }

@@ -452,6 +452,7 @@ class _Integration:
         self.find_unused = options["find_unused_parameters"]
         self.broadcast_buffers = options["broadcast_buffers"]
         self.check_every = options["check_consistency"]
+        self.compression = options["compression"]
         self.base = type(optimizer)
         self.raw_step = _raw_step(self.base)
         self.session = None
@@ -516,7 +517,8 @@ class _Integration:
         # Validates the policy and the knobs before any training (a one-layer stand-in).
         _qs.Job(json.dumps({"name": "check", "layers": [{"name": "l", "forward_ms": 0, "backward_ms": 0,
                                                          "tensors": [{"name": "t", "elements": 1}]}]}),
-                policy, self.knobs, 1, 1, bandwidth, congestion, connect_timeout, peer_timeout, self.architecture)
+                policy, self.knobs, 1, 1, bandwidth, congestion, connect_timeout, peer_timeout, self.architecture,
+                compression=self.compression)
 
         # Layers: the modules that own trainable parameters, in first-use order.
         self.handles += self.rec.hook(self._begin, self._pre_hook, self._end)
@@ -825,7 +827,7 @@ class _Integration:
             secret = box[0]
         job_args = (json.dumps(profile), self.policy, self.knobs, size)
         probe = _qs.Job(*job_args, 1, self.bandwidth, self.congestion, self.connect_timeout, self.peer_timeout,
-                        self.architecture)
+                        self.architecture, compression=self.compression)
         if probe.allreduce:
             # All-reduce on gloo: rank 0 hosts the rendezvous store; every worker binds its
             # gloo context to the address it reaches MASTER_ADDR from.
@@ -840,7 +842,8 @@ class _Integration:
             endpoints = [box[0]]
             links = [me]
         elif servers is None:
-            job = _qs.Job(*job_args, size, self.bandwidth, self.congestion, self.connect_timeout, self.peer_timeout)
+            job = _qs.Job(*job_args, size, self.bandwidth, self.congestion, self.connect_timeout, self.peer_timeout,
+                          compression=self.compression)
             host = _my_address(_env["master_addr"]) if size > 1 else "127.0.0.1"
             hosted = _qs.Server(job, rank, host, secret)
             me = (host, hosted.port)
@@ -851,7 +854,7 @@ class _Integration:
         else:
             endpoints = _parse_servers(servers)
             job = _qs.Job(*job_args, len(endpoints), self.bandwidth, self.congestion, self.connect_timeout,
-                          self.peer_timeout)
+                          self.peer_timeout, compression=self.compression)
         # The registry: tensor ids in layer order, each parameter's own .grad.
         self.layer_params = [ps for _, ps in self.layers]
         self.all_params = [p for ps in self.layer_params for p in ps]
@@ -1389,8 +1392,10 @@ Sum = "sum"
 
 
 class Compression:
-    """What goes on the wire: `Compression.none` (float32, today's only one). fp16 and bf16
-    come with the wire compression of the GPU work and raise until then."""
+    """What a gradient element is on the wire: `Compression.none` (float32), `Compression.bf16`
+    or `Compression.fp16` (half the bytes; each worker's gradient rounded to nearest even,
+    summed in float32 by the parameter servers, the sum rounded once on its way back).
+    Horovod's `Compression.fp16` means the same. Parameter-server policies only."""
     none = "none"
     fp16 = "fp16"
     bf16 = "bf16"
@@ -1439,7 +1444,8 @@ def DistributedOptimizer(optimizer, model=None, policy="mercury", named_paramete
     schedulers (created before or after) keep working.
 
     As Horovod's: `named_parameters` (names for the messages; must be the model's
-    trainable parameters), `compression` (Compression.none), `backward_passes_per_step`
+    trainable parameters), `compression` (None, Compression.bf16 or .fp16: gradients on the
+    wire, PS policies), `backward_passes_per_step`
     (K backward passes accumulate locally, then one communication and one step()), `op`
     (Average, or Sum: the sums undivided). As DistributedDataParallel's:
     `find_unused_parameters` (a parameter without a gradient in a pass counts as zero;
@@ -1475,10 +1481,11 @@ def DistributedOptimizer(optimizer, model=None, policy="mercury", named_paramete
             ", ".join(horovod)))
     if isinstance(optimizer.__class__.__dict__.get("_quicksilver"), bool):
         raise ValueError("quicksilver.torch.DistributedOptimizer: this optimizer is wrapped already")
-    if compression not in (None, Compression.none, "none"):
-        raise ValueError("quicksilver.torch.DistributedOptimizer: compression={!r} is not available yet: gradients "
-                         "travel as float32 (Compression.none). fp16/bf16 on the wire come with the GPU work "
-                         "(docs/pytorch.md, Limits)".format(compression))
+    wire = {None: "none", "none": "none", "bf16": "bf16", "fp16": "fp16"}.get(compression, None) \
+        if isinstance(compression, (str, type(None))) else None
+    if wire is None:
+        raise ValueError("quicksilver.torch.DistributedOptimizer: compression={!r}: give None (float32), "
+                         "Compression.bf16 or Compression.fp16".format(compression))
     if op not in (Average, Sum):
         raise ValueError("quicksilver.torch.DistributedOptimizer: op={!r}: give quicksilver.torch.Average or Sum"
                          .format(op))
@@ -1493,7 +1500,7 @@ def DistributedOptimizer(optimizer, model=None, policy="mercury", named_paramete
                                {"backward_passes_per_step": backward_passes_per_step, "op": op,
                                 "find_unused_parameters": bool(find_unused_parameters),
                                 "broadcast_buffers": bool(broadcast_buffers),
-                                "check_consistency": check_consistency})
+                                "check_consistency": check_consistency, "compression": wire})
     if named_parameters is not None:
         try:
             integration.use_names(named_parameters)

@@ -134,6 +134,9 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
   o.peer_timeout = *pt;
   if (o.peer_timeout <= 0) return invalid_argument("--peer-timeout must be > 0");
   o.payload_checksums = !f.no_checksum;
+  auto wire = transport::parse_wire_dtype(f.sim.compression);
+  if (!wire) return wire.status().with_context("--compression");
+  o.wire_dtype = *wire;
   auto cw = parse_time(f.commit_window);
   if (!cw) return cw.status().with_context("--commit-window");  // parse_time refuses < 0
   o.commit_window = *cw;

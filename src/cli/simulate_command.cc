@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "quicksilver/model/zoo.h"
 #include "quicksilver/policy/registry.h"
+#include "quicksilver/transport/wire.h"
 
 namespace qs::cli {
 namespace {
@@ -75,6 +76,10 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--allreduce-a", f->allreduce_a, "All-reduce: a of T=a+bM directly (a time)");
   app->add_option("--allreduce-b", f->allreduce_b, "All-reduce: b of T=a+bM directly, as a rate (M/b per byte)");
   app->add_option("--allreduce-fit", f->allreduce_fit, "All-reduce: fit a and b to a file of 'SIZE TIME' lines");
+  app->add_option("--compression", f->compression,
+                  "ps: gradient elements on the wire: none (float32), bf16 or fp16 (half the bytes; the servers sum "
+                  "in float32)")
+      ->capture_default_str();
   app->add_option("--second-link", f->second_link,
                   "all-reduce: add a second link this many times slower than the first (DeFT III-C; 0 = none)");
   app->add_flag("--overlapping-pulls", f->overlapping_pulls,
@@ -245,6 +250,14 @@ Result<Job> make_job(const SimFlags& f) {
     return invalid_argument("--second-link must be 0 (none) or a slowdown >= 1");
   }
   job.cluster.second_link_slowdown = f.second_link;
+  {
+    auto parsed = transport::parse_wire_dtype(f.compression);
+    if (!parsed) return parsed.status().with_context("--compression");
+    const transport::WireDType wire = *parsed;
+    job.cluster.compression = transport::wire_dtype_name(wire);
+    job.cluster.wire_element_bytes = transport::wire_dtype_size(wire);
+    if (wire != transport::WireDType::kFloat32) job.cluster.convert_ns_per_element = 0.35;
+  }
   job.cluster.overlapping_pulls = f.overlapping_pulls;
   if (!f.frame_header.empty()) {
     auto h = parse_size(f.frame_header);

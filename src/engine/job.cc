@@ -48,6 +48,16 @@ Status ClusterConfig::validate() const {
     return invalid_argument("--bandwidth must be in 1bps..1000000Gbps");
   }
   if (latency < 0 || latency > 3600 * kNsPerSec) return invalid_argument("--latency must be in 0..3600s");
+  if (wire_element_bytes != 4 && wire_element_bytes != 2) {
+    return invalid_argument("--compression: a gradient element is 4 (none) or 2 (bf16, fp16) bytes on the wire");
+  }
+  if (wire_element_bytes != 4 && architecture != Architecture::kPs) {
+    return invalid_argument("--compression applies to the parameter-server architecture: the all-reduce engine "
+                            "carries float32 (drop --compression, or use --architecture ps)");
+  }
+  if (!(convert_ns_per_element >= 0 && convert_ns_per_element < 1e6)) {
+    return invalid_argument("the conversion cost per element must be >= 0");
+  }
   if (!compute_factor.empty() && static_cast<int>(compute_factor.size()) != workers) {
     return invalid_argument("--compute-factor lists " + std::to_string(compute_factor.size()) +
                             " factors for " + std::to_string(workers) + " workers");

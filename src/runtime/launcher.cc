@@ -341,6 +341,7 @@ std::vector<std::string> job_args(const Job& job, const RunFiles& files, const s
                                    std::to_string(f.commit_window) + "ns", "--peer-timeout",
                                    std::to_string(f.peer_timeout) + "ns", "--secret-file", files.secret};
   if (!f.payload_checksums) args.push_back("--no-checksum");
+  if (job.cluster.wire_element_bytes != 4) args.insert(args.end(), {"--compression", job.cluster.compression});
   if (job.cluster.architecture == Architecture::kAllReduce) {
     args.insert(args.end(), {"--architecture", "allreduce"});
     if (job.cluster.second_link_slowdown != 0) {

@@ -88,7 +88,18 @@ Status check_sum(const float* sum, std::int64_t count, std::int64_t first_index,
 Status check_sum(const float* sum, std::int64_t count, std::int64_t first_index, int workers,
                  std::int64_t first_iteration, std::int64_t last_iteration, TensorId tensor);
 
+// The same with `wire` on the wire (compression): every element rounded as the runtime does.
+Status check_sum(const float* sum, std::int64_t count, std::int64_t first_index, int workers,
+                 std::int64_t iteration, TensorId tensor, transport::WireDType wire);
+
 // dst[i] += src[i] for i < n (vectorised). src may be unaligned.
 void add_floats(float* dst, const std::byte* src, std::size_t n);
+
+// n float32 elements to and from the wire's dtype (transport::WireDType; little-endian,
+// bf16/fp16 rounded to nearest even), and the server's sum: dst[i] += the element src[i]
+// carries. src/dst byte buffers may be unaligned.
+void encode_floats(const float* src, std::size_t n, transport::WireDType d, std::byte* dst);
+void decode_floats(const std::byte* src, std::size_t n, transport::WireDType d, float* dst);
+void add_wire(float* dst, const std::byte* src, std::size_t n, transport::WireDType d);
 
 }  // namespace qs::runtime

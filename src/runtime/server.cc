@@ -36,6 +36,7 @@ struct Server::Impl final : transport::FrameHandler {
     int count = 0;
     int pulls_left = 0;
     float* sum = nullptr;    // into accum_[slot]
+    std::byte* wire = nullptr;  // compression: the sum in the wire's dtype (into wire_accum[slot])
   };
   struct Peer {  // per worker connection state
     std::unique_ptr<Connection> conn;
@@ -43,7 +44,7 @@ struct Server::Impl final : transport::FrameHandler {
     bool bye = false;
     std::int64_t bye_iteration = -1;  // the last iteration it trained, from its bye
     Unit* current = nullptr;  // the unit the frame being read adds to
-    unsigned char carry[4] = {};
+    unsigned char carry[4] = {};  // a wire element split between two reads
     int carry_n = 0;
     // Its connection's liveness, watched from its first frame after the hello (the worker
     // heartbeats once its rendezvous with every server is done).
@@ -76,15 +77,18 @@ struct Server::Impl final : transport::FrameHandler {
       }
     }
     for (auto& a : accum) a.assign(floats, 0.0f);
+    if (wire_size < 4) {
+      for (auto& a : wire_accum) a.assign(floats * static_cast<std::size_t>(wire_size), std::byte{0});
+    }
     peers.resize(static_cast<std::size_t>(opts.job.workers));
     sender = std::make_unique<transport::Sender>(send_order(discipline), jl.layout.num_tensors() + 1, *loop);
     sender->set_batch_bytes(sender_batch_bytes(opts.job));
     sender->set_connections(std::vector<Connection*>(peers.size(), nullptr));
     sender->set_sent_callback([this](int, std::uint64_t tag) { on_pull_sent(tag); });
     rules.tensor_bytes.clear();
-    for (const TensorInfo& t : jl.layout.tensors()) {
-      rules.tensor_bytes.push_back(t.bytes);
-      rules.element_size.push_back(t.element_size);
+    for (const TensorInfo& t : jl.layout.tensors()) {  // in wire bytes
+      rules.tensor_bytes.push_back(t.bytes / wire_scale);
+      rules.element_size.push_back(t.element_size / wire_scale);
     }
     rules.kind = FrameKind::kPush;
     rules.num_priorities = static_cast<std::uint16_t>(jl.layout.num_tensors() + 1);
@@ -388,12 +392,16 @@ struct Server::Impl final : transport::FrameHandler {
     }
   }
 
-  Result<PayloadTarget> on_push_header(Connection& c, Peer& p, const Header& h) {
+  Result<PayloadTarget> on_push_header(Connection& c, Peer& p, const Header& on_wire) {
     const int w = c.index();
     rules.expected_sender = static_cast<std::uint16_t>(w);
     rules.min_iteration = static_cast<std::uint32_t>(std::max<std::int64_t>(p.last_iteration, 0));
     rules.max_iteration = static_cast<std::uint32_t>(p.last_iteration + 1);
-    QS_RETURN_IF_ERROR(transport::validate_data_header(h, rules));
+    QS_RETURN_IF_ERROR(transport::validate_data_header(on_wire, rules));
+    // From here on, offsets and lengths in the tensor's float32 bytes (the placement's).
+    Header h = on_wire;
+    h.offset *= static_cast<std::uint64_t>(wire_scale);
+    h.length *= static_cast<std::uint32_t>(wire_scale);
     // An open-ended run (PyTorch: the user's loop decides) ends when each worker's loop
     // does; a push beyond a finished worker's last iteration would wait for it for ever.
     for (std::size_t b = 0; b < peers.size(); ++b) {
@@ -446,7 +454,9 @@ struct Server::Impl final : transport::FrameHandler {
       u.length = h.length;
       u.priority = h.priority;
       u.iteration = h.iteration;
-      u.sum = accum[slot].data() + slice_base.at(own) + (static_cast<Bytes>(h.offset) - own->chunk.offset) / 4;
+      const std::size_t at = slice_base.at(own) + (static_cast<Bytes>(h.offset) - own->chunk.offset) / 4;
+      u.sum = accum[slot].data() + at;
+      if (wire_size < 4) u.wire = wire_accum[slot].data() + at * static_cast<std::size_t>(wire_size);
       std::fill(u.sum, u.sum + h.length / 4, 0.0f);
       it = map.emplace(key, u).first;
       ++live[slot];
@@ -480,23 +490,26 @@ struct Server::Impl final : transport::FrameHandler {
     last_push = loop->now();  // a long payload still streaming in is progress too
     Peer& p = peers[static_cast<std::size_t>(c.index())];
     Unit& u = *p.current;
+    // `at` counts wire bytes into the unit; each whole element is added as it arrives
+    // (Mercury's per-packet aggregation), converted to float32 first when compressed.
+    const auto ws = static_cast<std::size_t>(wire_size);
     std::uint64_t pos = at;
     if (p.carry_n > 0) {
-      const std::size_t take = std::min<std::size_t>(4 - static_cast<std::size_t>(p.carry_n), n);
+      const std::size_t take = std::min<std::size_t>(ws - static_cast<std::size_t>(p.carry_n), n);
       std::memcpy(p.carry + p.carry_n, data, take);
       p.carry_n += static_cast<int>(take);
       data += take;
       n -= take;
       pos += take;
-      if (p.carry_n < 4) return Status::ok();
-      add_floats(u.sum + (pos - 4) / 4, reinterpret_cast<const std::byte*>(p.carry), 1);
+      if (static_cast<std::size_t>(p.carry_n) < ws) return Status::ok();
+      add_wire(u.sum + (pos - ws) / ws, reinterpret_cast<const std::byte*>(p.carry), 1, wire_dtype);
       p.carry_n = 0;
     }
-    const std::size_t whole = n / 4;
-    add_floats(u.sum + pos / 4, data, whole);
-    if (n % 4 != 0) {
-      p.carry_n = static_cast<int>(n % 4);
-      std::memcpy(p.carry, data + whole * 4, n % 4);
+    const std::size_t whole = n / ws;
+    add_wire(u.sum + pos / ws, data, whole, wire_dtype);
+    if (n % ws != 0) {
+      p.carry_n = static_cast<int>(n % ws);
+      std::memcpy(p.carry, data + whole * ws, n % ws);
     }
     return Status::ok();
   }
@@ -522,12 +535,16 @@ struct Server::Impl final : transport::FrameHandler {
         if (u.count == opts.job.workers) {
           // Ready (Mercury IV-C "Ready Queue"): one pull per worker, in the server discipline.
           u.pulls_left = opts.job.workers;
-          Header pull = h;
+          Header pull = h;  // in wire bytes, as the push came
           pull.kind = FrameKind::kPull;
           pull.sender = static_cast<std::uint16_t>(opts.server_id);
+          const std::byte* payload = reinterpret_cast<const std::byte*>(u.sum);
+          if (u.wire != nullptr) {  // compression: the float32 sum rounded once, for every worker
+            encode_floats(u.sum, u.length / 4, wire_dtype, u.wire);
+            payload = u.wire;
+          }
           for (int v = 0; v < opts.job.workers; ++v) {
-            sender->enqueue(v, pull, reinterpret_cast<const std::byte*>(u.sum),
-                            reinterpret_cast<std::uint64_t>(&u));
+            sender->enqueue(v, pull, payload, reinterpret_cast<std::uint64_t>(&u));
           }
           return sender->pump();
         }
@@ -643,6 +660,12 @@ struct Server::Impl final : transport::FrameHandler {
   transport::DataRules rules;
   std::unordered_map<const Slice*, std::size_t> slice_base;  // this server's slices: first float in accum
   std::vector<float> accum[2];                 // by iteration parity
+  // Compression (JobOptions::wire_dtype): the pulls' bytes, beside accum; wire bytes per
+  // element, and float32 bytes per wire byte.
+  std::vector<std::byte> wire_accum[2];
+  transport::WireDType wire_dtype = opts.job.wire_dtype;
+  int wire_size = transport::wire_dtype_size(wire_dtype);
+  int wire_scale = 4 / wire_size;
   std::map<std::pair<TensorId, std::uint64_t>, Unit> units[2];  // live units by parity
   std::int64_t slot_iteration[2] = {-1, -1};
   Server::Repairs repairs;            // per iteration (note_repairs)

@@ -57,8 +57,8 @@ Status check_registry(const std::vector<TensorBuffer>& tensors, const TensorLayo
   return Status::ok();
 }
 
-KnownContent::KnownContent(const Profile& profile, int worker, int workers, bool verify)
-    : layout_(profile), worker_(worker), workers_(workers), verify_(verify) {
+KnownContent::KnownContent(const Profile& profile, int worker, int workers, bool verify, transport::WireDType wire)
+    : layout_(profile), worker_(worker), workers_(workers), verify_(verify), wire_(wire) {
   std::size_t floats = 0;
   for (const TensorInfo& t : layout_.tensors()) {
     base_.push_back(floats);
@@ -89,7 +89,7 @@ Status KnownContent::on_layer_ready(int layer, std::int64_t iteration) {
   if (!verify_) return Status::ok();
   for (TensorId t = layout_.first_tensor(layer); t < layout_.end_tensor(layer); ++t) {
     QS_RETURN_IF_ERROR(check_sum(sums_.data() + base_[static_cast<std::size_t>(t)], layout_.tensor(t).bytes / 4, 0,
-                                 workers_, iteration, t));
+                                 workers_, iteration, t, wire_));
   }
   ++layers_checked_;
   return Status::ok();

@@ -77,15 +77,19 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     // The tensors: the caller's, or synthetic ones with known content.
     source = opts.tensors;
     if (source == nullptr) {
-      known = std::make_unique<KnownContent>(job.profile, opts.worker_id, job.workers, opts.verify);
+      known = std::make_unique<KnownContent>(job.profile, opts.worker_id, job.workers, opts.verify, job.wire_dtype);
       source = known.get();
     }
     buffers = source->tensors();
     QS_RETURN_IF_ERROR(check_registry(buffers, jl.layout));
     pull_header_at.assign(static_cast<std::size_t>(job.servers), 0);
-    for (const TensorInfo& t : jl.layout.tensors()) {
-      rules.tensor_bytes.push_back(t.bytes);
-      rules.element_size.push_back(t.element_size);
+    for (const TensorInfo& t : jl.layout.tensors()) {  // in wire bytes
+      rules.tensor_bytes.push_back(t.bytes / wire_scale);
+      rules.element_size.push_back(t.element_size / wire_scale);
+      // Compression: each tensor's gradient in the wire's dtype as it is pushed; its
+      // pulled sum lands there too (a range is pulled only after this worker's push of it
+      // was sent whole), then widens into TensorBuffer::sum.
+      if (wire_scale > 1) wire_buf.emplace_back(static_cast<std::size_t>(t.bytes / wire_scale));
     }
     rules.num_priorities = static_cast<std::uint16_t>(priorities);
     urgent_end = jl.layout.end_tensor(0);
@@ -318,8 +322,16 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     h.length = static_cast<std::uint32_t>(u.chunk.length);
     h.offset = static_cast<std::uint64_t>(u.chunk.offset);
     h.priority = static_cast<std::uint16_t>(u.priority);
-    const auto* payload =
-        reinterpret_cast<const std::byte*>(buffers[static_cast<std::size_t>(u.chunk.tensor)].gradient) + u.chunk.offset;
+    const auto ti = static_cast<std::size_t>(u.chunk.tensor);
+    const auto* payload = reinterpret_cast<const std::byte*>(buffers[ti].gradient) + u.chunk.offset;
+    if (wire_scale > 1) {  // rounded into the wire's dtype as it goes
+      std::byte* w = wire_buf[ti].data() + u.chunk.offset / wire_scale;
+      encode_floats(buffers[ti].gradient + u.chunk.offset / 4, static_cast<std::size_t>(u.chunk.length / 4),
+                    opts.job.wire_dtype, w);
+      payload = w;
+      h.offset /= static_cast<std::uint64_t>(wire_scale);
+      h.length /= static_cast<std::uint32_t>(wire_scale);
+    }
     if (transport_since < 0) transport_since = loop->now();
     last_progress = loop->now();  // a wait begins with what was pushed
     if (opts.record_trace) {
@@ -426,8 +438,9 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
         rules.expected_sender = static_cast<std::uint16_t>(s);
         rules.min_iteration = rules.max_iteration = static_cast<std::uint32_t>(iteration);
         QS_RETURN_IF_ERROR(transport::validate_data_header(h, rules));
-        auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset});
-        if (it == outstanding.end() || it->second.unit.server != s || it->second.unit.chunk.length != h.length ||
+        auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset * wire_scale});
+        if (it == outstanding.end() || it->second.unit.server != s ||
+            it->second.unit.chunk.length != static_cast<Bytes>(h.length * wire_scale) ||
             (h.kind == FrameKind::kAck ? it->second.acked : it->second.pulled)) {
           return transport::header_error(
               HeaderField::kOffset, std::string(transport::frame_kind_name(h.kind)) + " of tensor " +
@@ -439,6 +452,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
         last_progress = loop->now();
         if (h.kind == FrameKind::kAck) return PayloadTarget::buffer();  // no payload
         pull_header_at[static_cast<std::size_t>(s)] = loop->now();
+        if (wire_scale > 1) return PayloadTarget::to(wire_buf[h.tensor].data() + h.offset);
         return PayloadTarget::to(reinterpret_cast<std::byte*>(buffers[h.tensor].sum) + h.offset);
       }
       case FrameKind::kPush: break;
@@ -468,7 +482,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       case FrameKind::kBye:
       case FrameKind::kHeartbeat: return Status::ok();
       case FrameKind::kAck: {
-        auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset});
+        auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset * wire_scale});
         it->second.acked = true;
         if (it->second.in_kernel >= 0 && (iteration >= opts.warmup || iteration + 1 == opts.job.iterations)) {
           ack_rtts.add(loop->now() - it->second.in_kernel);
@@ -479,7 +493,11 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
         return Status::ok();
       }
       case FrameKind::kPull: {
-        auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset});
+        if (wire_scale > 1) {  // the sum, rounded by the server, widened into the model's buffer
+          decode_floats(wire_buf[h.tensor].data() + h.offset, h.length / static_cast<std::size_t>(4 / wire_scale),
+                        opts.job.wire_dtype, buffers[h.tensor].sum + h.offset * wire_scale / 4);
+        }
+        auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset * wire_scale});
         it->second.pulled = true;
         const PushUnit u = it->second.unit;
         if (it->second.acked) outstanding.erase(it);
@@ -564,6 +582,10 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   TensorSource* source = nullptr;
   std::unique_ptr<KnownContent> known;
   std::vector<TensorBuffer> buffers;  // by tensor id
+  // Compression (JobOptions::wire_dtype): float32 bytes per wire byte (1: none), and each
+  // tensor's bytes on the wire.
+  std::uint64_t wire_scale = 4 / static_cast<std::uint64_t>(transport::wire_dtype_size(opts.job.wire_dtype));
+  std::vector<std::vector<std::byte>> wire_buf;
   // The loop and its seams (the exchange is this Impl).
   std::unique_ptr<LoopTimer> timer;
   std::unique_ptr<Compute> gpu;

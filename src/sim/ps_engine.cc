@@ -103,10 +103,11 @@ struct Link {
   // from `now`) to `to`: this link is busy until it serialised them; they arrive once `to`
   // carried them too, behind what it already carries. Returns (this link's end, the
   // arrival at the far end).
-  std::pair<TimeNs, TimeNs> transfer(TimeNs now, Bytes bytes, Link& to) {
-    const TimeNs fin1 = serialise(now, bytes) + frame_cpu;
+  // `convert`: the frame's conversion cost at each end (ClusterConfig::convert_time).
+  std::pair<TimeNs, TimeNs> transfer(TimeNs now, Bytes bytes, Link& to, TimeNs convert = 0) {
+    const TimeNs fin1 = serialise(now, bytes) + frame_cpu + convert;
     const TimeNs start2 = std::max(now, to.busy_until);
-    const TimeNs fin2 = std::max(fin1, to.serialise(start2, bytes) + to.frame_cpu);
+    const TimeNs fin2 = std::max(fin1, to.serialise(start2, bytes) + to.frame_cpu + convert);
     to.busy_until = fin2;
     busy_until = fin1;
     return {fin1, fin2};
@@ -667,7 +668,8 @@ class PsNetwork {
       --w.queued_[static_cast<std::size_t>(nj.layout->tensor(u.chunk.tensor).layer)];
     }
     Server& s = *servers_[static_cast<std::size_t>(u.server)];
-    const auto [fin1, fin2] = n.up.transfer(now, u.chunk.length + cluster_.frame_header, s.in);
+    const auto [fin1, fin2] = n.up.transfer(now, cluster_.wire_payload(u.chunk.length) + cluster_.frame_header, s.in,
+                                            cluster_.convert_time(u.chunk.length));
     w.busy_ += fin1 - now;
     w.bytes_ += u.chunk.length;
     ++w.units_;
@@ -746,12 +748,13 @@ class PsNetwork {
       // Mercury eq. 7: tau_pull = tau_push + t_pull, no pull waits for another.
       const TimeNs now = clock_.now();
       // With hosts of different rates, each pull takes its time at the slower of the two NICs.
-      const Bytes bytes = u.chunk.length + cluster_.frame_header;
-      const TimeNs from_server = s.out.finish_time(now, bytes);
+      const Bytes bytes = cluster_.wire_payload(u.chunk.length) + cluster_.frame_header;
+      const TimeNs convert = cluster_.convert_time(u.chunk.length);
+      const TimeNs from_server = s.out.finish_time(now, bytes) + convert;
       const std::uint32_t sum = units_.add(u, cluster_.workers, job);
       for (int w = 0; w < cluster_.workers; ++w) {
         const TimeNs fin =
-            std::max(from_server, nics_[static_cast<std::size_t>(w)]->down.finish_time(now, bytes)) +
+            std::max(from_server, nics_[static_cast<std::size_t>(w)]->down.finish_time(now, bytes) + convert) +
             cluster_.frame_cpu;
         if (port(job, w).rec_down_.enabled()) {
           port(job, w).rec_down_.add(now, fin, "pull " + std::to_string(u.chunk.tensor));
@@ -793,7 +796,8 @@ class PsNetwork {
     Port& w = port(job, wid);
     Nic& n = *nics_[static_cast<std::size_t>(wid)];
     const TimeNs start2 = std::max(now, n.down.busy_until);
-    const auto [fin1, fin2] = s.out.transfer(now, u.chunk.length + cluster_.frame_header, n.down);
+    const auto [fin1, fin2] = s.out.transfer(now, cluster_.wire_payload(u.chunk.length) + cluster_.frame_header, n.down,
+                                             cluster_.convert_time(u.chunk.length));
     if (w.rec_down_.enabled()) w.rec_down_.add(start2, fin2, "pull " + std::to_string(u.chunk.tensor));
     clock_.schedule_event_on(s.out_lane, fin1, kServerOutFree, server, 0);
     const TimeNs at = add_saturated(fin2, cluster_.latency);
@@ -885,7 +889,7 @@ class PsNetwork {
   }
   void start_flow(const FluidLinks::Flow& f, Bytes payload) {
     fluid_->advance(clock_.now());
-    fluid_->add(f, payload + cluster_.frame_header);
+    fluid_->add(f, cluster_.wire_payload(payload) + cluster_.frame_header);
     // The rates change: reshare once the current event is done (one reshare for every
     // flow it starts), unless a wake is already due now or on_flow_wake reshares anyway.
     if (in_wake_ || wake_at_ == clock_.now()) return;

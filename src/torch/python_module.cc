@@ -166,8 +166,9 @@ PYBIND11_MODULE(_quicksilver, m) {
       .def(py::init([](const std::string& profile_json, const std::string& policy,
                        const std::map<std::string, std::string>& knobs, int workers, int servers,
                        const std::string& bandwidth, const std::string& congestion, double connect_timeout,
-                       double peer_timeout, const std::string& architecture) {
+                       double peer_timeout, const std::string& architecture, const std::string& compression) {
              qs::pytorch::JobSpec spec;
+             spec.compression = compression;
              spec.profile_json = profile_json;
              spec.policy = policy;
              spec.architecture = architecture;
@@ -184,7 +185,7 @@ PYBIND11_MODULE(_quicksilver, m) {
            }),
            py::arg("profile_json"), py::arg("policy"), py::arg("knobs"), py::arg("workers"), py::arg("servers"),
            py::arg("bandwidth") = "10Gbps", py::arg("congestion") = "cubic", py::arg("connect_timeout") = 120.0,
-           py::arg("peer_timeout") = 600.0, py::arg("architecture") = "")
+           py::arg("peer_timeout") = 600.0, py::arg("architecture") = "", py::arg("compression") = "none")
       .def_property_readonly("num_layers", [](const Job& j) { return j.options.profile.num_layers(); })
       .def_property_readonly("num_tensors", [](const Job& j) { return j.options.profile.num_tensors(); })
       .def_property_readonly("allreduce", [](const Job& j) { return j.allreduce; });

@@ -230,4 +230,22 @@ std::uint64_t fnv1a64(std::string_view data, std::uint64_t h) {
   return h;
 }
 
+const char* wire_dtype_name(WireDType d) {
+  switch (d) {
+    case WireDType::kFloat32: return "float32";
+    case WireDType::kBFloat16: return "bf16";
+    case WireDType::kFloat16: return "fp16";
+  }
+  return "?";
+}
+
+int wire_dtype_size(WireDType d) { return d == WireDType::kFloat32 ? 4 : 2; }
+
+Result<WireDType> parse_wire_dtype(const std::string& text) {
+  if (text == "none" || text == "float32" || text.empty()) return WireDType::kFloat32;
+  if (text == "bf16" || text == "bfloat16") return WireDType::kBFloat16;
+  if (text == "fp16" || text == "float16") return WireDType::kFloat16;
+  return invalid_argument("compression '" + text + "': give none, bf16 or fp16");
+}
+
 }  // namespace qs::transport

@@ -454,14 +454,20 @@ def compiled(world):
     return train(world, model, opt, sched, forward=fast)
 
 
-def low_precision(world, dtype):
+def low_precision(world, dtype, wire=None):
     """A model whose parameters are `dtype` (bfloat16 or float16): staged through host
     float32 buffers, summed in float32, rounded to `dtype`, then averaged. The reference
     rounds the same way: each worker's gradient apart in `dtype`, summed in float32,
-    rounded, divided by the workers."""
+    rounded, divided by the workers. With `wire` (bf16 or fp16 compression of a float32
+    model): each worker's gradient rounded to `wire`, summed in float32, the sum rounded
+    to `wire` again, then averaged in float32."""
     model = seeded_model("digits").to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    opt = world.wrap(opt, model)
+    opt = world.wrap(opt, model, compression=wire) if wire else world.wrap(opt, model)
+    narrow = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(wire)
+
+    def rounded(t):
+        return t.to(narrow).float() if narrow is not None else t
     loss_fn = nn.CrossEntropyLoss()
     for it in range(ITERATIONS):
         opt.zero_grad()
@@ -474,10 +480,10 @@ def low_precision(world, dtype):
             loss_fn(model(x.to(dtype)).float(), y).backward()
             if not world.worker:
                 for s, p in zip(sums, model.parameters()):
-                    s += p.grad.float()
+                    s += rounded(p.grad.float())
         if not world.worker:
             for s, p in zip(sums, model.parameters()):
-                p.grad = s.to(dtype) / world.size
+                p.grad = rounded(s).to(dtype) / world.size
         opt.step()
     return {"model": world.done(opt, model)}
 
@@ -490,9 +496,17 @@ def fp16(world):
     return low_precision(world, torch.float16)
 
 
+def wire_bf16(world):
+    return low_precision(world, torch.float32, "bf16")
+
+
+def wire_fp16(world):
+    return low_precision(world, torch.float32, "fp16")
+
+
 IDIOMS = {f.__name__: f for f in (
     compiled, sum_op, onecycle, warmup_before, clip, clip_tiny, accumulate, checkpoint_ema,
-    gradscaler, unused, batchnorm, horovod, transformer, bf16, fp16)}
+    gradscaler, unused, batchnorm, horovod, transformer, bf16, fp16, wire_bf16, wire_fp16)}
 
 
 # ---- what must raise, and with which words ----

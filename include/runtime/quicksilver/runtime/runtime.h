@@ -44,6 +44,7 @@
 #include "quicksilver/runtime/tensors.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/socket.h"
+#include "quicksilver/transport/wire.h"
 
 namespace qs::runtime {
 
@@ -72,6 +73,9 @@ struct JobOptions {
   // bandwidth monitor has a measurement.
   Rate bandwidth = Rate::gbps(10);
   transport::SocketOptions socket;          // congestion control, buffers
+  // Gradient elements on the wire (transport/wire.h): float32, or bf16/fp16 with float32
+  // sums at the servers. The parameter-server runtime only.
+  transport::WireDType wire_dtype = transport::WireDType::kFloat32;
   // How long an urgent unit may wait, at `bandwidth`, behind bytes a connection already
   // committed past the sending buffer, where preemption cannot reach them: each socket's
   // TCP_NOTSENT_LOWAT is the bytes the NIC sends in this time (at least 8 KiB), and the

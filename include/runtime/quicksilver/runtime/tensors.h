@@ -17,6 +17,7 @@
 #include "quicksilver/core/status.h"
 #include "quicksilver/model/profile.h"
 #include "quicksilver/policy/layout.h"
+#include "quicksilver/transport/wire.h"
 
 namespace qs::runtime {
 
@@ -128,7 +129,9 @@ Status check_registry(const std::vector<TensorBuffer>& tensors, const TensorLayo
 // and the first wrong one is named.
 class KnownContent final : public TensorSource {
  public:
-  KnownContent(const Profile& profile, int worker, int workers, bool verify);
+  // `wire`: the job's wire dtype; compressed sums are checked as rounded the same way.
+  KnownContent(const Profile& profile, int worker, int workers, bool verify,
+               transport::WireDType wire = transport::WireDType::kFloat32);
   std::vector<TensorBuffer> tensors() override;
   void on_backward(int layer, std::int64_t iteration) override;
   Status on_layer_ready(int layer, std::int64_t iteration) override;
@@ -139,6 +142,7 @@ class KnownContent final : public TensorSource {
   TensorLayout layout_;
   int worker_, workers_;
   bool verify_;
+  transport::WireDType wire_;
   std::vector<std::size_t> base_;  // by tensor: its first float in the buffers
   std::vector<float> gradients_, sums_;
   std::int64_t layers_checked_ = 0;

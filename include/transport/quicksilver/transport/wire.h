@@ -73,6 +73,18 @@ enum class FrameKind : std::uint8_t {
 };
 const char* frame_kind_name(FrameKind k);
 
+// What a gradient element is on the wire (a job setting, the same on every node: it is
+// hashed into the hello). float32 moves the model's float32 bytes as they are; bfloat16
+// and float16 ("compression") halve the bytes: the worker rounds each gradient element
+// to nearest even as it pushes, the server converts as it adds and sums in float32, and
+// sends the sum rounded the same way; the worker widens it as it lands. Push, ack and pull
+// headers then count offsets and lengths in wire bytes (2 per element).
+enum class WireDType : std::uint8_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+const char* wire_dtype_name(WireDType d);  // "float32", "bf16", "fp16"
+int wire_dtype_size(WireDType d);          // bytes per element on the wire
+// "none"/"float32", "bf16"/"bfloat16", "fp16"/"float16".
+Result<WireDType> parse_wire_dtype(const std::string& text);
+
 // The header fields a receiver checks, for messages and tests.
 enum class HeaderField {
   kMagic,
