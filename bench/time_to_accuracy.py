@@ -7,6 +7,8 @@ accuracy after --epochs. Run as N processes:
 
     ./build/quicksilver run --netns --bandwidth 200Mbps --workers 2 \\
         --script bench/time_to_accuracy.py --policies deft,mercury
+    ./build/quicksilver run --netns --bandwidth 200Mbps --workers 2 \\
+        --script bench/time_to_accuracy.py --policies mercury,mercury+bf16,mercury+fp16
 
 Rank 0 prints one line per mode: seconds to the target (or "not reached"), final test
 accuracy, iterations, parameter updates per iteration (DeFT merges iterations).
@@ -26,7 +28,8 @@ import models  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="cnn", choices=["cnn", "resnet18"])
-ap.add_argument("--policies", default="deft,mercury")
+ap.add_argument("--policies", default="deft,mercury",
+                help="modes beside DDP: a policy, or POLICY+bf16 / POLICY+fp16 (compressed gradients)")
 ap.add_argument("--batch", type=int, default=16, help="per worker")
 ap.add_argument("--epochs", type=int, default=6)
 ap.add_argument("--lr", type=float, default=0.05)
@@ -81,8 +84,9 @@ def train(mode, data):
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     if mode == "ddp":
         net = nn.parallel.DistributedDataParallel(model)
-    else:
-        opt = qs.DistributedOptimizer(opt, model, policy=mode, **knobs())
+    else:  # POLICY or POLICY+bf16 / POLICY+fp16: compressed gradients on the wire
+        policy, _, wire = mode.partition("+")
+        opt = qs.DistributedOptimizer(opt, model, policy=policy, compression=wire or None, **knobs())
     loss_fn = nn.CrossEntropyLoss()
     n, r = qs.size(), qs.rank()
     per_iteration = args.batch * n
