@@ -623,6 +623,45 @@ TEST(CollectiveChecksums, WorkersThatDisagreeOnChecksumsFailAtStart) {
   }
 }
 
+// Compression on the all-reduce engine (issue 29 item 3): the ring or bcube on 2-byte
+// elements, partial sums added in float32 and rounded at each hop; every pulled element
+// checked: with 2 workers exactly as rounded (each gradient once, the sum once), with
+// more within the bound of a rounding per hop; every worker's sums the same (the check
+// runs on each). DeFT: iterations merged locally, then compressed.
+TEST(CollectiveCompression, EveryWorkerGetsTheRoundedSums) {
+  if (!have_gloo()) GTEST_SKIP() << "built without gloo";
+  struct Case {
+    const char* policy;
+    int workers, links;
+    transport::WireDType wire;
+  };
+  for (const Case& c : {Case{"mgwfbp", 2, 1, transport::WireDType::kBFloat16},
+                        Case{"wfbp", 3, 1, transport::WireDType::kFloat16},
+                        Case{"bytescheduler", 4, 1, transport::WireDType::kBFloat16},
+                        Case{"deft", 2, 2, transport::WireDType::kBFloat16}}) {
+    const int iterations = 4;
+    auto reports = run_job(c.policy, c.workers, iterations, c.links, {},
+                           std::string(c.policy) == "deft" ? light_profile() : small_profile(), {}, {},
+                           [&c](CollectiveOptions& o) { o.job.wire_dtype = c.wire; });
+    for (const auto& r : reports) {
+      ASSERT_TRUE(r.is_ok()) << c.policy << ": " << r.status().message();
+      EXPECT_EQ(r->iterations_verified, iterations) << c.policy << " worker " << r->worker_id;
+    }
+  }
+}
+
+TEST(CollectiveCompression, WorkersThatDisagreeFailAtStart) {
+  if (!have_gloo()) GTEST_SKIP() << "built without gloo";
+  auto reports = run_job("wfbp", 2, 3, 1, {}, small_profile(), {}, {}, [](CollectiveOptions& o) {
+    o.job.peer_timeout = 2 * kNsPerSec;
+    if (o.rank == 1) o.job.wire_dtype = transport::WireDType::kBFloat16;
+  });
+  for (const auto& r : reports) {
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("disagree on compression"), std::string::npos) << r.status().message();
+  }
+}
+
 // A real model's buffers (as the PyTorch Session's: the sums reduced in place in the
 // gradients), each layer's sums checked exactly when the worker hands them over.
 class InPlaceSource final : public TensorSource {

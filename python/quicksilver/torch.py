@@ -1395,7 +1395,8 @@ class Compression:
     """What a gradient element is on the wire: `Compression.none` (float32), `Compression.bf16`
     or `Compression.fp16` (half the bytes; each worker's gradient rounded to nearest even,
     summed in float32 by the parameter servers, the sum rounded once on its way back).
-    Horovod's `Compression.fp16` means the same. Parameter-server policies only."""
+    Horovod's `Compression.fp16` means the same. On the all-reduce policies each partial sum
+    is added in float32 and rounded as it is passed on."""
     none = "none"
     fp16 = "fp16"
     bf16 = "bf16"
@@ -1445,7 +1446,7 @@ def DistributedOptimizer(optimizer, model=None, policy="mercury", named_paramete
 
     As Horovod's: `named_parameters` (names for the messages; must be the model's
     trainable parameters), `compression` (None, Compression.bf16 or .fp16: gradients on the
-    wire, PS policies), `backward_passes_per_step`
+    wire), `backward_passes_per_step`
     (K backward passes accumulate locally, then one communication and one step()), `op`
     (Average, or Sum: the sums undivided). As DistributedDataParallel's:
     `find_unused_parameters` (a parameter without a gradient in a pass counts as zero;

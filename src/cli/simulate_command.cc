@@ -77,8 +77,7 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--allreduce-b", f->allreduce_b, "All-reduce: b of T=a+bM directly, as a rate (M/b per byte)");
   app->add_option("--allreduce-fit", f->allreduce_fit, "All-reduce: fit a and b to a file of 'SIZE TIME' lines");
   app->add_option("--compression", f->compression,
-                  "ps: gradient elements on the wire: none (float32), bf16 or fp16 (half the bytes; the servers sum "
-                  "in float32)")
+                  "Gradient elements on the wire: none (float32), bf16 or fp16 (half the bytes; sums in float32)")
       ->capture_default_str();
   app->add_option("--second-link", f->second_link,
                   "all-reduce: add a second link this many times slower than the first (DeFT III-C; 0 = none)");

@@ -51,10 +51,6 @@ Status ClusterConfig::validate() const {
   if (wire_element_bytes != 4 && wire_element_bytes != 2) {
     return invalid_argument("--compression: a gradient element is 4 (none) or 2 (bf16, fp16) bytes on the wire");
   }
-  if (wire_element_bytes != 4 && architecture != Architecture::kPs) {
-    return invalid_argument("--compression applies to the parameter-server architecture: the all-reduce engine "
-                            "carries float32 (drop --compression, or use --architecture ps)");
-  }
   if (!(convert_ns_per_element >= 0 && convert_ns_per_element < 1e6)) {
     return invalid_argument("the conversion cost per element must be >= 0");
   }

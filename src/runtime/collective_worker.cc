@@ -558,7 +558,8 @@ struct CollectiveWorker::Impl final : Exchange {
   }
   static ReduceFn sum_floats() { return static_cast<ReduceFn>(&gloo::sum<float>); }
 
-  // Times this link's all-reduce over a size sweep; every worker returns the same fit.
+  // Times this link's all-reduce over a size sweep (as the job's buckets will run: the
+  // same compression); every worker returns the same fit.
   Result<AllReduceCost> calibrate(int li) {
     Link& link = *links[static_cast<std::size_t>(li)];
     const Bytes total = layout.total_bytes();
@@ -573,12 +574,12 @@ struct CollectiveWorker::Impl final : Exchange {
     std::vector<float> data(static_cast<std::size_t>(top / 4), 1.0f);
     std::vector<double> medians;
     try {
-      allreduce_on(link.ctx, data.data(), 1024, 4, sum_floats());  // warm-up: connections, buffers
+      reduce_floats(link, data.data(), 1024);  // warm-up: connections, buffers
       for (double s : sizes) {
         std::vector<TimeNs> t;
         for (int r = 0; r < opts.calibration_repeats; ++r) {
           const TimeNs t0 = mono_now();
-          allreduce_on(link.ctx, data.data(), static_cast<std::size_t>(s / 4), 4, sum_floats());
+          reduce_floats(link, data.data(), static_cast<std::size_t>(s / 4));
           t.push_back(mono_now() - t0);
         }
         std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
@@ -604,16 +605,23 @@ struct CollectiveWorker::Impl final : Exchange {
   // messages for data, so this one collective runs without, and a disagreement fails
   // every worker, naming the setting (as the PS path's hello does).
   Result<double> slowest_factor() {
+    // The wire's dtype too (compression): elements of another size would be taken apart
+    // wrongly. The maximum of x and of -x is the minimum's negation: equal when all agree.
     const double cs = opts.job.payload_checksums ? 1 : 0;
-    double v[3] = {opts.compute_factor, cs, 1 - cs};
+    const double wire = static_cast<double>(opts.job.wire_dtype);
+    double v[5] = {opts.compute_factor, cs, 1 - cs, wire, -wire};
     try {
-      allreduce_on(control, v, 3, sizeof(double), static_cast<ReduceFn>(&gloo::max<double>), false);
+      allreduce_on(control, v, 5, sizeof(double), static_cast<ReduceFn>(&gloo::max<double>), false);
     } catch (const std::exception& e) {
       return unavailable(name() + ": " + e.what());
     }
     if (v[1] == 1 && v[2] == 1) {
       return invalid_argument(name() + ": the workers disagree on checksums (some run with --no-checksum): every "
                                        "worker of the job or none");
+    }
+    if (v[3] != -v[4]) {
+      return invalid_argument(name() + ": the workers disagree on compression (--compression): every worker of the "
+                                       "job the same");
     }
     return v[0];
   }
@@ -1063,7 +1071,28 @@ struct CollectiveWorker::Impl final : Exchange {
     std::unique_ptr<gloo::transport::UnboundBuffer> send_buf;  // worker 0's decisions
     ControlMessage out{};
     std::vector<float> data;  // the bucket being reduced (link thread only)
+    std::vector<std::byte> wire;  // compression: the same in the wire's dtype
   };
+
+  // `count` floats at `data` summed across the workers on the link's context, in place,
+  // on the wire as the job says. Compression: the ring (or bcube) runs on 2-byte
+  // elements; this worker's values are rounded once, every partial sum is added in
+  // float32 and rounded as it is passed on, and every worker ends with the same rounded
+  // sums, widened back here.
+  void reduce_floats(Link& link, float* data, std::size_t count,
+                     std::function<void(int, std::byte*, std::size_t)> tamper = {}) {
+    const transport::WireDType wire = opts.job.wire_dtype;
+    if (wire == transport::WireDType::kFloat32) {
+      allreduce_on(link.ctx, data, count, sizeof(float), sum_floats(), true, std::move(tamper));
+      return;
+    }
+    link.wire.resize(count * 2);
+    encode_floats(data, count, wire, link.wire.data());
+    allreduce_on(link.ctx, link.wire.data(), count, 2,
+                 wire == transport::WireDType::kBFloat16 ? &reduce_bf16 : &reduce_fp16, true, std::move(tamper));
+    decode_floats(link.wire.data(), count, wire, data);
+  }
+
 
   void link_thread(int li) {
     Link& link = *links[static_cast<std::size_t>(li)];
@@ -1220,7 +1249,7 @@ struct CollectiveWorker::Impl final : Exchange {
       tamper = [this, li](int from, std::byte* p, std::size_t n) { opts.tamper_received(li, from, p, n); };
     }
     try {
-      allreduce_on(link.ctx, data, count, sizeof(float), sum_floats(), true, std::move(tamper));
+      reduce_floats(link, data, count, std::move(tamper));
     } catch (const std::exception& e) {
       throw std::runtime_error("all-reduce of " + describe(b) + ": " + e.what());
     }
@@ -1238,8 +1267,12 @@ struct CollectiveWorker::Impl final : Exchange {
       const Chunk& c = b.chunks[i];
       const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
       const float* at = reduced != nullptr ? reduced : buffers[static_cast<std::size_t>(c.tensor)].sum + first;
-      Status s = check_sum(at, static_cast<std::int64_t>(count), static_cast<std::int64_t>(first), opts.job.workers,
-                           b.first_iteration, b.last_iteration, c.tensor);
+      Status s = opts.job.wire_dtype == transport::WireDType::kFloat32
+                     ? check_sum(at, static_cast<std::int64_t>(count), static_cast<std::int64_t>(first),
+                                 opts.job.workers, b.first_iteration, b.last_iteration, c.tensor)
+                     : check_compressed_allreduce(at, static_cast<std::int64_t>(count),
+                                                  static_cast<std::int64_t>(first), opts.job.workers,
+                                                  b.first_iteration, b.last_iteration, c.tensor, opts.job.wire_dtype);
       if (!s.is_ok()) {
         loop->post([this, s] { loop->fail(s.with_context(name())); });
         return;

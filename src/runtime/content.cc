@@ -1,3 +1,4 @@
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -346,6 +347,75 @@ void add_wire(float* dst, const std::byte* src, std::size_t n, transport::WireDT
       for (std::size_t i = 0; i < n; ++i) dst[i] += from_fp16(load16(src + 2 * i));
       return;
   }
+}
+
+void reduce_bf16(void* c, const void* a, const void* b, std::size_t n) {
+  auto* out = static_cast<std::byte*>(c);
+  const auto* x = static_cast<const std::byte*>(a);
+  const auto* y = static_cast<const std::byte*>(b);
+  for (std::size_t i = 0; i < n; ++i) {
+    store16(out + 2 * i, to_bf16(from_bf16(load16(x + 2 * i)) + from_bf16(load16(y + 2 * i))));
+  }
+}
+
+void reduce_fp16(void* c, const void* a, const void* b, std::size_t n) {
+  auto* out = static_cast<std::byte*>(c);
+  const auto* x = static_cast<const std::byte*>(a);
+  const auto* y = static_cast<const std::byte*>(b);
+  float fa[256], fb[256];
+  for (std::size_t i = 0; i < n; i += 256) {  // in blocks, through the vectorised conversions
+    const std::size_t k = std::min<std::size_t>(256, n - i);
+    decode_floats(x + 2 * i, k, transport::WireDType::kFloat16, fa);
+    decode_floats(y + 2 * i, k, transport::WireDType::kFloat16, fb);
+    for (std::size_t j = 0; j < k; ++j) fa[j] += fb[j];
+    encode_floats(fa, k, transport::WireDType::kFloat16, out + 2 * i);
+  }
+}
+
+Status check_compressed_allreduce(const float* sum, std::int64_t count, std::int64_t first, int workers,
+                                  std::int64_t first_iteration, std::int64_t last_iteration, TensorId tensor,
+                                  transport::WireDType wire) {
+  const auto round = [wire](float x) {
+    std::byte b[4];
+    encode_floats(&x, 1, wire, b);
+    float y;
+    decode_floats(b, 1, wire, &y);
+    return y;
+  };
+  // Per residue (an element's value depends on index & 255 only): each worker's sum over
+  // the iterations (exact: small integers), and their exact total.
+  float want[256], exact[256];
+  for (int r = 0; r < 256; ++r) {
+    float rounded = 0, total = 0;
+    for (int w = 0; w < workers; ++w) {
+      float mine = 0;
+      for (std::int64_t it = first_iteration; it <= last_iteration; ++it) {
+        mine += value_base(w, it, tensor) + static_cast<float>(r);
+      }
+      rounded += round(mine);
+      total += mine;
+    }
+    want[r] = round(rounded);
+    exact[r] = total;
+  }
+  // Two workers: the one partial sum is the two rounded gradients added, rounded once (as
+  // the parameter servers do). More: each hop rounds a partial sum, in an order the
+  // algorithm sets, so the check is the bound: the unit roundoff (2^-8 bf16, 2^-11 fp16)
+  // per rounding, workers + 1 roundings.
+  const double u = wire == transport::WireDType::kBFloat16 ? 1.0 / 256 : 1.0 / 2048;
+  for (std::int64_t k = 0; k < count; ++k) {
+    const int r = static_cast<int>((first + k) & 255);
+    const bool ok = workers == 2 ? sum[k] == want[r]
+                                 : std::abs(static_cast<double>(sum[k]) - exact[r]) <= exact[r] * u * (workers + 1);
+    if (!ok) {
+      return internal_error("wrong sum: iterations " + std::to_string(first_iteration) + ".." +
+                            std::to_string(last_iteration) + " tensor " + std::to_string(tensor) + " element " +
+                            std::to_string(first + k) + " is " + std::to_string(sum[k]) + ", expected " +
+                            (workers == 2 ? std::to_string(want[r]) : "about " + std::to_string(exact[r])) + " (" +
+                            transport::wire_dtype_name(wire) + " on the wire)");
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace qs::runtime

@@ -101,5 +101,14 @@ void add_floats(float* dst, const std::byte* src, std::size_t n);
 void encode_floats(const float* src, std::size_t n, transport::WireDType d, std::byte* dst);
 void decode_floats(const std::byte* src, std::size_t n, transport::WireDType d, float* dst);
 void add_wire(float* dst, const std::byte* src, std::size_t n, transport::WireDType d);
+// The all-reduce's compressed sums (known content): with 2 workers exactly the rounded
+// gradients added and rounded; with more within the rounding bound of every hop.
+Status check_compressed_allreduce(const float* sum, std::int64_t count, std::int64_t first_index, int workers,
+                                  std::int64_t first_iteration, std::int64_t last_iteration, TensorId tensor,
+                                  transport::WireDType wire);
+// The all-reduce's reduction of compressed elements (gloo's ReduceFn signature): c[i] =
+// a[i] + b[i], added in float32 and rounded to nearest even; c may be a.
+void reduce_bf16(void* c, const void* a, const void* b, std::size_t n);
+void reduce_fp16(void* c, const void* a, const void* b, std::size_t n);
 
 }  // namespace qs::runtime

@@ -64,7 +64,13 @@ struct LinkModel {
 
 LinkModel link_model(const ClusterConfig& c, double slowdown) {
   LinkModel m;
-  const AllReduceCost base = allreduce_cost(c);
+  AllReduceCost base = allreduce_cost(c);
+  // Compression: the bytes (b) shrink to the wire's share; the rounding and widening of the
+  // whole bucket (twice: before and after) and of every partial sum (once per element,
+  // the reduction) add their cost per float32 byte.
+  const double wire_share = static_cast<double>(c.wire_element_bytes) / 4.0;
+  const double convert_per_byte = c.wire_element_bytes == 4 ? 0.0 : 3 * c.convert_ns_per_element / 4.0;
+  base.b_ns_per_byte = base.b_ns_per_byte * wire_share + convert_per_byte;
   m.cost = AllReduceCost{static_cast<TimeNs>(static_cast<double>(base.a) * slowdown + 0.5),
                          base.b_ns_per_byte * slowdown};
   if (!c.schedule || c.schedule->is_constant()) return m;
@@ -72,11 +78,12 @@ LinkModel link_model(const ClusterConfig& c, double slowdown) {
   const double bps = c.schedule->rate_at(0).bytes_per_second();
   m.a = m.cost.a;
   if (c.allreduce_b_ns_per_byte) {
-    m.wire_per_byte = *c.allreduce_b_ns_per_byte * bps / 1e9;  // all of b scales with the rate
+    m.wire_per_byte = *c.allreduce_b_ns_per_byte * bps / 1e9 * wire_share;  // all of b scales with the rate
   } else {
-    m.wire_per_byte = t.b_beta;
+    m.wire_per_byte = t.b_beta * wire_share;
     m.fixed_ns_per_byte = c.reduction_rate ? t.b_gamma * 1e9 / c.reduction_rate->bytes_per_second() : 0.0;
   }
+  m.fixed_ns_per_byte += convert_per_byte;
   m.fixed_ns_per_byte *= slowdown;
   m.schedule = slowdown == 1.0 ? *c.schedule : c.schedule->scaled(1.0 / slowdown);
   return m;

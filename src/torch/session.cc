@@ -156,11 +156,6 @@ Result<runtime::JobOptions> make_job(const JobSpec& spec) {
   QS_ASSIGN_OR_RETURN(job.bandwidth, parse_rate(spec.bandwidth));
   job.socket.congestion = spec.congestion;
   QS_ASSIGN_OR_RETURN(job.wire_dtype, transport::parse_wire_dtype(spec.compression));
-  if (allreduce && job.wire_dtype != transport::WireDType::kFloat32) {
-    return invalid_argument("compression='" + spec.compression + "' applies to the parameter-server policies: policy '" +
-                            spec.policy + "' runs on the all-reduce engine, which carries float32 (drop compression, "
-                            "or use a PS policy)");
-  }
   job.connect_timeout = spec.connect_timeout;
   job.peer_timeout = spec.peer_timeout;
   QS_RETURN_IF_ERROR(allreduce ? runtime::validate_collective_job(job) : runtime::validate_job(job));

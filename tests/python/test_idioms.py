@@ -107,10 +107,11 @@ def test_low_precision_parameters(build_dir, tmp_path, dtype, policy):
 
 
 @pytest.mark.parametrize("wire,policy,workers", [("wire_bf16", "mercury", 2), ("wire_fp16", "bytescheduler", 2),
-                                                 ("wire_bf16", "wfbp", 3)])
+                                                 ("wire_bf16", "wfbp", 3), ("wire_fp16", "mgwfbp", 2)])
 def test_compressed_gradients_match_the_same_rounding(build_dir, tmp_path, wire, policy, workers):
-    """compression=bf16/fp16: half the bytes on the wire, float32 sums at the servers; rank 0
-    against one process that rounds each worker's gradient and the sum the same way."""
+    """compression=bf16/fp16: half the bytes on the wire, float32 sums (the servers'; the
+    all-reduce's partial sums, rounded at each hop: with 2 workers the same rounding);
+    rank 0 against one process that rounds each worker's gradient and the sum the same way."""
     launch(build_dir, "quicksilver", workers, ["--idioms", wire, "--policies", policy, "--out", str(tmp_path)])
     worst = compare(str(tmp_path), wire, policy, workers, idioms.IDIOMS[wire](idioms.World(workers)))
     print("{}, {}, {} workers: worst difference {:.1e}".format(wire, policy, workers, worst))

@@ -406,8 +406,6 @@ def test_misuse_raises_clearly():
         return torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="compression='int8': give None"):
         qs.DistributedOptimizer(opt(), model, compression="int8")
-    with pytest.raises(Exception, match="compression='bf16' applies to the parameter-server policies"):
-        qs.DistributedOptimizer(opt(), model, policy="mgwfbp", compression=qs.Compression.bf16)
     with pytest.raises(ValueError, match="gradient_predivide_factor is not supported"):
         qs.DistributedOptimizer(opt(), model, gradient_predivide_factor=2.0)
     with pytest.raises(TypeError, match="needs the model"):

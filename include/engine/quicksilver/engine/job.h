@@ -103,12 +103,13 @@ struct ClusterConfig {
   // per worker, queued whole); several jobs (--job) and those policies keep kFifo. With kFair
   // ack_queue sees no backlog (the acknowledgement takes the latency only).
   LinkSharing link_sharing = LinkSharing::kFifo;
-  // Compression (--compression bf16|fp16; JobOptions::wire_dtype in the runtime), PS
-  // only: every gradient element crosses both links as `wire_element_bytes` (4: float32;
+  // Compression (--compression bf16|fp16; JobOptions::wire_dtype in the runtime). PS:
+  // every gradient element crosses both links as `wire_element_bytes` (4: float32;
   // 2: bf16/fp16), and each frame holds each link it crosses `convert_ns_per_element` per
   // element longer (the sender rounds it, the receiver widens or adds it; the fluid model
   // of LinkSharing::kFair counts the bytes only). bench/aggregation_bench measured 0.21 to
   // 0.36 ns an element here (docs/benchmarks.md); 0.35 is the default with compression.
+  // All-reduce: b shrinks to the wire's share plus three conversions per element.
   std::string compression = "float32";  // its name: float32, bf16, fp16
   int wire_element_bytes = 4;
   double convert_ns_per_element = 0;

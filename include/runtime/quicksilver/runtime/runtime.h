@@ -74,7 +74,7 @@ struct JobOptions {
   Rate bandwidth = Rate::gbps(10);
   transport::SocketOptions socket;          // congestion control, buffers
   // Gradient elements on the wire (transport/wire.h): float32, or bf16/fp16 with float32
-  // sums at the servers. The parameter-server runtime only.
+  // sums (the servers'; the all-reduce's partial sums, rounded at each hop).
   transport::WireDType wire_dtype = transport::WireDType::kFloat32;
   // How long an urgent unit may wait, at `bandwidth`, behind bytes a connection already
   // committed past the sending buffer, where preemption cannot reach them: each socket's
