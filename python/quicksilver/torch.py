@@ -137,7 +137,7 @@ def policies():
     """The policies this build runs from PyTorch: the parameter-server ones (TCP) and the
     all-reduce ones (gloo), without the simulator's compute-only 'oracle'."""
     names = list(_qs.ps_policies()) + [p for p in _qs.allreduce_policies() if _qs.is_allreduce_policy(p)]
-    return [p for p in names if p != "oracle"]
+    return [p for p in names if _qs.communicates(p)]
 
 
 def _require_init(what):

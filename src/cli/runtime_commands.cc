@@ -604,7 +604,7 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   if (!job) return fail("quicksilver", job.status());
   if (f.sim.policy == "all") {
     // The oracle moves no byte: there is nothing to run (its figure is the simulator's).
-    std::erase(job->policies, std::string("oracle"));
+    std::erase_if(job->policies, [](const std::string& p) { return !policy_registry().communicates(p); });
   }
   LaunchOptions o;
   if (!f.sim.jobs.empty()) {

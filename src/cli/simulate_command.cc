@@ -19,7 +19,7 @@ std::string knob_scope(const Knob& k) {
     bool all = true;
     for (const std::string& n : reg.names(a)) {
       const auto& knobs = reg.find(n, a)->knobs;
-      all &= n == "oracle" || std::find(knobs.begin(), knobs.end(), k.name) != knobs.end();
+      all &= !reg.find(n, a)->communicates || std::find(knobs.begin(), knobs.end(), k.name) != knobs.end();
     }
     if (all) return architecture_name(a);
   }

@@ -328,6 +328,7 @@ Status register_allreduce_policies(PolicyRegistry& r) {
   constexpr Architecture kAr = Architecture::kAllReduce;
   std::vector<PolicySpec> policies = {
       {.name = "oracle", .architecture = kAr, .summary = "compute only: no gradient is reduced", .rank = 0,
+       .communicates = false,
        .make_allreduce = [](const PolicyOptions&, const AllReduceContext&) -> Result<Ptr> {
          return Ptr(new Oracle());
        }},

@@ -206,7 +206,7 @@ Status register_ps_policies(PolicyRegistry& r) {
     };
   };
   std::vector<PolicySpec> policies = {
-      {.name = "oracle", .summary = "compute only: no gradient leaves the worker", .rank = 0,
+      {.name = "oracle", .summary = "compute only: no gradient leaves the worker", .rank = 0, .communicates = false,
        .make_ps = [](const PolicyOptions&, const PsContext&) -> Result<Ptr> { return Ptr(new Oracle()); }},
       {.name = "wfbp", .summary = "a tensor's slice per server, FIFO", .knobs = {"split_threshold"}, .rank = 10,
        .make_ps = [](const PolicyOptions&, const PsContext& ctx) -> Result<Ptr> {

@@ -259,6 +259,13 @@ bool PolicyRegistry::is_known(std::string_view name) const {
   return find(name, Architecture::kPs) != nullptr || find(name, Architecture::kAllReduce) != nullptr;
 }
 
+bool PolicyRegistry::communicates(std::string_view name) const {
+  for (Architecture a : {Architecture::kPs, Architecture::kAllReduce}) {
+    if (const PolicySpec* s = find(name, a); s != nullptr && s->communicates) return true;
+  }
+  return false;
+}
+
 std::vector<const Knob*> PolicyRegistry::knobs() const {
   std::lock_guard lock(impl_->mu);
   std::vector<const Knob*> out;

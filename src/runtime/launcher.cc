@@ -936,7 +936,9 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     }
     for (std::size_t j = 0; j < f.shared_jobs.size(); ++j) {
       const SharedJob& s = f.shared_jobs[j];
-      if (s.policy == "oracle") return invalid_argument("--job " + std::to_string(j) + ": oracle moves no byte");
+      if (!policy_registry().communicates(s.policy)) {
+        return invalid_argument("--job " + std::to_string(j) + ": " + s.policy + " moves no byte");
+      }
       QS_RETURN_IF_ERROR(check_unit_budget(s.profile, s.policy, job.cluster.architecture, s.policy_options,
                                            job.cluster.workers, job.cluster.servers)
                              .with_context("--job " + std::to_string(j)));

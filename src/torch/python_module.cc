@@ -146,6 +146,9 @@ PYBIND11_MODULE(_quicksilver, m) {
         return spec != nullptr && spec->delays_updates;
       },
       "Whether the all-reduce policy applies its updates late (DeFT)");
+  m.def(
+      "communicates", [](const std::string& policy) { return qs::policy_registry().communicates(policy); },
+      "Whether the policy moves gradients (false for the oracle, the compute-only bound)");
   m.attr("AFTER_TRAINING") = qs::runtime::kAfterTraining;
   m.def(
       "digest",

@@ -128,9 +128,9 @@ Result<runtime::JobOptions> make_job(const JobSpec& spec) {
   const PolicyRegistry& registry = policy_registry();
   QS_ASSIGN_OR_RETURN(const Architecture architecture, job_architecture(spec));
   const bool allreduce = architecture == Architecture::kAllReduce;
-  if (spec.policy == "oracle") {
-    return invalid_argument("policy 'oracle' moves no gradient (it is the simulator's compute-only bound): the "
-                            "workers would train apart");
+  if (registry.is_known(spec.policy) && !registry.communicates(spec.policy)) {
+    return invalid_argument("policy '" + spec.policy + "' moves no gradient (it is the simulator's compute-only "
+                            "bound): the workers would train apart");
   }
   job.policy = spec.policy;
   for (const auto& [name, value] : spec.knobs) {

@@ -88,6 +88,10 @@ struct PolicySpec {
   // parameters once, on the policy's schedule, and forward passes do not wait for every
   // sum of the last backward. A real model's integration applies updates accordingly.
   bool delays_updates = false;
+  // Whether it moves gradients at all: false for the oracle, the compute-only bound (its
+  // policy object's communicates() says the same). What the runtimes, the launcher and the
+  // integrations ask instead of a name.
+  bool communicates = true;
   PsFactory make_ps;               // set for kPs
   AllReduceFactory make_allreduce;  // set for kAllReduce
 };
@@ -103,6 +107,9 @@ class PolicyRegistry {
   std::vector<std::string> names(Architecture architecture) const;
   std::vector<std::string> all_names() const;
   bool is_known(std::string_view name) const;
+  // Whether the policy `name` moves gradients (PolicySpec::communicates; false for a name
+  // no architecture knows).
+  bool communicates(std::string_view name) const;
   // Every knob, in registration order (the order of flags and docs rows).
   std::vector<const Knob*> knobs() const;
   // Policies (of any architecture) whose spec lists knob `name`, by rank.
