@@ -15,6 +15,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import time
@@ -142,7 +143,12 @@ def _main(argv):
     inputs = torch.rand(a.batch, *shape).to(device)
     targets = torch.randint(0, a.classes, (a.batch,)).to(device)
     stats = {}
+    busy = _CpuShare()
     profile = measure(model, inputs, targets, iterations=a.iterations, warmup=a.warmup, name=name, stats=stats)
+    idle = busy.idle()
+    warning = _load_warning(idle, device, a.threads)
+    if warning:
+        print(warning, file=sys.stderr)
     text = json.dumps(profile, indent=1)
     if a.out == "-":
         print(text)
@@ -155,6 +161,48 @@ def _main(argv):
                   name, device, len(profile["layers"]), sum(t["elements"] for l in profile["layers"]
                                                              for t in l["tensors"]), total, stats["iteration_ms"],
                   a.out), file=sys.stderr)
+
+
+class _CpuShare:
+    """The machine's idle share between creation and idle() (/proc/stat: every process on
+    the machine, not only this one), and its load average then; None where /proc is not."""
+
+    def __init__(self):
+        self.start = self._ticks()
+
+    @staticmethod
+    def _ticks():
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+            return v[3] + v[4], sum(v)
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def idle(self):
+        end = self._ticks()
+        if self.start is None or end is None or end[1] <= self.start[1]:
+            return None
+        return (end[0] - self.start[0]) / (end[1] - self.start[1])
+
+
+def _load_warning(idle, device, threads):
+    """A line for stderr when other work shared the CPU the measurement ran on (`run` flags
+    its CPU-bound rows the same way), or None."""
+    if idle is None or device.type != "cpu":
+        return None
+    cores = os.cpu_count() or 1
+    # This process uses `threads` cores; the rest should have stayed idle.
+    expected = max(0.0, 1.0 - threads / cores)
+    if idle >= expected * 0.5 and idle >= 0.05:
+        return None
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = float("nan")
+    return ("quicksilver profile: warning: the machine was busy while measuring ({:.0%} of its {} cores idle, "
+            "load average {:.1f}; this measurement uses {}): the times include waiting for the CPU and may be "
+            "several times an idle machine's. Measure again when it is idle.".format(idle, cores, load, threads))
 
 
 if __name__ == "__main__":

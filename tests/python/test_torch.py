@@ -516,3 +516,16 @@ def test_gpu_check_script_refuses_what_it_does_not_know():
     p = subprocess.run(["bash", os.path.join(BENCH, "gpu_check.sh"), "--bogus"], capture_output=True, text=True,
                        timeout=30)
     assert p.returncode == 2 and "usage: bash bench/gpu_check.sh" in p.stderr, p.stderr
+
+
+def test_profile_warns_when_the_machine_was_busy():
+    """`quicksilver profile` says so when other work shared the CPU it measured on (the
+    figures then include waiting for it); a GPU measurement or an idle machine says nothing."""
+    from quicksilver.profile import _load_warning
+    cores = os.cpu_count() or 1
+    text = _load_warning(0.0, torch.device("cpu"), 1)
+    assert text and "the machine was busy while measuring (0% of its {} cores idle".format(cores) in text
+    assert "Measure again when it is idle" in text
+    assert _load_warning(1.0 - 1.0 / cores, torch.device("cpu"), 1) is None
+    assert _load_warning(0.0, torch.device("cuda"), 1) is None
+    assert _load_warning(None, torch.device("cpu"), 1) is None
