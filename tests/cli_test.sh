@@ -100,6 +100,16 @@ assert d['config']['job_sharing'] == 'deadline' and d['config']['share_gpus'] is
 " && ok || bad "simulate --job: not one result per job"
 expect_error "--statistic: 'average' is neither median nor mean" simulate --policy wfbp --statistic average
 python3 -c "import json; d=json.load(open('$tmp/t.json')); assert d['traceEvents']" && ok || bad "trace"
+# --trace says what it wrote; a trace that would pass 10 MB is written coarse unless asked
+# (VGG-16 under Mercury: 42 MB per packet, 0.4 MB per tensor run), a flag away from fine.
+"$qs" simulate --model vgg16 --policy mercury --trace "$tmp/big.trace" > /dev/null 2> "$tmp/trace.err" \
+  && grep -q "spans, 0.4 MB -> $tmp/big.trace (coarse: .*about 42.0 MB: --trace-detail fine)" "$tmp/trace.err" \
+  && [ "$(stat -c %s "$tmp/big.trace")" -lt 10000000 ] && ok || bad "coarse trace: $(cat "$tmp/trace.err")"
+"$qs" simulate --model vgg16_cifar10 --policy mercury --iterations 2 --trace "$tmp/fine.trace" --trace-detail fine \
+  > /dev/null 2> "$tmp/trace.err" && grep -q "spans, .* MB -> $tmp/fine.trace" "$tmp/trace.err" \
+  && ! grep -q "(coarse:" "$tmp/trace.err" && ok || bad "fine trace: $(cat "$tmp/trace.err")"
+expect_exit2 "--trace-detail: 'medium': give auto, fine or coarse" simulate --policy wfbp --trace "$tmp/x.json" --trace-detail medium
+expect_exit2 "--trace-detail needs --trace FILE" simulate --policy wfbp --trace-detail coarse
 
 # Bad input is exit 2 with one line, never 3, never unbounded (issue 15, point 3).
 # expect_bad "needle" args...: exit status exactly 2, one line on stderr holding needle,

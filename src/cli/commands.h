@@ -45,6 +45,7 @@ struct SimFlags {
   std::uint64_t seed = 1;
   bool json = false;
   std::string trace;
+  std::string trace_detail = "auto";  // --trace-detail: auto, fine, coarse (engine/trace.h)
   // The policy knobs, by knob name (generated from the registry's table): the text of a
   // valued flag as given, or "true" for a switch given (absent: the knob's default).
   std::map<std::string, std::string> knobs;
@@ -52,6 +53,8 @@ struct SimFlags {
 };
 
 void add_sim_flags(CLI::App* app, SimFlags* f);
+// --trace's file from these results, at --trace-detail, one line on stderr saying what.
+Status write_trace(const std::vector<SimResult>& results, const SimFlags& f);
 // simulate's own: --job, --job-sharing, --separate-gpus (Mercury Fig. 20).
 void add_shared_job_flags(CLI::App* app, SimFlags* f);
 // Validates flags into a Job; errors name the flag.

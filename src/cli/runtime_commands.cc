@@ -258,8 +258,8 @@ int print_worker_report(const RoleFlags& f, const runtime::WorkerReport& report)
     SimResult measured;
     measured.policy = report.policy + " measured";
     measured.trace = report.trace;
-    Status s = write_chrome_trace({measured}, f.sim.trace);
-    if (!s.is_ok()) return fail("quicksilver worker " + std::to_string(f.id), s.with_context("--trace"), 1);
+    Status s = write_trace({measured}, f.sim);
+    if (!s.is_ok()) return fail("quicksilver worker " + std::to_string(f.id), s, 1);
   }
   if (f.sim.json) {
     std::cout << runtime::report_to_json(report) << std::endl;
@@ -672,8 +672,8 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
         traced.back().policy += " predicted";
       }
     }
-    Status s = write_chrome_trace(traced, f.sim.trace);
-    if (!s.is_ok()) rc = fail("quicksilver run", s.with_context("--trace"), 1);
+    Status s = write_trace(traced, f.sim);
+    if (!s.is_ok()) rc = fail("quicksilver run", s, 1);
   }
   if (!run->rows.empty()) {
     if (f.sim.json) {

@@ -111,6 +111,10 @@ void add_sim_flags(CLI::App* app, SimFlags* f) {
   app->add_option("--seed", f->seed, "Random seed")->capture_default_str();
   app->add_flag("--json", f->json, "Print one JSON object instead of the table");
   app->add_option("--trace", f->trace, "Write a Chrome trace (open in Perfetto) to this file");
+  app->add_option("--trace-detail", f->trace_detail,
+                  "--trace: fine (every packet), coarse (a tensor's consecutive packets as one span), or auto: "
+                  "coarse when the fine trace would exceed 10 MB")
+      ->capture_default_str();
 }
 
 void add_shared_job_flags(CLI::App* app, SimFlags* f) {
@@ -325,6 +329,8 @@ Result<Job> make_job(const SimFlags& f) {
   }
   job.sim.seed = f.seed;
   job.sim.record_trace = !f.trace.empty();
+  if (auto detail = parse_trace_detail(f.trace_detail); !detail) return detail.status().with_context("--trace-detail");
+  if (f.trace.empty() && f.trace_detail != "auto") return invalid_argument("--trace-detail needs --trace FILE");
   return job;
 }
 
@@ -402,6 +408,15 @@ Result<std::vector<SharedJob>> parse_shared_jobs(const SimFlags& f, const Job& j
 }
 
 // simulate --job ...: several jobs sharing the cluster (simulate_shared).
+Status write_trace(const std::vector<SimResult>& results, const SimFlags& f) {
+  auto detail = parse_trace_detail(f.trace_detail);
+  if (!detail) return detail.status().with_context("--trace-detail");
+  auto written = write_chrome_trace(results, f.trace, *detail);
+  if (!written) return written.status().with_context("--trace");
+  std::cerr << "quicksilver: " << written->describe(f.trace) << std::endl;
+  return Status::ok();
+}
+
 int run_shared(const SimFlags& f, const Job& job) {
   auto sharing = parse_job_sharing(f.job_sharing);
   if (!sharing) return fail("quicksilver", sharing.status().with_context("--job-sharing"));
@@ -412,8 +427,7 @@ int run_shared(const SimFlags& f, const Job& job) {
   auto results = simulate_shared(jobs, job.cluster, job.sim, options);
   if (!results) return fail("quicksilver", results.status());
   if (!f.trace.empty()) {
-    Status s = write_chrome_trace(*results, f.trace);
-    if (!s.is_ok()) return fail("quicksilver", s.with_context("--trace"));
+    if (Status s = write_trace(*results, f); !s.is_ok()) return fail("quicksilver", s);
   }
   print_shared(job, jobs, *results, options, f.json);
   return 0;
@@ -431,8 +445,7 @@ int run_simulate(const SimFlags& f) {
   if (!f.trace.empty()) {
     std::vector<SimResult> results;
     for (const Row& row : *rows) results.push_back(row.result);
-    Status s = write_chrome_trace(results, f.trace);
-    if (!s.is_ok()) return fail("quicksilver", s.with_context("--trace"));
+    if (Status s = write_trace(results, f); !s.is_ok()) return fail("quicksilver", s);
   }
   if (f.json) {
     print_json(*job, *rows);

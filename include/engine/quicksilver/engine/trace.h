@@ -2,6 +2,8 @@
 // trace they are written to (chrome://tracing, ui.perfetto.dev).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,8 +31,30 @@ class SpanRecorder {
   bool open_ = false;  // the last span of out_ is this recorder's
 };
 
+// How fine a written trace is. kFine: every span recorded (a packet-level policy's every
+// packet). kCoarse: on each host's track, consecutive spans of one name (a tensor's
+// packets one after another, with the gaps between them) become one span. kAuto: fine
+// unless the fine trace would exceed kCoarseTraceAbove bytes, then coarse.
+enum class TraceDetail { kAuto, kFine, kCoarse };
+inline constexpr std::uint64_t kCoarseTraceAbove = 10'000'000;
+// "auto", "fine", "coarse".
+Result<TraceDetail> parse_trace_detail(const std::string& text);
+
+// What write_chrome_trace wrote: its spans and bytes, whether it is the coarse trace, and
+// the spans and estimated bytes of the fine one.
+struct TraceWritten {
+  std::size_t spans = 0;
+  std::uint64_t bytes = 0;
+  bool coarse = false;
+  std::size_t fine_spans = 0;
+  std::uint64_t fine_bytes_estimate = 0;
+  // One line for stderr: what was written where, and how to get the other detail.
+  std::string describe(const std::string& path) const;
+};
+
 // Writes a Chrome trace (chrome://tracing, Perfetto) with one process per host and
 // tracks compute/uplink/downlink.
-Status write_chrome_trace(const std::vector<SimResult>& results, const std::string& path);
+Result<TraceWritten> write_chrome_trace(const std::vector<SimResult>& results, const std::string& path,
+                                        TraceDetail detail = TraceDetail::kAuto);
 
 }  // namespace qs
