@@ -4,6 +4,7 @@ processes, each training on its own share of every epoch.
 From the repository root, after scripts/build.sh:
 
     ./build/quicksilver run --workers 2 --script examples/train_digits_quicksilver.py
+    ./build/quicksilver run --workers 2 --policy bytescheduler --script examples/train_digits_quicksilver.py
     PYTHONPATH=build/python torchrun --redirects 2 --tee 2 --standalone --nproc_per_node 2 \
         examples/train_digits_quicksilver.py
 
@@ -40,7 +41,7 @@ def main():
     train_x, train_y, test_x, test_y = x[:1500], y[:1500], x[1500:], y[1500:]
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    optimizer = qs.DistributedOptimizer(optimizer, model, policy="mercury")  # +qs
+    optimizer = qs.DistributedOptimizer(optimizer, model)  # +qs (mercury, or run's --policy)
     qs.broadcast_parameters(model.state_dict(), root_rank=0)  # +qs
     loss_fn = nn.CrossEntropyLoss()
     batch = 32

@@ -224,5 +224,39 @@ if [ -d "$(dirname "$qs")/python/quicksilver" ]; then  # built with QS_WITH_TORC
 fi
 expect_bad "--python needs a PATH" profile --model m --python
 
+# run --script and the rest of run's flags (issue 31 item 3), generated from run's option
+# table (`run --help`): each flag given alone to a --script run is refused with exit 2
+# naming it, unless it is a launch flag or a scheduler choice, which reach the script's
+# processes (QS_POLICY, QS_ARCHITECTURE, QS_COMPRESSION, QS_KNOBS).
+cat > "$tmp/py" <<SH
+#!/bin/sh
+echo "policy=\$QS_POLICY arch=\$QS_ARCHITECTURE compression=\$QS_COMPRESSION knobs=\$QS_KNOBS" >> "$tmp/env.log"
+SH
+launch=" --help --script --python --workers --netns --congestion --rto-min --switch-buffer --host-queue --host-gso --quickack --timeout --bandwidth --policy --architecture --compression "
+knobs=" $({ "$qs" policies --markdown; "$qs" policies --architecture allreduce --markdown; } 2>/dev/null \
+  | grep -o '`--[a-z0-9-]*`' | tr -d '`' | sort -u | tr '\n' ' ') "
+checked=0
+while read -r flag kind; do
+  case "$launch$knobs" in *" $flag "*) continue ;; esac
+  value=()
+  case "$kind" in TEXT*|INT*|UINT*|FLOAT*) value=(1) ;; esac
+  timeout 20 "$qs" run --workers 1 --python "$tmp/py" "$flag" "${value[@]}" --script "$tmp/train.py" \
+    > "$tmp/out" 2> "$tmp/err" < /dev/null; rc=$?
+  if [ $rc -eq 2 ] && grep -qF -- "$flag does not apply to run --script" "$tmp/err"; then
+    ok
+  else
+    bad "run --script with $flag: exit $rc, not refused: $(head -c 300 "$tmp/err")"
+  fi
+  checked=$((checked + 1))
+done < <("$qs" run --help | grep -E '^  +--' | awk '{print $1, $2}')
+[ $checked -ge 35 ] && ok || bad "the generated run --script check saw only $checked refused flags"
+rm -f "$tmp/env.log"
+expect_ok run --workers 1 --python "$tmp/py" --policy bytescheduler --credit-size 8MiB --compression bf16 --script "$tmp/train.py"
+grep -qx "policy=bytescheduler arch= compression=bf16 knobs=credit_size=8MiB" "$tmp/env.log" && ok \
+  || bad "run --script --policy/knobs/--compression did not reach the script: $(cat "$tmp/env.log")"
+expect_bad "--policy 'all': a script trains with one policy" run --workers 1 --python "$tmp/py" --policy all --script "$tmp/train.py"
+expect_bad "--credit-size" run --workers 1 --python "$tmp/py" --credit-size lots --script "$tmp/train.py"
+expect_bad "--bandwidth with --script needs --netns" run --workers 1 --python "$tmp/py" --bandwidth 1Gbps --script "$tmp/train.py"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

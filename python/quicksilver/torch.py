@@ -1433,13 +1433,43 @@ def _rewrap_scheduler_step(optimizer):
     optimizer.step = step
 
 
-def DistributedOptimizer(optimizer, model=None, policy="mercury", named_parameters=None, compression=None,
+def _launcher_choice(policy, architecture, compression, knobs):
+    """`quicksilver run --script --policy P [--architecture A] [--compression C] [knobs]`
+    hands its choice to every process (QS_POLICY, QS_ARCHITECTURE, QS_COMPRESSION, QS_KNOBS
+    as name=value;...). It is honoured where the script leaves the setting to its default,
+    agreed with where the script names the same, and refused where it names another (the
+    user meant one of them, and training with the other would be silently different).
+    Returns (policy, architecture, compression, knobs)."""
+    def pick(what, script, launcher):
+        if launcher is None:
+            return script
+        if script is not None and str(script) != launcher:
+            raise ValueError("quicksilver.torch.DistributedOptimizer: quicksilver run was given --{} {}, but the "
+                             "script asks for {}={!r}: drop one of the two".format(
+                                 what.replace("_", "-"), launcher, what, script))
+        return launcher
+    policy = pick("policy", policy, os.environ.get("QS_POLICY")) or "mercury"
+    architecture = pick("architecture", architecture, os.environ.get("QS_ARCHITECTURE"))
+    compression = pick("compression", compression, os.environ.get("QS_COMPRESSION"))
+    merged = dict(knobs)
+    for item in filter(None, os.environ.get("QS_KNOBS", "").split(";")):
+        name, _, text = item.partition("=")
+        if name in merged and _knob_text(merged[name]) != text:
+            raise ValueError("quicksilver.torch.DistributedOptimizer: quicksilver run was given --{} {}, but the "
+                             "script asks for {}={!r}: drop one of the two".format(
+                                 name.replace("_", "-"), text, name, merged[name]))
+        merged[name] = text
+    return policy, architecture, compression, merged
+
+
+def DistributedOptimizer(optimizer, model=None, policy=None, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average, find_unused_parameters=False,
                          broadcast_buffers=True, check_consistency=0, servers=None, bandwidth="10Gbps",
                          congestion="cubic", connect_timeout=120.0, peer_timeout=600.0, architecture=None,
                          **knobs):
     """Makes `optimizer` (any torch.optim optimizer of `model`'s parameters) train through
-    Quicksilver with `policy` (one of policies()) and its knobs as keywords (e.g.
+    Quicksilver with `policy` (one of policies(); default mercury, or what `quicksilver run
+    --script --policy P` chose) and its knobs as keywords (e.g.
     packet_size="32KiB", partition_size=4000000, credit_size="20MB"; docs/pytorch.md).
     Returns the same object, of a subclass of its class: isinstance checks and LR
     schedulers (created before or after) keep working.
@@ -1466,6 +1496,7 @@ def DistributedOptimizer(optimizer, model=None, policy="mercury", named_paramete
     last): layer's step on the sums of iterations first..last, before the forward pass
     after `before` backward passes; quicksilver.torch.AFTER_TRAINING: at shutdown)."""
     _require_init("DistributedOptimizer")
+    policy, architecture, compression, knobs = _launcher_choice(policy, architecture, compression, knobs)
     if model is not None and not isinstance(model, torch.nn.Module):
         if named_parameters is None:  # Horovod's positional named_parameters
             named_parameters, model = model, None

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "quicksilver/launch/launcher.h"
@@ -413,6 +414,7 @@ int run_worker_role(const RoleFlags& f) {
 }
 
 void add_run_flags(CLI::App* app, RunFlags* f) {
+  f->app = app;
   add_sim_flags(app, &f->sim);
   add_shared_job_flags(app, &f->sim);  // --job: several jobs at once on the emulated cluster
   app->add_flag("--netns", f->netns, "One network namespace per host, links shaped with tc (needs root)");
@@ -511,8 +513,68 @@ Status parse_network_flags(const RunFlags& f, TimeNs* rto_min, TimeNs* switch_bu
 
 // `run --script`: the workers are the script's processes; quicksilver.torch inside them
 // hosts the servers. The package is found beside this executable (build/python).
+// The flags a --script run uses: the launch (processes, interpreter, the emulated
+// cluster's network, a time bound) and the scheduler it hands the script's
+// DistributedOptimizer: --policy, --architecture, --compression and the policy knobs,
+// through the environment (QS_POLICY, QS_ARCHITECTURE, QS_COMPRESSION, QS_KNOBS), which
+// quicksilver.torch honours, or refuses naming both when the script names another itself.
+// Every other flag of `run` is refused (the script builds its model, runs its iterations).
+Status script_flags(const RunFlags& f, std::vector<std::pair<std::string, std::string>>* env) {
+  static const std::set<std::string> kLaunch = {"script",  "python",        "workers",    "netns",
+                                                "congestion", "rto-min",    "switch-buffer", "host-queue",
+                                                "host-gso", "quickack",     "timeout",    "bandwidth",
+                                                "policy",  "architecture", "compression", "help"};
+  std::set<std::string> knob_flags;
+  for (const Knob* k : policy_registry().knobs()) knob_flags.insert(k->flag.substr(2));
+  if (f.app != nullptr) {
+    for (const CLI::Option* opt : f.app->get_options()) {
+      if (opt->count() == 0 || opt->get_lnames().empty()) continue;
+      const std::string& name = opt->get_lnames()[0];
+      if (kLaunch.count(name) == 0 && knob_flags.count(name) == 0) {
+        return invalid_argument("--" + name + " does not apply to run --script: the script builds its model and "
+                                "runs its own loop (run --script takes --workers, --python, --netns and its network "
+                                "flags, --timeout, and --policy, --architecture, --compression and the policy knobs, "
+                                "which it hands to the script's DistributedOptimizer)");
+      }
+      if (name == "bandwidth" && !f.netns) {
+        return invalid_argument("--bandwidth with --script needs --netns: on loopback the script's traffic is not "
+                                "shaped");
+      }
+    }
+  }
+  const auto given = [&](const char* name) {
+    return f.app != nullptr && f.app->get_option_no_throw(name) != nullptr && f.app->get_option(name)->count() > 0;
+  };
+  if (given("--policy")) {
+    if (f.sim.policy.find(',') != std::string::npos || f.sim.policy == "all") {
+      return invalid_argument("--policy '" + f.sim.policy + "': a script trains with one policy");
+    }
+    if (!policy_registry().is_known(f.sim.policy)) {
+      return invalid_argument("--policy: unknown policy '" + f.sim.policy + "'");
+    }
+    env->emplace_back("QS_POLICY", f.sim.policy);
+  }
+  if (given("--architecture")) env->emplace_back("QS_ARCHITECTURE", f.sim.architecture);
+  if (given("--compression")) env->emplace_back("QS_COMPRESSION", f.sim.compression);
+  std::string knobs;
+  PolicyOptions checked;  // each given value must parse as the script's session will parse it
+  for (const auto& [name, text] : f.sim.knobs) {  // every knob has an entry: the given ones are not empty
+    if (text.empty()) continue;
+    const Knob* k = policy_registry().find_knob(name);
+    const bool bare = text.find_first_not_of("0123456789") == std::string::npos;
+    QS_RETURN_IF_ERROR(k->parse(bare && k->type == KnobType::kBytes ? text + "B" : text, &checked).with_context(k->flag));
+    knobs += (knobs.empty() ? "" : ";") + name + "=" + text;
+  }
+  for (const auto& [name, on] : f.sim.switches) {
+    if (on) knobs += (knobs.empty() ? "" : ";") + name + "=true";
+  }
+  if (!knobs.empty()) env->emplace_back("QS_KNOBS", knobs);
+  return Status::ok();
+}
+
 int run_script_command(const RunFlags& f, const std::string& exe) {
   ScriptLaunchOptions o;
+  if (Status s = script_flags(f, &o.env); !s.is_ok()) return fail("quicksilver run", s);
   if (runs_under_python(f.script)) {
     auto python = python_interpreter(f.python);
     if (!python) return fail("quicksilver run", python.status());

@@ -58,6 +58,9 @@ struct RunFlags {
   std::string gloo_algorithm;   // --architecture allreduce: gloo's algorithm
   // --script: a training script run as --workers processes (torchrun's environment).
   std::string script;
+  // The command's option table (add_run_flags): which flags were given (a --script run
+  // refuses those that do not apply to it).
+  const CLI::App* app = nullptr;
   std::vector<std::string> script_args;  // everything after the script's path
   std::string python;  // --script *.py: the interpreter; empty: choose_python's rule
 };

@@ -135,6 +135,7 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
       setenv("MASTER_ADDR", master_addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       if (!python_path.empty()) setenv("PYTHONPATH", python_path.c_str(), 1);
+      for (const auto& [name, value] : o.env) setenv(name.c_str(), value.c_str(), 1);
       // As torchrun does: N processes on one machine, one thread each unless told.
       setenv("OMP_NUM_THREADS", "1", 0);
       // A Python script runs under the interpreter; anything else (a LibTorch program) as is.

@@ -529,3 +529,23 @@ def test_profile_warns_when_the_machine_was_busy():
     assert _load_warning(1.0 - 1.0 / cores, torch.device("cpu"), 1) is None
     assert _load_warning(0.0, torch.device("cuda"), 1) is None
     assert _load_warning(None, torch.device("cpu"), 1) is None
+
+
+def test_the_launchers_choice_reaches_the_optimizer(monkeypatch):
+    """`quicksilver run --script --policy P [knobs] [--compression C]`: honoured where the
+    script leaves the setting to its default, agreed with, refused naming both otherwise."""
+    import quicksilver.torch as qs
+    choice = qs._launcher_choice
+    assert choice(None, None, None, {}) == ("mercury", None, None, {})
+    monkeypatch.setenv("QS_POLICY", "bytescheduler")
+    monkeypatch.setenv("QS_KNOBS", "credit_size=8MiB;partition_size=1MB")
+    monkeypatch.setenv("QS_COMPRESSION", "bf16")
+    assert choice(None, None, None, {"partition_size": "1MB"}) == (
+        "bytescheduler", None, "bf16", {"credit_size": "8MiB", "partition_size": "1MB"})
+    assert choice("bytescheduler", None, "bf16", {})[0] == "bytescheduler"
+    with pytest.raises(ValueError, match="given --policy bytescheduler, but the script asks for policy='mercury'"):
+        choice("mercury", None, None, {})
+    with pytest.raises(ValueError, match="given --credit-size 8MiB, but the script asks for credit_size='20MB'"):
+        choice(None, None, None, {"credit_size": "20MB"})
+    with pytest.raises(ValueError, match="given --compression bf16, but the script asks for compression='fp16'"):
+        choice(None, None, "fp16", {})

@@ -32,6 +32,9 @@ struct ScriptLaunchOptions {
   int workers = 2;                           // N, in 1..runtime::kMaxWorkers
   // Prepended to the children's PYTHONPATH (where the quicksilver package is); may be empty.
   std::string python_path;
+  // More environment for every process (`run --script --policy P`: QS_POLICY, QS_KNOBS,
+  // ..., read by quicksilver.torch's DistributedOptimizer).
+  std::vector<std::pair<std::string, std::string>> env;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;                       // 0: a free port of this machine
   // One network namespace per worker (root), joined by tc-shaped links at `bandwidth` each
