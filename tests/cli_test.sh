@@ -224,6 +224,21 @@ if [ -d "$(dirname "$qs")/python/quicksilver" ]; then  # built with QS_WITH_TORC
 fi
 expect_bad "--python needs a PATH" profile --model m --python
 
+# Progress lines (issue 31 item 2): on a terminal (script(1) gives the command a pty) a
+# command still working after 1.5 s says what it does, at least every 10 s; off a
+# terminal, and on one with --json, nothing but its output.
+if command -v script > /dev/null; then
+  script -qec "$qs tune --model vgg16" /dev/null > "$tmp/tty.out" 2>&1
+  grep -qE "^quicksilver tune: [0-9]+ simulations of bytescheduler so far, [0-9]+ s" "$tmp/tty.out" && ok \
+    || bad "tune on a terminal printed no progress line: $(head -c 300 "$tmp/tty.out")"
+  script -qec "$qs tune --model vgg16 --json" /dev/null > "$tmp/tty.out" 2>&1
+  grep -q "^quicksilver tune:" "$tmp/tty.out" && bad "tune --json on a terminal printed progress lines" || ok
+else
+  bad "script(1) is missing (bsdutils): the progress lines go untested"
+fi
+"$qs" tune --model vgg16 > "$tmp/out" 2> "$tmp/err"
+grep -q "^quicksilver tune:" "$tmp/err" && bad "tune off a terminal printed progress lines: $(head -c 200 "$tmp/err")" || ok
+
 # run --script and the rest of run's flags (issue 31 item 3), generated from run's option
 # table (`run --help`): each flag given alone to a --script run is refused with exit 2
 # naming it, unless it is a launch flag or a scheduler choice, which reach the script's

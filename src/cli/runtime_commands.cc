@@ -1,6 +1,7 @@
 // `quicksilver coordinator`, `server`, `worker` and `run`: flags in, a library call
 // (quicksilver/runtime/runtime.h, rendezvous.h, launcher.h), output out.
 #include "runtime_commands.h"
+#include "progress.h"
 
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -716,7 +717,12 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   }
   o.gloo_algorithm = f.gloo_algorithm;
   o.log = [](std::string_view m) { std::cerr << "quicksilver run: " << m << "\n"; };
-  auto run = qs::run_cluster(std::move(*job), o);
+  auto run = [&] {
+    Progress progress("quicksilver run", f.sim.json);  // stops before the table is printed
+    progress.set("starting");
+    o.progress = [&progress](std::string_view what) { progress.set(std::string(what)); };
+    return qs::run_cluster(std::move(*job), o);
+  }();
   if (!run) return fail("quicksilver run", run.status());
   int rc = run->failures.empty() ? 0 : 1;
   if (run->interrupted) {

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "progress.h"
 #include "quicksilver/model/zoo.h"
 #include "quicksilver/policy/registry.h"
 #include "quicksilver/transport/wire.h"
@@ -440,7 +441,11 @@ int run_simulate(const SimFlags& f) {
   if (f.job_sharing != "fair" || f.separate_gpus) {
     return fail("quicksilver", invalid_argument("--job-sharing and --separate-gpus need --job"));
   }
-  auto rows = simulate(*job);
+  auto rows = [&] {
+    Progress progress("quicksilver simulate", f.json);
+    progress.set("simulating " + std::to_string(job->policies.size()) + " policies");
+    return simulate(*job);
+  }();
   if (!rows) return fail("quicksilver", rows.status());
   if (!f.trace.empty()) {
     std::vector<SimResult> results;

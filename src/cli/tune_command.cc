@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "progress.h"
 #include "quicksilver/sim/tuner.h"
 
 namespace qs::cli {
@@ -40,7 +41,14 @@ int run_tune(const TuneFlags& f) {
   if (!hi) return fail("quicksilver", hi.status().with_context("--tune-max"));
   t.min_size = *lo;
   t.max_size = *hi;
-  auto r = tune(job->profile, job->policy_options, job->cluster, job->sim, t);
+  auto r = [&] {
+    Progress progress("quicksilver tune", f.sim.json);
+    progress.set("searching " + t.policy + "'s knobs");
+    t.on_simulation = [&progress, &t](int n) {
+      progress.set(std::to_string(n) + " simulations of " + t.policy + " so far");
+    };
+    return tune(job->profile, job->policy_options, job->cluster, job->sim, t);
+  }();
   if (!r) return fail("quicksilver", r.status());
   const bool p3 = t.policy == "p3";
   std::printf("tuned %s: %s %s", t.policy.c_str(), p3 ? "slice" : "partition", format_size(r->partition_size).c_str());

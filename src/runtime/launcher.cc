@@ -1071,6 +1071,7 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     auto c = runtime::NetnsCluster::create(no);
     if (!c) return c.status().with_context("--netns");
     cluster = std::move(*c);
+    if (f.progress) f.progress("calibrating the emulated cluster");
     auto calibrated = calibrate_cluster(*cluster, allreduce ? 1 : 0, f.congestion, nominal, f.scale == 0, log);
     if (calibrated) {
       scale = calibrated->scale;
@@ -1130,8 +1131,12 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     job.profile.name = std::to_string(shared.size()) + " jobs sharing the cluster (" + names + ")";
     job.profile.batch_size = 0;  // each job its own (config_line)
   }
-  for (const std::string& p : job.policies) {
+  for (std::size_t i = 0; i < job.policies.size(); ++i) {
+    const std::string& p = job.policies[i];
     if (g_interrupted) break;
+    if (f.progress) {
+      f.progress(p + " (policy " + std::to_string(i + 1) + " of " + std::to_string(job.policies.size()) + ")");
+    }
     auto run = run_policy(job, p, f, cluster.get(), goodput_ratio, files, log);
     if (!run) {
       log(p + ": " + run.status().message());

@@ -34,8 +34,9 @@ bool better(const Point& a, const Point& b) {
 class Search {
  public:
   Search(const Profile& profile, const PolicyOptions& base, const ClusterConfig& cluster,
-         const SimOptions& sim, bool p3)
-      : profile_(profile), base_(base), cluster_(cluster), sim_(sim), p3_(p3) {}
+         const SimOptions& sim, bool p3, std::function<void(int)> on_simulation)
+      : profile_(profile), base_(base), cluster_(cluster), sim_(sim), p3_(p3),
+        on_simulation_(std::move(on_simulation)) {}
 
   // Simulates (part, credit) once; later calls hit the memo. Updates the best point.
   Result<Point> eval(Bytes part, Bytes credit) {
@@ -46,6 +47,7 @@ class Search {
     auto r = simulate(profile_, p3_ ? "p3" : "bytescheduler", options(part, credit), cluster_, sim_);
     if (!r) return r.status().with_context("tuning at partition " + format_size(part));
     memo_.emplace(key, r->iteration_time);
+    if (on_simulation_) on_simulation_(static_cast<int>(memo_.size()));
     Point p{part, credit, r->iteration_time};
     if (better(p, best_)) best_ = p;
     return p;
@@ -76,6 +78,7 @@ class Search {
   const ClusterConfig& cluster_;
   const SimOptions& sim_;
   bool p3_;
+  std::function<void(int)> on_simulation_;
   std::map<std::pair<Bytes, Bytes>, TimeNs> memo_;
   Point best_;
 };
@@ -98,7 +101,7 @@ Result<TuneResult> tune(const Profile& profile, const PolicyOptions& base,
     return invalid_argument("tune: at most 20 credit doublings, 1000 grid points and a 1 TiB size range");
   }
   const bool p3 = t.policy == "p3";
-  Search s(profile, base, cluster, sim, p3);
+  Search s(profile, base, cluster, sim, p3, t.on_simulation);
 
   // The defaults first: the result can only improve on them.
   const Bytes def_part = p3 ? base.slice_size : base.partition_size;

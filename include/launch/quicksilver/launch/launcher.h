@@ -91,6 +91,9 @@ struct LaunchOptions {
   // Progress messages as they happen: a policy's failure ("mercury: ..."), a warning.
   // Also collected in ClusterRunResult::messages. May be empty.
   std::function<void(std::string_view)> log;
+  // What the run is doing now ("calibrating the emulated cluster", "mercury (policy 3 of
+  // 7)"), for a progress line. May be empty.
+  std::function<void(std::string_view)> progress;
 };
 
 struct ClusterRunResult {

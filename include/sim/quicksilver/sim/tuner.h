@@ -14,6 +14,7 @@
 // than them.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "quicksilver/core/status.h"
@@ -38,6 +39,8 @@ struct TuneOptions {
   int refine_rounds = 4;
   // Refinement starts from this many of the best points found so far (multi-start).
   int starts = 3;
+  // Called after each distinct point simulated, with the count so far (a progress line).
+  std::function<void(int simulations)> on_simulation;
 };
 
 struct TuneResult {
