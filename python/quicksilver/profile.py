@@ -18,6 +18,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -45,8 +46,10 @@ def measure(model, inputs, targets, loss_fn=None, iterations=10, warmup=3, name=
             handles.append(h)
             nodes.append(node)
     fws, bws, whole = [], [], []
+    progress = _Progress(warmup + iterations)
     try:
         for it in range(warmup + iterations):
+            progress.at = it + 1
             model.zero_grad()
             if cuda is not None:
                 torch.cuda.synchronize(cuda)
@@ -70,6 +73,7 @@ def measure(model, inputs, targets, loss_fn=None, iterations=10, warmup=3, name=
                 bws.append(bw)
                 whole.append(took)
     finally:
+        progress.stop()
         for h in handles:
             h.remove()
     if stats is not None:
@@ -161,6 +165,32 @@ def _main(argv):
                   name, device, len(profile["layers"]), sum(t["elements"] for l in profile["layers"]
                                                              for t in l["tensors"]), total, stats["iteration_ms"],
                   a.out), file=sys.stderr)
+
+
+class _Progress:
+    """On a terminal (stderr), as the quicksilver command's own progress lines: after 1.5 s
+    of measuring, the iteration it is at, then at least every 10 s; nothing off a terminal."""
+
+    def __init__(self, total):
+        self.total, self.at = total, 0
+        self.start = time.monotonic()
+        self.done = threading.Event()
+        self.thread = None
+        if sys.stderr.isatty() or os.environ.get("QS_PROGRESS") == "1":
+            self.thread = threading.Thread(target=self._run, daemon=True)
+            self.thread.start()
+
+    def _run(self):
+        wait = 1.5
+        while not self.done.wait(wait):
+            print("quicksilver profile: iteration {} of {}, {:.0f} s".format(
+                self.at, self.total, time.monotonic() - self.start), file=sys.stderr, flush=True)
+            wait = 10.0
+
+    def stop(self):
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
 
 
 class _CpuShare:
