@@ -116,6 +116,7 @@ ranks() {  # ranks N ARGS...: bench/gpu_train.py on N ranks
 }
 
 profiles() {
+  set -o pipefail  # a simulate that fails fails the stage, whatever grep says
   local out=$BUILD/profiles rc=0
   mkdir -p "$out"
   "$BUILD/quicksilver" profile --python "$PY" --model torchvision:resnet50 --input 3,224,224 --batch 32 \

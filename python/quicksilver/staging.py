@@ -16,13 +16,19 @@ asynchronous DMA. One contract, per staged tensor t:
                      completed; the model's thread goes on meanwhile. On the host the copy
                      (and its dtype conversion) is done at once, then ready(t). The
                      transport reads host[t] only after ready(t).
-  from_wire(t, grad) The session said the sum is in host[t] (sum_ready): Staging copies it
-                     into grad. On CUDA the copy runs on Staging's host-to-device stream and
-                     the caller's current stream waits for it (an event), so the optimizer
-                     step that follows on that stream is ordered after it without blocking
-                     the host. host[t] is written next by the next to_wire, whose copy is
-                     ordered after this one (it waits for an event recorded on the current
-                     stream, which waits for this copy).
+  from_wire(t, grad, divisor)
+                     The session said the sum is in host[t] (sum_ready): Staging divides
+                     it there by `divisor` (in float32: an average of float16 gradients
+                     whose sum would overflow still fits), then copies it into grad. On
+                     CUDA the copy runs on Staging's host-to-device stream and the caller's
+                     current stream waits for it (an event), so the optimizer step that
+                     follows on that stream is ordered after it without blocking the host.
+                     host[t] is written next by the next to_wire, whose copy is ordered
+                     after this one (it waits for an event recorded on the current stream,
+                     which waits for this copy), or by the host itself (DeFT's next merged
+                     sum, Session.load_update) only after host_free(t).
+  host_free(ts)      Waits until the copies back of tensors ts have read their host
+                     buffers (CUDA; at once on the host).
   reported(ts, wait) Whether every gradient of tensors `ts` handed to to_wire was reported
                      (ready) yet; with `wait`, waits for it. The session counts a layer's
                      backward passes by those reports, so a call that depends on the count
@@ -66,6 +72,7 @@ class Staging:
         self.cv = threading.Condition()
         self.handed = [0] * len(params)  # to_wire calls, per tensor (CUDA)
         self.told = [0] * len(params)    # of those, reported (or failed)
+        self.back = [None] * len(params) # CUDA: the event of each tensor's last copy back
         self.pending = None
         self.thread = None
         self.deferred = os.environ.get("QS_FORCE_STAGING") == "async"
@@ -110,10 +117,14 @@ class Staging:
             self.handed[t] += 1
         self.pending.put((t, copied))
 
-    def from_wire(self, t, grad):
+    def from_wire(self, t, grad, divisor=1):
         if not self.staged[t]:
+            if divisor != 1:
+                grad.div_(divisor)
             return
         host = self.host[t]
+        if divisor != 1:
+            host.div_(divisor)
         if grad.device.type != "cuda":
             with torch.no_grad():
                 grad.copy_(host.view_as(grad))
@@ -127,6 +138,14 @@ class Staging:
             copied = torch.cuda.Event()
             copied.record(self.h2d)
         current.wait_event(copied)
+        self.back[t] = copied
+
+    def host_free(self, tensors):
+        for t in tensors:
+            e = self.back[t]
+            if e is not None:
+                e.synchronize()
+                self.back[t] = None
 
     def _wait(self):
         while True:

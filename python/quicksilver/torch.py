@@ -874,9 +874,14 @@ class _Integration:
         wire = [self.staging.registered(t, g) for t, g in enumerate(self.grads)]
         self.applied = [0] * L
         self.covered = [0] * L  # delayed updates: per layer, the iterations applied
-        self.session = _qs.Session(job, rank, endpoints, [(w.data_ptr(), w.numel(), p.device.type, str(p.dtype).replace("torch.", ""), self.staging.staged[t])
-                                    for t, (w, p) in enumerate(zip(wire, self.all_params))], hosted,
-                                   links, "ring", secret if servers is None else b"")
+        try:
+            self.session = _qs.Session(
+                job, rank, endpoints, [(w.data_ptr(), w.numel(), p.device.type, str(p.dtype).replace("torch.", ""),
+                                        self.staging.staged[t]) for t, (w, p) in enumerate(zip(wire, self.all_params))],
+                hosted, links, "ring", secret if servers is None else b"")
+        except Exception:
+            self.staging.close()  # its thread and pinned buffers go with the failed start
+            raise
         self.state = "running"
         self.delayed = self.session.delayed_updates
         if self.delayed and rank == 0:
@@ -912,11 +917,12 @@ class _Integration:
         depend on its count of the layer's backward passes come after it."""
         return self.staging.reported(self.layer_tensors[l], wait)
 
-    def _sums_in(self, l):
-        """Layer l's sums, in its registered buffers, are wanted in its .grad buffers: a
-        staged tensor's are copied there (the in-place ones are there already)."""
+    def _sums_in(self, l, divisor=1):
+        """Layer l's sums, in its registered buffers, are wanted in its .grad buffers,
+        divided by `divisor`: a staged tensor's are divided in float32 and copied there
+        (the in-place ones are there already, divided in place)."""
         for t, g in zip(self.layer_tensors[l], self.layer_grads[l]):
-            self.staging.from_wire(t, g)
+            self.staging.from_wire(t, g, divisor)
 
     def _check_unchanged(self, n, why):
         """Raises if a gradient of pass n still owned by the transport (its layer's update
@@ -970,11 +976,10 @@ class _Integration:
         if fate is not _SKIPPED:
             self._check_unchanged_layer(l, n)
             if self.averaged != n:
-                self._sums_in(l)
-            divisor = 1 if (self.averaged == n or not self.average) else _env["size"]
+                self._sums_in(l, _env["size"] if self.average else 1)
             unused = self._globally_unused(n) if self.find_unused else set()
             skip = {id(p) for p in self.layer_params[l] if id(p) in unused and id(p) in self.none_at.get(n, ())}
-            self._step_layer(l, divisor, fate, skip)
+            self._step_layer(l, 1, fate, skip)
             for p in self.layer_params[l]:
                 if id(p) not in skip:
                     self.had_grad[id(p)] = n
@@ -1033,15 +1038,18 @@ class _Integration:
             if measuring and first == last == before - 1 and (before % self.MEASURE_EVERY == 1
                                                              or self.noise is None):
                 local = [g.clone() for g in self.layer_grads[l]]
+            # The staged buffers' last copies back (the update before this one) must have
+            # read them before this update's sums land there.
+            self.staging.host_free(self.layer_tensors[l])
             self.session.load_update(l, first, last)
-            self._sums_in(l)
-            if measuring:
-                self._measure(l, before, _env["size"] * (last - first + 1), local)
+            divisor = (_env["size"] if self.average else 1) * (last - first + 1)
+            self._sums_in(l, divisor)
+            if measuring:  # the average over workers and iterations, whatever the op
+                self._measure(l, before, _env["size"] * (last - first + 1) / divisor, local)
             hyper = self.fate.get(last + 1)
             if hyper is None or hyper is _SKIPPED:
                 hyper = _hyperparameters(self.opt.param_groups)  # its step() never came (after training)
-            divisor = (_env["size"] if self.average else 1) * (last - first + 1)
-            self._step_layer(l, divisor, hyper)
+            self._step_layer(l, 1, hyper)
             self.update_log.append((before, l, first, last))
             self.covered[l] = max(self.covered[l], last + 1)
         if kept is not None:
@@ -1287,10 +1295,8 @@ class _Integration:
         for l, ps in enumerate(self.layer_params):
             if self.applied[l] >= n:
                 continue
-            self._sums_in(l)
+            self._sums_in(l, _env["size"] if self.average else 1)
             for p, g in zip(ps, self.layer_grads[l]):
-                if self.average and _env["size"] != 1:
-                    g.div_(_env["size"])
                 if id(p) in unused and id(p) in self.none_at.get(n, ()):
                     p.grad = None
         self.averaged = n
@@ -1433,6 +1439,23 @@ def _rewrap_scheduler_step(optimizer):
     optimizer.step = step
 
 
+# compression= names, with the spellings the command line takes too.
+_WIRE_NAMES = {"none": "none", "float32": "none", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
+               "float16": "fp16"}
+
+
+def _launcher_setting(what, script, variable):
+    """A setting `quicksilver run --script` handed over in `variable`: it, where the script
+    leaves `what` to its default; refused naming both where the script names another."""
+    launcher = os.environ.get(variable)
+    if launcher is None:
+        return script
+    if script is not None and str(script) != launcher:
+        raise ValueError("quicksilver.torch.DistributedOptimizer: quicksilver run was given --{} {}, but the script "
+                         "asks for {}={!r}: drop one of the two".format(what, launcher, what, script))
+    return launcher
+
+
 def _launcher_choice(policy, architecture, compression, knobs):
     """`quicksilver run --script --policy P [--architecture A] [--compression C] [knobs]`
     hands its choice to every process (QS_POLICY, QS_ARCHITECTURE, QS_COMPRESSION, QS_KNOBS
@@ -1440,17 +1463,9 @@ def _launcher_choice(policy, architecture, compression, knobs):
     agreed with where the script names the same, and refused where it names another (the
     user meant one of them, and training with the other would be silently different).
     Returns (policy, architecture, compression, knobs)."""
-    def pick(what, script, launcher):
-        if launcher is None:
-            return script
-        if script is not None and str(script) != launcher:
-            raise ValueError("quicksilver.torch.DistributedOptimizer: quicksilver run was given --{} {}, but the "
-                             "script asks for {}={!r}: drop one of the two".format(
-                                 what.replace("_", "-"), launcher, what, script))
-        return launcher
-    policy = pick("policy", policy, os.environ.get("QS_POLICY")) or "mercury"
-    architecture = pick("architecture", architecture, os.environ.get("QS_ARCHITECTURE"))
-    compression = pick("compression", compression, os.environ.get("QS_COMPRESSION"))
+    policy = _launcher_setting("policy", policy, "QS_POLICY") or "mercury"
+    architecture = _launcher_setting("architecture", architecture, "QS_ARCHITECTURE")
+    compression = _launcher_setting("compression", _WIRE_NAMES.get(compression, compression), "QS_COMPRESSION")
     merged = dict(knobs)
     for item in filter(None, os.environ.get("QS_KNOBS", "").split(";")):
         name, _, text = item.partition("=")
@@ -1464,8 +1479,8 @@ def _launcher_choice(policy, architecture, compression, knobs):
 
 def DistributedOptimizer(optimizer, model=None, policy=None, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average, find_unused_parameters=False,
-                         broadcast_buffers=True, check_consistency=0, servers=None, bandwidth="10Gbps",
-                         congestion="cubic", connect_timeout=120.0, peer_timeout=600.0, architecture=None,
+                         broadcast_buffers=True, check_consistency=0, servers=None, bandwidth=None,
+                         congestion=None, connect_timeout=120.0, peer_timeout=600.0, architecture=None,
                          **knobs):
     """Makes `optimizer` (any torch.optim optimizer of `model`'s parameters) train through
     Quicksilver with `policy` (one of policies(); default mercury, or what `quicksilver run
@@ -1497,6 +1512,10 @@ def DistributedOptimizer(optimizer, model=None, policy=None, named_parameters=No
     after `before` backward passes; quicksilver.torch.AFTER_TRAINING: at shutdown)."""
     _require_init("DistributedOptimizer")
     policy, architecture, compression, knobs = _launcher_choice(policy, architecture, compression, knobs)
+    # --netns --bandwidth and --congestion of `quicksilver run --script`: the links' rate and
+    # the congestion control the namespaces allow (defaults 10Gbps and cubic).
+    bandwidth = _launcher_setting("bandwidth", bandwidth, "QS_BANDWIDTH") or "10Gbps"
+    congestion = _launcher_setting("congestion", congestion, "QS_CONGESTION") or "cubic"
     if model is not None and not isinstance(model, torch.nn.Module):
         if named_parameters is None:  # Horovod's positional named_parameters
             named_parameters, model = model, None
@@ -1513,8 +1532,7 @@ def DistributedOptimizer(optimizer, model=None, policy=None, named_parameters=No
             ", ".join(horovod)))
     if isinstance(optimizer.__class__.__dict__.get("_quicksilver"), bool):
         raise ValueError("quicksilver.torch.DistributedOptimizer: this optimizer is wrapped already")
-    wire = {None: "none", "none": "none", "bf16": "bf16", "fp16": "fp16"}.get(compression, None) \
-        if isinstance(compression, (str, type(None))) else None
+    wire = "none" if compression is None else _WIRE_NAMES.get(compression) if isinstance(compression, str) else None
     if wire is None:
         raise ValueError("quicksilver.torch.DistributedOptimizer: compression={!r}: give None (float32), "
                          "Compression.bf16 or Compression.fp16".format(compression))

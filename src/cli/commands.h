@@ -34,7 +34,7 @@ struct SimFlags {
   bool separate_gpus = false;
   std::string reduction_rate, allreduce_a, allreduce_b, allreduce_fit;
   double second_link = 0;
-  std::string compression = "none";  // none, bf16, fp16: gradient elements on the wire (PS)
+  std::string compression = "none";  // none, bf16, fp16: gradient elements on the wire
   bool overlapping_pulls = false;
   std::string frame_header, frame_cpu, link_burst;
   std::string ack_queue;

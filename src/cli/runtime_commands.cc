@@ -556,7 +556,15 @@ Status script_flags(const RunFlags& f, std::vector<std::pair<std::string, std::s
     env->emplace_back("QS_POLICY", f.sim.policy);
   }
   if (given("--architecture")) env->emplace_back("QS_ARCHITECTURE", f.sim.architecture);
-  if (given("--compression")) env->emplace_back("QS_COMPRESSION", f.sim.compression);
+  // --netns's link rate (the nominal rate the policies plan with) and congestion control.
+  if (given("--bandwidth")) env->emplace_back("QS_BANDWIDTH", f.sim.bandwidth);
+  if (given("--congestion")) env->emplace_back("QS_CONGESTION", f.congestion);
+  if (given("--compression")) {
+    auto wire = transport::parse_wire_dtype(f.sim.compression);
+    if (!wire) return wire.status().with_context("--compression");
+    env->emplace_back("QS_COMPRESSION",
+                      *wire == transport::WireDType::kFloat32 ? "none" : transport::wire_dtype_name(*wire));
+  }
   std::string knobs;
   PolicyOptions checked;  // each given value must parse as the script's session will parse it
   for (const auto& [name, text] : f.sim.knobs) {  // every knob has an entry: the given ones are not empty
@@ -716,7 +724,7 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
                                                 ": gloo has no such algorithm; use ring or rhd, or --gloo-algorithm"));
   }
   o.gloo_algorithm = f.gloo_algorithm;
-  o.log = [](std::string_view m) { std::cerr << "quicksilver run: " << m << "\n"; };
+  o.log = [](std::string_view m) { std::cerr << ("quicksilver run: " + std::string(m) + "\n") << std::flush; };
   auto run = [&] {
     Progress progress("quicksilver run", f.sim.json);  // stops before the table is printed
     progress.set("starting");

@@ -702,7 +702,10 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   if (cluster) r.link_utilisation /= goodput_ratio;
   ClusterConfig predicted_cluster = job.cluster;
   if (allreduce && !w0.allreduce_fit.empty()) {
-    // All-reduce: the simulator charges the collectives the runtime measured itself.
+    // All-reduce: the simulator charges the collectives the runtime measured itself (with
+    // compression, as compressed: the fit has it already, so the model must not again).
+    predicted_cluster.wire_element_bytes = 4;
+    predicted_cluster.convert_ns_per_element = 0;
     predicted_cluster.allreduce_a = w0.allreduce_fit[0].a;
     predicted_cluster.allreduce_b_ns_per_byte = w0.allreduce_fit[0].b_ns_per_byte;
     if (w0.allreduce_fit.size() > 1) {

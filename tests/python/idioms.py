@@ -456,9 +456,9 @@ def compiled(world):
 
 def low_precision(world, dtype, wire=None):
     """A model whose parameters are `dtype` (bfloat16 or float16): staged through host
-    float32 buffers, summed in float32, rounded to `dtype`, then averaged. The reference
-    rounds the same way: each worker's gradient apart in `dtype`, summed in float32,
-    rounded, divided by the workers. With `wire` (bf16 or fp16 compression of a float32
+    float32 buffers, summed and averaged in float32, then rounded to `dtype` (an fp16 sum
+    that would overflow averages to what fits). The reference rounds the same way: each
+    worker's gradient apart in `dtype`, summed in float32, divided by the workers, rounded. With `wire` (bf16 or fp16 compression of a float32
     model): each worker's gradient rounded to `wire`, summed in float32, the sum rounded
     to `wire` again, then averaged in float32."""
     model = seeded_model("digits").to(dtype)
@@ -483,7 +483,7 @@ def low_precision(world, dtype, wire=None):
                     s += rounded(p.grad.float())
         if not world.worker:
             for s, p in zip(sums, model.parameters()):
-                p.grad = rounded(s).to(dtype) / world.size
+                p.grad = (rounded(s) / world.size).to(dtype)  # averaged in float32, then narrowed
         opt.step()
     return {"model": world.done(opt, model)}
 

@@ -549,3 +549,8 @@ def test_the_launchers_choice_reaches_the_optimizer(monkeypatch):
         choice(None, None, None, {"credit_size": "20MB"})
     with pytest.raises(ValueError, match="given --compression bf16, but the script asks for compression='fp16'"):
         choice(None, None, "fp16", {})
+    assert choice(None, None, "bfloat16", {})[2] == "bf16"  # the command line's spelling
+    monkeypatch.setenv("QS_BANDWIDTH", "1Gbps")
+    assert qs._launcher_setting("bandwidth", None, "QS_BANDWIDTH") == "1Gbps"
+    with pytest.raises(ValueError, match="given --bandwidth 1Gbps, but the script asks for bandwidth='25Gbps'"):
+        qs._launcher_setting("bandwidth", "25Gbps", "QS_BANDWIDTH")

@@ -32,7 +32,8 @@ struct Traffic {
   // How long the uplink (all-reduce: the primary link) was busy with them: in the
   // simulator, the serialisation time; over TCP, the time the transport held bytes its
   // peers had not yet acknowledged (Prophet 4.2 times a push until the server answers).
-  // wire_bytes / busy is the bandwidth the monitor reports to the policy.
+  // bytes / busy is the bandwidth the monitor reports to the policy (the rate its float32
+  // units move at, compressed or not).
   TimeNs busy = 0;
   // All-reduce only: the time from the iteration's first collective's start to its last
   // one's end on the primary link, over which `busy` is a utilisation (MG-WFBP's model).

@@ -42,8 +42,8 @@ Result<DType> parse_dtype(const std::string& text);
 //   reports the gradient (gradient_ready / on_backward's end), and copies the sum back out
 //   only after the transport said it is in (sum_ready / on_layer_ready); between the two
 //   the buffer is the transport's. The transport itself does not copy.
-// The dtype on the wire is the job's (float32 today; see transport/wire.h), independent
-// of `dtype`: sums are float32 whatever the model's dtype.
+// The dtype on the wire is the job's (JobOptions::wire_dtype: float32, bf16 or fp16; see
+// transport/wire.h), independent of `dtype`: sums are float32 whatever the model's dtype.
 struct TensorBuffer {
   TensorId id = 0;                    // the profile's tensor id (forward order)
   const float* gradient = nullptr;    // this worker's gradient: read while it is pushed

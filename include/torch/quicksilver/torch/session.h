@@ -76,8 +76,8 @@ struct JobSpec {
   int servers = 1;
   std::string bandwidth = "10Gbps";  // the nominal NIC rate (JobOptions::bandwidth)
   std::string congestion = "cubic";  // TCP congestion control of the data sockets
-  // Gradient elements on the wire: "none" (float32), "bf16" or "fp16" (parameter servers
-  // only: they sum in float32; runtime::JobOptions::wire_dtype).
+  // Gradient elements on the wire: "none" (float32), "bf16" or "fp16" (sums in float32;
+  // runtime::JobOptions::wire_dtype).
   std::string compression = "none";
   // Long enough for every process to reach its first optimizer step; a dead peer is seen
   // at once (its sockets close) whatever these are.
