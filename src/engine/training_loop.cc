@@ -206,9 +206,10 @@ void TrainingLoop::end_iteration(TimeNs end) {
                  ? 8.0 * static_cast<double>(r.traffic.wire_bytes) / static_cast<double>(pending_total_)
                  : 0.0;
     if (r.traffic.busy > 0) {
-      // The rate the policy's units move at: their float32 bytes (not the wire's: with
-      // compression those are half, and the policies plan in float32 bytes) over the time.
-      monitor_ = Rate{static_cast<std::int64_t>(static_cast<double>(r.traffic.bytes) * 8e9 / busy)};
+      // The rate the policy's units move at: the wire's bytes counted as the float32 bytes
+      // they carry (with compression, twice as many: the policies plan in float32 bytes).
+      monitor_ = Rate{static_cast<std::int64_t>(static_cast<double>(r.traffic.wire_bytes) *
+                                                r.traffic.float32_per_wire_byte * 8e9 / busy)};
     }
   } else {
     r.utilisation = r.traffic.window > 0 ? busy / static_cast<double>(r.traffic.window) : 0.0;

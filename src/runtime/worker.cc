@@ -367,6 +367,7 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     drain_timer = 0;
     const std::uint64_t written = bytes_written();
     Traffic t{bytes_pushed, units_pushed, written - bytes_at_start, transport_total, 0};
+    t.float32_per_wire_byte = static_cast<double>(wire_scale);
     bytes_at_start = written;
     transport_total = 0;
     bytes_pushed = 0;

@@ -421,7 +421,10 @@ class PsNetwork {
       return check_push_unit(u, *j.layout, *j.placement);
     }
     Traffic take_traffic(TimeNs) override {
-      Traffic t{bytes_, units_, static_cast<std::uint64_t>(bytes_), busy_, 0};
+      // The wire's bytes: compression halves them (ClusterConfig::wire_element_bytes).
+      const int element = net_.cluster_.wire_element_bytes;
+      Traffic t{bytes_, units_, static_cast<std::uint64_t>(net_.cluster_.wire_payload(bytes_)), busy_, 0};
+      t.float32_per_wire_byte = 4.0 / element;
       bytes_ = busy_ = 0;
       units_ = 0;
       return t;

@@ -27,18 +27,21 @@ namespace qs {
 struct Traffic {
   Bytes bytes = 0;            // gradient payload sent (PS: pushed; all-reduce: reduced)
   std::int64_t messages = 0;  // units pushed, or collectives run
-  // Bytes put on the uplink, framing included where there is any (the simulator: = bytes).
+  // Bytes put on the uplink, framing included where there is any (the simulator: = bytes,
+  // or their compressed size).
   std::uint64_t wire_bytes = 0;
   // How long the uplink (all-reduce: the primary link) was busy with them: in the
   // simulator, the serialisation time; over TCP, the time the transport held bytes its
   // peers had not yet acknowledged (Prophet 4.2 times a push until the server answers).
-  // bytes / busy is the bandwidth the monitor reports to the policy (the rate its float32
-  // units move at, compressed or not).
+  // wire_bytes x float32_per_wire_byte / busy is the bandwidth the monitor reports to the
+  // policy: the rate its (float32) units move at, compressed or not.
   TimeNs busy = 0;
   // All-reduce only: the time from the iteration's first collective's start to its last
   // one's end on the primary link, over which `busy` is a utilisation (MG-WFBP's model).
   // 0 for PS, whose utilisation the loop measures "while pushing" (Mercury III-B).
   TimeNs window = 0;
+  // Float32 bytes a wire byte carries: 1, or 2 with compression (bf16/fp16 on the wire).
+  double float32_per_wire_byte = 1.0;
 };
 
 // What an all-reduce exchange counts of its collectives until take() (the simulated links
