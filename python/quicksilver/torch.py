@@ -1338,6 +1338,15 @@ class _Integration:
             if self.staging is not None:
                 self.staging.close()
             self.store = None  # rank 0's rendezvous store stops listening now
+            # find_unused_parameters' all-reduces still in flight (a pass whose update never
+            # needed its mask): waited for, not dropped, so that no collective of the
+            # process group is pending when the process exits.
+            for _, work in self.unused_masks.values():
+                if work is not None:
+                    try:
+                        work.wait()
+                    except Exception:  # the job failed already; that error is the one raised
+                        pass
             self.unused_masks = {}
             self.pending_check = None
             if self.tapping:
