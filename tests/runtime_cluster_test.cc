@@ -12,6 +12,8 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <future>
 #include <mutex>
@@ -194,6 +196,42 @@ TEST(Runtime, WireDTypesRoundToNearestEven) {
   EXPECT_EQ(sum[0], 1.5f);
   EXPECT_EQ(sum[1], 2.25f);
   EXPECT_EQ(sum[2], 1027.0f);
+}
+
+// The portable float16 conversions agree bit for bit with encode_floats/decode_floats
+// (F16C on this machine): every half widened, and a sweep of floats across the whole
+// range (subnormals, ties, overflow to infinity) narrowed.
+TEST(Runtime, PortableFloat16MatchesTheFastOne) {
+  std::vector<std::byte> halves(65536 * 2);
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    halves[2 * h] = static_cast<std::byte>(h & 0xff);
+    halves[2 * h + 1] = static_cast<std::byte>(h >> 8);
+  }
+  std::vector<float> a(65536), b(65536);
+  decode_floats(halves.data(), 65536, transport::WireDType::kFloat16, a.data());
+  decode_fp16_portable(halves.data(), 65536, b.data());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i])) {
+      EXPECT_TRUE(std::isnan(b[i])) << i;
+    } else {
+      ASSERT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "half " << i << ": " << a[i] << " vs " << b[i];
+    }
+  }
+  std::vector<float> floats;
+  for (std::uint32_t x = 0; x < 0x80000000u; x += 0x1001u) {  // every exponent, many mantissas
+    float f;
+    std::memcpy(&f, &x, 4);
+    if (!std::isnan(f)) floats.push_back(f), floats.push_back(-f);
+  }
+  for (float f : {65504.0f, 65519.0f, 65520.0f, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 5.96e-8f, 2.98e-8f, 3.0e-8f}) {
+    floats.push_back(f);
+  }
+  std::vector<std::byte> x(floats.size() * 2), y(floats.size() * 2);
+  encode_floats(floats.data(), floats.size(), transport::WireDType::kFloat16, x.data());
+  encode_fp16_portable(floats.data(), floats.size(), y.data());
+  for (std::size_t i = 0; i < floats.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&x[2 * i], &y[2 * i], 2), 0) << "float " << floats[i];
+  }
 }
 
 class EveryPolicy : public ::testing::TestWithParam<std::tuple<std::string, int>> {};

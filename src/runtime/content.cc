@@ -3,6 +3,7 @@
 #include <sstream>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -248,17 +249,36 @@ inline float from_bf16(std::uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-// float16: the compiler's _Float16 conversions (IEEE, round to nearest even).
+// float16 in software, IEEE round to nearest even (every compiler: clang before 15 has
+// no _Float16 on x86-64); F16C below where the CPU has it, bit for bit the same.
 inline std::uint16_t to_fp16(float f) {
-  const _Float16 h = static_cast<_Float16>(f);
-  std::uint16_t u;
-  std::memcpy(&u, &h, 2);
-  return u;
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
+  const std::uint32_t a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: infinity
+  if (a < 0x38800000u) {  // below 2^-14: a subnormal (or zero) of 2^-24 units
+    float af;
+    std::memcpy(&af, &a, 4);
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(std::nearbyint(af * 16777216.0f)));
+  }
+  std::uint32_t h = (a - 0x38000000u) >> 13;  // exponent rebiased (127 -> 15), top 10 mantissa bits
+  const std::uint32_t rest = a & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // a carry moves into the exponent
+  return static_cast<std::uint16_t>(sign | h);
 }
-inline float from_fp16(std::uint16_t u) {
-  _Float16 h;
-  std::memcpy(&h, &u, 2);
-  return static_cast<float>(h);
+inline float from_fp16(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) {
+    const float f = static_cast<float>(man) * 5.9604644775390625e-8f;  // 2^-24
+    return sign ? -f : f;
+  }
+  const std::uint32_t x = sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
 }
 inline std::uint16_t load16(const std::byte* p) {
   return static_cast<std::uint16_t>(std::to_integer<unsigned>(p[0]) | (std::to_integer<unsigned>(p[1]) << 8));
@@ -298,7 +318,10 @@ __attribute__((target("avx,f16c"))) void add_fp16_f16c(float* dst, const std::by
   for (; i < n; ++i) dst[i] += from_fp16(load16(src + 2 * i));
 }
 bool has_f16c() {
-  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;  // CPUID leaf 1: ECX bit 29 F16C, bit 28 AVX
+    return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0 && (c & (1u << 28)) != 0;
+  }();
   return yes;
 }
 #endif
@@ -416,6 +439,14 @@ Status check_compressed_allreduce(const float* sum, std::int64_t count, std::int
     }
   }
   return Status::ok();
+}
+
+void encode_fp16_portable(const float* src, std::size_t n, std::byte* dst) {
+  for (std::size_t i = 0; i < n; ++i) store16(dst + 2 * i, to_fp16(src[i]));
+}
+
+void decode_fp16_portable(const std::byte* src, std::size_t n, float* dst) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = from_fp16(load16(src + 2 * i));
 }
 
 }  // namespace qs::runtime

@@ -101,6 +101,10 @@ void add_floats(float* dst, const std::byte* src, std::size_t n);
 void encode_floats(const float* src, std::size_t n, transport::WireDType d, std::byte* dst);
 void decode_floats(const std::byte* src, std::size_t n, transport::WireDType d, float* dst);
 void add_wire(float* dst, const std::byte* src, std::size_t n, transport::WireDType d);
+// float16 without the CPU's F16C (what encode_floats/decode_floats use where it lacks
+// it): for the test that both agree bit for bit.
+void encode_fp16_portable(const float* src, std::size_t n, std::byte* dst);
+void decode_fp16_portable(const std::byte* src, std::size_t n, float* dst);
 // The all-reduce's compressed sums (known content): with 2 workers exactly the rounded
 // gradients added and rounded; with more within the rounding bound of every hop.
 Status check_compressed_allreduce(const float* sum, std::int64_t count, std::int64_t first_index, int workers,
