@@ -174,13 +174,7 @@ TEST(Runtime, CompressionMustAgree) {
 TEST(Runtime, WireDTypesRoundToNearestEven) {
   // 1 + 2^-8 is halfway between two bf16 values: ties go to the even one (1.0); 1 + 3*2^-8
   // to 1 + 2^-6... checked through the same encode/decode the worker and server use.
-  auto round = [](float x, transport::WireDType d) {
-    std::byte b[4];
-    encode_floats(&x, 1, d, b);
-    float y;
-    decode_floats(b, 1, d, &y);
-    return y;
-  };
+  const auto round = round_to_wire;
   EXPECT_EQ(round(1.0f + 1.0f / 256, transport::WireDType::kBFloat16), 1.0f);
   EXPECT_EQ(round(1.0f + 3.0f / 256, transport::WireDType::kBFloat16), 1.0f + 4.0f / 256);
   EXPECT_EQ(round(257.0f, transport::WireDType::kBFloat16), 256.0f);

@@ -143,18 +143,20 @@ Status check_sum(const float* sum, std::int64_t count, std::int64_t first, int w
   return check_sum(sum, count, first, workers, iteration, iteration, tensor);
 }
 
+float round_to_wire(float x, transport::WireDType wire) {
+  std::byte b[4];
+  encode_floats(&x, 1, wire, b);
+  float y;
+  decode_floats(b, 1, wire, &y);
+  return y;
+}
+
 Status check_sum(const float* sum, std::int64_t count, std::int64_t first, int workers, std::int64_t iteration,
                  TensorId tensor, transport::WireDType wire) {
   if (wire == transport::WireDType::kFloat32) return check_sum(sum, count, first, workers, iteration, tensor);
   // Compressed: each worker's element rounded to the wire's dtype, summed in float32 (small
   // integers: exact in any order), the sum rounded once more on its way back.
-  const auto round = [wire](float x) {
-    std::byte b[4];
-    encode_floats(&x, 1, wire, b);
-    float y;
-    decode_floats(b, 1, wire, &y);
-    return y;
-  };
+  const auto round = [wire](float x) { return round_to_wire(x, wire); };
   // An element's value depends on its index through (index & 255) only: 256 expected sums.
   float expected[256];
   for (int r = 0; r < 256; ++r) {
@@ -398,13 +400,7 @@ void reduce_fp16(void* c, const void* a, const void* b, std::size_t n) {
 Status check_compressed_allreduce(const float* sum, std::int64_t count, std::int64_t first, int workers,
                                   std::int64_t first_iteration, std::int64_t last_iteration, TensorId tensor,
                                   transport::WireDType wire) {
-  const auto round = [wire](float x) {
-    std::byte b[4];
-    encode_floats(&x, 1, wire, b);
-    float y;
-    decode_floats(b, 1, wire, &y);
-    return y;
-  };
+  const auto round = [wire](float x) { return round_to_wire(x, wire); };
   // Per residue (an element's value depends on index & 255 only): each worker's sum over
   // the iterations (exact: small integers), and their exact total.
   float want[256], exact[256];

@@ -100,6 +100,8 @@ void add_floats(float* dst, const std::byte* src, std::size_t n);
 // carries. src/dst byte buffers may be unaligned.
 void encode_floats(const float* src, std::size_t n, transport::WireDType d, std::byte* dst);
 void decode_floats(const std::byte* src, std::size_t n, transport::WireDType d, float* dst);
+// x as it arrives after one trip through the wire's dtype (rounded to nearest even).
+float round_to_wire(float x, transport::WireDType d);
 void add_wire(float* dst, const std::byte* src, std::size_t n, transport::WireDType d);
 // float16 without the CPU's F16C (what encode_floats/decode_floats use where it lacks
 // it): for the test that both agree bit for bit.
