@@ -48,8 +48,11 @@ struct Setup {
   std::vector<std::vector<std::byte>> rbuf;  // one read buffer per worker
   std::size_t frames_per_buffer;
   Setup(std::size_t region_mib, std::size_t packet_kib, std::size_t w)
-      : region_bytes(region_mib << 20), packet(packet_kib << 10), workers(w),
-        region(region_bytes / 4, 0.0f), rbuf(w) {
+      : region_bytes(region_mib << 20),
+        packet(packet_kib << 10),
+        workers(w),
+        region(region_bytes / 4, 0.0f),
+        rbuf(w) {
     frames_per_buffer = std::max<std::size_t>(1, kReadBuffer / (kHeader + packet));
     for (std::size_t i = 0; i < w; ++i) {
       rbuf[i].assign(frames_per_buffer * (kHeader + packet) + 64, std::byte{0});
@@ -78,13 +81,15 @@ double run(Setup& s, Order order, int passes, Op op) {
   for (int p = 0; p < passes; ++p) {
     if (order == Order::kWorkerMajor) {
       for (std::size_t w = 0; w < s.workers; ++w) {
-        for (std::size_t u = 0; u < units; ++u) op(s.region.data() + u * s.packet / 4, s.src(w, u), s.packet);
+        for (std::size_t u = 0; u < units; ++u)
+          op(s.region.data() + u * s.packet / 4, s.src(w, u), s.packet);
       }
     } else {
       for (std::size_t b = 0; b < units; b += batch) {
         const std::size_t e = std::min(units, b + batch);
         for (std::size_t w = 0; w < s.workers; ++w) {
-          for (std::size_t u = b; u < e; ++u) op(s.region.data() + u * s.packet / 4, s.src(w, u), s.packet);
+          for (std::size_t u = b; u < e; ++u)
+            op(s.region.data() + u * s.packet / 4, s.src(w, u), s.packet);
         }
       }
     }
@@ -109,26 +114,36 @@ int main(int argc, char** argv) {
       const std::size_t n = std::strlen(key);
       return a.compare(0, n, key) == 0 ? a.c_str() + n : nullptr;
     };
-    if (const char* v = val("--reps=")) reps = std::atoi(v);
-    else if (const char* v = val("--passes=")) passes = std::atoi(v);
-    else if (const char* v = val("--region-mib=")) region_mib = static_cast<std::size_t>(std::atoll(v));
-    else if (const char* v = val("--packet-kib=")) packet_kib = static_cast<std::size_t>(std::atoll(v));
-    else if (const char* v = val("--workers=")) workers = static_cast<std::size_t>(std::atoll(v));
+    if (const char* v = val("--reps="))
+      reps = std::atoi(v);
+    else if (const char* v = val("--passes="))
+      passes = std::atoi(v);
+    else if (const char* v = val("--region-mib="))
+      region_mib = static_cast<std::size_t>(std::atoll(v));
+    else if (const char* v = val("--packet-kib="))
+      packet_kib = static_cast<std::size_t>(std::atoll(v));
+    else if (const char* v = val("--workers="))
+      workers = static_cast<std::size_t>(std::atoll(v));
     else {
-      std::fprintf(stderr, "usage: aggregation_bench [--reps=7] [--passes=2] [--region-mib=64] "
-                           "[--packet-kib=32] [--workers=8]\n");
+      std::fprintf(stderr,
+                   "usage: aggregation_bench [--reps=7] [--passes=2] [--region-mib=64] "
+                   "[--packet-kib=32] [--workers=8]\n");
       return 2;
     }
   }
   Setup s(region_mib, packet_kib, workers);
-  std::printf("== Aggregation: add_floats into a %zu MiB region, %zu KiB packets from %zu workers ==\n",
-              region_mib, packet_kib, workers);
-  std::printf("%d repetitions x %d passes (%zu MiB of input per pass); GB/s = 1e9 input bytes/s\n\n",
-              reps, passes, workers * region_mib);
+  std::printf(
+      "== Aggregation: add_floats into a %zu MiB region, %zu KiB packets from %zu workers ==\n",
+      region_mib, packet_kib, workers);
+  std::printf(
+      "%d repetitions x %d passes (%zu MiB of input per pass); GB/s = 1e9 input bytes/s\n\n", reps,
+      passes, workers * region_mib);
   // Warm-up: fault the region in, settle the clocks.
   run(s, Order::kWorkerMajor, 1, copy_op);
 
-  std::printf("| arrival order | add_floats GB/s (median) | min-max | memcpy same packets GB/s | min-max | ratio add/memcpy (median of paired) |\n");
+  std::printf(
+      "| arrival order | add_floats GB/s (median) | min-max | memcpy same packets GB/s | min-max | "
+      "ratio add/memcpy (median of paired) |\n");
   std::printf("|---|---:|---:|---:|---:|---:|\n");
   for (Order o : {Order::kLockstep, Order::kWorkerMajor}) {
     std::vector<double> add, cpy, ratio;
@@ -140,12 +155,13 @@ int main(int argc, char** argv) {
       cpy.push_back(c / 1e9);
       ratio.push_back(a / c);
     }
-    std::printf("| %s | %.2f | %.2f-%.2f | %.2f | %.2f-%.2f | %.3f |\n",
-                o == Order::kLockstep ? "lockstep (256 KiB batches)" : "worker-major (streams region)",
-                median(add), *std::min_element(add.begin(), add.end()),
-                *std::max_element(add.begin(), add.end()), median(cpy),
-                *std::min_element(cpy.begin(), cpy.end()), *std::max_element(cpy.begin(), cpy.end()),
-                median(ratio));
+    std::printf(
+        "| %s | %.2f | %.2f-%.2f | %.2f | %.2f-%.2f | %.3f |\n",
+        o == Order::kLockstep ? "lockstep (256 KiB batches)" : "worker-major (streams region)",
+        median(add), *std::min_element(add.begin(), add.end()),
+        *std::max_element(add.begin(), add.end()), median(cpy),
+        *std::min_element(cpy.begin(), cpy.end()), *std::max_element(cpy.begin(), cpy.end()),
+        median(ratio));
   }
   // Sanity: one lockstep pass sums `workers` ones into every element.
   {
@@ -167,13 +183,16 @@ int main(int argc, char** argv) {
     big.push_back(static_cast<double>(s.region_bytes) /
                   std::chrono::duration<double>(Clk::now() - t0).count() / 1e9);
   }
-  std::printf("\ncontext: memcpy of the whole %zu MiB region to another buffer: %.2f GB/s (median)\n",
-              region_mib, median(big));
+  std::printf(
+      "\ncontext: memcpy of the whole %zu MiB region to another buffer: %.2f GB/s (median)\n",
+      region_mib, median(big));
 
   // Compression (--compression bf16|fp16): what rounding and widening cost per float32
   // element, over the same region, medians of --reps (the simulator's conversion cost,
   // ClusterConfig::convert_ns_per_element, comes from here).
-  std::printf("\n== Compression: float32 elements to and from the wire's dtype, %zu MiB region ==\n", region_mib);
+  std::printf(
+      "\n== Compression: float32 elements to and from the wire's dtype, %zu MiB region ==\n",
+      region_mib);
   std::printf("| operation | ns per element (median) | float32 GB/s |\n|---|---:|---:|\n");
   const std::size_t n = s.region.size();
   std::vector<std::byte> wire(n * 2);
@@ -188,10 +207,12 @@ int main(int argc, char** argv) {
         } else {
           qs::runtime::add_wire(other.data(), wire.data(), n, d);
         }
-        ns.push_back(std::chrono::duration<double, std::nano>(Clk::now() - t0).count() / static_cast<double>(n));
+        ns.push_back(std::chrono::duration<double, std::nano>(Clk::now() - t0).count() /
+                     static_cast<double>(n));
       }
       const double m = median(ns);
-      std::printf("| %s %s | %.3f | %.2f |\n", op == 0 ? "encode (worker push, server pull) to" : "add_wire (server sum) from",
+      std::printf("| %s %s | %.3f | %.2f |\n",
+                  op == 0 ? "encode (worker push, server pull) to" : "add_wire (server sum) from",
                   dn, m, 4.0 / m);
     }
   }

@@ -82,8 +82,9 @@ struct DeftJob {
     const AllReduceCost cost = allreduce_cost(c);
     ctx.links = {cost};
     if (second_link > 0) {
-      ctx.links.push_back(AllReduceCost{static_cast<TimeNs>(static_cast<double>(cost.a) * second_link),
-                                        cost.b_ns_per_byte * second_link});
+      ctx.links.push_back(
+          AllReduceCost{static_cast<TimeNs>(static_cast<double>(cost.a) * second_link),
+                        cost.b_ns_per_byte * second_link});
     }
   }
 };
@@ -113,7 +114,8 @@ void BM_DeftSolvePerIteration(benchmark::State& state) {
     done.swap(sink.issued);
     for (const auto& b : done) pol.on_collective_done(b, now, sink);
     pol.on_iteration_start(it++, now, sink);
-    for (int l = job.layout.num_layers() - 1; l >= 0; --l) pol.on_gradient_ready(l, now + m.ready[static_cast<std::size_t>(l)], sink);
+    for (int l = job.layout.num_layers() - 1; l >= 0; --l)
+      pol.on_gradient_ready(l, now + m.ready[static_cast<std::size_t>(l)], sink);
     now += m.backward_end;
     done.clear();
     done.swap(sink.issued);
@@ -133,7 +135,8 @@ BENCHMARK(BM_DeftSolvePerIteration)
 void BM_DeftPlan(benchmark::State& state) {
   const char* models[] = {"resnet101", "vgg19", "gpt2"};
   DeftJob job(models[state.range(0)], 16, Rate::gbps(40), 1.65);
-  for (auto _ : state) benchmark::DoNotOptimize(make_allreduce_policy("deft", PolicyOptions{}, job.ctx));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(make_allreduce_policy("deft", PolicyOptions{}, job.ctx));
   state.SetLabel(models[state.range(0)]);
 }
 BENCHMARK(BM_DeftPlan)->DenseRange(0, 2)->Unit(benchmark::kMillisecond);
@@ -170,7 +173,8 @@ int repro_fig9() {
       for (const char* pol : {"oracle", "wfbp", "synceasgd", "mgwfbp", "mgwfbp-opt"}) {
         auto r = simulate(p, pol, PolicyOptions{}, c, o);
         if (!r) return std::fprintf(stderr, "%s\n", r.status().to_string().c_str()), 1;
-        std::printf("%s,%d,%s,%.3f,%.3f\n", model, n, pol, to_ms(r->iteration_time), n * r->scaling_efficiency);
+        std::printf("%s,%d,%s,%.3f,%.3f\n", model, n, pol, to_ms(r->iteration_time),
+                    n * r->scaling_efficiency);
       }
     }
   }
@@ -181,12 +185,16 @@ int repro_fig9() {
 // A100s, 16 workers at 40 Gbps (ring, alpha 20 us); T_comm = the sum of T_ar over the
 // PyTorch DDP buckets (25 MB), the paper's baseline.
 int repro_table1() {
-  std::printf("model,forward_ms,backward_ms,comm_ms,cr,paper_forward_ms,paper_backward_ms,paper_comm_ms,paper_cr\n");
+  std::printf(
+      "model,forward_ms,backward_ms,comm_ms,cr,paper_forward_ms,paper_backward_ms,paper_comm_ms,"
+      "paper_cr\n");
   struct Row {
     const char* model;
     double f, b, c, cr;
   };
-  const Row rows[] = {{"resnet101", 59, 118, 242, 1.67}, {"vgg19", 37, 93, 258, 1.98}, {"gpt2", 169, 381, 546.4, 0.99}};
+  const Row rows[] = {{"resnet101", 59, 118, 242, 1.67},
+                      {"vgg19", 37, 93, 258, 1.98},
+                      {"gpt2", 169, 381, 546.4, 0.99}};
   for (const Row& row : rows) {
     const Profile p = *load_model(row.model, "a100");
     TimeNs f = 0, b = 0;
@@ -201,8 +209,9 @@ int repro_table1() {
     for (const TraceSpan& s : r->trace) {
       if (s.track == 1) comm += s.end - s.start;
     }
-    std::printf("%s,%.1f,%.1f,%.1f,%.2f,%.0f,%.0f,%.1f,%.2f\n", row.model, to_ms(f), to_ms(b), to_ms(comm),
-                static_cast<double>(comm) / static_cast<double>(f + b), row.f, row.b, row.c, row.cr);
+    std::printf("%s,%.1f,%.1f,%.1f,%.2f,%.0f,%.0f,%.1f,%.2f\n", row.model, to_ms(f), to_ms(b),
+                to_ms(comm), static_cast<double>(comm) / static_cast<double>(f + b), row.f, row.b,
+                row.c, row.cr);
   }
   return 0;
 }
@@ -218,7 +227,8 @@ int repro_table1() {
 // (our A100 compute model is faster or slower than the paper's measurements).
 int repro_fig14() {
   std::printf("variant,model,workers,policy,iteration_ms,speedup,update_frequency\n");
-  const std::pair<const char*, double> models[] = {{"resnet101", 1.67}, {"vgg19", 1.98}, {"gpt2", 0.99}};
+  const std::pair<const char*, double> models[] = {
+      {"resnet101", 1.67}, {"vgg19", 1.98}, {"gpt2", 0.99}};
   for (const char* variant : {"40gbps", "cr-matched"}) {
     for (auto [model, paper_cr] : models) {
       const Profile p = *load_model(model, "a100");
@@ -238,7 +248,8 @@ int repro_fig14() {
         PolicyOptions po;
         po.partition_size = 26'000'000;
         po.deft_partition_size = 26'000'000;
-        for (const char* pol : {"oracle", "ddp", "bytescheduler", "usbyte", "deft", "deft-exact", "deft-1link"}) {
+        for (const char* pol :
+             {"oracle", "ddp", "bytescheduler", "usbyte", "deft", "deft-exact", "deft-1link"}) {
           ClusterConfig c = ar(n, Rate::gbps(gbps), 20'000);
           const std::string_view name = pol;
           const bool deft = name.starts_with("deft");
@@ -260,8 +271,8 @@ int repro_fig14() {
           double freq = 1.0;
           const std::string note = note_of(*r, "update frequency");
           if (!note.empty()) std::sscanf(note.c_str(), "update frequency %lf", &freq);
-          std::printf("%s,%s,%d,%s,%.3f,%.3f,%.3f\n", variant, model, n, pol, to_ms(r->iteration_time),
-                      n * r->scaling_efficiency, freq);
+          std::printf("%s,%s,%d,%s,%.3f,%.3f,%.3f\n", variant, model, n, pol,
+                      to_ms(r->iteration_time), n * r->scaling_efficiency, freq);
         }
       }
     }
@@ -302,7 +313,8 @@ int wire_bench(int ranks, int runs) {
       if (a == runtime::GlooAlgorithm::kRing) {
         gloo::AllreduceOptions o(c);
         o.setOutput(data, count);
-        o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
+        o.setReduceFunction(
+            static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
         o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
         gloo::allreduce(o);
       } else {
@@ -317,14 +329,19 @@ int wire_bench(int ranks, int runs) {
     o.checksums = variant == 2;
     runtime::checked_allreduce(o, data, count, sizeof(float), sum);
   };
-  std::printf("# %d ranks on loopback, %d runs, CRC32C: %s\n", ranks, runs, transport::crc32c_implementation());
+  std::printf("# %d ranks on loopback, %d runs, CRC32C: %s\n", ranks, runs,
+              transport::crc32c_implementation());
   std::printf("algorithm,bytes,variant,median_us,gbps,checked_vs_gloo,checked_vs_own\n");
   const char* names[] = {"gloo", "own", "checked"};
-  for (runtime::GlooAlgorithm a : {runtime::GlooAlgorithm::kRing, runtime::GlooAlgorithm::kHalvingDoubling}) {
-    for (std::size_t bytes : {std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{8} << 20, std::size_t{64} << 20}) {
+  for (runtime::GlooAlgorithm a :
+       {runtime::GlooAlgorithm::kRing, runtime::GlooAlgorithm::kHalvingDoubling}) {
+    for (std::size_t bytes : {std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{8} << 20,
+                              std::size_t{64} << 20}) {
       const std::size_t count = bytes / 4;
-      const int reps = static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / bytes, 4, 200));
-      std::vector<std::vector<float>> data(static_cast<std::size_t>(ranks), std::vector<float>(count, 1.0f));
+      const int reps =
+          static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / bytes, 4, 200));
+      std::vector<std::vector<float>> data(static_cast<std::size_t>(ranks),
+                                           std::vector<float>(count, 1.0f));
       std::vector<double> times[3];
       for (int run = 0; run < runs; ++run) {
         for (int v = 0; v < 3; ++v) {
@@ -332,12 +349,15 @@ int wire_bench(int ranks, int runs) {
           const auto t0 = std::chrono::steady_clock::now();
           for (int r = 0; r < ranks; ++r) {
             t.emplace_back([&, r, v] {
-              for (int k = 0; k < reps; ++k) one(r, a, v, data[static_cast<std::size_t>(r)].data(), count);
+              for (int k = 0; k < reps; ++k)
+                one(r, a, v, data[static_cast<std::size_t>(r)].data(), count);
             });
           }
           for (auto& th : t) th.join();
-          times[v].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-                             reps);
+          times[v].push_back(
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                  .count() /
+              reps);
         }
       }
       double median[3];
@@ -346,8 +366,9 @@ int wire_bench(int ranks, int runs) {
         median[v] = times[v][times[v].size() / 2];
       }
       for (int v = 0; v < 3; ++v) {
-        std::printf("%s,%zu,%s,%.1f,%.2f,%.3f,%.3f\n", std::string(runtime::gloo_algorithm_name(a)).c_str(), bytes,
-                    names[v], median[v], 8e-3 * static_cast<double>(bytes) / median[v], median[0] / median[2],
+        std::printf("%s,%zu,%s,%.1f,%.2f,%.3f,%.3f\n",
+                    std::string(runtime::gloo_algorithm_name(a)).c_str(), bytes, names[v],
+                    median[v], 8e-3 * static_cast<double>(bytes) / median[v], median[0] / median[2],
                     median[1] / median[2]);
       }
       std::fflush(stdout);

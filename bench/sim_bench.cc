@@ -23,7 +23,8 @@ void BM_EventsPerSecond(benchmark::State& state) {
     auto r = simulate(p, "mercury", {}, c, o);
     events += r->events;
   }
-  state.counters["events_per_s"] = benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
+  state.counters["events_per_s"] =
+      benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_EventsPerSecond)->Unit(benchmark::kMillisecond);
 

@@ -62,7 +62,7 @@ using Clk = std::chrono::steady_clock;
 
 // The runtime's defaults unless overridden (--lowat-kib, --sndbuf-kib: for diagnosis).
 SocketOptions g_socket_options;
-bool g_iperf = true;  // --no-iperf: transport only (for profiling)
+bool g_iperf = true;           // --no-iperf: transport only (for profiling)
 bool g_iperf_per_size = true;  // --no-iperf-per-size: skip `iperf3 -l <packet>` runs
 
 double median(std::vector<double> v) {
@@ -94,8 +94,7 @@ void must(const Status& s, const char* what) {
 // the payload straight into its tensor at the header's offset.
 class SinkHandler : public FrameHandler {
  public:
-  SinkHandler(std::size_t tensor_bytes, std::uint32_t packet)
-      : memory(tensor_bytes) {
+  SinkHandler(std::size_t tensor_bytes, std::uint32_t packet) : memory(tensor_bytes) {
     rules.kind = FrameKind::kPush;
     rules.tensor_bytes = {static_cast<Bytes>(tensor_bytes)};
     rules.element_size = {4};
@@ -142,9 +141,9 @@ class SourceHandler : public FrameHandler {
 };
 
 struct ThroughputResult {
-  double gbps = 0;      // payload goodput
+  double gbps = 0;  // payload goodput
   double frames_per_s = 0;
-  double sender_cpu = 0;    // sender thread CPU seconds / wall seconds
+  double sender_cpu = 0;  // sender thread CPU seconds / wall seconds
   double receiver_cpu = 0;
   double cpu_ns_per_kib = 0;  // sender + receiver thread CPU per payload KiB, whole run
   std::string congestion;
@@ -245,8 +244,8 @@ ThroughputResult run_transport(std::uint32_t packet, std::size_t tensor_bytes, d
   const double total = seconds_since(t_start);
   res.gbps = static_cast<double>(b1 - b0) * 8 / dt / 1e9;
   res.frames_per_s = static_cast<double>(f1 - f0) / dt;
-  res.cpu_ns_per_kib = (scpu.load() + rcpu.load()) * 1e9 /
-                       (static_cast<double>(sink.payload_bytes.load()) / 1024);
+  res.cpu_ns_per_kib =
+      (scpu.load() + rcpu.load()) * 1e9 / (static_cast<double>(sink.payload_bytes.load()) / 1024);
   res.sender_cpu = scpu.load() / total;
   res.receiver_cpu = rcpu.load() / total;
   return res;
@@ -333,10 +332,11 @@ std::string size_label(int kib) {
 void throughput(double seconds, int reps, std::size_t big_tensor, std::vector<int> sizes_kib) {
   const double warmup = 0.3;
   std::printf("== Transport throughput: one loopback connection, project transport vs iperf3 ==\n");
-  std::printf("hot = tensor of max(128 KiB, packet) per side (cache-resident, like iperf3's buffer); "
-              "big = %zu MiB tensor per side\n%.1f s per run after %.1f s warm-up; %d repetitions; "
-              "iperf3 -t %.1f once per repetition, before that repetition's transport runs\n",
-              big_tensor >> 20, seconds, warmup, reps, seconds);
+  std::printf(
+      "hot = tensor of max(128 KiB, packet) per side (cache-resident, like iperf3's buffer); "
+      "big = %zu MiB tensor per side\n%.1f s per run after %.1f s warm-up; %d repetitions; "
+      "iperf3 -t %.1f once per repetition, before that repetition's transport runs\n",
+      big_tensor >> 20, seconds, warmup, reps, seconds);
   std::printf("socket options: congestion %s, TCP_NOTSENT_LOWAT %lld KiB, SO_SNDBUF %lld KiB\n",
               g_socket_options.congestion.c_str(),
               static_cast<long long>(g_socket_options.notsent_lowat / 1024),
@@ -357,7 +357,8 @@ void throughput(double seconds, int reps, std::size_t big_tensor, std::vector<in
     ip.push_back(ir.gbps);
     ipcpu.push_back(ir.cpu_ns_per_kib);
     ipcc = ir.congestion;
-    std::printf("  rep %d: iperf3 %.2f Gbit/s (%s) | hot/big:", rep + 1, ir.gbps, ir.congestion.c_str());
+    std::printf("  rep %d: iperf3 %.2f Gbit/s (%s) | hot/big:", rep + 1, ir.gbps,
+                ir.congestion.c_str());
     for (std::size_t i = 0; i < n; ++i) {
       const auto packet = static_cast<std::uint32_t>(sizes_kib[i]) * 1024u;
       double l_gbps = 0;
@@ -386,27 +387,31 @@ void throughput(double seconds, int reps, std::size_t big_tensor, std::vector<in
   }
   std::printf("\ncongestion control: transport %s, iperf3 %s (sender/receiver)\n", cc.c_str(),
               ipcc.c_str());
-  std::printf("iperf3 baseline: median %.2f Gbit/s (min %.2f, max %.2f), CPU %.0f ns per KiB "
-              "(both processes)\n\n",
-              median(ip), *std::min_element(ip.begin(), ip.end()),
-              *std::max_element(ip.begin(), ip.end()), median(ipcpu));
+  std::printf(
+      "iperf3 baseline: median %.2f Gbit/s (min %.2f, max %.2f), CPU %.0f ns per KiB "
+      "(both processes)\n\n",
+      median(ip), *std::min_element(ip.begin(), ip.end()), *std::max_element(ip.begin(), ip.end()),
+      median(ipcpu));
   auto mm = [](const std::vector<double>& v) {
     char b[64];
     std::snprintf(b, sizeof b, "%.1f-%.1f", *std::min_element(v.begin(), v.end()),
                   *std::max_element(v.begin(), v.end()));
     return std::string(b);
   };
-  std::printf("| packet | hot Gbit/s | hot min-max | hot / iperf3 | hot us/frame | hot CPU ns/KiB | "
-              "hot CPU / iperf3 CPU | big Gbit/s | big min-max | big / iperf3 | big CPU ns/KiB | "
-              "iperf3 -l packet Gbit/s | hot / iperf3 -l | big / iperf3 -l |\n");
+  std::printf(
+      "| packet | hot Gbit/s | hot min-max | hot / iperf3 | hot us/frame | hot CPU ns/KiB | "
+      "hot CPU / iperf3 CPU | big Gbit/s | big min-max | big / iperf3 | big CPU ns/KiB | "
+      "iperf3 -l packet Gbit/s | hot / iperf3 -l | big / iperf3 -l |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (std::size_t i = 0; i < n; ++i) {
-    std::printf("| %s | %.2f | %s | %.3f | %.2f | %.0f | %.2f | %.2f | %s | %.3f | %.0f | %.2f | %.3f | %.3f |\n",
-                size_label(sizes_kib[i]).c_str(), median(hot[i].gbps), mm(hot[i].gbps).c_str(),
-                median(hot[i].ratio), 1e6 / median(hot[i].fps), median(hot[i].cpu),
-                median(hot[i].cpu_ratio), median(big[i].gbps), mm(big[i].gbps).c_str(),
-                median(big[i].ratio), median(big[i].cpu), median(ipl[i]),
-                median(hot[i].ratio_l), median(big[i].ratio_l));
+    std::printf(
+        "| %s | %.2f | %s | %.3f | %.2f | %.0f | %.2f | %.2f | %s | %.3f | %.0f | %.2f | %.3f | "
+        "%.3f |\n",
+        size_label(sizes_kib[i]).c_str(), median(hot[i].gbps), mm(hot[i].gbps).c_str(),
+        median(hot[i].ratio), 1e6 / median(hot[i].fps), median(hot[i].cpu),
+        median(hot[i].cpu_ratio), median(big[i].gbps), mm(big[i].gbps).c_str(),
+        median(big[i].ratio), median(big[i].cpu), median(ipl[i]), median(hot[i].ratio_l),
+        median(big[i].ratio_l));
   }
   std::printf("\n");
 }
@@ -417,10 +422,13 @@ void checksum_cost(double seconds, int reps, std::size_t big_tensor, std::vector
   const double warmup = 0.3;
   std::printf("== Payload checksums (CRC32C, %s): one loopback connection, on vs off ==\n",
               crc32c_implementation());
-  std::printf("hot = tensor of max(128 KiB, packet) per side; big = %zu MiB tensor per side; %.1f s per run "
-              "after %.1f s warm-up; %d repetitions, on and off back to back (order alternating)\n\n",
-              big_tensor >> 20, seconds, warmup, reps);
-  std::printf("| packet | tensor | on Gbit/s | off Gbit/s | on / off | on CPU ns/KiB | off CPU ns/KiB |\n");
+  std::printf(
+      "hot = tensor of max(128 KiB, packet) per side; big = %zu MiB tensor per side; %.1f s per "
+      "run "
+      "after %.1f s warm-up; %d repetitions, on and off back to back (order alternating)\n\n",
+      big_tensor >> 20, seconds, warmup, reps);
+  std::printf(
+      "| packet | tensor | on Gbit/s | off Gbit/s | on / off | on CPU ns/KiB | off CPU ns/KiB |\n");
   std::printf("|---:|---|---:|---:|---:|---:|---:|\n");
   for (int kib : sizes_kib) {
     const auto packet = static_cast<std::uint32_t>(kib) * 1024u;
@@ -443,8 +451,8 @@ void checksum_cost(double seconds, int reps, std::size_t big_tensor, std::vector
         cpu_off.push_back(b.cpu_ns_per_kib);
       }
       std::printf("| %s | %s | %.2f | %.2f | %.3f | %.0f | %.0f |\n", size_label(kib).c_str(),
-                  which == 0 ? "hot" : "big", median(on), median(off), median(ratio), median(cpu_on),
-                  median(cpu_off));
+                  which == 0 ? "hot" : "big", median(on), median(off), median(ratio),
+                  median(cpu_on), median(cpu_off));
       std::fflush(stdout);
     }
   }
@@ -464,7 +472,8 @@ void checksum_cost(double seconds, int reps, std::size_t big_tensor, std::vector
       gbs.push_back(static_cast<double>(done) / seconds_since(t0) / 1e9);
       if (c == 42) std::printf(" ");
     }
-    std::printf("\ncrc32c alone over %s (%s): %.1f GB/s", size_label(static_cast<int>(len >> 10)).c_str(),
+    std::printf("\ncrc32c alone over %s (%s): %.1f GB/s",
+                size_label(static_cast<int>(len >> 10)).c_str(),
                 len == big_tensor ? "from memory" : "in cache", median(gbs));
   }
   std::printf("\n\n");
@@ -489,16 +498,20 @@ double time_ops(std::size_t ops, Push push, Pop pop) {
     push(i);
     pop();
   }
-  return std::chrono::duration<double, std::nano>(Clk::now() - t0).count() / static_cast<double>(ops);
+  return std::chrono::duration<double, std::nano>(Clk::now() - t0).count() /
+         static_cast<double>(ops);
 }
 
 void selection(int reps, std::size_t ops) {
   std::printf("== Selection: push + pop pairs at steady occupancy, ns per pair ==\n");
-  std::printf("%zu pairs per repetition, %d repetitions, random priorities (uniform), "
-              "the queue prefilled to the occupancy\n\n", ops, reps);
+  std::printf(
+      "%zu pairs per repetition, %d repetitions, random priorities (uniform), "
+      "the queue prefilled to the occupancy\n\n",
+      ops, reps);
   constexpr std::size_t kRand = 1 << 16;
-  std::printf("| priorities | occupancy | PriorityFifo<u64> ns | PriorityFifo<Sender item> ns | "
-              "std::priority_queue<(prio,seq)> ns | ratio fifo/pq | ratio sender-item/pq |\n");
+  std::printf(
+      "| priorities | occupancy | PriorityFifo<u64> ns | PriorityFifo<Sender item> ns | "
+      "std::priority_queue<(prio,seq)> ns | ratio fifo/pq | ratio sender-item/pq |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
   for (int prios : {1, 64, 1024}) {
     for (std::size_t occupancy : {std::size_t{64}, std::size_t{4096}}) {
@@ -538,12 +551,16 @@ void selection(int reps, std::size_t ops) {
         std::uint64_t seq3 = 0, sink3 = 0;
         for (std::size_t i = 0; i < occupancy; ++i) q.push({pr[i % kRand], seq3++});
         const double tq = time_ops(
-            ops, [&](std::size_t i) { q.push({pr[(i + occupancy) % kRand], seq3++}); },
+            ops,
+            [&](std::size_t i) {
+              q.push({pr[(i + occupancy) % kRand], seq3++});
+            },
             [&] {
               sink3 = sink3 * 31 + q.top().second;
               q.pop();
             });
-        if (sink != sink2 || sink != sink3) die("selection: the three queues popped different orders");
+        if (sink != sink2 || sink != sink3)
+          die("selection: the three queues popped different orders");
         check_fifo = sink;
         check_pq = sink3;
         a.push_back(tf);
@@ -600,20 +617,31 @@ int main(int argc, char** argv) {
       const std::size_t n = std::strlen(key);
       return a.compare(0, n, key) == 0 ? a.c_str() + n : nullptr;
     };
-    if (const char* v = val("--seconds=")) seconds = std::atof(v);
-    else if (const char* v = val("--reps=")) reps = sel_reps = std::atoi(v);
-    else if (const char* v = val("--ops=")) ops = static_cast<std::size_t>(std::atoll(v));
-    else if (const char* v = val("--tensor-mib=")) tensor_mib = static_cast<std::size_t>(std::atoll(v));
-    else if (const char* v = val("--sizes=")) sizes = parse_sizes(v);
-    else if (const char* v = val("--lowat-kib=")) g_socket_options.notsent_lowat = std::atoll(v) * 1024;
-    else if (const char* v = val("--sndbuf-kib=")) g_socket_options.send_buffer = std::atoll(v) * 1024;
-    else if (a == "--no-iperf") g_iperf = false;
-    else if (a == "--no-iperf-per-size") g_iperf_per_size = false;
-    else if (a == "throughput" || a == "selection" || a == "checksum" || a == "all") mode = a;
+    if (const char* v = val("--seconds="))
+      seconds = std::atof(v);
+    else if (const char* v = val("--reps="))
+      reps = sel_reps = std::atoi(v);
+    else if (const char* v = val("--ops="))
+      ops = static_cast<std::size_t>(std::atoll(v));
+    else if (const char* v = val("--tensor-mib="))
+      tensor_mib = static_cast<std::size_t>(std::atoll(v));
+    else if (const char* v = val("--sizes="))
+      sizes = parse_sizes(v);
+    else if (const char* v = val("--lowat-kib="))
+      g_socket_options.notsent_lowat = std::atoll(v) * 1024;
+    else if (const char* v = val("--sndbuf-kib="))
+      g_socket_options.send_buffer = std::atoll(v) * 1024;
+    else if (a == "--no-iperf")
+      g_iperf = false;
+    else if (a == "--no-iperf-per-size")
+      g_iperf_per_size = false;
+    else if (a == "throughput" || a == "selection" || a == "checksum" || a == "all")
+      mode = a;
     else {
-      std::fprintf(stderr,
-                   "usage: transport_bench [throughput|selection|checksum|all] [--seconds=3] [--reps=N] "
-                   "[--ops=N] [--tensor-mib=64] [--sizes=4,16,32,64,256,1024,4096]\n");
+      std::fprintf(
+          stderr,
+          "usage: transport_bench [throughput|selection|checksum|all] [--seconds=3] [--reps=N] "
+          "[--ops=N] [--tensor-mib=64] [--sizes=4,16,32,64,256,1024,4096]\n");
       return 2;
     }
   }

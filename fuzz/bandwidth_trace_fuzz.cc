@@ -16,7 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto& segs = s->segments();
   QS_CHECK(!segs.empty() && segs.front().start == 0);
   for (std::size_t i = 1; i < segs.size(); ++i) QS_CHECK(segs[i].start > segs[i - 1].start);
-  for (const qs::TimeNs t : {qs::TimeNs{0}, segs.back().start, segs.back().start + 1, segs.back().start / 2}) {
+  for (const qs::TimeNs t :
+       {qs::TimeNs{0}, segs.back().start, segs.back().start + 1, segs.back().start / 2}) {
     QS_CHECK(s->rate_at(t).bits_per_second > 0);
     for (const qs::Bytes b : {qs::Bytes{0}, qs::Bytes{1}, qs::Bytes{1} << 20, qs::Bytes{1} << 40}) {
       QS_CHECK(s->finish_time(t, b) >= t);

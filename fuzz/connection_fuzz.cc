@@ -54,7 +54,8 @@ class Receiver : public FrameHandler {
     }
     return PayloadTarget::buffer();
   }
-  Status on_payload(Connection&, const Header& h, std::uint64_t at, const std::byte*, std::size_t n) override {
+  Status on_payload(Connection&, const Header& h, std::uint64_t at, const std::byte*,
+                    std::size_t n) override {
     QS_CHECK(at + n <= h.length);
     return Status::ok();
   }

@@ -22,7 +22,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (int l = 0; l < p->num_layers(); ++l) {
     const auto& a = p->layers[static_cast<std::size_t>(l)];
     const auto& b = back->layers[static_cast<std::size_t>(l)];
-    QS_CHECK(a.name == b.name && a.forward == b.forward && a.backward == b.backward && a.update == b.update);
+    QS_CHECK(a.name == b.name && a.forward == b.forward && a.backward == b.backward &&
+             a.update == b.update);
   }
   return 0;
 }

@@ -16,7 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The coordinator reads one line of at most 256 bytes; the parsers take any text.
   const std::string_view line = text.substr(0, text.find('\n'));
   if (auto r = parse_rendezvous_request(line)) {
-    QS_CHECK(r->role == RendezvousRequest::Role::kWorker || r->role == RendezvousRequest::Role::kServer);
+    QS_CHECK(r->role == RendezvousRequest::Role::kWorker ||
+             r->role == RendezvousRequest::Role::kServer);
     if (r->role == RendezvousRequest::Role::kWorker) QS_CHECK(r->port == -1);
   }
   if (auto list = parse_server_list(line)) {

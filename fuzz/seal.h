@@ -24,7 +24,8 @@ inline std::vector<std::uint8_t> seal_frames(const std::uint8_t* data, std::size
   std::size_t at = 0;
   while (size - at >= kHeaderSize) {
     std::uint8_t* h = out.data() + at;
-    const std::uint32_t length = h[12] | (h[13] << 8) | (h[14] << 16) | (static_cast<std::uint32_t>(h[15]) << 24);
+    const std::uint32_t length =
+        h[12] | (h[13] << 8) | (h[14] << 16) | (static_cast<std::uint32_t>(h[15]) << 24);
     const bool ack = (h[1] & 0x7f) == static_cast<std::uint8_t>(FrameKind::kAck);
     const std::uint64_t payload = ack ? 0 : length;
     const std::uint8_t mark = h[kHeaderSize - 1];

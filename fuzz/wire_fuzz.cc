@@ -42,7 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* input, std::size_t siz
     for (const DataRules* r : {&rules, &pulls}) {
       if (validate_data_header(*h, *r).is_ok()) {
         QS_CHECK(h->tensor < r->tensor_bytes.size());
-        QS_CHECK(h->length > 0 && h->offset + h->length <= static_cast<std::uint64_t>(r->tensor_bytes[h->tensor]));
+        QS_CHECK(h->length > 0 &&
+                 h->offset + h->length <= static_cast<std::uint64_t>(r->tensor_bytes[h->tensor]));
         QS_CHECK(h->priority < r->num_priorities);
       }
     }

@@ -34,7 +34,8 @@ TEST(AllReduceEngine, DdpBucketsFollowPyTorch) {
   // Five 10 MiB tensors, one per layer, and a 100 KiB one on top (ready first).
   Profile p;
   p.name = "ddp";
-  for (int l = 0; l < 5; ++l) p.layers.push_back(layer("l" + std::to_string(l), 1000, 2000, 10 * kMiB));
+  for (int l = 0; l < 5; ++l)
+    p.layers.push_back(layer("l" + std::to_string(l), 1000, 2000, 10 * kMiB));
   p.layers.push_back(layer("top", 1000, 2000, 100 * kKiB));
   // Reverse order: [top, l4] closes the 1 MiB first bucket (reaches it with l4);
   // [l3, l2, l1] reaches 25 MiB with l1 (30 MiB: a parameter is never split); [l0].
@@ -51,7 +52,8 @@ TEST(AllReduceEngine, ByteSchedulerFusesWhatWaitsForTheLibrary) {
   // them into one collective (issue 13: ByteScheduler on Horovod keeps Tensor Fusion).
   Profile p;
   p.name = "five";
-  for (int l = 0; l < 5; ++l) p.layers.push_back(layer("l" + std::to_string(l), 100'000, 100'000, 100'000));
+  for (int l = 0; l < 5; ++l)
+    p.layers.push_back(layer("l" + std::to_string(l), 100'000, 100'000, 100'000));
   auto fused = simulate(p, "bytescheduler", PolicyOptions{}, allreduce_cluster(4), opts());
   ASSERT_TRUE(fused.is_ok()) << fused.status().to_string();
   EXPECT_EQ(fused->messages_per_iteration, 2);
@@ -138,7 +140,8 @@ TEST(AllReduceEngine, TimeVaryingBandwidth) {
   auto half_const = simulate(p, "synceasgd", PolicyOptions{}, c, opts());
   ASSERT_TRUE(plain.is_ok() && same.is_ok() && half.is_ok() && half_const.is_ok());
   EXPECT_EQ(plain->iteration_times, same->iteration_times);
-  EXPECT_NEAR(static_cast<double>(half->iteration_time), static_cast<double>(half_const->iteration_time), 4.0);
+  EXPECT_NEAR(static_cast<double>(half->iteration_time),
+              static_cast<double>(half_const->iteration_time), 4.0);
 }
 
 TEST(AllReduceEngine, TraceHasComputeAndLinkTracks) {
@@ -173,8 +176,9 @@ TEST(AllReduceProperty, EveryByteOnceAndOptimumNeverLoses) {
   po.deft_partition_size = 400'000;
   for (int trial = 0; trial < 150; ++trial) {
     Profile p = testing::random_profile(rng, 10, 200'000, 2 * kNsPerMs);
-    ClusterConfig c = allreduce_cluster(static_cast<int>(rng.uniform_int(2, 16)), Rate::gbps(rng.uniform(0.5, 10)),
-                         rng.uniform_int(0, 100'000));
+    ClusterConfig c =
+        allreduce_cluster(static_cast<int>(rng.uniform_int(2, 16)),
+                          Rate::gbps(rng.uniform(0.5, 10)), rng.uniform_int(0, 100'000));
     if (trial % 3 == 0) c.second_link_slowdown = 1.65;
     std::map<std::string, TimeNs> t;
     for (const std::string& name : allreduce_policy_names()) {
@@ -195,7 +199,9 @@ TEST(AllReduceProperty, EveryByteOnceAndOptimumNeverLoses) {
       backward += l.backward;
       forward += l.update + l.forward;
     }
-    auto model = [&](const MergeSet& m) { return std::max(backward, merge_finish_time(mp, m)) + forward; };
+    auto model = [&](const MergeSet& m) {
+      return std::max(backward, merge_finish_time(mp, m)) + forward;
+    };
     MergeSet all(p.layers.size(), true);
     all[0] = false;
     EXPECT_EQ(t["wfbp"], model(MergeSet(p.layers.size(), false))) << trial;

@@ -2,6 +2,7 @@
 // and whole jobs of in-process workers (each on its own thread and event loop, real gloo
 // contexts over loopback) whose every reduced element is checked exactly.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <functional>
@@ -15,8 +16,6 @@
 #include "quicksilver/runtime/store.h"
 #include "quicksilver/transport/clock.h"
 #include "quicksilver/transport/socket.h"
-
-#include <sys/socket.h>
 #include "test_profiles.h"
 
 #ifdef QS_HAVE_GLOO
@@ -42,8 +41,8 @@ TEST(Store, ParsesTheThreeRequestsAndRefusesTheRest) {
   auto done = parse_store_request("done 3");
   ASSERT_TRUE(done.is_ok());
   EXPECT_EQ(done->rank, 3);
-  for (const char* bad : {"", "set", "set k", "set k 0", "set k zz", "get", "get a b", "get ../\n", "done", "done -1",
-                          "done 12x", "put k 00"}) {
+  for (const char* bad : {"", "set", "set k", "set k 0", "set k zz", "get", "get a b", "get ../\n",
+                          "done", "done -1", "done 12x", "put k 00"}) {
     EXPECT_FALSE(parse_store_request(bad).is_ok()) << bad;
   }
   EXPECT_FALSE(parse_store_request("get " + std::string(200, 'k')).is_ok());
@@ -80,16 +79,21 @@ TEST(Store, AClientWithAGetPendingCannotGrowItsBuffer) {
   auto server = StoreServer::create(Endpoint{"127.0.0.1", 0}, 1, 20 * kNsPerSec);
   ASSERT_TRUE(server.is_ok());
   auto served = std::async(std::launch::async, [&] { return (*server)->run(); });
-  auto fd = transport::connect_tcp("127.0.0.1", (*server)->port(), transport::SteadyClock::instance().now() + kNsPerSec);
+  auto fd = transport::connect_tcp("127.0.0.1", (*server)->port(),
+                                   transport::SteadyClock::instance().now() + kNsPerSec);
   ASSERT_TRUE(fd.is_ok());
   const std::string get = "get never-set\n";
-  ASSERT_EQ(::send(fd->get(), get.data(), get.size(), MSG_NOSIGNAL), static_cast<ssize_t>(get.size()));
+  ASSERT_EQ(::send(fd->get(), get.data(), get.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(get.size()));
   const std::string junk(64 * 1024, 'x');
   std::size_t sent = 0;
   bool closed = false;
   for (int i = 0; i < 4096 && !closed; ++i) {  // up to 256 MiB, far past the bound
     const ssize_t n = ::send(fd->get(), junk.data(), junk.size(), MSG_NOSIGNAL);
-    if (n <= 0) closed = true; else sent += static_cast<std::size_t>(n);
+    if (n <= 0)
+      closed = true;
+    else
+      sent += static_cast<std::size_t>(n);
   }
   EXPECT_TRUE(closed) << "the store took " << sent << " bytes from a client whose get waits";
   EXPECT_LT(sent, 16u * 1024 * 1024);
@@ -116,8 +120,10 @@ Profile small_profile() {
   Profile p;
   p.name = "small";
   p.batch_size = 8;
-  p.layers = {testing::layer("c1", 500'000, 1'000'000, 80'000), testing::layer("c2", 500'000, 1'000'000, 400'000),
-              testing::layer("f1", 200'000, 400'000, 800'000), testing::layer("f2", 100'000, 200'000, 20'000)};
+  p.layers = {testing::layer("c1", 500'000, 1'000'000, 80'000),
+              testing::layer("c2", 500'000, 1'000'000, 400'000),
+              testing::layer("f1", 200'000, 400'000, 800'000),
+              testing::layer("f2", 100'000, 200'000, 20'000)};
   return p;
 }
 
@@ -131,11 +137,11 @@ Profile light_profile() {
 
 // Runs `workers` workers of `policy` on loopback; returns their reports. `sources`: each
 // worker's tensor source (default: known content, checked exactly).
-std::vector<Result<WorkerReport>> run_job(const std::string& policy, int workers, int iterations, int links,
-                                          PolicyOptions knobs = {}, const Profile& profile = small_profile(),
-                                          std::vector<double> compute_factors = {},
-                                          const std::vector<TensorSource*>& sources = {},
-                                          const std::function<void(CollectiveOptions&)>& adjust = {}) {
+std::vector<Result<WorkerReport>> run_job(
+    const std::string& policy, int workers, int iterations, int links, PolicyOptions knobs = {},
+    const Profile& profile = small_profile(), std::vector<double> compute_factors = {},
+    const std::vector<TensorSource*>& sources = {},
+    const std::function<void(CollectiveOptions&)>& adjust = {}) {
   auto server = StoreServer::create(Endpoint{"127.0.0.1", 0}, workers, 60 * kNsPerSec);
   EXPECT_TRUE(server.is_ok());
   auto served = std::async(std::launch::async, [&] { return (*server)->run(); });
@@ -150,9 +156,11 @@ std::vector<Result<WorkerReport>> run_job(const std::string& policy, int workers
     o.job.bandwidth = Rate::gbps(1);
     o.job.peer_timeout = 20 * kNsPerSec;
     o.rank = w;
-    if (static_cast<std::size_t>(w) < compute_factors.size()) o.compute_factor = compute_factors[static_cast<std::size_t>(w)];
+    if (static_cast<std::size_t>(w) < compute_factors.size())
+      o.compute_factor = compute_factors[static_cast<std::size_t>(w)];
     o.store = Endpoint{"127.0.0.1", (*server)->port()};
-    o.links = links == 2 ? std::vector<std::string>{"127.0.0.1", "127.0.0.2"} : std::vector<std::string>{"127.0.0.1"};
+    o.links = links == 2 ? std::vector<std::string>{"127.0.0.1", "127.0.0.2"}
+                         : std::vector<std::string>{"127.0.0.1"};
     o.calibration_repeats = 2;
     o.record_trace = sources.empty();
     if (!sources.empty()) o.tensors = sources[static_cast<std::size_t>(w)];
@@ -179,7 +187,8 @@ TEST_P(EveryPolicy, ReducesEveryElementExactlyOnEveryWorker) {
       EXPECT_GT(r->bytes_pushed_per_iteration, 0);
       EXPECT_LE(r->bytes_pushed_per_iteration, small_profile().total_bytes());
     } else {
-      EXPECT_EQ(r->bytes_pushed_per_iteration, small_profile().total_bytes());  // every byte, once per iteration
+      EXPECT_EQ(r->bytes_pushed_per_iteration,
+                small_profile().total_bytes());  // every byte, once per iteration
     }
     ASSERT_EQ(r->allreduce_fit.size(), 1u);
     EXPECT_GT(r->allreduce_fit[0].b_ns_per_byte, 0);
@@ -192,8 +201,8 @@ TEST_P(EveryPolicy, ReducesEveryElementExactlyOnEveryWorker) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Collective, EveryPolicy,
-                         ::testing::Values("wfbp", "synceasgd", "mgwfbp", "mgwfbp-opt", "ddp", "bytescheduler",
-                                           "usbyte", "deft"),
+                         ::testing::Values("wfbp", "synceasgd", "mgwfbp", "mgwfbp-opt", "ddp",
+                                           "bytescheduler", "usbyte", "deft"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::erase(n, '-');
@@ -232,7 +241,8 @@ TEST(CollectiveDeft, MergedIterationsOnTwoLinksSumExactlyAndEveryWorkerFollowsWo
 // iterations when it is ready.
 class DelayedSource final : public TensorSource {
  public:
-  DelayedSource(const Profile& p, int worker, int workers) : layout_(p), worker_(worker), workers_(workers) {
+  DelayedSource(const Profile& p, int worker, int workers)
+      : layout_(p), worker_(worker), workers_(workers) {
     std::size_t at = 0;
     for (const TensorInfo& t : layout_.tensors()) {
       base_.push_back(at);
@@ -242,7 +252,8 @@ class DelayedSource final : public TensorSource {
     gradients_.assign(at, 0.0f);
   }
   static float value(int w, std::int64_t it, TensorId t, std::size_t i) {
-    return static_cast<float>(((7 * w + 3 * it + 5 * t) & 255) + static_cast<std::int64_t>(i & 255));
+    return static_cast<float>(((7 * w + 3 * it + 5 * t) & 255) +
+                              static_cast<std::int64_t>(i & 255));
   }
   std::vector<TensorBuffer> tensors() override {
     std::vector<TensorBuffer> out;
@@ -303,8 +314,9 @@ class DelayedSource final : public TensorSource {
         }
         const float got = m[base_[static_cast<std::size_t>(t)] + i];
         if (got != want) {
-          return internal_error("layer " + std::to_string(u.layer) + " iterations " + std::to_string(u.first) + ".." +
-                                std::to_string(u.last) + " tensor " + std::to_string(t) + "[" + std::to_string(i) +
+          return internal_error("layer " + std::to_string(u.layer) + " iterations " +
+                                std::to_string(u.first) + ".." + std::to_string(u.last) +
+                                " tensor " + std::to_string(t) + "[" + std::to_string(i) +
                                 "]: " + std::to_string(got) + ", want " + std::to_string(want));
         }
       }
@@ -364,12 +376,15 @@ Handed delayed_job(const Profile& profile, double capacity_scale, Bytes partitio
     for (int l = 0; l < profile.num_layers(); ++l) {
       for (int it = 0; it < iterations; ++it) {
         auto a = s.applied.find({l, it});
-        EXPECT_TRUE(a != s.applied.end() && a->second == 1) << "worker " << w << " layer " << l << " iteration " << it;
+        EXPECT_TRUE(a != s.applied.end() && a->second == 1)
+            << "worker " << w << " layer " << l << " iteration " << it;
       }
     }
   }
-  std::printf("capacity x%.1f: %zu updates handed over: %d merging iterations, %d before their sums were in\n",
-              capacity_scale, log.size(), merged, early);
+  std::printf(
+      "capacity x%.1f: %zu updates handed over: %d merging iterations, %d before their sums were "
+      "in\n",
+      capacity_scale, log.size(), merged, early);
   return Handed{static_cast<int>(log.size()), merged, early};
 }
 
@@ -384,7 +399,8 @@ TEST(CollectiveDeft, DelayedUpdatesAreHandedOverAtWorkerZerosPointsExactly) {
   Profile heavy = small_profile();
   for (LayerSpec& l : heavy.layers) l.forward *= 10, l.backward *= 10;
   const Handed prompt = delayed_job(heavy, 8.0);
-  EXPECT_GT(prompt.early, 0) << "no update was handed over before its sums: the test checks no wait";
+  EXPECT_GT(prompt.early, 0)
+      << "no update was handed over before its sums: the test checks no wait";
 }
 
 // A replica ahead of worker 0 waits for it before another iteration. Worker 0
@@ -429,11 +445,15 @@ TEST(CollectiveDeft, StagingHoldsAFewBuffersHoweverManyIterationsAnUpdateMerges)
   for (const auto& r : reports) {
     ASSERT_TRUE(r.is_ok()) << r.status().message();
     EXPECT_EQ(r->iterations_verified, iterations) << "worker " << r->worker_id;
-    std::printf("[ detail ] worker %d: at most %lld staging buffers; the longest update merged %lld iterations\n",
-                r->worker_id, static_cast<long long>(r->staging_buffers_max), static_cast<long long>(longest));
+    std::printf(
+        "[ detail ] worker %d: at most %lld staging buffers; the longest update merged %lld "
+        "iterations\n",
+        r->worker_id, static_cast<long long>(r->staging_buffers_max),
+        static_cast<long long>(longest));
     EXPECT_LE(r->staging_buffers_max, 4) << "worker " << r->worker_id;
   }
-  EXPECT_GE(longest, 6) << "DeFT merged few iterations: the test does not tell a copy per iteration from a sum";
+  EXPECT_GE(longest, 6)
+      << "DeFT merged few iterations: the test does not tell a copy per iteration from a sum";
 }
 
 // ---- every all-reduce message checked (checked_allreduce.h; docs/reliability.md) ----
@@ -441,7 +461,8 @@ TEST(CollectiveDeft, StagingHoldsAFewBuffersHoweverManyIterationsAnUpdateMerges)
 #ifdef QS_HAVE_GLOO
 // N ranks as threads over loopback, their contexts met through an in-memory store (as
 // gloo's own tests do).
-std::vector<std::shared_ptr<gloo::Context>> connect_ranks(int n, std::chrono::milliseconds timeout) {
+std::vector<std::shared_ptr<gloo::Context>> connect_ranks(int n,
+                                                          std::chrono::milliseconds timeout) {
   ignore_sigpipe();  // as the runtime does: a rank writing to one that failed gets EPIPE
   gloo::rendezvous::HashStore store;
   std::vector<std::shared_ptr<gloo::Context>> out(static_cast<std::size_t>(n));
@@ -460,19 +481,22 @@ std::vector<std::shared_ptr<gloo::Context>> connect_ranks(int n, std::chrono::mi
 }
 
 // Small integers: every float sum is exact.
-float element(int rank, std::size_t i) { return static_cast<float>((7 * rank + static_cast<int>(i % 251)) % 256); }
+float element(int rank, std::size_t i) {
+  return static_cast<float>((7 * rank + static_cast<int>(i % 251)) % 256);
+}
 
 struct Outcome {
-  std::vector<std::vector<float>> data;      // per rank, after the collective
-  std::vector<std::string> error;            // per rank ("" when it succeeded)
-  std::vector<int> peer;                     // per rank: PeerError::peer(), or -1
+  std::vector<std::vector<float>> data;  // per rank, after the collective
+  std::vector<std::string> error;        // per rank ("" when it succeeded)
+  std::vector<int> peer;                 // per rank: PeerError::peer(), or -1
 };
 
 // One checked all-reduce of `elements` floats on `n` ranks. `tamper(rank)`: that rank's
 // hook on received messages; `absent`: a rank that never takes part.
-Outcome run_checked(int n, GlooAlgorithm algo, std::size_t elements, bool checksums,
-                    const std::function<std::function<void(int, std::byte*, std::size_t)>(int)>& tamper = {},
-                    int absent = -1, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+Outcome run_checked(
+    int n, GlooAlgorithm algo, std::size_t elements, bool checksums,
+    const std::function<std::function<void(int, std::byte*, std::size_t)>(int)>& tamper = {},
+    int absent = -1, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
   auto ctx = connect_ranks(n, timeout);
   Outcome o;
   o.data.resize(static_cast<std::size_t>(n));
@@ -522,13 +546,15 @@ std::ptrdiff_t first_wrong(const std::vector<float>& d, int n) {
 TEST(CheckedAllreduce, SumsExactlyWithAndWithoutChecksums) {
   for (GlooAlgorithm algo : {GlooAlgorithm::kRing, GlooAlgorithm::kBcube}) {
     for (int n : {2, 3, 4, 5}) {
-      for (std::size_t elements : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{30'001}}) {
+      for (std::size_t elements :
+           {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{30'001}}) {
         for (bool checksums : {true, false}) {
           const Outcome o = run_checked(n, algo, elements, checksums);
           for (int r = 0; r < n; ++r) {
             EXPECT_EQ(o.error[static_cast<std::size_t>(r)], "");
             EXPECT_EQ(first_wrong(o.data[static_cast<std::size_t>(r)], n), -1)
-                << gloo_algorithm_name(algo) << " n " << n << " elements " << elements << " rank " << r;
+                << gloo_algorithm_name(algo) << " n " << n << " elements " << elements << " rank "
+                << r;
           }
         }
       }
@@ -538,7 +564,8 @@ TEST(CheckedAllreduce, SumsExactlyWithAndWithoutChecksums) {
 
 // Flips one bit of the `nth` message (counting from 0) that rank `at` receives from rank
 // `from`.
-std::function<std::function<void(int, std::byte*, std::size_t)>(int)> flip(int at, int from, int nth) {
+std::function<std::function<void(int, std::byte*, std::size_t)>(int)> flip(int at, int from,
+                                                                           int nth) {
   auto count = std::make_shared<int>(0);
   return [=](int rank) -> std::function<void(int, std::byte*, std::size_t)> {
     if (rank != at) return {};
@@ -559,16 +586,20 @@ TEST(CheckedAllreduce, ACorruptedMessageIsCaughtNamingItsSender) {
     int n, at, from, nth;
   };
   const std::size_t elements = 12 * 1024;  // 48 KiB: 4 KiB segments, 4 per rank on 3 ranks
-  for (const Case& c : {Case{GlooAlgorithm::kRing, 3, 1, 2, 2}, Case{GlooAlgorithm::kRing, 3, 1, 2, 9},
-                        Case{GlooAlgorithm::kBcube, 4, 2, 3, 0}, Case{GlooAlgorithm::kBcube, 4, 2, 0, 0}}) {
-    const Outcome o = run_checked(c.n, c.algo, elements, true, flip(c.at, c.from, c.nth), -1, std::chrono::seconds(1));
+  for (const Case& c :
+       {Case{GlooAlgorithm::kRing, 3, 1, 2, 2}, Case{GlooAlgorithm::kRing, 3, 1, 2, 9},
+        Case{GlooAlgorithm::kBcube, 4, 2, 3, 0}, Case{GlooAlgorithm::kBcube, 4, 2, 0, 0}}) {
+    const Outcome o = run_checked(c.n, c.algo, elements, true, flip(c.at, c.from, c.nth), -1,
+                                  std::chrono::seconds(1));
     const std::string& caught = o.error[static_cast<std::size_t>(c.at)];
-    EXPECT_NE(caught.find("corrupted data from rank " + std::to_string(c.from) + ": a "), std::string::npos)
+    EXPECT_NE(caught.find("corrupted data from rank " + std::to_string(c.from) + ": a "),
+              std::string::npos)
         << gloo_algorithm_name(c.algo) << ": " << caught;
     EXPECT_NE(caught.find("failed its CRC32C check"), std::string::npos) << caught;
     EXPECT_EQ(o.peer[static_cast<std::size_t>(c.at)], c.from);
     for (int r = 0; r < c.n; ++r) {
-      EXPECT_NE(o.error[static_cast<std::size_t>(r)], "") << "rank " << r << " finished with a result";
+      EXPECT_NE(o.error[static_cast<std::size_t>(r)], "")
+          << "rank " << r << " finished with a result";
       EXPECT_EQ(o.error[static_cast<std::size_t>(r)].find("(not a PeerError)"), std::string::npos)
           << o.error[static_cast<std::size_t>(r)];
     }
@@ -599,11 +630,13 @@ TEST(CheckedAllreduce, ATimeoutNamesThePeerWaitedOn) {
     if (algo == GlooAlgorithm::kBcube) {
       EXPECT_EQ(o.peer[1], 3) << o.error[1];  // its partner of step 2
     }
-    EXPECT_NE(o.error[2].find("lost rank 3 (nothing from it for 500ms, in the reduce-scatter): "), std::string::npos)
+    EXPECT_NE(o.error[2].find("lost rank 3 (nothing from it for 500ms, in the reduce-scatter): "),
+              std::string::npos)
         << o.error[2];
-    EXPECT_NE(o.error[2].find("Timed out waiting 500ms for recv"), std::string::npos)
-        << o.error[2];
-    for (int r = 0; r < 3; ++r) std::printf("[ detail ] %s rank %d: %s\n", std::string(gloo_algorithm_name(algo)).c_str(), r, o.error[static_cast<std::size_t>(r)].c_str());
+    EXPECT_NE(o.error[2].find("Timed out waiting 500ms for recv"), std::string::npos) << o.error[2];
+    for (int r = 0; r < 3; ++r)
+      std::printf("[ detail ] %s rank %d: %s\n", std::string(gloo_algorithm_name(algo)).c_str(), r,
+                  o.error[static_cast<std::size_t>(r)].c_str());
   }
 }
 #endif
@@ -618,7 +651,8 @@ TEST(CollectiveChecksums, WorkersThatDisagreeOnChecksumsFailAtStart) {
   });
   for (const auto& r : reports) {
     ASSERT_FALSE(r.is_ok());
-    EXPECT_NE(r.status().message().find("disagree on checksums (some run with --no-checksum)"), std::string::npos)
+    EXPECT_NE(r.status().message().find("disagree on checksums (some run with --no-checksum)"),
+              std::string::npos)
         << r.status().message();
   }
 }
@@ -641,8 +675,8 @@ TEST(CollectiveCompression, EveryWorkerGetsTheRoundedSums) {
                         Case{"deft", 2, 2, transport::WireDType::kBFloat16}}) {
     const int iterations = 4;
     auto reports = run_job(c.policy, c.workers, iterations, c.links, {},
-                           std::string(c.policy) == "deft" ? light_profile() : small_profile(), {}, {},
-                           [&c](CollectiveOptions& o) { o.job.wire_dtype = c.wire; });
+                           std::string(c.policy) == "deft" ? light_profile() : small_profile(), {},
+                           {}, [&c](CollectiveOptions& o) { o.job.wire_dtype = c.wire; });
     for (const auto& r : reports) {
       ASSERT_TRUE(r.is_ok()) << c.policy << ": " << r.status().message();
       EXPECT_EQ(r->iterations_verified, iterations) << c.policy << " worker " << r->worker_id;
@@ -658,7 +692,8 @@ TEST(CollectiveCompression, WorkersThatDisagreeFailAtStart) {
   });
   for (const auto& r : reports) {
     ASSERT_FALSE(r.is_ok());
-    EXPECT_NE(r.status().message().find("disagree on compression"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("disagree on compression"), std::string::npos)
+        << r.status().message();
   }
 }
 
@@ -666,11 +701,14 @@ TEST(CollectiveCompression, WorkersThatDisagreeFailAtStart) {
 // gradients), each layer's sums checked exactly when the worker hands them over.
 class InPlaceSource final : public TensorSource {
  public:
-  InPlaceSource(const Profile& p, int worker, int workers) : layout_(p), worker_(worker), workers_(workers) {
-    for (const TensorInfo& t : layout_.tensors()) data_.emplace_back(static_cast<std::size_t>(t.bytes / 4));
+  InPlaceSource(const Profile& p, int worker, int workers)
+      : layout_(p), worker_(worker), workers_(workers) {
+    for (const TensorInfo& t : layout_.tensors())
+      data_.emplace_back(static_cast<std::size_t>(t.bytes / 4));
   }
   static float value(int w, std::int64_t it, TensorId t, std::size_t i) {
-    return static_cast<float>(((7 * w + 3 * it + 5 * t) & 255) + static_cast<std::int64_t>(i & 255));
+    return static_cast<float>(((7 * w + 3 * it + 5 * t) & 255) +
+                              static_cast<std::int64_t>(i & 255));
   }
   std::vector<TensorBuffer> tensors() override {
     std::vector<TensorBuffer> out;
@@ -709,7 +747,8 @@ class InPlaceSource final : public TensorSource {
 // Real gradients (no known content to check): a bit flipped in a gradient message that
 // worker 1 receives from worker 2 in iteration 2 or so fails worker 1 naming worker 2,
 // and no update of a wrong sum is ever handed over; every worker ends.
-TEST(CollectiveChecksums, ACorruptedGradientMessageFailsTheJobNamingItsSenderAndNothingWrongIsApplied) {
+TEST(CollectiveChecksums,
+     ACorruptedGradientMessageFailsTheJobNamingItsSenderAndNothingWrongIsApplied) {
   if (!have_gloo()) GTEST_SKIP() << "built without gloo";
   const int workers = 3, iterations = 30;
   std::vector<std::unique_ptr<InPlaceSource>> sources;
@@ -719,23 +758,28 @@ TEST(CollectiveChecksums, ACorruptedGradientMessageFailsTheJobNamingItsSenderAnd
     views.push_back(sources.back().get());
   }
   auto received = std::make_shared<std::atomic<int>>(0);
-  auto reports = run_job("wfbp", workers, iterations, 1, {}, small_profile(), {}, views, [&](CollectiveOptions& o) {
-    o.job.peer_timeout = 2 * kNsPerSec;
-    o.verify = false;
-    if (o.rank != 1) return;
-    o.tamper_received = [received](int, int from, std::byte* p, std::size_t n) {
-      if (from == 2 && n > 0 && received->fetch_add(1) == 40) p[n / 3] ^= std::byte{0x01};  // 41st: iteration 2 or so
-    };
-  });
+  auto reports = run_job(
+      "wfbp", workers, iterations, 1, {}, small_profile(), {}, views, [&](CollectiveOptions& o) {
+        o.job.peer_timeout = 2 * kNsPerSec;
+        o.verify = false;
+        if (o.rank != 1) return;
+        o.tamper_received = [received](int, int from, std::byte* p, std::size_t n) {
+          if (from == 2 && n > 0 && received->fetch_add(1) == 40)
+            p[n / 3] ^= std::byte{0x01};  // 41st: iteration 2 or so
+        };
+      });
   ASSERT_FALSE(reports[1].is_ok());
-  EXPECT_NE(reports[1].status().message().find("corrupted data from worker 2: a "), std::string::npos)
+  EXPECT_NE(reports[1].status().message().find("corrupted data from worker 2: a "),
+            std::string::npos)
       << reports[1].status().message();
   for (int w = 0; w < workers; ++w) {
     const auto& r = reports[static_cast<std::size_t>(w)];
     EXPECT_FALSE(r.is_ok()) << "worker " << w << " finished";
     if (!r.is_ok()) std::printf("[ detail ] worker %d: %s\n", w, r.status().message().c_str());
-    EXPECT_EQ(sources[static_cast<std::size_t>(w)]->wrong.load(), 0) << "worker " << w << " was handed a wrong sum";
-    EXPECT_LT(sources[static_cast<std::size_t>(w)]->applied.load(), iterations * small_profile().num_layers());
+    EXPECT_EQ(sources[static_cast<std::size_t>(w)]->wrong.load(), 0)
+        << "worker " << w << " was handed a wrong sum";
+    EXPECT_LT(sources[static_cast<std::size_t>(w)]->applied.load(),
+              iterations * small_profile().num_layers());
   }
 }
 

@@ -1,5 +1,4 @@
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -94,9 +93,11 @@ TEST(TextFile, RefusesDevicesFifosAndDirectoriesWithoutReading) {
   const std::string fifo = ::testing::TempDir() + "/qs_text_fifo";
   std::remove(fifo.c_str());
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  EXPECT_NE(read_text_file(fifo, "trace").status().message().find("not a regular file"), std::string::npos);
+  EXPECT_NE(read_text_file(fifo, "trace").status().message().find("not a regular file"),
+            std::string::npos);
   std::remove(fifo.c_str());
-  EXPECT_NE(read_text_file("/", "trace").status().message().find("is a directory"), std::string::npos);
+  EXPECT_NE(read_text_file("/", "trace").status().message().find("is a directory"),
+            std::string::npos);
 }
 
 TEST(TextFile, Utf8CheckAndSanitise) {

@@ -1,5 +1,7 @@
 // DeFT: knapsacks, the loss model, the queue transitions of Fig. 4 worked by hand, the
 // Preserver, and the exactly-once property of merged, delayed buckets.
+#include "policy/deft.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,7 +9,6 @@
 #include <cmath>
 #include <memory>
 
-#include "policy/deft.h"
 #include "quicksilver/core/rng.h"
 #include "quicksilver/sim/simulator.h"
 #include "test_profiles.h"
@@ -34,7 +35,8 @@ TEST(DeftKnapsack, ExactMatchesBruteForceOnRandomInstances) {
     std::vector<KnapsackItem> items;
     const int n = static_cast<int>(rng.uniform_int(0, 9));
     for (int i = 0; i < n; ++i) items.push_back({i, rng.uniform_int(1, 100)});
-    const TimeNs c0 = rng.uniform_int(0, 300), c1 = rng.uniform() < 0.5 ? -1 : rng.uniform_int(0, 200);
+    const TimeNs c0 = rng.uniform_int(0, 300),
+                 c1 = rng.uniform() < 0.5 ? -1 : rng.uniform_int(0, 200);
     TimeNs best = 0;
     int combos = 1;
     for (int i = 0; i < n; ++i) combos *= 3;
@@ -119,7 +121,8 @@ TEST(DeftQueues, Fig4TransitionsByHand) {
   Profile p;
   p.name = "fig4";
   p.batch_size = 1;
-  for (int l = 0; l < 8; ++l) p.layers.push_back(layer("l" + std::to_string(l), 3750, 5000, 10'000));
+  for (int l = 0; l < 8; ++l)
+    p.layers.push_back(layer("l" + std::to_string(l), 3750, 5000, 10'000));
   TensorLayout lay(p);
   AllReduceContext ctx;
   ctx.profile = &p;
@@ -177,7 +180,8 @@ TEST(DeftQueues, Fig4TransitionsByHand) {
   }
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
   for (const DeftUpdate& u : pol.updates()) ranges.emplace_back(u.first, u.last);
-  EXPECT_EQ(ranges, (std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 0}, {1, 1}, {2, 2}, {3, 4}}));
+  EXPECT_EQ(ranges,
+            (std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 0}, {1, 1}, {2, 2}, {3, 4}}));
   EXPECT_EQ(pol.updates()[3].time, 5 * 70'000 + 40'000);  // end of the 6th backward stage
 }
 
@@ -190,8 +194,9 @@ TEST(DeftProperty, EveryBucketOfEveryIterationReducedExactlyOnce) {
   int merged_runs = 0;
   for (int trial = 0; trial < 120; ++trial) {
     Profile p = testing::random_profile(rng, 10, 300'000, 2 * kNsPerMs);
-    ClusterConfig c = testing::allreduce_cluster(static_cast<int>(rng.uniform_int(2, 16)),
-                                                 Rate::mbps(rng.uniform(50, 5000)), rng.uniform_int(0, 50'000));
+    ClusterConfig c =
+        testing::allreduce_cluster(static_cast<int>(rng.uniform_int(2, 16)),
+                                   Rate::mbps(rng.uniform(50, 5000)), rng.uniform_int(0, 50'000));
     if (trial % 2) c.second_link_slowdown = rng.uniform(1.0, 2.5);
     PolicyOptions o;
     o.deft_partition_size = rng.uniform_int(50'000, 1'000'000);
@@ -205,7 +210,8 @@ TEST(DeftProperty, EveryBucketOfEveryIterationReducedExactlyOnce) {
     auto oracle = simulate(p, "oracle", o, c, so);
     EXPECT_GE(r->iteration_time, oracle->iteration_time);
     for (const std::string& n : r->notes) {
-      if (n.find("2B") != std::string::npos && n.find("effective batch") != std::string::npos) ++merged_runs;
+      if (n.find("2B") != std::string::npos && n.find("effective batch") != std::string::npos)
+        ++merged_runs;
     }
   }
   EXPECT_GT(merged_runs, 0);  // the merging path was exercised
@@ -216,7 +222,8 @@ Profile slow_profile() {
   Profile p;
   p.name = "slow";
   p.batch_size = 32;
-  for (int l = 0; l < 6; ++l) p.layers.push_back(layer("l" + std::to_string(l), 1'000'000, 2'000'000, 4'000'000));
+  for (int l = 0; l < 6; ++l)
+    p.layers.push_back(layer("l" + std::to_string(l), 1'000'000, 2'000'000, 4'000'000));
   return p;
 }
 

@@ -1,11 +1,11 @@
 // EventLoop: timers in (time, order) and post() from other threads.
+#include "quicksilver/transport/event_loop.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <thread>
 #include <vector>
-
-#include "quicksilver/transport/event_loop.h"
 
 namespace qs::transport {
 namespace {
@@ -33,7 +33,8 @@ TEST(EventLoop, PostFromManyThreadsRunsEveryFunctionOnTheLoopThreadInOrderPerThr
     });
   }
   // A deadline so that a lost wake-up fails the test instead of hanging it.
-  (*loop)->schedule_after(20 * kNsPerSec, [&] { (*loop)->fail(unavailable("posted functions never ran")); });
+  (*loop)->schedule_after(20 * kNsPerSec,
+                          [&] { (*loop)->fail(unavailable("posted functions never ran")); });
   Status s = (*loop)->run([&] { return ran == kThreads * kEach; });
   for (auto& p : posters) p.join();
   ASSERT_TRUE(s.is_ok()) << s.to_string();

@@ -27,10 +27,10 @@ ClusterConfig ar_cluster(int n, AllReduceAlgorithm algo = AllReduceAlgorithm::kR
 TEST(AllReduceCost, FollowsTableII) {
   // N = 4, alpha = 50us, beta = 8 ns/B, gamma = 0.
   AllReduceCost ring = allreduce_cost(ar_cluster(4));
-  EXPECT_EQ(ring.a, 300 * kNsPerUs);  // 2(N-1) alpha
+  EXPECT_EQ(ring.a, 300 * kNsPerUs);           // 2(N-1) alpha
   EXPECT_DOUBLE_EQ(ring.b_ns_per_byte, 12.0);  // 2(N-1)/N beta
   AllReduceCost tree = allreduce_cost(ar_cluster(4, AllReduceAlgorithm::kTree));
-  EXPECT_EQ(tree.a, 200 * kNsPerUs);  // 2 alpha log2 N
+  EXPECT_EQ(tree.a, 200 * kNsPerUs);           // 2 alpha log2 N
   EXPECT_DOUBLE_EQ(tree.b_ns_per_byte, 32.0);  // 2 beta log2 N
   AllReduceCost rd = allreduce_cost(ar_cluster(4, AllReduceAlgorithm::kRecursiveDoubling));
   EXPECT_EQ(rd.a, 100 * kNsPerUs);
@@ -105,7 +105,8 @@ TEST(MgWfbp, EngineMatchesTheModelOnFig4) {
   Profile prof;
   prof.name = "fig4";
   prof.batch_size = 1;
-  for (int l = 0; l < 4; ++l) prof.layers.push_back(layer("l" + std::to_string(l + 1), 1 * kMs, 2 * kMs, 1'000'000));
+  for (int l = 0; l < 4; ++l)
+    prof.layers.push_back(layer("l" + std::to_string(l + 1), 1 * kMs, 2 * kMs, 1'000'000));
   ClusterConfig c = ar_cluster(4);
   c.allreduce_a = 2 * kMs;
   c.allreduce_b_ns_per_byte = 1.0;
@@ -135,7 +136,8 @@ TEST(MgWfbp, Fig3CasesByHand) {
   auto wfbp = [&](const std::vector<Bytes>& bytes) {
     Profile p;
     p.name = "fig3";
-    for (std::size_t l = 0; l < bytes.size(); ++l) p.layers.push_back(layer("l" + std::to_string(l), 1 * kMs, 2 * kMs, bytes[l]));
+    for (std::size_t l = 0; l < bytes.size(); ++l)
+      p.layers.push_back(layer("l" + std::to_string(l), 1 * kMs, 2 * kMs, bytes[l]));
     auto r = simulate(p, "wfbp", PolicyOptions{}, c, o);
     EXPECT_TRUE(r.is_ok());
     return r->iteration_time;
@@ -185,7 +187,8 @@ TEST(MgWfbp, OptimumEqualsExhaustiveSearchAndBeatsEveryRule) {
       worst = std::max(worst, static_cast<double>(alg1) / static_cast<double>(opt));
     }
   }
-  std::printf("Algorithm 1 suboptimal on %d of 3000 random problems; worst ratio %.4f\n", suboptimal, worst);
+  std::printf("Algorithm 1 suboptimal on %d of 3000 random problems; worst ratio %.4f\n",
+              suboptimal, worst);
   EXPECT_GT(suboptimal, 0);  // the paper's "optimal" claim does not hold in general
 }
 

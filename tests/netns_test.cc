@@ -1,9 +1,10 @@
 // The emulated cluster's shapers, read back with `tc` (needs root and iproute2; skipped
 // otherwise): tbf installed on both directions of every host's link through netlink, and
 // rate changes that reach every shaper while the queue keeps its nominal size.
-#include <gtest/gtest.h>
+#include "quicksilver/runtime/netns.h"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,7 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include "quicksilver/runtime/netns.h"
 #include "runtime/tbf_netlink.h"
 
 namespace qs::runtime {
@@ -35,7 +35,8 @@ std::string qdisc(const std::string& ns, const std::string& dev) {
 // The "rate R" and "lat/limit" words of a tbf line, e.g. "rate 500Mbit burst 62500b".
 std::string field(const std::string& line, const std::string& name) {
   std::smatch m;
-  if (!std::regex_search(line, m, std::regex(name + " ([^ ]+)"))) return "(no " + name + " in '" + line + "')";
+  if (!std::regex_search(line, m, std::regex(name + " ([^ ]+)")))
+    return "(no " + name + " in '" + line + "')";
   return m[1].str();
 }
 
@@ -56,7 +57,9 @@ class Netns : public ::testing::Test {
     cluster_ = std::move(*c);
   }
   // Uplink (in the host's namespace) and downlink (bridge side, here) of host h.
-  std::string uplink(int h) { return qdisc(cluster_->namespace_name(h), tag() + "v" + std::to_string(h)); }
+  std::string uplink(int h) {
+    return qdisc(cluster_->namespace_name(h), tag() + "v" + std::to_string(h));
+  }
   std::string downlink(int h) { return qdisc("", tag() + "p" + std::to_string(h)); }
   const std::string& tag() const { return tag_; }
   std::string tag_;
@@ -72,8 +75,9 @@ TEST_F(Netns, EveryLinkIsShapedInBothDirections) {
       // would otherwise segment in software.
       EXPECT_EQ(field(q, "burst"), "68Kb") << q;
     }
-    EXPECT_EQ(field(uplink(h), "limit"), "1319632b") << uplink(h);      // the host's 20 ms + the burst
-    EXPECT_EQ(field(downlink(h), "limit"), "194632b") << downlink(h);  // the switch port's 2 ms + the burst
+    EXPECT_EQ(field(uplink(h), "limit"), "1319632b") << uplink(h);  // the host's 20 ms + the burst
+    EXPECT_EQ(field(downlink(h), "limit"), "194632b")
+        << downlink(h);  // the switch port's 2 ms + the burst
   }
 }
 
@@ -115,11 +119,13 @@ TEST_F(Netns, DropsAreCountedWhereTheQueueOverflowed) {
     inet_pton(AF_INET, cluster_->address(1).c_str(), &to.sin_addr);
     const std::vector<char> payload(60000, 'x');
     // One datagram first, so that host 1's address is resolved (ARP) before the burst.
-    (void)sendto(fd, payload.data(), payload.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
+    (void)sendto(fd, payload.data(), payload.size(), 0, reinterpret_cast<sockaddr*>(&to),
+                 sizeof to);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     // 6 MB in datagrams of 41 fragments each, against the queue of 1.3 MB.
     for (int i = 0; i < 100; ++i) {
-      (void)sendto(fd, payload.data(), payload.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
+      (void)sendto(fd, payload.data(), payload.size(), 0, reinterpret_cast<sockaddr*>(&to),
+                   sizeof to);
     }
     close(fd);
   });
@@ -164,7 +170,8 @@ TEST_F(Netns, ANewNominalRateResizesBurstAndQueues) {
       EXPECT_EQ(field(q, "burst"), "68Kb") << q;  // 1 ms of 100 Mbit/s is under a GSO packet
     }
     EXPECT_EQ(field(uplink(h), "limit"), "319632b");  // 20 ms + the burst
-    EXPECT_EQ(field(downlink(h), "limit"), "100Kb");  // the 2 ms queue under its 32 KiB floor, + the burst
+    EXPECT_EQ(field(downlink(h), "limit"),
+              "100Kb");  // the 2 ms queue under its 32 KiB floor, + the burst
   }
   ASSERT_TRUE(cluster_->set_nominal_rate(Rate::gbps(1)).is_ok());
   EXPECT_EQ(field(downlink(1), "burst"), "125000b");
@@ -224,8 +231,10 @@ TEST(NetnsSwitch, EverySwitchPortHoldsABurstFromEachSender) {
   auto c = NetnsCluster::create(o);
   ASSERT_TRUE(c.is_ok()) << c.status().message();
   for (int h = 0; h < 2; ++h) {
-    EXPECT_EQ(field(qdisc("", o.tag + "p" + std::to_string(h)), "limit"), "473160b");  // 2 ms + 5 bursts
-    EXPECT_EQ(field(qdisc((*c)->namespace_name(h), o.tag + "v" + std::to_string(h)), "limit"), "1319632b");
+    EXPECT_EQ(field(qdisc("", o.tag + "p" + std::to_string(h)), "limit"),
+              "473160b");  // 2 ms + 5 bursts
+    EXPECT_EQ(field(qdisc((*c)->namespace_name(h), o.tag + "v" + std::to_string(h)), "limit"),
+              "1319632b");
   }
   ASSERT_TRUE((*c)->set_rate_all(Rate::mbps(100)).is_ok());  // a changing rate keeps it
   EXPECT_EQ(field(qdisc("", o.tag + "p1"), "limit"), "473160b");
@@ -235,10 +244,12 @@ TEST(TbfLink, UnknownDeviceOrNamespaceIsNamed) {
   if (Status s = NetnsCluster::available(); !s.is_ok()) GTEST_SKIP() << s.message();
   auto a = TbfLink::open("", "nosuchdev0");
   ASSERT_FALSE(a.is_ok());
-  EXPECT_NE(a.status().message().find("no network device 'nosuchdev0'"), std::string::npos) << a.status().message();
+  EXPECT_NE(a.status().message().find("no network device 'nosuchdev0'"), std::string::npos)
+      << a.status().message();
   auto b = TbfLink::open("qsnosuchns", "lo");
   ASSERT_FALSE(b.is_ok());
-  EXPECT_NE(b.status().message().find("/var/run/netns/qsnosuchns"), std::string::npos) << b.status().message();
+  EXPECT_NE(b.status().message().find("/var/run/netns/qsnosuchns"), std::string::npos)
+      << b.status().message();
 }
 
 TEST(TbfLink, KernelRefusalIsReported) {
@@ -248,7 +259,8 @@ TEST(TbfLink, KernelRefusalIsReported) {
   // lo has no tbf to change: the kernel says so, and nothing is installed.
   Status s = lo->set(TbfParams{Rate::mbps(100), 32 * 1024, 64 * 1024}, false);
   ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("the kernel refused changing the qdisc"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("the kernel refused changing the qdisc"), std::string::npos)
+      << s.message();
   EXPECT_EQ(qdisc("", "lo").find("tbf"), std::string::npos);
   EXPECT_FALSE(lo->set(TbfParams{Rate::mbps(100), 0, 64 * 1024}, false).is_ok());
 }
@@ -269,12 +281,14 @@ TEST(NetnsRoutes, RtoMinAndQuickackAreSetOnEveryHostRouteOnlyWhenAsked) {
     o.rate = Rate::mbps(500);
     o.rto_min = rto;
     o.quickack = rto == 0;
-    o.tag = "qsr" + std::to_string(getpid() % 10000) + (rto > 0 ? "b" : "a");  // one tag per cluster
+    o.tag =
+        "qsr" + std::to_string(getpid() % 10000) + (rto > 0 ? "b" : "a");  // one tag per cluster
     auto c = NetnsCluster::create(o);
     ASSERT_TRUE(c.is_ok()) << c.status().message();
     for (int h = 0; h < 2; ++h) {
       std::string out;
-      ASSERT_TRUE(run_command({"ip", "-n", (*c)->namespace_name(h), "route", "show"}, &out).is_ok());
+      ASSERT_TRUE(
+          run_command({"ip", "-n", (*c)->namespace_name(h), "route", "show"}, &out).is_ok());
       if (rto > 0) {
         EXPECT_NE(out.find("rto_min lock 5ms"), std::string::npos) << out;
         EXPECT_EQ(out.find("quickack"), std::string::npos) << out;

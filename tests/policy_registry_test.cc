@@ -9,9 +9,9 @@
 #include <future>
 #include <sstream>
 
-#include "quicksilver/policy/registry.h"
 #include "quicksilver/launch/launcher.h"
 #include "quicksilver/model/zoo.h"
+#include "quicksilver/policy/registry.h"
 #include "quicksilver/runtime/runtime.h"
 #include "quicksilver/sim/simulator.h"
 #include "test_profiles.h"
@@ -19,7 +19,8 @@
 namespace qs {
 namespace {
 
-// ---- the worked example of docs/architecture.md ("Adding a policy"): one class, one registration ----
+// ---- the worked example of docs/architecture.md ("Adding a policy"): one class, one registration
+// ----
 
 // largest-first: holds a backward pass's gradients until the last layer's is ready, then
 // sends the largest units first (a toy: it ignores urgency entirely).
@@ -31,11 +32,13 @@ class LargestFirst final : public PsPolicy {
   bool wants_acks() const override { return false; }
   void on_gradient_ready(int layer, TimeNs, PushSink& out) override {
     for (TensorId t = ctx_.layout->first_tensor(layer); t < ctx_.layout->end_tensor(layer); ++t) {
-      for (const Slice& s : ctx_.placement->slices(t)) held_.push_back(PushUnit{s.chunk, s.server, t});
+      for (const Slice& s : ctx_.placement->slices(t))
+        held_.push_back(PushUnit{s.chunk, s.server, t});
     }
     if (layer != 0) return;  // backward runs from the last layer to layer 0
-    std::stable_sort(held_.begin(), held_.end(),
-                     [](const PushUnit& a, const PushUnit& b) { return a.chunk.length > b.chunk.length; });
+    std::stable_sort(held_.begin(), held_.end(), [](const PushUnit& a, const PushUnit& b) {
+      return a.chunk.length > b.chunk.length;
+    });
     for (const PushUnit& u : held_) out.push(u, 0);
     held_.clear();
   }
@@ -46,9 +49,11 @@ class LargestFirst final : public PsPolicy {
 };
 
 const bool kRegistered =
-    register_policy({{.name = "largest-first", .summary = "largest units first, after the whole backward pass",
+    register_policy({{.name = "largest-first",
+                      .summary = "largest units first, after the whole backward pass",
                       .knobs = {"split_threshold"},
-                      .make_ps = [](const PolicyOptions&, const PsContext& ctx) -> Result<std::unique_ptr<PsPolicy>> {
+                      .make_ps = [](const PolicyOptions&,
+                                    const PsContext& ctx) -> Result<std::unique_ptr<PsPolicy>> {
                         return std::unique_ptr<PsPolicy>(new LargestFirst(ctx));
                       }}})
         .is_ok();
@@ -61,15 +66,19 @@ TEST(PolicyRegistry, OutsidePolicyIsListedOnItsArchitectureOnly) {
   const auto ar = allreduce_policy_names();
   EXPECT_EQ(std::find(ar.begin(), ar.end(), "largest-first"), ar.end());
   // Registered twice: refused, the first entry stays.
-  EXPECT_FALSE(register_policy({{.name = "largest-first", .make_ps = [](const PolicyOptions&, const PsContext&)
-                                                              -> Result<std::unique_ptr<PsPolicy>> {
-                                  return invalid_argument("never");
-                                }}})
+  EXPECT_FALSE(register_policy({{.name = "largest-first",
+                                 .make_ps = [](const PolicyOptions&, const PsContext&)
+                                     -> Result<std::unique_ptr<PsPolicy>> {
+                                   return invalid_argument("never");
+                                 }}})
                    .is_ok());
   // A knob nobody registered is refused.
-  EXPECT_FALSE(register_policy({{.name = "other", .knobs = {"no_such_knob"},
+  EXPECT_FALSE(register_policy({{.name = "other",
+                                 .knobs = {"no_such_knob"},
                                  .make_ps = [](const PolicyOptions&, const PsContext& c)
-                                     -> Result<std::unique_ptr<PsPolicy>> { return std::unique_ptr<PsPolicy>(new LargestFirst(c)); }}})
+                                     -> Result<std::unique_ptr<PsPolicy>> {
+                                   return std::unique_ptr<PsPolicy>(new LargestFirst(c));
+                                 }}})
                    .is_ok());
 }
 
@@ -105,7 +114,8 @@ TEST(PolicyRegistry, OutsidePolicyRunsInTheSimulatorWithEveryByteOnce) {
   job.cluster.architecture = Architecture::kAllReduce;
   auto refused = simulate(job);
   ASSERT_FALSE(refused.is_ok());
-  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("parameter-server architecture only"));
+  EXPECT_THAT(refused.status().message(),
+              ::testing::HasSubstr("parameter-server architecture only"));
 }
 
 TEST(PolicyRegistry, OutsidePolicyRunsInTheRuntimeWithExactSums) {
@@ -179,11 +189,14 @@ TEST(KnobTable, EveryKnobParsesItsOwnFormatBack) {
 
 TEST(KnobTable, HashCoversTheKnobsThatOnceDrifted) {
   const runtime::JobOptions base;
-  for (const char* name : {"prophet_partition_size", "prophet_allow_overrun", "startup_time", "packet_size"}) {
+  for (const char* name :
+       {"prophet_partition_size", "prophet_allow_overrun", "startup_time", "packet_size"}) {
     runtime::JobOptions other = base;
     const Knob* k = policy_registry().find_knob(name);
     ASSERT_NE(k, nullptr) << name;
-    ASSERT_TRUE(k->parse(k->type == KnobType::kBool ? "true" : k->type == KnobType::kTime ? "1ms" : "8KiB",
+    ASSERT_TRUE(k->parse(k->type == KnobType::kBool   ? "true"
+                         : k->type == KnobType::kTime ? "1ms"
+                                                      : "8KiB",
                          &other.policy_options)
                     .is_ok());
     EXPECT_NE(runtime::config_hash(other), runtime::config_hash(base)) << name;
@@ -194,17 +207,21 @@ TEST(KnobTable, HashCoversTheKnobsThatOnceDrifted) {
 TEST(KnobTable, ValidationNamesTheFlag) {
   PolicyOptions o;
   const PolicyRegistry& reg = policy_registry();
-  EXPECT_THAT(reg.find_knob("packet_size")->parse("0KiB", &o).message(), ::testing::HasSubstr("--packet-size must be positive"));
-  EXPECT_THAT(reg.find_knob("deft_epsilon")->parse("2", &o).message(), ::testing::HasSubstr("--deft-epsilon must be in (0, 1)"));
+  EXPECT_THAT(reg.find_knob("packet_size")->parse("0KiB", &o).message(),
+              ::testing::HasSubstr("--packet-size must be positive"));
+  EXPECT_THAT(reg.find_knob("deft_epsilon")->parse("2", &o).message(),
+              ::testing::HasSubstr("--deft-epsilon must be in (0, 1)"));
   EXPECT_THAT(reg.find_knob("deft_exact_max_items")->parse("21", &o).message(),
               ::testing::HasSubstr("--deft-exact-items must be in 0..20"));
-  EXPECT_THAT(reg.find_knob("startup_time")->parse("fast", &o).message(), ::testing::HasSubstr("--startup-time"));
+  EXPECT_THAT(reg.find_knob("startup_time")->parse("fast", &o).message(),
+              ::testing::HasSubstr("--startup-time"));
 }
 
 TEST(KnobTable, UnitBudgetBoundsUnitsPerIteration) {
   Profile p;
   p.name = "m";
-  p.layers.push_back(LayerSpec{.name = "l", .forward = 1, .backward = 1, .tensors = {{"t", 1 << 20, 4}}});  // 4 MiB
+  p.layers.push_back(LayerSpec{
+      .name = "l", .forward = 1, .backward = 1, .tensors = {{"t", 1 << 20, 4}}});  // 4 MiB
   PolicyOptions o;
   EXPECT_TRUE(check_unit_budget(p, "mercury", Architecture::kPs, o, 4).is_ok());
   o.packet_size = 2;  // 2 Mi units per worker
@@ -229,7 +246,8 @@ TEST(KnobTable, UnitBudgetBoundsUnitsPerIteration) {
 TEST(KnobTable, UnitBudgetCountsPerServerSliceAndAllowsVgg16On1024Hosts) {
   Profile p;
   p.name = "m";
-  p.layers.push_back(LayerSpec{.name = "l", .forward = 1, .backward = 1, .tensors = {{"t", 1 << 20, 4}}});  // 4 MiB
+  p.layers.push_back(LayerSpec{
+      .name = "l", .forward = 1, .backward = 1, .tensors = {{"t", 1 << 20, 4}}});  // 4 MiB
   PolicyOptions o;
   o.packet_size = 768 * 1024;  // per tensor 6 units; per 1 MiB slice of 4 servers 2 each
   EXPECT_THAT(check_unit_budget(p, "mercury", Architecture::kPs, o, 5'000'000, 4).message(),
@@ -241,7 +259,8 @@ TEST(KnobTable, UnitBudgetCountsPerServerSliceAndAllowsVgg16On1024Hosts) {
   const PolicyOptions d;  // 32 KiB packets
   EXPECT_TRUE(check_unit_budget(vgg, "mercury", Architecture::kPs, d, 1024, 1024).is_ok());
   const Status s = check_unit_budget(vgg, "mercury", Architecture::kPs, d, 1400, 1400);
-  EXPECT_THAT(s.message(), ::testing::HasSubstr("over --workers 1400; the limit is 33554432 over all workers"));
+  EXPECT_THAT(s.message(),
+              ::testing::HasSubstr("over --workers 1400; the limit is 33554432 over all workers"));
 }
 
 TEST(KnobTable, ScalingTouchesOnlyScalingKnobs) {
@@ -259,8 +278,9 @@ TEST(KnobTable, ScalingTouchesOnlyScalingKnobs) {
 
 // The knob tables in docs/ are the registry's (regenerate: quicksilver policies --markdown).
 TEST(KnobTable, DocsTablesMatchTheRegistry) {
-  for (const auto& [file, arch] : {std::pair{"docs/policies-ps.md", Architecture::kPs},
-                                   std::pair{"docs/policies-allreduce.md", Architecture::kAllReduce}}) {
+  for (const auto& [file, arch] :
+       {std::pair{"docs/policies-ps.md", Architecture::kPs},
+        std::pair{"docs/policies-allreduce.md", Architecture::kAllReduce}}) {
     std::ifstream in(std::string(QS_SOURCE_DIR) + "/" + file);
     ASSERT_TRUE(in) << file;
     std::stringstream ss;
@@ -275,10 +295,12 @@ TEST(KnobTable, DocsTablesMatchTheRegistry) {
     const auto table = doc.find('\n', b) + 1;
     // The built-in policies' table: this file's largest-first reads only a shared knob.
     std::string want = knob_markdown(arch);
-    for (auto at = want.find(", `largest-first`"); at != std::string::npos; at = want.find(", `largest-first`")) {
+    for (auto at = want.find(", `largest-first`"); at != std::string::npos;
+         at = want.find(", `largest-first`")) {
       want.erase(at, std::string(", `largest-first`").size());
     }
-    EXPECT_EQ(doc.substr(table, e - table), want) << file << ": run quicksilver policies --markdown";
+    EXPECT_EQ(doc.substr(table, e - table), want)
+        << file << ": run quicksilver policies --markdown";
   }
 }
 

@@ -1,10 +1,10 @@
+#include "quicksilver/model/profile.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-
-#include "quicksilver/model/profile.h"
 
 namespace qs {
 namespace {
@@ -82,18 +82,24 @@ TEST(Profile, RejectsZeroLayers) { expect_error(R"({"layers": []})", {"at least 
 TEST(Profile, RejectsMissingLayers) { expect_error(R"({"name": "x"})", {"missing field layers"}); }
 
 TEST(Profile, RejectsMissingForwardNamingTheLayer) {
-  expect_error(with_layer(R"({"name": "conv2", "backward_ms": 1, "tensors": [{"name": "t", "elements": 1}]})"),
-               {"layer 2 'conv2'", "forward_ms"});
+  expect_error(
+      with_layer(
+          R"({"name": "conv2", "backward_ms": 1, "tensors": [{"name": "t", "elements": 1}]})"),
+      {"layer 2 'conv2'", "forward_ms"});
 }
 
 TEST(Profile, RejectsNegativeTime) {
-  expect_error(with_layer(R"({"name": "fc", "forward_ms": -1, "backward_ms": 1, "tensors": [{"name": "t", "elements": 1}]})"),
-               {"layer 2 'fc'", "forward_ms", ">= 0"});
+  expect_error(
+      with_layer(
+          R"({"name": "fc", "forward_ms": -1, "backward_ms": 1, "tensors": [{"name": "t", "elements": 1}]})"),
+      {"layer 2 'fc'", "forward_ms", ">= 0"});
 }
 
 TEST(Profile, RejectsNonNumericTime) {
-  expect_error(with_layer(R"({"name": "fc", "forward_ms": "1ms", "backward_ms": 1, "tensors": [{"name": "t", "elements": 1}]})"),
-               {"forward_ms must be a number"});
+  expect_error(
+      with_layer(
+          R"({"name": "fc", "forward_ms": "1ms", "backward_ms": 1, "tensors": [{"name": "t", "elements": 1}]})"),
+      {"forward_ms must be a number"});
 }
 
 TEST(Profile, RejectsLayerWithoutTensors) {
@@ -104,33 +110,50 @@ TEST(Profile, RejectsLayerWithoutTensors) {
 }
 
 TEST(Profile, RejectsZeroOrNegativeOrFractionalElements) {
-  expect_error(with_layer(R"({"name": "fc", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": 0}]})"),
-               {"layer 2 'fc'", "tensors[0].elements", "> 0"});
-  expect_error(with_layer(R"({"name": "fc", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": -4}]})"),
-               {"tensors[0].elements"});
-  expect_error(with_layer(R"({"name": "fc", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": 1.5}]})"),
-               {"elements must be an integer"});
+  expect_error(
+      with_layer(
+          R"({"name": "fc", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": 0}]})"),
+      {"layer 2 'fc'", "tensors[0].elements", "> 0"});
+  expect_error(
+      with_layer(
+          R"({"name": "fc", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": -4}]})"),
+      {"tensors[0].elements"});
+  expect_error(
+      with_layer(
+          R"({"name": "fc", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": 1.5}]})"),
+      {"elements must be an integer"});
 }
 
 TEST(Profile, RejectsAbsurdSizes) {
-  expect_error(with_layer(R"({"name": "huge", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": 99999999999999}]})"),
-               {"layer 2 'huge'", "absurdly large"});
-  expect_error(with_layer(R"({"name": "slow", "forward_ms": 1e12, "backward_ms": 1, "tensors": [{"name": "w", "elements": 1}]})"),
-               {"layer 2 'slow'", "forward_ms", "absurdly large"});
-  expect_error(with_layer(R"({"name": "w", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": 1, "bytes_per_element": 3}]})"),
-               {"bytes_per_element"});
-  expect_error(with_layer(R"({"name": "w", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": 18446744073709551615}]})"),
-               {"absurdly large"});
+  expect_error(
+      with_layer(
+          R"({"name": "huge", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": 99999999999999}]})"),
+      {"layer 2 'huge'", "absurdly large"});
+  expect_error(
+      with_layer(
+          R"({"name": "slow", "forward_ms": 1e12, "backward_ms": 1, "tensors": [{"name": "w", "elements": 1}]})"),
+      {"layer 2 'slow'", "forward_ms", "absurdly large"});
+  expect_error(
+      with_layer(
+          R"({"name": "w", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": 1, "bytes_per_element": 3}]})"),
+      {"bytes_per_element"});
+  expect_error(
+      with_layer(
+          R"({"name": "w", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "w", "elements": 18446744073709551615}]})"),
+      {"absurdly large"});
 }
 
 TEST(Profile, RejectsBadBatchSize) {
-  expect_error(R"({"batch_size": 0, "layers": [{"name": "a", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "t", "elements": 1}]}]})",
-               {"batch_size"});
+  expect_error(
+      R"({"batch_size": 0, "layers": [{"name": "a", "forward_ms": 1, "backward_ms": 1, "tensors": [{"name": "t", "elements": 1}]}]})",
+      {"batch_size"});
 }
 
 TEST(Profile, RejectsMissingTensorName) {
-  expect_error(with_layer(R"({"name": "fc", "forward_ms": 1, "backward_ms": 1, "tensors": [{"elements": 3}]})"),
-               {"layer 2 'fc'", "tensors[0]", "name"});
+  expect_error(
+      with_layer(
+          R"({"name": "fc", "forward_ms": 1, "backward_ms": 1, "tensors": [{"elements": 3}]})"),
+      {"layer 2 'fc'", "tensors[0]", "name"});
 }
 
 TEST(Profile, MissingFileIsNotFound) {

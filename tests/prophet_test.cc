@@ -37,7 +37,8 @@ class RecordingSink final : public PushSink {
 
 // A profile, its layout and placement, and one worker's prophet policy.
 struct Harness {
-  Harness(Profile p, PolicyOptions o, int servers = 1, Rate bw = Rate::gbps(8), double compute_factor = 1.0)
+  Harness(Profile p, PolicyOptions o, int servers = 1, Rate bw = Rate::gbps(8),
+          double compute_factor = 1.0)
       : profile(std::move(p)), layout(profile), placement(layout, servers, o.split_threshold) {
     PsContext ctx{&profile, &layout, &placement, 1, servers, bw, 0, compute_factor};
     auto made = make_ps_policy("prophet", o, ctx);
@@ -94,7 +95,8 @@ Profile fig5_profile() {
   Profile p;
   p.name = "prophet-fig5";
   p.batch_size = 1;
-  p.layers = {layer("g0", 1 * kMs, 2500 * kNsPerUs, kPart), layer("g1", 1 * kMs, 1 * kMs, 4 * kPart)};
+  p.layers = {layer("g0", 1 * kMs, 2500 * kNsPerUs, kPart),
+              layer("g1", 1 * kMs, 1 * kMs, 4 * kPart)};
   return p;
 }
 
@@ -216,7 +218,8 @@ TEST(ProphetBlock, LayersGeneratedTogetherFormOneStepInPriorityOrder) {
   // Layer 1 takes no backward time: layers 2 and 1 are generated at the same instant, so
   // the block waits for layer 1 and puts its (more urgent) gradient first.
   Profile p;
-  p.layers = {layer("g0", kMs, 5 * kMs, kPart), layer("g1", kMs, 0, kPart), layer("g2", kMs, kMs, kPart)};
+  p.layers = {layer("g0", kMs, 5 * kMs, kPart), layer("g1", kMs, 0, kPart),
+              layer("g2", kMs, kMs, kPart)};
   Harness h(p, options(0));
   h.policy->on_iteration_start(0, 0, h.sink);
   h.policy->on_gradient_ready(2, 1 * kMs, h.sink);
@@ -234,8 +237,8 @@ TEST(ProphetForward, GradientZeroGoesFirstThenOneByOneInPriorityOrder) {
   // Nothing fits the backward windows; at gradient 0 every partition is scheduled at
   // t_next, which advances by each partition's E (1 ms for 1 MB, 0.5 ms for 0.5 MB).
   Profile p;
-  p.layers = {layer("g0", kMs, 100 * kNsPerUs, kPart / 2), layer("g1", kMs, 100 * kNsPerUs, 2 * kPart),
-              layer("g2", kMs, kMs, kPart)};
+  p.layers = {layer("g0", kMs, 100 * kNsPerUs, kPart / 2),
+              layer("g1", kMs, 100 * kNsPerUs, 2 * kPart), layer("g2", kMs, kMs, kPart)};
   const TimeNs startup = 200 * kNsPerUs;
   Harness h(p, options(startup));
   h.policy->on_iteration_start(0, 0, h.sink);
@@ -299,7 +302,8 @@ TEST(ProphetMonitor, ReportsWhatTheMonitorReadAgainstTheStartingRate) {
   const auto lines = h.policy->report();
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0],
-            "bandwidth monitor: 3 estimates, median 5000 Mbit/s (4000 Mbit/s to 6000 Mbit/s), 63 % of the rate it "
+            "bandwidth monitor: 3 estimates, median 5000 Mbit/s (4000 Mbit/s to 6000 Mbit/s), 63 % "
+            "of the rate it "
             "started from (8000 Mbit/s)");
 }
 
@@ -366,7 +370,8 @@ TEST(ProphetSim, AComputeFactorIsTheSameJobAsAScaledProfile) {
   Profile scaled = *p;
   for (LayerSpec& l : scaled.layers) {
     l.backward = scale_time(l.backward, kFactor);
-    l.forward = scale_time(l.update + l.forward, kFactor);  // the GPU runs update + forward as one step
+    l.forward =
+        scale_time(l.update + l.forward, kFactor);  // the GPU runs update + forward as one step
     l.update = 0;
   }
   for (double gbps : {1.0, 2.0, 5.0}) {
@@ -396,7 +401,8 @@ TEST(ProphetSim, RandomProfilesHeterogeneousWorkersAndVaryingBandwidth) {
     c.workers = static_cast<int>(rng.uniform_int(1, 4));
     c.servers = static_cast<int>(rng.uniform_int(1, 3));
     c.latency = rng.uniform_int(0, 50) * kNsPerUs;
-    c.schedule = BandwidthSchedule({{0, Rate::gbps(10)}, {3 * kMs, Rate::gbps(1)}, {9 * kMs, Rate::gbps(4)}});
+    c.schedule = BandwidthSchedule(
+        {{0, Rate::gbps(10)}, {3 * kMs, Rate::gbps(1)}, {9 * kMs, Rate::gbps(4)}});
     for (int w = 0; w < c.workers; ++w) c.compute_factor.push_back(1.0 + 0.5 * w);
     PolicyOptions o;
     o.prophet_partition_size = rng.uniform_int(4, 300'000);

@@ -253,7 +253,9 @@ TEST(FrameCost, SmallPacketsPayForTheirFrames) {
 }
 
 // Oracle (eq. 9): 3 x (3 + 2) us.
-TEST(MercuryFig2, Oracle) { EXPECT_EQ(iteration(mercury_fig2(), "oracle", {}, one_to_one()), 15'000); }
+TEST(MercuryFig2, Oracle) {
+  EXPECT_EQ(iteration(mercury_fig2(), "oracle", {}, one_to_one()), 15'000);
+}
 
 // P3 stop-and-wait, 1000-byte slices, 1 us startup, no latency (us): ready at 1;
 // slice1 enters the library at 2, sent [2,3], acked at 3; slice2 enters 4, [4,5];
@@ -314,7 +316,7 @@ TEST(CreditSchedulers, AcknowledgementsQueueBehindPulls) {
   const TimeNs queued = run();
   EXPECT_GT(queued, plain);
   EXPECT_LE(queued, plain + 8 * 2'000);  // at most two pulls' time per slice
-  c.ack_queue = 200;  // a cap below the backlog bounds every wait
+  c.ack_queue = 200;                     // a cap below the backlog bounds every wait
   const TimeNs capped = run();
   EXPECT_GT(capped, plain);
   EXPECT_LT(capped, queued);

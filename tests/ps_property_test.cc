@@ -74,12 +74,14 @@ TEST(PsProperties, MercuryIsNeverSlowerThanAnyOtherPolicyBeyondPacketGranularity
     ASSERT_TRUE(mercury.is_ok());
     const TimeNs packet = transfer_time(o.packet_size, c.cluster.bandwidth);
     const TimeNs slack = packet * c.cluster.workers;
-    for (const char* policy : {"wfbp", "tictac", "p3", "bytescheduler", "prophet", "mercury-nopreempt"}) {
+    for (const char* policy :
+         {"wfbp", "tictac", "p3", "bytescheduler", "prophet", "mercury-nopreempt"}) {
       auto r = simulate(c.profile, policy, o, c.cluster, s);
       ASSERT_TRUE(r.is_ok());
       ASSERT_LE(mercury->iteration_time, r->iteration_time + slack)
           << "case " << i << ": mercury " << mercury->iteration_time << " vs " << policy << " "
-          << r->iteration_time << " (N=M=" << c.cluster.workers << ", L=" << c.profile.num_layers() << ")";
+          << r->iteration_time << " (N=M=" << c.cluster.workers << ", L=" << c.profile.num_layers()
+          << ")";
     }
     ++cases;
   }

@@ -108,7 +108,8 @@ TEST_F(ChoosePython, NoneImportsTorchListsWhatWasTried) {
   const std::string m = r.status().message();
   EXPECT_EQ(m.find('\n'), std::string::npos) << m;  // one line
   EXPECT_NE(m.find("--python: not given"), std::string::npos) << m;
-  EXPECT_NE(m.find("the build's (" + s.build + "): no such executable file"), std::string::npos) << m;
+  EXPECT_NE(m.find("the build's (" + s.build + "): no such executable file"), std::string::npos)
+      << m;
   EXPECT_NE(m.find("python3 on PATH (" + (dir_ / "bin/python3").string() +
                    "): cannot import torch: ModuleNotFoundError: No module named 'torch'"),
             std::string::npos)
@@ -127,7 +128,8 @@ TEST_F(ChoosePython, NoBuildRecordAndNoPython3OnPath) {
   const std::string m = r.status().message();
   EXPECT_NE(m.find("the build's: none recorded"), std::string::npos) << m;
   EXPECT_NE(m.find("python3 on PATH: none"), std::string::npos) << m;
-  EXPECT_NE(m.find(s.system + ": cannot import torch: ModuleNotFoundError"), std::string::npos) << m;
+  EXPECT_NE(m.find(s.system + ": cannot import torch: ModuleNotFoundError"), std::string::npos)
+      << m;
 }
 
 TEST_F(ChoosePython, TheSameFileIsStartedOnce) {
@@ -138,7 +140,8 @@ TEST_F(ChoosePython, TheSameFileIsStartedOnce) {
   s.system = (dir_ / "bin/python3").string();
   auto r = choose_python(s);
   ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find(s.system + ": the same as python3 on PATH"), std::string::npos)
+  EXPECT_NE(r.status().message().find(s.system + ": the same as python3 on PATH"),
+            std::string::npos)
       << r.status().message();
   EXPECT_EQ(starts(), 1);
 }

@@ -1,10 +1,11 @@
 // The rendezvous (include/runtime/quicksilver/runtime/rendezvous.h): its line parsers, the
 // coordinator's bounds, and one job's registrations and look-ups over loopback.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
+#include "quicksilver/runtime/rendezvous.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -14,7 +15,6 @@
 #include <thread>
 
 #include "quicksilver/core/check.h"
-#include "quicksilver/runtime/rendezvous.h"
 #include "quicksilver/transport/clock.h"
 
 namespace qs::runtime {
@@ -44,8 +44,9 @@ TEST(Rendezvous, ParsesServerLists) {
   ASSERT_EQ(l->size(), 2u);
   EXPECT_EQ((*l)[0].host, "10.0.0.1");
   EXPECT_EQ((*l)[1].port, 1);
-  for (const char* bad : {"servers ", "servers a:0", "servers a:65536", "servers :80", "servers a:80,",
-                          "servers a:8x", "servers a:0000080000", "error nope", "servers"}) {
+  for (const char* bad :
+       {"servers ", "servers a:0", "servers a:65536", "servers :80", "servers a:80,",
+        "servers a:8x", "servers a:0000080000", "error nope", "servers"}) {
     EXPECT_EQ(parse_server_list(bad).status().code(), StatusCode::kProtocolError) << bad;
   }
 }
@@ -65,7 +66,8 @@ TEST(Rendezvous, ServersRegisterAndWorkersLookUp) {
   std::thread coordinator([&] { run = (*c)->run(); });
   Result<std::vector<Endpoint>> w0 = internal_error("not run"), w1 = internal_error("not run");
   std::thread worker0([&] { w0 = lookup_servers(at, 0, 10 * kNsPerSec); });
-  EXPECT_THAT(register_server(at, 5, 7000, kNsPerSec).message(), HasSubstr("server id 5 not in [0, 2)"));
+  EXPECT_THAT(register_server(at, 5, 7000, kNsPerSec).message(),
+              HasSubstr("server id 5 not in [0, 2)"));
   EXPECT_TRUE(register_server(at, 1, 7001, 10 * kNsPerSec).is_ok());
   EXPECT_TRUE(register_server(at, 0, 7000, 10 * kNsPerSec).is_ok());
   std::thread worker1([&] { w1 = lookup_servers(at, 1, 10 * kNsPerSec); });
@@ -90,7 +92,8 @@ std::shared_ptr<const transport::Secret> secret_of(const std::string& text) {
 }
 
 transport::Fd raw_connect(int port) {
-  auto fd = transport::connect_tcp("127.0.0.1", port, transport::SteadyClock::instance().now() + 5 * kNsPerSec);
+  auto fd = transport::connect_tcp("127.0.0.1", port,
+                                   transport::SteadyClock::instance().now() + 5 * kNsPerSec);
   QS_CHECK(fd.is_ok());
   timeval tv{5, 0};
   ::setsockopt(fd->get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -100,7 +103,8 @@ transport::Fd raw_connect(int port) {
 std::string read_to_end(int fd) {
   std::string got;
   char buf[256];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, static_cast<std::size_t>(n));
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+    got.append(buf, static_cast<std::size_t>(n));
   return got;
 }
 
@@ -130,10 +134,12 @@ TEST(Rendezvous, AnUnauthenticatedPeerCannotHijackAServerSlot) {
   std::thread coordinator([&] { run = (*c)->run(); });
   transport::Fd attacker = raw_connect(at.port);
   ASSERT_EQ(::send(attacker.get(), "server 0 4444\n", 14, MSG_NOSIGNAL), 14);
-  EXPECT_EQ(read_to_end(attacker.get()).size(), 36u);  // our nonce, then the end: no "ok", no "error"
+  EXPECT_EQ(read_to_end(attacker.get()).size(),
+            36u);  // our nonce, then the end: no "ok", no "error"
   // A client with another secret is refused too, and a coordinator without ours is refused
   // by the client.
-  EXPECT_THAT(register_server(at, 0, 4444, 2 * kNsPerSec, secret_of("an attacker's guess!").get()).message(),
+  EXPECT_THAT(register_server(at, 0, 4444, 2 * kNsPerSec, secret_of("an attacker's guess!").get())
+                  .message(),
               HasSubstr("a different secret?"));
   EXPECT_TRUE(register_server(at, 0, 7000, 10 * kNsPerSec, secret.get()).is_ok());
   auto list = lookup_servers(at, 0, 10 * kNsPerSec, secret.get());
@@ -168,10 +174,12 @@ TEST(Rendezvous, ClientsRefuseACoordinatorWithoutTheSecret) {
     (void)::send(c.get(), reply.data(), reply.size(), MSG_NOSIGNAL);
     (void)read_to_end(c.get());
   });
-  auto list = lookup_servers(Endpoint{"127.0.0.1", port}, 0, 2 * kNsPerSec, secret_of("the cluster's own secret").get());
+  auto list = lookup_servers(Endpoint{"127.0.0.1", port}, 0, 2 * kNsPerSec,
+                             secret_of("the cluster's own secret").get());
   impostor.join();
   ASSERT_FALSE(list.is_ok());
-  EXPECT_THAT(list.status().message(), HasSubstr("authentication failed: the peer's proof is wrong"));
+  EXPECT_THAT(list.status().message(),
+              HasSubstr("authentication failed: the peer's proof is wrong"));
 }
 
 // Silent peers are closed at the deadline and capped; out of descriptors, the coordinator
@@ -191,11 +199,13 @@ TEST(Rendezvous, CoordinatorBoundsStrangersAndDoesNotSpinWithoutDescriptors) {
   for (int i = 0; i < 10; ++i) silent.push_back(raw_connect(port));
   ASSERT_TRUE(eventually([&] { return (*c)->counters().accepted == 10; }));
   EXPECT_LE((*c)->counters().pending, 4);
-  ASSERT_TRUE(eventually([&] { return (*c)->counters().refused == 10 && (*c)->counters().pending == 0; }));
+  ASSERT_TRUE(
+      eventually([&] { return (*c)->counters().refused == 10 && (*c)->counters().pending == 0; }));
   silent.clear();
   // Every descriptor taken (sockets to connect made first): accept fails with EMFILE.
   std::vector<transport::Fd> clients, fillers;
-  for (int i = 0; i < 4; ++i) clients.emplace_back(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  for (int i = 0; i < 4; ++i)
+    clients.emplace_back(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   rlimit old{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
   rlimit low = old;
@@ -206,7 +216,8 @@ TEST(Rendezvous, CoordinatorBoundsStrangersAndDoesNotSpinWithoutDescriptors) {
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<std::uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  for (auto& s : clients) EXPECT_EQ(::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  for (auto& s : clients)
+    EXPECT_EQ(::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   const bool failed = eventually([&] { return (*c)->counters().accept_failures >= 1; });
   const std::int64_t polls_before = (*c)->counters().polls;
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -219,7 +230,8 @@ TEST(Rendezvous, CoordinatorBoundsStrangersAndDoesNotSpinWithoutDescriptors) {
   EXPECT_LT(polls, 50);
   // And it goes on: the real server and worker get through.
   clients.clear();
-  EXPECT_TRUE(register_server(Endpoint{"127.0.0.1", port}, 0, 7000, 10 * kNsPerSec, o.secret.get()).is_ok());
+  EXPECT_TRUE(register_server(Endpoint{"127.0.0.1", port}, 0, 7000, 10 * kNsPerSec, o.secret.get())
+                  .is_ok());
   auto list = lookup_servers(Endpoint{"127.0.0.1", port}, 0, 10 * kNsPerSec, o.secret.get());
   coordinator.join();
   EXPECT_TRUE(run.is_ok()) << run.to_string();

@@ -1,11 +1,10 @@
 // The runtime end to end, in one process over loopback: N workers and M servers as
 // threads, several iterations of each PS policy, every pulled sum checked exactly; hello
 // mismatches refused; a worker that dies makes every other node fail fast.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/resource.h>
@@ -13,8 +12,8 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -47,11 +46,10 @@ Profile small_profile() {
   Profile p;
   p.name = "runtime-small";
   p.batch_size = 4;
-  p.layers = {layer("conv1", 200'000, 300'000, {1729, 64}),
-              layer("conv2", 300'000, 500'000, {36'865}),
-              layer("conv3", 300'000, 500'000, {73'731, 128}),
-              layer("fc1", 200'000, 400'000, {262'147}),
-              layer("fc2", 100'000, 200'000, {10'001, 10})};
+  p.layers = {
+      layer("conv1", 200'000, 300'000, {1729, 64}), layer("conv2", 300'000, 500'000, {36'865}),
+      layer("conv3", 300'000, 500'000, {73'731, 128}), layer("fc1", 200'000, 400'000, {262'147}),
+      layer("fc2", 100'000, 200'000, {10'001, 10})};
   return p;
 }
 
@@ -65,7 +63,7 @@ JobOptions small_job(const std::string& policy, int workers, int servers) {
   job.policy_options.packet_size = 16 * kKiB;     // mercury: multi-packet tensors
   job.policy_options.partition_size = 64 * kKiB;  // bytescheduler: multi-partition
   job.policy_options.credit_size = 192 * kKiB;
-  job.policy_options.slice_size = 32 * kKiB;      // p3
+  job.policy_options.slice_size = 32 * kKiB;  // p3
   job.policy_options.startup_time = 50 * kNsPerUs;
   job.policy_options.split_threshold = 64 * kKiB;
   job.connect_timeout = 10 * kNsPerSec;
@@ -83,14 +81,16 @@ struct ClusterRun {
 // servers run and before the workers start (an attacker's connections).
 struct ClusterHooks {
   std::function<void(ServerOptions&)> server;
-  std::function<void(const std::vector<Endpoint>&, std::vector<std::unique_ptr<Server>>&)> before_workers;
+  std::function<void(const std::vector<Endpoint>&, std::vector<std::unique_ptr<Server>>&)>
+      before_workers;
 };
 
 // Runs M servers and N workers as threads. `tweak` may change one worker's options. Every
 // node is stopped if the whole run exceeds `limit`, so a bug shows as a failure, not a hang.
 ClusterRun run_cluster(const JobOptions& job,
                        const std::function<void(WorkerOptions&)>& tweak = nullptr,
-                       std::chrono::seconds limit = std::chrono::seconds(30), const ClusterHooks& hooks = {}) {
+                       std::chrono::seconds limit = std::chrono::seconds(30),
+                       const ClusterHooks& hooks = {}) {
   ClusterRun out;
   std::vector<std::unique_ptr<Server>> servers;
   std::vector<Endpoint> endpoints;
@@ -140,7 +140,8 @@ ClusterRun run_cluster(const JobOptions& job,
 // every pulled element checked against the same rounding (KnownContent: each worker's
 // element rounded, summed in float32, rounded once more). Its values exceed bf16's 8-bit
 // mantissa (up to 510 per worker), so a runtime that did not round would fail the check.
-class Compressed : public ::testing::TestWithParam<std::tuple<std::string, int, transport::WireDType>> {};
+class Compressed
+    : public ::testing::TestWithParam<std::tuple<std::string, int, transport::WireDType>> {};
 
 TEST_P(Compressed, SumsAreTheRoundedOnes) {
   const auto& [policy, workers, wire] = GetParam();
@@ -154,11 +155,12 @@ TEST_P(Compressed, SumsAreTheRoundedOnes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Runtime, Compressed,
-                         ::testing::Values(std::make_tuple("mercury", 3, transport::WireDType::kBFloat16),
-                                           std::make_tuple("bytescheduler", 2, transport::WireDType::kFloat16),
-                                           std::make_tuple("p3", 2, transport::WireDType::kBFloat16),
-                                           std::make_tuple("wfbp", 4, transport::WireDType::kFloat16)));
+INSTANTIATE_TEST_SUITE_P(
+    Runtime, Compressed,
+    ::testing::Values(std::make_tuple("mercury", 3, transport::WireDType::kBFloat16),
+                      std::make_tuple("bytescheduler", 2, transport::WireDType::kFloat16),
+                      std::make_tuple("p3", 2, transport::WireDType::kBFloat16),
+                      std::make_tuple("wfbp", 4, transport::WireDType::kFloat16)));
 
 // A server and a worker that disagree on compression refuse each other at the hello.
 TEST(Runtime, CompressionMustAgree) {
@@ -181,7 +183,8 @@ TEST(Runtime, WireDTypesRoundToNearestEven) {
   EXPECT_EQ(round(2049.0f, transport::WireDType::kFloat16), 2048.0f);
   EXPECT_EQ(round(0.1f, transport::WireDType::kFloat32), 0.1f);
   EXPECT_EQ(*transport::parse_wire_dtype("bf16"), transport::WireDType::kBFloat16);
-  EXPECT_THAT(transport::parse_wire_dtype("int8").status().to_string(), HasSubstr("give none, bf16 or fp16"));
+  EXPECT_THAT(transport::parse_wire_dtype("int8").status().to_string(),
+              HasSubstr("give none, bf16 or fp16"));
   float sum[3] = {1, 2, 3};
   std::byte wire[6];
   const float add[3] = {0.5f, 0.25f, 1024.0f};
@@ -217,7 +220,8 @@ TEST(Runtime, PortableFloat16MatchesTheFastOne) {
     std::memcpy(&f, &x, 4);
     if (!std::isnan(f)) floats.push_back(f), floats.push_back(-f);
   }
-  for (float f : {65504.0f, 65519.0f, 65520.0f, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 5.96e-8f, 2.98e-8f, 3.0e-8f}) {
+  for (float f : {65504.0f, 65519.0f, 65520.0f, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 5.96e-8f,
+                  2.98e-8f, 3.0e-8f}) {
     floats.push_back(f);
   }
   std::vector<std::byte> x(floats.size() * 2), y(floats.size() * 2);
@@ -286,7 +290,8 @@ TEST(Runtime, WorkerThatDiesMakesEveryoneFailFast) {
   for (int w : {0, 2}) {
     ASSERT_FALSE(r.workers[static_cast<std::size_t>(w)].is_ok());
     EXPECT_EQ(r.workers[static_cast<std::size_t>(w)].status().code(), StatusCode::kUnavailable);
-    std::printf("[ detail ] worker %d: %s\n", w, r.workers[static_cast<std::size_t>(w)].status().to_string().c_str());
+    std::printf("[ detail ] worker %d: %s\n", w,
+                r.workers[static_cast<std::size_t>(w)].status().to_string().c_str());
   }
   // Every server fails naming a lost worker; which loss a server notices first is a race
   // (worker 1's own, or another worker's that failed because of it), but some server
@@ -328,7 +333,8 @@ TEST(Runtime, UplinkRateCountsOnlyTimeSpentPushing) {
   JobOptions job = small_job("mercury", 1, 1);
   // Backward runs l1 (instant; 2 MiB, ~42 ms at the paced rate), then l0 for 300 ms, then
   // l0's 2 MiB goes out: bytes over the span would be ~0.1 Gbit/s.
-  job.profile.layers = {layer("l0", 0, 300 * kNsPerMs, {512 * 1024}), layer("l1", 0, 0, {512 * 1024})};
+  job.profile.layers = {layer("l0", 0, 300 * kNsPerMs, {512 * 1024}),
+                        layer("l1", 0, 0, {512 * 1024})};
   job.iterations = 3;
   const Rate paced = Rate::mbps(400);
   job.socket.max_pacing_rate = paced.bits_per_second / 8;
@@ -382,7 +388,8 @@ TEST(Runtime, MeasuredTraceHasEveryComputeStepAndPull) {
                 "fp " + job.profile.layers[static_cast<std::size_t>(i)].name);
     }
   }
-  for (std::size_t i = 1; i < compute.size(); ++i) EXPECT_GE(compute[i]->start, compute[i - 1]->end);
+  for (std::size_t i = 1; i < compute.size(); ++i)
+    EXPECT_GE(compute[i]->start, compute[i - 1]->end);
   EXPECT_EQ(pulls, rep.units_per_iteration * job.iterations);
   EXPECT_GE(pushing, job.iterations);
 }
@@ -429,22 +436,26 @@ namespace {
 // known; each layer is reported ready once per iteration, after all its sums landed.
 class InPlaceTensors final : public TensorSource {
  public:
-  InPlaceTensors(const Profile& p, int worker, int workers) : layout_(p), worker_(worker), workers_(workers) {
-    for (const TensorInfo& t : layout_.tensors()) data_.emplace_back(static_cast<std::size_t>(t.bytes / 4), 0.0f);
+  InPlaceTensors(const Profile& p, int worker, int workers)
+      : layout_(p), worker_(worker), workers_(workers) {
+    for (const TensorInfo& t : layout_.tensors())
+      data_.emplace_back(static_cast<std::size_t>(t.bytes / 4), 0.0f);
     ready_.assign(static_cast<std::size_t>(layout_.num_layers()), 0);
   }
   std::vector<TensorBuffer> tensors() override {
     std::vector<TensorBuffer> r;
     for (const TensorInfo& t : layout_.tensors()) {
       auto& d = data_[static_cast<std::size_t>(t.id)];
-      r.push_back(TensorBuffer{t.id, d.data(), d.data(), static_cast<std::int64_t>(d.size()), 10 * t.id + 3});
+      r.push_back(TensorBuffer{t.id, d.data(), d.data(), static_cast<std::int64_t>(d.size()),
+                               10 * t.id + 3});
     }
     return r;
   }
   void on_backward(int layer, std::int64_t it) override {
     for (TensorId t = layout_.first_tensor(layer); t < layout_.end_tensor(layer); ++t) {
       auto& d = data_[static_cast<std::size_t>(t)];
-      for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<float>(value(worker_, t, it, i));
+      for (std::size_t i = 0; i < d.size(); ++i)
+        d[i] = static_cast<float>(value(worker_, t, it, i));
     }
   }
   Status on_layer_ready(int layer, std::int64_t it) override {
@@ -455,8 +466,8 @@ class InPlaceTensors final : public TensorSource {
         double want = 0;
         for (int w = 0; w < workers_; ++w) want += value(w, t, it, i);
         if (d[i] != static_cast<float>(want)) {
-          return internal_error("tensor " + std::to_string(t) + " element " + std::to_string(i) + " is " +
-                           std::to_string(d[i]) + ", not " + std::to_string(want));
+          return internal_error("tensor " + std::to_string(t) + " element " + std::to_string(i) +
+                                " is " + std::to_string(d[i]) + ", not " + std::to_string(want));
         }
       }
     }
@@ -477,8 +488,11 @@ class InPlaceTensors final : public TensorSource {
 TEST(Runtime, PullsSumsIntoTheCallersBuffersAndReportsEachLayerOnce) {
   const JobOptions job = small_job("mercury", 3, 2);
   std::vector<std::unique_ptr<InPlaceTensors>> sources;
-  for (int w = 0; w < job.workers; ++w) sources.push_back(std::make_unique<InPlaceTensors>(job.profile, w, job.workers));
-  ClusterRun r = run_cluster(job, [&](WorkerOptions& w) { w.tensors = sources[static_cast<std::size_t>(w.worker_id)].get(); });
+  for (int w = 0; w < job.workers; ++w)
+    sources.push_back(std::make_unique<InPlaceTensors>(job.profile, w, job.workers));
+  ClusterRun r = run_cluster(job, [&](WorkerOptions& w) {
+    w.tensors = sources[static_cast<std::size_t>(w.worker_id)].get();
+  });
   for (const Status& s : r.servers) EXPECT_TRUE(s.is_ok()) << s.to_string();
   for (const auto& w : r.workers) ASSERT_TRUE(w.is_ok()) << w.status().to_string();
   for (const auto& s : sources) {
@@ -490,7 +504,9 @@ TEST(Runtime, RefusesARegistryThatDoesNotMatchTheProfile) {
   JobOptions job = small_job("mercury", 1, 1);
   struct Bad final : TensorSource {
     std::vector<float> buf = std::vector<float>(8);
-    std::vector<TensorBuffer> tensors() override { return {TensorBuffer{0, buf.data(), buf.data(), 8, 0}}; }
+    std::vector<TensorBuffer> tensors() override {
+      return {TensorBuffer{0, buf.data(), buf.data(), 8, 0}};
+    }
   } bad;
   WorkerOptions wo;
   wo.job = job;
@@ -498,7 +514,8 @@ TEST(Runtime, RefusesARegistryThatDoesNotMatchTheProfile) {
   wo.tensors = &bad;
   auto w = Worker::create(wo);
   ASSERT_FALSE(w.is_ok());
-  EXPECT_THAT(w.status().to_string(), HasSubstr("the tensor registry has 1 tensors, the profile 8"));
+  EXPECT_THAT(w.status().to_string(),
+              HasSubstr("the tensor registry has 1 tensors, the profile 8"));
   const TensorLayout layout(job.profile);
   InPlaceTensors good(job.profile, 0, 1);
   auto reg = good.tensors();
@@ -514,12 +531,14 @@ TEST(Runtime, RefusesARegistryThatDoesNotMatchTheProfile) {
   // A tensor that is not host float32 must come staged (issue 28, item 1).
   reg = good.tensors();
   reg[4].space = MemorySpace::kDevice;
-  EXPECT_THAT(check_registry(reg, layout).to_string(),
-              HasSubstr("entry 4 is float32 in device memory: the transport reads host float32 only"));
+  EXPECT_THAT(
+      check_registry(reg, layout).to_string(),
+      HasSubstr("entry 4 is float32 in device memory: the transport reads host float32 only"));
   reg[4].staged = true;
   EXPECT_TRUE(check_registry(reg, layout).is_ok());
   reg[5].dtype = DType::kBFloat16;
-  EXPECT_THAT(check_registry(reg, layout).to_string(), HasSubstr("entry 5 is bfloat16 in host memory"));
+  EXPECT_THAT(check_registry(reg, layout).to_string(),
+              HasSubstr("entry 5 is bfloat16 in host memory"));
   reg[5].staged = true;
   EXPECT_TRUE(check_registry(reg, layout).is_ok());
 }
@@ -530,8 +549,10 @@ TEST(Runtime, MemorySpacesAndDTypesParse) {
   EXPECT_EQ(*parse_dtype("bfloat16"), DType::kBFloat16);
   EXPECT_EQ(dtype_size(DType::kFloat16), 2);
   EXPECT_EQ(dtype_size(DType::kFloat32), 4);
-  EXPECT_THAT(parse_dtype("float64").status().to_string(), HasSubstr("give float32, bfloat16 or float16"));
-  EXPECT_THAT(parse_memory_space("mps").status().to_string(), HasSubstr("give cpu (host) or cuda (device)"));
+  EXPECT_THAT(parse_dtype("float64").status().to_string(),
+              HasSubstr("give float32, bfloat16 or float16"));
+  EXPECT_THAT(parse_memory_space("mps").status().to_string(),
+              HasSubstr("give cpu (host) or cuda (device)"));
 }
 
 // The oracle moves no byte: the same loop runs the compute chain alone, so an iteration
@@ -577,7 +598,8 @@ struct LogLines {
 };
 
 transport::Fd raw_connect(const Endpoint& e) {
-  auto fd = transport::connect_tcp(e.host, e.port, transport::SteadyClock::instance().now() + 5 * kNsPerSec);
+  auto fd = transport::connect_tcp(e.host, e.port,
+                                   transport::SteadyClock::instance().now() + 5 * kNsPerSec);
   QS_CHECK_MSG(fd.is_ok(), fd.status().to_string());
   timeval tv{5, 0};
   ::setsockopt(fd->get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -620,7 +642,8 @@ void expect_exact_run(const ClusterRun& r, const JobOptions& job) {
 // frame from any worker for 400ms".)
 TEST(Runtime, ComputeLongerThanThePeerTimeoutIsNotAFault) {
   JobOptions job = small_job("mercury", 2, 2);
-  job.profile.layers = {layer("slow", 100 * kNsPerMs, 1200 * kNsPerMs, {4096}), layer("fc", kNsPerMs, kNsPerMs, {300})};
+  job.profile.layers = {layer("slow", 100 * kNsPerMs, 1200 * kNsPerMs, {4096}),
+                        layer("fc", kNsPerMs, kNsPerMs, {300})};
   job.iterations = 2;
   job.peer_timeout = 400 * kNsPerMs;
   ClusterRun r = run_cluster(job);
@@ -702,7 +725,8 @@ TEST(RuntimeSecurity, ARecordedWorkerHandshakeCannotBeReplayed) {
       return from_worker.valid();
     }));
     transport::Fd to_server = raw_connect(Endpoint{"127.0.0.1", (*srv)->port()});
-    recorded = relay_and_record(from_worker.get(), to_server.get(), 68 + transport::kHeaderSize + transport::kHelloBodySize);
+    recorded = relay_and_record(from_worker.get(), to_server.get(),
+                                68 + transport::kHeaderSize + transport::kHelloBodySize);
     (*worker)->request_stop("recorded");
     (*srv)->request_stop("recorded");
     (void)worker_run.get();
@@ -717,7 +741,8 @@ TEST(RuntimeSecurity, ARecordedWorkerHandshakeCannotBeReplayed) {
     so.secret = secret;
     so.log = log.sink();
   };
-  hooks.before_workers = [&](const std::vector<Endpoint>& at, std::vector<std::unique_ptr<Server>>& servers) {
+  hooks.before_workers = [&](const std::vector<Endpoint>& at,
+                             std::vector<std::unique_ptr<Server>>& servers) {
     transport::Fd impostor = raw_connect(at[0]);
     char nonce[36];
     ASSERT_EQ(::recv(impostor.get(), nonce, sizeof nonce, MSG_WAITALL), 36);
@@ -726,7 +751,8 @@ TEST(RuntimeSecurity, ARecordedWorkerHandshakeCannotBeReplayed) {
     answered = read_to_end(impostor.get());
     ASSERT_TRUE(eventually([&] { return servers[0]->counters().refused == 1; }));
   };
-  ClusterRun r = run_cluster(job, [&](WorkerOptions& w) { w.secret = secret; }, std::chrono::seconds(30), hooks);
+  ClusterRun r = run_cluster(
+      job, [&](WorkerOptions& w) { w.secret = secret; }, std::chrono::seconds(30), hooks);
   expect_exact_run(r, job);
   EXPECT_EQ(answered, "") << "the impostor must learn nothing: no proof, no hello, no error text";
   EXPECT_THAT(log.all(), HasSubstr("server 0: refused 127.0.0.1:"));
@@ -746,7 +772,8 @@ TEST(RuntimeSecurity, PeersWithoutTheSecretAreRefusedAndTheJobRuns) {
     so.log = log.sink();
     so.limits.handshake_timeout = kNsPerSec;  // the stray line never completes one
   };
-  hooks.before_workers = [&](const std::vector<Endpoint>& at, std::vector<std::unique_ptr<Server>>& servers) {
+  hooks.before_workers = [&](const std::vector<Endpoint>& at,
+                             std::vector<std::unique_ptr<Server>>& servers) {
     WorkerOptions wo;
     wo.job = job;
     wo.job.connect_timeout = 2 * kNsPerSec;
@@ -761,7 +788,8 @@ TEST(RuntimeSecurity, PeersWithoutTheSecretAreRefusedAndTheJobRuns) {
     EXPECT_EQ(read_to_end(stray.get()).size(), 36u);  // the server's nonce, nothing else
     ASSERT_TRUE(eventually([&] { return servers[0]->counters().refused == 3; }));
   };
-  ClusterRun r = run_cluster(job, [&](WorkerOptions& w) { w.secret = secret; }, std::chrono::seconds(30), hooks);
+  ClusterRun r = run_cluster(
+      job, [&](WorkerOptions& w) { w.secret = secret; }, std::chrono::seconds(30), hooks);
   expect_exact_run(r, job);
   ASSERT_FALSE(wrong.is_ok());
   EXPECT_THAT(wrong.status().message(), HasSubstr("a different secret?"));
@@ -780,8 +808,10 @@ TEST(RuntimeSecurity, RefusedConnectionsAreFreedNotKept) {
     constexpr int kGarbage = 200;
     ClusterHooks hooks;
     hooks.server = [&](ServerOptions& so) { so.secret = secret; };
-    hooks.before_workers = [&](const std::vector<Endpoint>& at, std::vector<std::unique_ptr<Server>>& servers) {
-      const std::string junk(transport::kHeaderSize + transport::Handshake::kMagicBytes + 64, '\x51');
+    hooks.before_workers = [&](const std::vector<Endpoint>& at,
+                               std::vector<std::unique_ptr<Server>>& servers) {
+      const std::string junk(transport::kHeaderSize + transport::Handshake::kMagicBytes + 64,
+                             '\x51');
       for (int i = 0; i < kGarbage; ++i) {
         transport::Fd g = raw_connect(at[0]);
         (void)::send(g.get(), junk.data(), junk.size(), MSG_NOSIGNAL);
@@ -791,7 +821,8 @@ TEST(RuntimeSecurity, RefusedConnectionsAreFreedNotKept) {
       ASSERT_TRUE(eventually([&] { return servers[0]->counters().held == 0; }))
           << servers[0]->counters().held << " connections still held";
     };
-    ClusterRun r = run_cluster(job, [&](WorkerOptions& w) { w.secret = secret; }, std::chrono::seconds(30), hooks);
+    ClusterRun r = run_cluster(
+        job, [&](WorkerOptions& w) { w.secret = secret; }, std::chrono::seconds(30), hooks);
     expect_exact_run(r, job);
   }
 }
@@ -808,7 +839,8 @@ TEST(RuntimeSecurity, SilentConnectionsAreCappedAndTimedOut) {
     so.limits.max_pending = kCap;
     so.limits.handshake_timeout = 500 * kNsPerMs;
   };
-  hooks.before_workers = [&](const std::vector<Endpoint>& at, std::vector<std::unique_ptr<Server>>& servers) {
+  hooks.before_workers = [&](const std::vector<Endpoint>& at,
+                             std::vector<std::unique_ptr<Server>>& servers) {
     std::vector<transport::Fd> silent;
     for (int i = 0; i < kSilent; ++i) silent.push_back(raw_connect(at[0]));
     ASSERT_TRUE(eventually([&] { return servers[0]->counters().accepted == kSilent; }));
@@ -819,7 +851,8 @@ TEST(RuntimeSecurity, SilentConnectionsAreCappedAndTimedOut) {
     EXPECT_EQ(servers[0]->counters().refused, kSilent);
     for (auto& fd : silent) EXPECT_EQ(read_to_end(fd.get()).size(), 36u);  // a nonce, then the end
   };
-  ClusterRun r = run_cluster(job, [&](WorkerOptions& w) { w.secret = secret; }, std::chrono::seconds(30), hooks);
+  ClusterRun r = run_cluster(
+      job, [&](WorkerOptions& w) { w.secret = secret; }, std::chrono::seconds(30), hooks);
   expect_exact_run(r, job);
 }
 
@@ -834,11 +867,13 @@ TEST(RuntimeSecurity, RunningOutOfDescriptorsPausesAcceptingAndTheJobRuns) {
     so.limits.handshake_timeout = 300 * kNsPerMs;
     so.limits.backoff = 20 * kNsPerMs;
   };
-  hooks.before_workers = [&](const std::vector<Endpoint>& at, std::vector<std::unique_ptr<Server>>& servers) {
+  hooks.before_workers = [&](const std::vector<Endpoint>& at,
+                             std::vector<std::unique_ptr<Server>>& servers) {
     // Sockets to connect later, then every free descriptor taken: the server's accept
     // (same process) then has none.
     std::vector<transport::Fd> clients, fillers;
-    for (int i = 0; i < 8; ++i) clients.emplace_back(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    for (int i = 0; i < 8; ++i)
+      clients.emplace_back(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     rlimit old{};
     ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
     rlimit low = old;
@@ -853,7 +888,8 @@ TEST(RuntimeSecurity, RunningOutOfDescriptorsPausesAcceptingAndTheJobRuns) {
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<std::uint16_t>(at[0].port));
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    for (auto& c : clients) ASSERT_EQ(::connect(c.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    for (auto& c : clients)
+      ASSERT_EQ(::connect(c.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
     const bool failed = eventually([&] { return servers[0]->counters().accept_failures >= 1; });
     fillers.clear();
     ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);

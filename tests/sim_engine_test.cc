@@ -4,9 +4,9 @@
 #include <algorithm>
 
 #include "quicksilver/core/rng.h"
+#include "quicksilver/policy/layout.h"
 #include "quicksilver/sim/event_queue.h"
 #include "quicksilver/sim/simulator.h"
-#include "quicksilver/policy/layout.h"
 #include "test_profiles.h"
 
 namespace qs {
@@ -89,7 +89,8 @@ TEST(Placement, SplitsLargeTensorsOverAllServersAndBalancesSmallOnes) {
   TensorLayout lay(p);
   Placement pl(lay, 4);
   ASSERT_EQ(pl.slices(0).size(), 4u);
-  for (int s = 0; s < 4; ++s) EXPECT_EQ(pl.slices(0)[static_cast<std::size_t>(s)].chunk.length, kMiB);
+  for (int s = 0; s < 4; ++s)
+    EXPECT_EQ(pl.slices(0)[static_cast<std::size_t>(s)].chunk.length, kMiB);
   // The three small tensors land on three different servers.
   EXPECT_NE(pl.slices(1)[0].server, pl.slices(2)[0].server);
   EXPECT_NE(pl.slices(2)[0].server, pl.slices(3)[0].server);
@@ -185,7 +186,8 @@ TEST(Simulator, PerHostBandwidthsAndServerSharesSetTheBottleneck) {
   p.layers = {layer("fc", 0, 0, 4 * kMiB)};
   PolicyOptions o;
   o.packet_size = 1024;
-  const TimeNs balanced = simulate(p, "mercury", o, cluster(4, 4, Rate::gbps(8)), {})->iteration_time;
+  const TimeNs balanced =
+      simulate(p, "mercury", o, cluster(4, 4, Rate::gbps(8)), {})->iteration_time;
   // Server 0 at half the rate: its quarter of every worker's push takes twice as long.
   ClusterConfig slow = cluster(4, 4, Rate::gbps(8));
   slow.server_bandwidth = {Rate::gbps(4), Rate::gbps(8), Rate::gbps(8), Rate::gbps(8)};
@@ -215,13 +217,15 @@ TEST(Simulator, PerHostBandwidthsAndServerSharesSetTheBottleneck) {
   // Validation: one value per host, PS only, not with a time-varying rate.
   ClusterConfig bad = cluster(4, 4, Rate::gbps(8));
   bad.server_shares = {1, 1};
-  EXPECT_THAT(bad.validate().message(), ::testing::HasSubstr("--server-shares lists 2 values for 4 servers"));
+  EXPECT_THAT(bad.validate().message(),
+              ::testing::HasSubstr("--server-shares lists 2 values for 4 servers"));
   bad.server_shares = {1, 1, 0, 1};
   EXPECT_THAT(bad.validate().message(), ::testing::HasSubstr("--server-shares values must be in"));
   bad.server_shares.clear();
   bad.worker_bandwidth.assign(4, Rate::gbps(1));
   bad.schedule = *BandwidthSchedule::parse_random("random:1Gbps:10Gbps:1ms", 5, kNsPerSec);
-  EXPECT_THAT(bad.validate().message(), ::testing::HasSubstr("cannot be combined with --bandwidth-trace"));
+  EXPECT_THAT(bad.validate().message(),
+              ::testing::HasSubstr("cannot be combined with --bandwidth-trace"));
 }
 
 // Mercury Fig. 20 (issue 14 item 10): several jobs sharing the cluster's links.
@@ -234,8 +238,10 @@ TEST(SharedJobs, OneJobIsThePlainSimulationExactly) {
     o.record_trace = true;
     for (const char* policy : {"mercury", "bytescheduler", "wfbp", "prophet"}) {
       auto plain = simulate(p, policy, {}, c, o);
-      for (JobSharing sharing : {JobSharing::kFair, JobSharing::kStrict, JobSharing::kDeadline, JobSharing::kFlows}) {
-        auto shared = simulate_shared({SharedJob{p, policy, {}}}, c, o, SharingOptions{sharing, true});
+      for (JobSharing sharing :
+           {JobSharing::kFair, JobSharing::kStrict, JobSharing::kDeadline, JobSharing::kFlows}) {
+        auto shared =
+            simulate_shared({SharedJob{p, policy, {}}}, c, o, SharingOptions{sharing, true});
         ASSERT_TRUE(plain.is_ok() && shared.is_ok()) << shared.status().to_string();
         ASSERT_EQ(shared->size(), 1u);
         EXPECT_EQ(shared->front().iteration_times, plain->iteration_times) << policy;
@@ -275,7 +281,8 @@ TEST(SharedJobs, TwoJobsShareTheLinks) {
   auto mixed = simulate_shared({SharedJob{p, "mercury", o}, SharedJob{p, "mercury", big}}, c, {},
                                SharingOptions{JobSharing::kFair, false});
   ASSERT_TRUE(mixed.is_ok()) << mixed.status().to_string();
-  EXPECT_NEAR(static_cast<double>((*mixed)[0].iteration_time), static_cast<double>((*mixed)[1].iteration_time),
+  EXPECT_NEAR(static_cast<double>((*mixed)[0].iteration_time),
+              static_cast<double>((*mixed)[1].iteration_time),
               0.05 * static_cast<double>((*mixed)[1].iteration_time));
 }
 
@@ -319,8 +326,8 @@ TEST(SharedJobs, FlowsShareALinkByteByByte) {
       if (tcp) cc.link_sharing = LinkSharing::kFair;
       for (const char* policy : {"wfbp", "mercury", "bytescheduler"}) {
         const TimeNs alone = simulate(p, policy, {}, cc, {})->iteration_time;
-        auto shared = simulate_shared({SharedJob{p, policy, {}}, SharedJob{small, "oracle", {}}}, cc, {},
-                                      SharingOptions{JobSharing::kFlows, false});
+        auto shared = simulate_shared({SharedJob{p, policy, {}}, SharedJob{small, "oracle", {}}},
+                                      cc, {}, SharingOptions{JobSharing::kFlows, false});
         ASSERT_TRUE(shared.is_ok()) << shared.status().to_string();
         EXPECT_NEAR(static_cast<double>((*shared)[0].iteration_time), static_cast<double>(alone),
                     1e-3 * static_cast<double>(alone))
@@ -350,7 +357,8 @@ TEST(SharedJobs, DeadlinesHoldAcrossJobsAndGpusAreShared) {
   first.iterations = 1;
   first.warmup = 0;
   const TimeNs alone = simulate(urgent, "mercury", o, c, first)->iteration_time;
-  const std::vector<SharedJob> jobs = {SharedJob{urgent, "mercury", o}, SharedJob{patient, "mercury", o}};
+  const std::vector<SharedJob> jobs = {SharedJob{urgent, "mercury", o},
+                                       SharedJob{patient, "mercury", o}};
   auto fair = simulate_shared(jobs, c, first, SharingOptions{JobSharing::kFair, false});
   auto edf = simulate_shared(jobs, c, first, SharingOptions{JobSharing::kDeadline, false});
   ASSERT_TRUE(fair.is_ok() && edf.is_ok()) << edf.status().to_string();
@@ -361,7 +369,8 @@ TEST(SharedJobs, DeadlinesHoldAcrossJobsAndGpusAreShared) {
   EXPECT_LE((*edf)[1].iteration_time, 20 * kNsPerMs + 2 * kMiB);
   // A shared GPU runs both jobs' steps one at a time: two compute-only jobs of 20 ms
   // iterations take 40 ms each; on GPUs of their own 20 ms.
-  const std::vector<SharedJob> oracles = {SharedJob{patient, "oracle", o}, SharedJob{patient, "oracle", o}};
+  const std::vector<SharedJob> oracles = {SharedJob{patient, "oracle", o},
+                                          SharedJob{patient, "oracle", o}};
   auto gpu = simulate_shared(oracles, c, {}, SharingOptions{JobSharing::kFair, true});
   auto own = simulate_shared(oracles, c, {}, SharingOptions{JobSharing::kFair, false});
   ASSERT_TRUE(gpu.is_ok() && own.is_ok());
@@ -373,13 +382,15 @@ TEST(SharedJobs, DeadlinesHoldAcrossJobsAndGpusAreShared) {
   // 10 ms at each of its steps).
   Profile many;
   many.name = "many";
-  for (int l = 0; l < 20; ++l) many.layers.push_back(layer("m" + std::to_string(l), kNsPerMs / 2, kNsPerMs / 2, 4));
-  auto mixed = simulate_shared({SharedJob{patient, "oracle", o}, SharedJob{many, "oracle", o}}, c, {},
-                               SharingOptions{JobSharing::kFair, true});
+  for (int l = 0; l < 20; ++l)
+    many.layers.push_back(layer("m" + std::to_string(l), kNsPerMs / 2, kNsPerMs / 2, 4));
+  auto mixed = simulate_shared({SharedJob{patient, "oracle", o}, SharedJob{many, "oracle", o}}, c,
+                               {}, SharingOptions{JobSharing::kFair, true});
   ASSERT_TRUE(mixed.is_ok());
   EXPECT_LE((*mixed)[1].iteration_time, 41 * kNsPerMs);
   // Validation.
-  EXPECT_THAT(simulate_shared({}, c, {}).status().message(), ::testing::HasSubstr("between 1 and 16 jobs"));
+  EXPECT_THAT(simulate_shared({}, c, {}).status().message(),
+              ::testing::HasSubstr("between 1 and 16 jobs"));
   EXPECT_THAT(simulate_shared({SharedJob{urgent, "ddp", o}}, c, {}).status().message(),
               ::testing::HasSubstr("job 0: 'ddp' is not a parameter-server policy"));
   EXPECT_EQ(parse_job_sharing("deadline").value(), JobSharing::kDeadline);

@@ -12,7 +12,8 @@
 namespace qs::testing {
 
 // A layer with one fp32 tensor of `bytes` bytes and times in nanoseconds.
-inline LayerSpec layer(const std::string& name, TimeNs fwd, TimeNs bwd, Bytes bytes, TimeNs upd = 0) {
+inline LayerSpec layer(const std::string& name, TimeNs fwd, TimeNs bwd, Bytes bytes,
+                       TimeNs upd = 0) {
   LayerSpec l;
   l.name = name;
   l.forward = fwd;
@@ -50,7 +51,8 @@ inline Profile random_profile(Rng& rng, int max_layers = 12, std::int64_t max_el
     s.update = rng.uniform() < 0.3 ? rng.uniform_int(0, max_time / 10) : 0;
     const int tensors = static_cast<int>(rng.uniform_int(1, 3));
     for (int t = 0; t < tensors; ++t) {
-      s.tensors.push_back(TensorSpec{s.name + "." + std::to_string(t), rng.uniform_int(1, max_elements), 4});
+      s.tensors.push_back(
+          TensorSpec{s.name + "." + std::to_string(t), rng.uniform_int(1, max_elements), 4});
     }
     p.layers.push_back(std::move(s));
   }
@@ -70,7 +72,8 @@ inline ClusterConfig one_to_one(TimeNs latency = 0) {
 
 // N workers all-reducing over links of `bw` with per-message latency `latency` (MG-WFBP's
 // beta and alpha).
-inline ClusterConfig allreduce_cluster(int n, Rate bw = Rate::gbps(1), TimeNs latency = 50 * kNsPerUs) {
+inline ClusterConfig allreduce_cluster(int n, Rate bw = Rate::gbps(1),
+                                       TimeNs latency = 50 * kNsPerUs) {
   ClusterConfig c;
   c.architecture = Architecture::kAllReduce;
   c.workers = n;

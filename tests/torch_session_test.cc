@@ -47,55 +47,60 @@ void train(const std::string& policy, int iterations, bool eval_pass) {
   std::vector<std::thread> models;
   std::vector<std::string> errors(2);
   for (int rank = 0; rank < 2; ++rank) {
-    models.emplace_back([&, rank, server = std::move(servers[static_cast<std::size_t>(rank)])]() mutable {
-      std::vector<std::vector<float>> grads;
-      SessionOptions o;
-      o.job = *job;
-      o.rank = rank;
-      o.servers = endpoints;
-      for (const LayerSpec& l : job->profile.layers) {
-        for (const TensorSpec& t : l.tensors) grads.emplace_back(static_cast<std::size_t>(t.elements), 0.0f);
-      }
-      for (std::size_t t = 0; t < grads.size(); ++t) {
-        o.tensors.push_back(runtime::TensorBuffer{static_cast<TensorId>(t), grads[t].data(), grads[t].data(),
-                                                  static_cast<std::int64_t>(grads[t].size()), static_cast<int>(t)});
-      }
-      auto session = Session::start(std::move(o), std::move(server));
-      if (!session.is_ok()) {
-        errors[static_cast<std::size_t>(rank)] = session.status().to_string();
-        return;
-      }
-      Session& s = **session;
-      auto fail = [&](const std::string& e) { errors[static_cast<std::size_t>(rank)] = e; };
-      for (int it = 0; it < iterations; ++it) {
-        // Backward: output layer first; a "hook" per tensor.
-        for (int t = static_cast<int>(grads.size()) - 1; t >= 0; --t) {
-          std::fill(grads[static_cast<std::size_t>(t)].begin(), grads[static_cast<std::size_t>(t)].end(),
-                    grad_value(rank, it));
-          if (Status st = s.gradient_ready(t); !st.is_ok()) return fail(st.to_string());
-        }
-        // The next forward: each layer waits for its own sums, which are in place.
-        for (int pass = 0; pass < (eval_pass ? 2 : 1); ++pass) {
-          for (int l = 0; l < s.num_layers(); ++l) {
-            if (Status st = s.enter_forward(l); !st.is_ok()) return fail(st.to_string());
-            auto ready = s.sum_ready(l, false);
-            if (!ready.is_ok() || !*ready) return fail("layer " + std::to_string(l) + " entered without its sums");
+    models.emplace_back(
+        [&, rank, server = std::move(servers[static_cast<std::size_t>(rank)])]() mutable {
+          std::vector<std::vector<float>> grads;
+          SessionOptions o;
+          o.job = *job;
+          o.rank = rank;
+          o.servers = endpoints;
+          for (const LayerSpec& l : job->profile.layers) {
+            for (const TensorSpec& t : l.tensors)
+              grads.emplace_back(static_cast<std::size_t>(t.elements), 0.0f);
           }
-          if (Status st = s.leave_forward(); !st.is_ok()) return fail(st.to_string());
-        }
-        const float want = grad_value(0, it) + grad_value(1, it);
-        for (const auto& g : grads) {
-          for (float v : g) {
-            if (v != want) return fail("sum " + std::to_string(v) + " != " + std::to_string(want));
+          for (std::size_t t = 0; t < grads.size(); ++t) {
+            o.tensors.push_back(runtime::TensorBuffer{
+                static_cast<TensorId>(t), grads[t].data(), grads[t].data(),
+                static_cast<std::int64_t>(grads[t].size()), static_cast<int>(t)});
           }
-        }
-      }
-      auto report = s.finish();
-      if (!report.is_ok()) return fail(report.status().to_string());
-      if (static_cast<int>(report->iteration_times.size()) != iterations) {
-        return fail(std::to_string(report->iteration_times.size()) + " iterations reported");
-      }
-    });
+          auto session = Session::start(std::move(o), std::move(server));
+          if (!session.is_ok()) {
+            errors[static_cast<std::size_t>(rank)] = session.status().to_string();
+            return;
+          }
+          Session& s = **session;
+          auto fail = [&](const std::string& e) { errors[static_cast<std::size_t>(rank)] = e; };
+          for (int it = 0; it < iterations; ++it) {
+            // Backward: output layer first; a "hook" per tensor.
+            for (int t = static_cast<int>(grads.size()) - 1; t >= 0; --t) {
+              std::fill(grads[static_cast<std::size_t>(t)].begin(),
+                        grads[static_cast<std::size_t>(t)].end(), grad_value(rank, it));
+              if (Status st = s.gradient_ready(t); !st.is_ok()) return fail(st.to_string());
+            }
+            // The next forward: each layer waits for its own sums, which are in place.
+            for (int pass = 0; pass < (eval_pass ? 2 : 1); ++pass) {
+              for (int l = 0; l < s.num_layers(); ++l) {
+                if (Status st = s.enter_forward(l); !st.is_ok()) return fail(st.to_string());
+                auto ready = s.sum_ready(l, false);
+                if (!ready.is_ok() || !*ready)
+                  return fail("layer " + std::to_string(l) + " entered without its sums");
+              }
+              if (Status st = s.leave_forward(); !st.is_ok()) return fail(st.to_string());
+            }
+            const float want = grad_value(0, it) + grad_value(1, it);
+            for (const auto& g : grads) {
+              for (float v : g) {
+                if (v != want)
+                  return fail("sum " + std::to_string(v) + " != " + std::to_string(want));
+              }
+            }
+          }
+          auto report = s.finish();
+          if (!report.is_ok()) return fail(report.status().to_string());
+          if (static_cast<int>(report->iteration_times.size()) != iterations) {
+            return fail(std::to_string(report->iteration_times.size()) + " iterations reported");
+          }
+        });
   }
   for (auto& t : models) t.join();
   EXPECT_EQ(errors[0], "");
@@ -110,7 +115,9 @@ TEST(Session, WfbpOneIteration) { train("wfbp", 1, false); }
 class ManualTimer final : public Timer {
  public:
   TimeNs now() const override { return now_; }
-  void schedule_at(TimeNs when, Callback fn) override { q_.emplace(std::make_pair(when, seq_++), std::move(fn)); }
+  void schedule_at(TimeNs when, Callback fn) override {
+    q_.emplace(std::make_pair(when, seq_++), std::move(fn));
+  }
   void advance(TimeNs to) {
     now_ = to;
     while (!q_.empty() && q_.begin()->first.first <= now_) {
@@ -178,7 +185,8 @@ TEST(Session, MakeJobNamesWhatIsWrong) {
   spec.architecture = "ps";
   auto job = make_job(spec);
   ASSERT_FALSE(job.is_ok());
-  EXPECT_NE(job.status().message().find("not a parameter-server policy"), std::string::npos) << job.status().message();
+  EXPECT_NE(job.status().message().find("not a parameter-server policy"), std::string::npos)
+      << job.status().message();
   spec.architecture = "";  // ddp's own: all-reduce
   job = make_job(spec);
   ASSERT_TRUE(job.is_ok()) << job.status().to_string();

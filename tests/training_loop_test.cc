@@ -2,6 +2,8 @@
 // seams: a plain Timer, the emulated GPU, and an Exchange whose deliveries the test
 // decides. What a new Compute or Exchange may rely on is checked here, apart from the
 // simulator's and the runtime's own implementations.
+#include "quicksilver/engine/training_loop.h"
+
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -10,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "quicksilver/engine/training_loop.h"
 #include "test_profiles.h"
 
 namespace qs {
@@ -22,7 +23,9 @@ using testing::layer;
 class ScriptTimer final : public Timer {
  public:
   TimeNs now() const override { return now_; }
-  void schedule_at(TimeNs when, Callback fn) override { q_.emplace(std::make_pair(std::max(when, now_), seq_++), std::move(fn)); }
+  void schedule_at(TimeNs when, Callback fn) override {
+    q_.emplace(std::make_pair(std::max(when, now_), seq_++), std::move(fn));
+  }
   // Runs callbacks up to and including `until`.
   void run_until(TimeNs until) {
     while (!q_.empty() && q_.begin()->first.first <= until) {
@@ -66,7 +69,8 @@ class ScriptExchange final : public Exchange {
   void push(const PushUnit& u) override { queued.push_back(u); }
   void flush() override { ++flushes; }
   Status check(const PushUnit& u) const override {
-    if (reject_tensor == u.chunk.tensor) return internal_error("tensor " + std::to_string(u.chunk.tensor) + " refused");
+    if (reject_tensor == u.chunk.tensor)
+      return internal_error("tensor " + std::to_string(u.chunk.tensor) + " refused");
     return Status::ok();
   }
   Traffic take_traffic(TimeNs) override {
@@ -179,7 +183,8 @@ TEST(TrainingLoop, AUnitTheExchangeRefusesStopsTheLoopNamingThePolicy) {
   TrainingLoop& loop = r.start(1);
   r.timer.run_all();
   ASSERT_FALSE(loop.error().is_ok());
-  EXPECT_NE(loop.error().to_string().find("whole-tensors"), std::string::npos) << loop.error().to_string();
+  EXPECT_NE(loop.error().to_string().find("whole-tensors"), std::string::npos)
+      << loop.error().to_string();
   EXPECT_NE(loop.error().to_string().find("tensor 1 refused"), std::string::npos);
   EXPECT_EQ(seen.to_string(), loop.error().to_string());
   EXPECT_TRUE(r.exchange.queued.empty());  // never handed over

@@ -3,7 +3,6 @@
 // caller's protocol starts on the very next byte; secret files are bounded.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -148,10 +147,11 @@ TEST(Auth, ASilentPeerTimesOutAndAStepNeverBlocks) {
 }
 
 TEST(Auth, SecretFilesAreBoundedAndWrittenPrivately) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("qs-auth-test-" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("qs-auth-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  const std::string small = (dir / "small").string(), big = (dir / "big").string(), fifo = (dir / "fifo").string();
+  const std::string small = (dir / "small").string(), big = (dir / "big").string(),
+                    fifo = (dir / "fifo").string();
   std::ofstream(small) << "15 bytes secret";
   std::ofstream(big) << std::string(Secret::kMaxBytes + 1, 'x');
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
@@ -159,7 +159,8 @@ TEST(Auth, SecretFilesAreBoundedAndWrittenPrivately) {
   EXPECT_THAT(Secret::from_file(small).status().message(), HasSubstr(small));
   EXPECT_THAT(Secret::from_file(big).status().message(), HasSubstr("more than 4096 bytes"));
   EXPECT_THAT(Secret::from_file(fifo).status().message(), HasSubstr("not a regular file"));
-  EXPECT_THAT(Secret::from_file((dir / "none").string()).status().message(), HasSubstr("No such file"));
+  EXPECT_THAT(Secret::from_file((dir / "none").string()).status().message(),
+              HasSubstr("No such file"));
   EXPECT_EQ(Secret::from_file(small).status().code(), StatusCode::kInvalidArgument);
 
   const std::string written = (dir / "secret").string();

@@ -23,7 +23,9 @@ namespace {
 // refill the socket whenever it becomes writable (q.s must be set before it does).
 struct Quiet : FrameHandler {
   Sender* s = nullptr;
-  Result<PayloadTarget> on_header(Connection&, const Header&) override { return PayloadTarget::buffer(); }
+  Result<PayloadTarget> on_header(Connection&, const Header&) override {
+    return PayloadTarget::buffer();
+  }
   Status on_frame(Connection&, const Header&) override { return Status::ok(); }
   void on_writable(Connection& c) override { (void)s->on_writable(c.index()); }
   void on_closed(Connection&, const Status&) override {}
@@ -78,7 +80,10 @@ class Receiver : public FrameHandler {
     frames.push_back(h);
     return Status::ok();
   }
-  void on_closed(Connection&, const Status& why) override { closed = why; done = true; }
+  void on_closed(Connection&, const Status& why) override {
+    closed = why;
+    done = true;
+  }
 
   DataRules rules;
   std::vector<std::byte> memory;  // 4 KiB tensor + 4 KiB guard, all 0x5a
@@ -106,7 +111,8 @@ void write_all(int fd, const void* p, std::size_t n) {
 
 // A whole frame as a peer writes it: the header (payload checksum stamped unless told
 // otherwise) and `payload` bytes.
-std::vector<unsigned char> frame_bytes(Header h, const std::vector<unsigned char>& payload, bool stamp = true) {
+std::vector<unsigned char> frame_bytes(Header h, const std::vector<unsigned char>& payload,
+                                       bool stamp = true) {
   h.checksummed = stamp;
   h.payload_crc = stamp ? crc32c(0, payload.data(), payload.size()) : 0;
   const HeaderBytes hb = encode_header(h);
@@ -155,7 +161,8 @@ TEST(Connection, GarbageStreamClosesWithChecksumErrorAndWritesNothing) {
   auto h = decode_header(back.data());
   ASSERT_TRUE(h.is_ok());
   EXPECT_EQ(h->kind, FrameKind::kError);
-  std::string text(reinterpret_cast<const char*>(back.data() + kHeaderSize), back.size() - kHeaderSize);
+  std::string text(reinterpret_cast<const char*>(back.data() + kHeaderSize),
+                   back.size() - kHeaderSize);
   EXPECT_THAT(text, HasSubstr("field 'checksum'"));
 }
 
@@ -199,15 +206,33 @@ TEST(Connection, EveryBadFieldClosesBeforeAnyPayloadByteIsWritten) {
   };
   std::vector<Case> cases;
   {
-    Header h = base(); h.tensor = 1; cases.push_back({"tensor", h});
-    h = base(); h.offset = 3584; cases.push_back({"length", h});  // 3584 + 1024 > 4096
-    h = base(); h.offset = 8192; cases.push_back({"offset", h});
-    h = base(); h.offset = 2; cases.push_back({"offset", h});
-    h = base(); h.iteration = 1; cases.push_back({"iteration", h});
-    h = base(); h.sender = 3; cases.push_back({"sender", h});
-    h = base(); h.kind = FrameKind::kPull; cases.push_back({"kind", h});
-    h = base(); h.priority = 1; cases.push_back({"priority", h});
-    h = base(); h.length = 8192; cases.push_back({"length", h});
+    Header h = base();
+    h.tensor = 1;
+    cases.push_back({"tensor", h});
+    h = base();
+    h.offset = 3584;
+    cases.push_back({"length", h});  // 3584 + 1024 > 4096
+    h = base();
+    h.offset = 8192;
+    cases.push_back({"offset", h});
+    h = base();
+    h.offset = 2;
+    cases.push_back({"offset", h});
+    h = base();
+    h.iteration = 1;
+    cases.push_back({"iteration", h});
+    h = base();
+    h.sender = 3;
+    cases.push_back({"sender", h});
+    h = base();
+    h.kind = FrameKind::kPull;
+    cases.push_back({"kind", h});
+    h = base();
+    h.priority = 1;
+    cases.push_back({"priority", h});
+    h = base();
+    h.length = 8192;
+    cases.push_back({"length", h});
   }
   for (const Case& k : cases) {
     auto loop = EventLoop::create();
@@ -285,8 +310,9 @@ TEST(Connection, CorruptedPayloadIsDetectedAndNeverDelivered) {
       }
       ASSERT_TRUE(run_until_closed(**loop, r).is_ok());
       EXPECT_EQ(r.closed.code(), StatusCode::kProtocolError);
-      EXPECT_THAT(r.closed.message(), HasSubstr("corrupted payload: the push frame from worker 3 (tensor 0 bytes "
-                                                "[1024, 3072), iteration 0) has payload CRC32C"));
+      EXPECT_THAT(r.closed.message(),
+                  HasSubstr("corrupted payload: the push frame from worker 3 (tensor 0 bytes "
+                            "[1024, 3072), iteration 0) has payload CRC32C"));
       EXPECT_TRUE(r.frames.empty()) << "byte " << at;
     }
   }
@@ -323,7 +349,8 @@ TEST(Connection, AFrameWithoutPayloadChecksumIsRefusedUnlessChecksumsAreOff) {
     (*loop)->schedule_after(kTestDeadline, [&] { (*loop)->fail(unavailable("test deadline")); });
     ASSERT_TRUE((*loop)->run([&] { return r.done || !r.frames.empty(); }).is_ok());
     if (required) {
-      EXPECT_THAT(r.closed.message(), HasSubstr("a push frame from worker 3 carries no payload checksum"));
+      EXPECT_THAT(r.closed.message(),
+                  HasSubstr("a push frame from worker 3 carries no payload checksum"));
       EXPECT_THAT(r.closed.message(), HasSubstr("--no-checksum"));
       EXPECT_TRUE(untouched(r.memory));
     } else {
@@ -339,7 +366,8 @@ TEST(Connection, PeerThatSaysNothingDoesNotHang) {
   Receiver r;
   Connection c(**loop, std::move(p.a), r, "peer 0", 0);
   ASSERT_TRUE(c.start().is_ok());
-  (*loop)->schedule_after(200 * kNsPerMs, [&] { (*loop)->fail(unavailable("no frame from peer 0 within 200ms")); });
+  (*loop)->schedule_after(200 * kNsPerMs,
+                          [&] { (*loop)->fail(unavailable("no frame from peer 0 within 200ms")); });
   const TimeNs t0 = SteadyClock::instance().now();
   Status s = (*loop)->run([&] { return r.done; });
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
@@ -408,7 +436,8 @@ TEST_F(SmallBufferLink, TransmitTimestampsReportEveryByteOnTheWire) {
   EXPECT_TRUE(tx->wire_timestamps());
   EXPECT_FALSE(rx->wire_timestamps());
   const TimeNs before = loop->now();
-  send(std::vector<std::byte>(4096, std::byte{1}), [&] { return tx->wire().bytes >= tx->bytes_written(); });
+  send(std::vector<std::byte>(4096, std::byte{1}),
+       [&] { return tx->wire().bytes >= tx->bytes_written(); });
   EXPECT_EQ(tx->wire().bytes, tx->bytes_written());
   EXPECT_EQ(tx->bytes_written(), static_cast<std::uint64_t>(kFrames) * (kHeaderSize + 512));
   EXPECT_GE(tx->wire().at, before - kNsPerMs);  // the clocks' offset is read, not exact
@@ -443,9 +472,15 @@ TEST(Sender, UrgentPacketOvertakesQueuedBulkOnTheWire) {
     timeval tv{10, 0};
     ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     for (int i = 0; i < kBulk + 1; ++i) {
-      if (!read_n(kHeaderSize)) { rx_failed = true; return; }
+      if (!read_n(kHeaderSize)) {
+        rx_failed = true;
+        return;
+      }
       auto h = decode_header(buf.data());
-      if (!h.is_ok() || !read_n(h->length)) { rx_failed = true; return; }
+      if (!h.is_ok() || !read_n(h->length)) {
+        rx_failed = true;
+        return;
+      }
       if (h->priority == 0) urgent_at = i;
       received.fetch_add(1, std::memory_order_release);
     }
@@ -461,8 +496,10 @@ TEST(Sender, UrgentPacketOvertakesQueuedBulkOnTheWire) {
   TimeNs urgent_delay = -1;
   std::vector<TimeNs> bulk_delays;
   sender.set_sample_callback([&](const QueueSample& q2) {
-    if (q2.priority == 0) urgent_delay = q2.delay;
-    else bulk_delays.push_back(q2.delay);
+    if (q2.priority == 0)
+      urgent_delay = q2.delay;
+    else
+      bulk_delays.push_back(q2.delay);
   });
   std::vector<std::byte> bulk(kPacket * kBulk, std::byte{1});
   const TimeNs t0 = (*loop)->now();
@@ -500,12 +537,13 @@ TEST(Sender, UrgentPacketOvertakesQueuedBulkOnTheWire) {
   ASSERT_FALSE(rx_failed.load());
   const int at = urgent_at.load();
   const double gbps = 8.0 * static_cast<double>(kPacket) * kBulk / static_cast<double>(t_sent);
-  std::printf("[ metric ] urgent packet queued after %d of %d bulk packets had arrived; arrived as "
-              "packet %d (%d bulk packets = %.1f MiB ahead of it); its queueing delay %.1f us; "
-              "bulk median queueing delay %.1f ms; loopback %.1f Gbit/s (cubic, NOTSENT_LOWAT "
-              "128KiB, SNDBUF 4MiB)\n",
-              received_at_enqueue, kBulk, at, at, at * 32.0 / 1024.0, to_us(urgent_delay),
-              to_ms(percentile(bulk_delays, 50)), gbps);
+  std::printf(
+      "[ metric ] urgent packet queued after %d of %d bulk packets had arrived; arrived as "
+      "packet %d (%d bulk packets = %.1f MiB ahead of it); its queueing delay %.1f us; "
+      "bulk median queueing delay %.1f ms; loopback %.1f Gbit/s (cubic, NOTSENT_LOWAT "
+      "128KiB, SNDBUF 4MiB)\n",
+      received_at_enqueue, kBulk, at, at, at * 32.0 / 1024.0, to_us(urgent_delay),
+      to_ms(percentile(bulk_delays, 50)), gbps);
   ASSERT_GE(at, 0);
   EXPECT_LT(at, kBulk / 4) << "the urgent packet did not overtake the bulk";
   // It waits only for what the kernel already held: at most ~16 MiB of socket buffers.
@@ -520,8 +558,11 @@ TEST(Sender, FifoOrderIgnoresPriority) {
   ASSERT_TRUE(configure_socket(p.b.get(), SocketOptions{}).is_ok());
   struct Rec : FrameHandler {
     std::vector<std::uint32_t> order;
-    Result<PayloadTarget> on_header(Connection&, const Header&) override { return PayloadTarget::stream(); }
-    Status on_payload(Connection&, const Header&, std::uint64_t, const std::byte*, std::size_t) override {
+    Result<PayloadTarget> on_header(Connection&, const Header&) override {
+      return PayloadTarget::stream();
+    }
+    Status on_payload(Connection&, const Header&, std::uint64_t, const std::byte*,
+                      std::size_t) override {
       return Status::ok();
     }
     Status on_frame(Connection&, const Header& h) override {

@@ -64,10 +64,9 @@ TEST(Wire, LayoutIsLittleEndianAndExactly32Bytes) {
   h.checksummed = true;
   h.payload_crc = 0xd1d2d3d4;
   const HeaderBytes b = encode_header(h);
-  unsigned char want[32] = {0xC2, 0x81, 0x02, 0x01, 0x06, 0x05, 0x04, 0x03,
-                            0x0a, 0x09, 0x08, 0x07, 0x00, 0x10, 0x00, 0x00,
-                            0xa6, 0xa5, 0xa4, 0xa3, 0xa2, 0xa1, 0x0c, 0x0b,
-                            0xd4, 0xd3, 0xd2, 0xd1};
+  unsigned char want[32] = {0xC2, 0x81, 0x02, 0x01, 0x06, 0x05, 0x04, 0x03, 0x0a, 0x09,
+                            0x08, 0x07, 0x00, 0x10, 0x00, 0x00, 0xa6, 0xa5, 0xa4, 0xa3,
+                            0xa2, 0xa1, 0x0c, 0x0b, 0xd4, 0xd3, 0xd2, 0xd1};
   const std::uint32_t crc = crc32c_portable(0, want, 28);
   for (int i = 0; i < 4; ++i) want[28 + i] = static_cast<unsigned char>(crc >> (8 * i));
   for (int i = 0; i < 32; ++i) EXPECT_EQ(static_cast<unsigned char>(b[i]), want[i]) << "byte " << i;
@@ -98,9 +97,11 @@ TEST(Crc32c, MatchesTheStandardVectorsOnBothImplementations) {
   std::vector<unsigned char> buf(200'000);
   for (auto& b : buf) b = static_cast<unsigned char>(rng());
   for (int t = 0; t < 400; ++t) {
-    const std::size_t off = rng() % 16, n = rng() % (t % 2 ? 100'000 : 2'000), cut = n ? rng() % n : 0;
+    const std::size_t off = rng() % 16, n = rng() % (t % 2 ? 100'000 : 2'000),
+                      cut = n ? rng() % n : 0;
     const std::uint32_t whole = crc32c(0, buf.data() + off, n);
-    ASSERT_EQ(whole, crc32c_portable(0, buf.data() + off, n)) << "offset " << off << " length " << n;
+    ASSERT_EQ(whole, crc32c_portable(0, buf.data() + off, n))
+        << "offset " << off << " length " << n;
     ASSERT_EQ(whole, crc32c(crc32c(0, buf.data() + off, cut), buf.data() + off + cut, n - cut));
   }
 }
@@ -157,16 +158,20 @@ TEST(Wire, DecodeRejectsBadMagicVersionKindAndControlLengths) {
   Header h = sample();
   h.kind = FrameKind::kHello;
   h.length = 23;
-  EXPECT_THAT(decode_header(encode_header(h).data()).status().message(), HasSubstr("field 'length'"));
+  EXPECT_THAT(decode_header(encode_header(h).data()).status().message(),
+              HasSubstr("field 'length'"));
   h.kind = FrameKind::kBye;
   h.length = 1;
-  EXPECT_THAT(decode_header(encode_header(h).data()).status().message(), HasSubstr("field 'length'"));
+  EXPECT_THAT(decode_header(encode_header(h).data()).status().message(),
+              HasSubstr("field 'length'"));
   h.kind = FrameKind::kHeartbeat;
   h.length = 1;
-  EXPECT_THAT(decode_header(encode_header(h).data()).status().message(), HasSubstr("field 'length'"));
+  EXPECT_THAT(decode_header(encode_header(h).data()).status().message(),
+              HasSubstr("field 'length'"));
   h.kind = FrameKind::kError;
   h.length = kMaxErrorText + 1;
-  EXPECT_THAT(decode_header(encode_header(h).data()).status().message(), HasSubstr("field 'length'"));
+  EXPECT_THAT(decode_header(encode_header(h).data()).status().message(),
+              HasSubstr("field 'length'"));
   // A payload checksum without its flag is not a header this build writes.
   b = encode_header(sample());
   b[24] = std::byte{1};
@@ -197,12 +202,21 @@ TEST(Wire, ValidateRejectsEveryBadField) {
       {"tensor", [](Header& h) { h.tensor = 0xffffffffu; }},
       {"offset", [](Header& h) { h.offset = 4096; }},
       {"offset", [](Header& h) { h.offset = kMaxOffset; }},
-      {"offset", [](Header& h) { h.offset = 2; }},            // misaligned
+      {"offset", [](Header& h) { h.offset = 2; }},  // misaligned
       {"length", [](Header& h) { h.length = 0; }},
-      {"length", [](Header& h) { h.length = 2052; }},          // above max_length
-      {"length", [](Header& h) { h.offset = 3072; h.length = 2048; }},  // leaves the tensor
-      {"length", [](Header& h) { h.length = 6; }},             // misaligned
-      {"length", [](Header& h) { h.tensor = 1; h.offset = 96; h.length = 8; }},
+      {"length", [](Header& h) { h.length = 2052; }},  // above max_length
+      {"length",
+       [](Header& h) {
+         h.offset = 3072;
+         h.length = 2048;
+       }},                                          // leaves the tensor
+      {"length", [](Header& h) { h.length = 6; }},  // misaligned
+      {"length",
+       [](Header& h) {
+         h.tensor = 1;
+         h.offset = 96;
+         h.length = 8;
+       }},
       {"iteration", [](Header& h) { h.iteration = 2; }},
       {"iteration", [](Header& h) { h.iteration = 5; }},
       {"priority", [](Header& h) { h.priority = 4; }},

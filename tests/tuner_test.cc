@@ -1,11 +1,12 @@
 // The simulation-driven tuner of bytescheduler's (partition, credit) and p3's slice size.
+#include "quicksilver/sim/tuner.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "quicksilver/model/zoo.h"
 #include "quicksilver/sim/simulator.h"
-#include "quicksilver/sim/tuner.h"
 #include "test_profiles.h"
 
 namespace qs {
@@ -65,7 +66,8 @@ TEST(Tuner, FindsTheBruteForceOptimumOnATinyProfile) {
   base.startup_time = 20 * kNsPerUs;
   TimeNs brute = kTimeNever;
   for (int i = 0; i <= 64; ++i) {
-    const Bytes part = std::max<Bytes>(4, std::llround(4000.0 * std::pow(1000.0, i / 64.0) / 4) * 4);
+    const Bytes part =
+        std::max<Bytes>(4, std::llround(4000.0 * std::pow(1000.0, i / 64.0) / 4) * 4);
     for (int k = 0; k <= 24; ++k) {
       PolicyOptions o = base;
       o.partition_size = part;

@@ -1,8 +1,8 @@
+#include "quicksilver/model/zoo.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
-
-#include "quicksilver/model/zoo.h"
 
 namespace qs {
 namespace {
@@ -11,12 +11,20 @@ namespace {
 // of the shipped data (torchvision 0.14 for the vision models; the original BERT-Base and
 // GPT-2 small configurations).
 const std::map<std::string, std::int64_t> kReferenceTotals = {
-    {"alexnet", 61'100'840},      {"vgg16", 138'357'544},     {"vgg19", 143'667'240},
-    {"resnet50", 25'557'032},     {"resnet101", 44'549'160},  {"resnet152", 60'192'808},
-    {"googlenet", 13'004'888},    {"inception_v3", 27'161'264}, {"bert_base", 109'482'240},
-    {"gpt2", 124'439'808},        {"vgg16_cifar10", 33'638'218},
+    {"alexnet", 61'100'840},
+    {"vgg16", 138'357'544},
+    {"vgg19", 143'667'240},
+    {"resnet50", 25'557'032},
+    {"resnet101", 44'549'160},
+    {"resnet152", 60'192'808},
+    {"googlenet", 13'004'888},
+    {"inception_v3", 27'161'264},
+    {"bert_base", 109'482'240},
+    {"gpt2", 124'439'808},
+    {"vgg16_cifar10", 33'638'218},
     // Issue 14: the two smaller CNNs the papers also train (Mercury Fig. 3: MobileNet v2).
-    {"resnet18", 11'689'512},     {"mobilenet_v2", 3'504'872},
+    {"resnet18", 11'689'512},
+    {"mobilenet_v2", 3'504'872},
 };
 
 TEST(Zoo, HasEveryModelOfTheIssue) {
@@ -95,7 +103,8 @@ TEST(Zoo, DeviceModelScalesWithBatchAndSpeed) {
   // Backward = 2 x forward (up to the fixed per-layer overhead).
   const auto& conv = slow.layers[0];
   EXPECT_NEAR(static_cast<double>(conv.backward - (*find_device("gtx1080ti"))->layer_overhead),
-              2.0 * static_cast<double>(conv.forward - (*find_device("gtx1080ti"))->layer_overhead), 2.0);
+              2.0 * static_cast<double>(conv.forward - (*find_device("gtx1080ti"))->layer_overhead),
+              2.0);
   // ResNet-50 on a GTX 1080 Ti: ~150-250 samples/s in FP32 training (calibration basis).
   const double samples_per_s = 32.0 / to_sec(slow.compute_time());
   EXPECT_GT(samples_per_s, 150);

@@ -1,7 +1,8 @@
 // Data-parallel training from C++ (LibTorch) through Quicksilver: a small MLP on a
 // synthetic classification task, each worker on its own share of every batch.
 //
-//   ./build/quicksilver run --workers 2 --script ./build/examples/train_sequential [--policy P] [--iterations K]
+//   ./build/quicksilver run --workers 2 --script ./build/examples/train_sequential [--policy P]
+//   [--iterations K]
 //
 // Every rank builds the model from the same seed (the LibTorch API has no broadcast). With
 // --check, rank 0 also trains a copy alone on the concatenated batches and prints the
@@ -16,8 +17,9 @@ namespace {
 
 torch::nn::Sequential make_model() {
   torch::manual_seed(0);
-  return torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64),
-                               torch::nn::ReLU(), torch::nn::Linear(64, 10));
+  return torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::ReLU(),
+                               torch::nn::Linear(64, 64), torch::nn::ReLU(),
+                               torch::nn::Linear(64, 10));
 }
 
 // Batch `it` of the whole job: `per_worker` samples for each of `workers`; a class is a
@@ -37,9 +39,12 @@ int main(int argc, char** argv) {
   int iterations = 20;
   bool check = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--policy") && i + 1 < argc) policy = argv[++i];
-    else if (!std::strcmp(argv[i], "--iterations") && i + 1 < argc) iterations = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--check")) check = true;
+    if (!std::strcmp(argv[i], "--policy") && i + 1 < argc)
+      policy = argv[++i];
+    else if (!std::strcmp(argv[i], "--iterations") && i + 1 < argc)
+      iterations = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--check"))
+      check = true;
   }
   try {
     torch::set_num_threads(1);
@@ -78,7 +83,8 @@ int main(int argc, char** argv) {
       }
       double worst = 0;
       auto a = model->parameters(), b = alone->parameters();
-      for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+      for (std::size_t i = 0; i < a.size(); ++i)
+        worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
       std::printf("largest difference from one process on the concatenated batches: %.3g\n", worst);
       if (!(worst <= 1e-5)) return 1;
     }

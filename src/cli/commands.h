@@ -77,15 +77,19 @@ struct MeasuredConfig {
   double scale = 0;  // ClusterRunResult::scale (bandwidth and tensor sizes); 0: not given
 };
 // Prints the --json document (stdout), with `measured` in its config when given.
-void print_json(const Job& job, const std::vector<Row>& rows, const MeasuredConfig* measured = nullptr);
+void print_json(const Job& job, const std::vector<Row>& rows,
+                const MeasuredConfig* measured = nullptr);
 // Several jobs sharing one cluster (simulate --job): one row per job.
-void print_shared(const Job& job, const std::vector<SharedJob>& jobs, const std::vector<SimResult>& results,
-                  const SharingOptions& sharing, bool as_json);
+void print_shared(const Job& job, const std::vector<SharedJob>& jobs,
+                  const std::vector<SimResult>& results, const SharingOptions& sharing,
+                  bool as_json);
 
 // Prints "PREFIX: MESSAGE" on stderr and returns `code`: every command's error exit (2:
 // bad input, naming the flag; 1: a run that failed).
 int fail(std::string_view prefix, std::string_view message, int code = 2);
-inline int fail(std::string_view prefix, const Status& s, int code = 2) { return fail(prefix, s.message(), code); }
+inline int fail(std::string_view prefix, const Status& s, int code = 2) {
+  return fail(prefix, s.message(), code);
+}
 
 int run_models(const std::string& device, bool json);
 // `quicksilver policies`: the registry's policies and knobs; --markdown: the knob tables of

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "commands.h"
+#include "quicksilver/core/check.h"
 #include "runtime_commands.h"
 #include "tune_command.h"
-#include "quicksilver/core/check.h"
 
 int main(int argc, char** argv) {
   // `quicksilver run --script FILE ARGS...`: everything after the script's path is the
@@ -51,15 +51,19 @@ int main(int argc, char** argv) {
   std::string models_device = "rtx3090";
   bool models_json = false;
   CLI::App* models = app.add_subcommand("models", "List the built-in model profiles");
-  models->add_option("--device", models_device, "Device model for compute times (k80, gtx1080ti, v100, rtx3090, a100)");
+  models->add_option("--device", models_device,
+                     "Device model for compute times (k80, gtx1080ti, v100, rtx3090, a100)");
   models->add_flag("--json", models_json, "Print JSON");
 
   bool policies_markdown = false;
   std::string policies_architecture = "ps";
-  CLI::App* policies = app.add_subcommand("policies", "List the registered policies and their knobs");
-  policies->add_option("--architecture", policies_architecture, "ps or allreduce")->capture_default_str();
-  policies->add_flag("--markdown", policies_markdown,
-                     "Print the knob table as docs/policies-ps.md and docs/policies-allreduce.md embed it");
+  CLI::App* policies =
+      app.add_subcommand("policies", "List the registered policies and their knobs");
+  policies->add_option("--architecture", policies_architecture, "ps or allreduce")
+      ->capture_default_str();
+  policies->add_flag(
+      "--markdown", policies_markdown,
+      "Print the knob table as docs/policies-ps.md and docs/policies-allreduce.md embed it");
 
   qs::cli::SimFlags sim_flags;
   CLI::App* simulate = app.add_subcommand("simulate", "Simulate schedulers on a model and network");
@@ -67,7 +71,8 @@ int main(int argc, char** argv) {
   qs::cli::add_shared_job_flags(simulate, &sim_flags);
 
   qs::cli::CoordinatorFlags coordinator_flags;
-  CLI::App* coordinator = app.add_subcommand("coordinator", "Rendezvous for a job on real hosts: servers register, workers look up");
+  CLI::App* coordinator = app.add_subcommand(
+      "coordinator", "Rendezvous for a job on real hosts: servers register, workers look up");
   qs::cli::add_coordinator_flags(coordinator, &coordinator_flags);
   qs::cli::RoleFlags server_flags, worker_flags;
   CLI::App* server = app.add_subcommand("server", "Run one parameter server of a job (real TCP)");
@@ -75,19 +80,23 @@ int main(int argc, char** argv) {
   CLI::App* worker = app.add_subcommand("worker", "Run one worker of a job (real TCP)");
   qs::cli::add_worker_flags(worker, &worker_flags);
   qs::cli::TuneFlags tune_flags;
-  CLI::App* tune = app.add_subcommand("tune", "Search bytescheduler's partition/credit (or p3's slice) size by simulation");
+  CLI::App* tune = app.add_subcommand(
+      "tune", "Search bytescheduler's partition/credit (or p3's slice) size by simulation");
   qs::cli::add_tune_flags(tune, &tune_flags);
   // Listed for --help only: main() hands `profile` to Python before parsing.
-  app.add_subcommand("profile",
-                     "Measure a PyTorch model into a profile JSON (flags: quicksilver profile --help; "
-                     "--python PATH: the interpreter)");
+  app.add_subcommand(
+      "profile",
+      "Measure a PyTorch model into a profile JSON (flags: quicksilver profile --help; "
+      "--python PATH: the interpreter)");
   bool cleanup_dry_run = false;
   CLI::App* cleanup = app.add_subcommand(
-      "cleanup", "Remove what `quicksilver run` launchers killed outright left: namespaces, bridges, veths, "
-                 "qs-run-* directories, the allowed congestion controls (a live run's are never touched)");
+      "cleanup",
+      "Remove what `quicksilver run` launchers killed outright left: namespaces, bridges, veths, "
+      "qs-run-* directories, the allowed congestion controls (a live run's are never touched)");
   cleanup->add_flag("--dry-run", cleanup_dry_run, "Only print what would be removed");
   qs::cli::RunFlags run_flags;
-  CLI::App* run = app.add_subcommand("run", "Run a whole local cluster (processes), compare with the simulator");
+  CLI::App* run = app.add_subcommand(
+      "run", "Run a whole local cluster (processes), compare with the simulator");
   qs::cli::add_run_flags(run, &run_flags);
   run_flags.script_args = script_args;
 

@@ -15,7 +15,8 @@ std::string config_line(const Job& job) {
   const ClusterConfig& c = job.cluster;
   // A batch of 0: several jobs, each its own (named with the jobs).
   std::string s = job.profile.name +
-                  (job.profile.batch_size > 0 ? ", batch " + std::to_string(job.profile.batch_size) : std::string()) +
+                  (job.profile.batch_size > 0 ? ", batch " + std::to_string(job.profile.batch_size)
+                                              : std::string()) +
                   ", " + std::to_string(c.workers) + " workers";
   if (c.architecture == Architecture::kPs) {
     s += ", " + std::to_string(c.servers) + " servers (ps)";
@@ -23,7 +24,7 @@ std::string config_line(const Job& job) {
     s += std::string(", all-reduce ") + allreduce_algorithm_name(c.allreduce);
   }
   s += ", " + (c.schedule && !c.schedule->is_constant() ? std::string("time-varying bandwidth")
-                                                         : format_rate(c.bandwidth));
+                                                        : format_rate(c.bandwidth));
   s += ", latency " + format_time(c.latency);
   // Hosts not like the others (Mercury Fig. 21), each named once.
   std::string odd;
@@ -31,10 +32,12 @@ std::string config_line(const Job& job) {
     odd += (odd.empty() ? "" : ", ") + std::string(host) + " " + std::to_string(i) + " " + what;
   };
   for (std::size_t i = 0; i < c.worker_bandwidth.size(); ++i) {
-    if (c.worker_bandwidth[i] != c.bandwidth) name("worker", i, "at " + format_rate(c.worker_bandwidth[i]));
+    if (c.worker_bandwidth[i] != c.bandwidth)
+      name("worker", i, "at " + format_rate(c.worker_bandwidth[i]));
   }
   for (std::size_t i = 0; i < c.server_bandwidth.size(); ++i) {
-    if (c.server_bandwidth[i] != c.bandwidth) name("server", i, "at " + format_rate(c.server_bandwidth[i]));
+    if (c.server_bandwidth[i] != c.bandwidth)
+      name("server", i, "at " + format_rate(c.server_bandwidth[i]));
   }
   for (std::size_t i = 0; i < c.compute_factor.size(); ++i) {
     if (c.compute_factor[i] != 1.0) {
@@ -66,10 +69,10 @@ nlohmann::json result_json(const SimResult& r) {
 }
 
 double rel_error(const SimResult& measured, const SimResult& predicted) {
-  return measured.iteration_time > 0
-             ? (static_cast<double>(predicted.iteration_time) - static_cast<double>(measured.iteration_time)) /
-                   static_cast<double>(measured.iteration_time)
-             : 0.0;
+  return measured.iteration_time > 0 ? (static_cast<double>(predicted.iteration_time) -
+                                        static_cast<double>(measured.iteration_time)) /
+                                           static_cast<double>(measured.iteration_time)
+                                     : 0.0;
 }
 
 }  // namespace
@@ -107,13 +110,15 @@ void print_table(const Job& job, const std::vector<Row>& rows, const std::string
   }
   for (const Row& row : rows) {
     if (row.result.cpu_idle >= 0 && row.result.cpu_idle < kCpuBoundIdle) {
-      std::printf("  %s: CPU-bound: the machine was %.1f%% idle during this run (below %.0f%%), so the "
-                  "figure measures this machine's scheduler as much as the policy\n",
-                  row.result.policy.c_str(), 100.0 * row.result.cpu_idle, 100.0 * kCpuBoundIdle);
+      std::printf(
+          "  %s: CPU-bound: the machine was %.1f%% idle during this run (below %.0f%%), so the "
+          "figure measures this machine's scheduler as much as the policy\n",
+          row.result.policy.c_str(), 100.0 * row.result.cpu_idle, 100.0 * kCpuBoundIdle);
     }
   }
   for (const Row& row : rows) {
-    for (const std::string& n : row.result.notes) std::printf("  %s: %s\n", row.result.policy.c_str(), n.c_str());
+    for (const std::string& n : row.result.notes)
+      std::printf("  %s: %s\n", row.result.policy.c_str(), n.c_str());
   }
 }
 
@@ -176,8 +181,9 @@ void print_json(const Job& job, const std::vector<Row>& rows, const MeasuredConf
             << "\n";
 }
 
-void print_shared(const Job& job, const std::vector<SharedJob>& jobs, const std::vector<SimResult>& results,
-                  const SharingOptions& sharing, bool as_json) {
+void print_shared(const Job& job, const std::vector<SharedJob>& jobs,
+                  const std::vector<SimResult>& results, const SharingOptions& sharing,
+                  bool as_json) {
   const ClusterConfig& c = job.cluster;
   if (as_json) {
     using nlohmann::json;
@@ -205,22 +211,27 @@ void print_shared(const Job& job, const std::vector<SharedJob>& jobs, const std:
               << "\n";
     return;
   }
-  std::printf("simulated: %zu jobs sharing %d workers, %d servers (ps), %s, latency %s; links shared %s, GPUs %s; "
-              "seed %llu; %s of %d iterations after %d warm-up\n",
-              jobs.size(), c.workers, c.servers,
-              (c.schedule && !c.schedule->is_constant() ? std::string("time-varying bandwidth")
-                                                        : format_rate(c.bandwidth)).c_str(),
-              format_time(c.latency).c_str(), job_sharing_name(sharing.sharing),
-              sharing.share_gpus ? "shared" : "one per job and worker", static_cast<unsigned long long>(job.sim.seed),
-              std::string(statistic_name(job.sim.statistic)).c_str(), job.sim.iterations - job.sim.warmup,
-              job.sim.warmup);
-  std::printf("%-4s %-14s %6s %-18s %12s %12s %10s %10s\n", "job", "model", "batch", "policy", "iteration",
-              "samples/s", "scaling", "link util");
+  std::printf(
+      "simulated: %zu jobs sharing %d workers, %d servers (ps), %s, latency %s; links shared %s, "
+      "GPUs %s; "
+      "seed %llu; %s of %d iterations after %d warm-up\n",
+      jobs.size(), c.workers, c.servers,
+      (c.schedule && !c.schedule->is_constant() ? std::string("time-varying bandwidth")
+                                                : format_rate(c.bandwidth))
+          .c_str(),
+      format_time(c.latency).c_str(), job_sharing_name(sharing.sharing),
+      sharing.share_gpus ? "shared" : "one per job and worker",
+      static_cast<unsigned long long>(job.sim.seed),
+      std::string(statistic_name(job.sim.statistic)).c_str(), job.sim.iterations - job.sim.warmup,
+      job.sim.warmup);
+  std::printf("%-4s %-14s %6s %-18s %12s %12s %10s %10s\n", "job", "model", "batch", "policy",
+              "iteration", "samples/s", "scaling", "link util");
   for (std::size_t j = 0; j < results.size(); ++j) {
     const SimResult& r = results[j];
-    std::printf("%-4zu %-14s %6d %-18s %10.3fms %12.1f %10.3f %9.1f%%\n", j, jobs[j].profile.name.c_str(),
-                jobs[j].profile.batch_size, r.policy.c_str(), to_ms(r.iteration_time), r.samples_per_second,
-                r.scaling_efficiency, 100.0 * r.link_utilisation);
+    std::printf("%-4zu %-14s %6d %-18s %10.3fms %12.1f %10.3f %9.1f%%\n", j,
+                jobs[j].profile.name.c_str(), jobs[j].profile.batch_size, r.policy.c_str(),
+                to_ms(r.iteration_time), r.samples_per_second, r.scaling_efficiency,
+                100.0 * r.link_utilisation);
   }
 }
 

@@ -15,7 +15,8 @@ constexpr auto kEvery = std::chrono::seconds(10);
 Progress::Progress(std::string command, bool quiet)
     : command_(std::move(command)), start_(std::chrono::steady_clock::now()), last_(start_) {
   const char* forced = std::getenv("QS_PROGRESS");
-  const bool on = forced != nullptr ? std::string(forced) == "1" : (!quiet && isatty(STDERR_FILENO) == 1);
+  const bool on =
+      forced != nullptr ? std::string(forced) == "1" : (!quiet && isatty(STDERR_FILENO) == 1);
   if (on) thread_ = std::thread([this] { ticker(); });
 }
 
@@ -34,13 +35,15 @@ void Progress::set(const std::string& what) {
   what_ = what;
   // A change is shown at once, but no more than one line every 2 s (a counter changes
   // faster); the ticker shows the latest within 10 s anyway.
-  if (printing_ && std::chrono::steady_clock::now() >= last_ + std::chrono::seconds(2)) print_locked();
+  if (printing_ && std::chrono::steady_clock::now() >= last_ + std::chrono::seconds(2))
+    print_locked();
 }
 
 void Progress::print_locked() {
   const auto now = std::chrono::steady_clock::now();
   const double s = std::chrono::duration<double>(now - start_).count();
-  std::fprintf(stderr, "%s: %s, %.0f s\n", command_.c_str(), what_.empty() ? "working" : what_.c_str(), s);
+  std::fprintf(stderr, "%s: %s, %.0f s\n", command_.c_str(),
+               what_.empty() ? "working" : what_.c_str(), s);
   std::fflush(stderr);
   last_ = now;
   printing_ = true;

@@ -1,7 +1,6 @@
 // `quicksilver coordinator`, `server`, `worker` and `run`: flags in, a library call
 // (quicksilver/runtime/runtime.h, rendezvous.h, launcher.h), output out.
 #include "runtime_commands.h"
-#include "progress.h"
 
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -18,14 +17,15 @@
 #include <set>
 #include <sstream>
 
+#include "progress.h"
 #include "quicksilver/launch/launcher.h"
 #include "quicksilver/launch/python.h"
-#include "quicksilver/runtime/collective.h"
-#include "quicksilver/runtime/store.h"
 #include "quicksilver/launch/script.h"
+#include "quicksilver/runtime/collective.h"
 #include "quicksilver/runtime/rendezvous.h"
 #include "quicksilver/runtime/report_codec.h"
 #include "quicksilver/runtime/runtime.h"
+#include "quicksilver/runtime/store.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/socket.h"
 
@@ -40,17 +40,20 @@ void add_commit_window_flag(CLI::App* app, std::string* window) {
 }
 
 void add_secret_flags(CLI::App* app, std::string* file, bool* insecure) {
-  auto* secret = app->add_option("--secret-file", *file,
-                                 "The cluster secret: FILE's whole content (16..4096 bytes), the same on every "
-                                 "node; default $QUICKSILVER_SECRET_FILE");
+  auto* secret = app->add_option(
+      "--secret-file", *file,
+      "The cluster secret: FILE's whole content (16..4096 bytes), the same on every "
+      "node; default $QUICKSILVER_SECRET_FILE");
   app->add_flag("--insecure", *insecure,
-                "Run without a secret: any peer that can reach this node may join (a trusted network only)")
+                "Run without a secret: any peer that can reach this node may join (a trusted "
+                "network only)")
       ->excludes(secret);
 }
 
 // The cluster secret of a role: --secret-file, else $QUICKSILVER_SECRET_FILE (the only place
 // that variable is read); none only with --insecure.
-Result<std::shared_ptr<const transport::Secret>> load_secret(const std::string& file, bool insecure) {
+Result<std::shared_ptr<const transport::Secret>> load_secret(const std::string& file,
+                                                             bool insecure) {
   std::string path = file;
   std::string from = "--secret-file";
   if (path.empty()) {
@@ -63,11 +66,15 @@ Result<std::shared_ptr<const transport::Secret>> load_secret(const std::string& 
   if (path.empty()) {
     if (insecure) return std::shared_ptr<const transport::Secret>();
     return invalid_argument(
-        "no cluster secret: give --secret-file FILE or set QUICKSILVER_SECRET_FILE (the file's whole content, 16 to "
-        "4096 bytes, is the secret: e.g. head -c 32 /dev/urandom > FILE; chmod 600 FILE), or --insecure on a network "
+        "no cluster secret: give --secret-file FILE or set QUICKSILVER_SECRET_FILE (the file's "
+        "whole content, 16 to "
+        "4096 bytes, is the secret: e.g. head -c 32 /dev/urandom > FILE; chmod 600 FILE), or "
+        "--insecure on a network "
         "where every host is trusted");
   }
-  if (insecure) return invalid_argument("--insecure: QUICKSILVER_SECRET_FILE is set; unset it to run without a secret");
+  if (insecure)
+    return invalid_argument(
+        "--insecure: QUICKSILVER_SECRET_FILE is set; unset it to run without a secret");
   auto secret = transport::Secret::from_file(path);
   if (!secret) return secret.status().with_context(from);
   return std::make_shared<const transport::Secret>(std::move(*secret));
@@ -81,13 +88,17 @@ std::function<void(std::string_view)> stderr_log() {
 void add_role_common(CLI::App* app, RoleFlags* f) {
   add_sim_flags(app, &f->sim);
   add_secret_flags(app, &f->secret_file, &f->insecure);
-  app->add_option("--congestion", f->congestion, "TCP congestion control (TCP_CONGESTION)")->capture_default_str();
-  app->add_option("--connect-timeout", f->connect_timeout, "Rendezvous deadline")->capture_default_str();
-  app->add_option("--peer-timeout", f->peer_timeout,
-                  "Longest silence of a connection (idle ones carry heartbeats) before its peer is lost")
+  app->add_option("--congestion", f->congestion, "TCP congestion control (TCP_CONGESTION)")
+      ->capture_default_str();
+  app->add_option("--connect-timeout", f->connect_timeout, "Rendezvous deadline")
+      ->capture_default_str();
+  app->add_option(
+         "--peer-timeout", f->peer_timeout,
+         "Longest silence of a connection (idle ones carry heartbeats) before its peer is lost")
       ->capture_default_str();
   app->add_flag("--no-checksum", f->no_checksum,
-                "Frames without payload checksums (CRC32C; docs/reliability.md): every node of the job or none");
+                "Frames without payload checksums (CRC32C; docs/reliability.md): every node of the "
+                "job or none");
   app->add_option("--pacing-rate", f->pacing_rate, "SO_MAX_PACING_RATE per connection, e.g. 2Gbps");
   add_commit_window_flag(app, &f->commit_window);
 }
@@ -102,7 +113,8 @@ Result<runtime::Endpoint> parse_endpoint(const std::string& text, const char* fl
   try {
     std::size_t used = 0;
     e.port = std::stoi(text.substr(colon + 1), &used);
-    if (used != text.size() - colon - 1 || e.port < 0 || e.port > 65535) throw std::out_of_range("port");
+    if (used != text.size() - colon - 1 || e.port < 0 || e.port > 65535)
+      throw std::out_of_range("port");
   } catch (const std::exception&) {
     return invalid_argument(std::string(flag) + ": bad port in '" + text + "'");
   }
@@ -116,7 +128,8 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
   }
   if (!job.cluster.worker_bandwidth.empty() || !job.cluster.server_bandwidth.empty() ||
       !job.cluster.server_shares.empty()) {
-    return invalid_argument("--worker-bandwidths, --server-bandwidths and --server-shares are the simulator's");
+    return invalid_argument(
+        "--worker-bandwidths, --server-bandwidths and --server-shares are the simulator's");
   }
   runtime::JobOptions o;
   o.profile = std::move(job.profile);
@@ -127,7 +140,8 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
   o.iterations = job.sim.iterations;
   o.bandwidth = job.cluster.bandwidth;
   o.socket.congestion = f.congestion;
-  QS_RETURN_IF_ERROR(transport::check_congestion_available(f.congestion).with_context("--congestion"));
+  QS_RETURN_IF_ERROR(
+      transport::check_congestion_available(f.congestion).with_context("--congestion"));
   auto ct = parse_time(f.connect_timeout);
   if (!ct) return ct.status().with_context("--connect-timeout");
   o.connect_timeout = *ct;
@@ -148,8 +162,9 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
     o.socket.max_pacing_rate = static_cast<std::int64_t>(r->bytes_per_second());
   }
   // Bad input is exit 2, before any socket.
-  QS_RETURN_IF_ERROR(job.cluster.architecture == Architecture::kPs ? runtime::validate_job(o)
-                                                                   : runtime::validate_collective_job(o));
+  QS_RETURN_IF_ERROR(job.cluster.architecture == Architecture::kPs
+                         ? runtime::validate_job(o)
+                         : runtime::validate_collective_job(o));
   return o;
 }
 
@@ -163,8 +178,9 @@ TimeNs o_timeout(const RoleFlags& f) {
 }  // namespace
 
 void add_coordinator_flags(CLI::App* app, CoordinatorFlags* f) {
-  app->add_option("--architecture", f->architecture,
-                  "ps (servers register, workers look them up) or allreduce (the gloo rendezvous store)")
+  app->add_option(
+         "--architecture", f->architecture,
+         "ps (servers register, workers look them up) or allreduce (the gloo rendezvous store)")
       ->capture_default_str();
   app->add_option("--listen", f->listen,
                   "HOST:PORT to listen on (loopback by default; 0.0.0.0 for every interface)")
@@ -183,7 +199,8 @@ int run_coordinator(const CoordinatorFlags& f) {
   Status size = runtime::check_job_size(f.workers, f.servers);  // bad input first, the secret after
   if (!size.is_ok()) return fail("quicksilver coordinator", size);
   if (f.architecture != "ps" && f.architecture != "allreduce") {
-    return fail("quicksilver coordinator", invalid_argument("--architecture must be ps or allreduce"));
+    return fail("quicksilver coordinator",
+                invalid_argument("--architecture must be ps or allreduce"));
   }
   auto secret = load_secret(f.secret_file, f.insecure);
   if (!secret) return fail("quicksilver coordinator", secret.status());
@@ -211,34 +228,45 @@ void add_server_flags(CLI::App* app, RoleFlags* f) {
   add_role_common(app, f);
   app->add_option("--server-id", f->id, "This server's index, 0..M-1")->required();
   app->add_option("--listen", f->listen,
-                  "HOST:PORT to listen on (port 0: ephemeral; loopback by default, 0.0.0.0 for every interface)")
+                  "HOST:PORT to listen on (port 0: ephemeral; loopback by default, 0.0.0.0 for "
+                  "every interface)")
       ->capture_default_str();
-  app->add_option("--coordinator", f->coordinator, "HOST:PORT of the job's coordinator to register with");
+  app->add_option("--coordinator", f->coordinator,
+                  "HOST:PORT of the job's coordinator to register with");
 }
 
 void add_worker_flags(CLI::App* app, RoleFlags* f) {
   add_role_common(app, f);
   app->add_option("--worker-id", f->id, "This worker's index, 0..N-1")->required();
-  auto* connect = app->add_option("--connect", f->servers, "Server addresses HOST:PORT,... in server-id order");
-  app->add_option("--coordinator", f->coordinator, "HOST:PORT of the job's coordinator (instead of --connect)")
+  auto* connect =
+      app->add_option("--connect", f->servers, "Server addresses HOST:PORT,... in server-id order");
+  app->add_option("--coordinator", f->coordinator,
+                  "HOST:PORT of the job's coordinator (instead of --connect)")
       ->excludes(connect);
-  app->add_option("--slowdown", f->compute_factor, "Compute slowdown of this worker (1 = profile times)");
+  app->add_option("--slowdown", f->compute_factor,
+                  "Compute slowdown of this worker (1 = profile times)");
   app->add_option("--nic-rate", f->nic_rate, "This host's NIC rate, for the utilisation figure");
-  app->add_option("--die-at-iteration", f->die_at_iteration, "Testing: exit abruptly at this iteration")->group("");
+  app->add_option("--die-at-iteration", f->die_at_iteration,
+                  "Testing: exit abruptly at this iteration")
+      ->group("");
   app->add_flag("--announce-start", f->announce_start,
                 "Print a line 'training starts' when training begins (before the report)")
       ->group("");
   app->add_option("--gloo-via", f->gloo_via,
-                  "Testing: RANK=HOST:PORT, reach that worker's link-0 gloo device through HOST:PORT (a fault proxy)")
+                  "Testing: RANK=HOST:PORT, reach that worker's link-0 gloo device through "
+                  "HOST:PORT (a fault proxy)")
       ->group("");
   app->add_flag("--no-verify", f->no_verify,
-                "Skip the exact check of every summed element (benchmarks: the check costs a pass over the sums)");
-  app->add_option("--link", f->links,
-                  "--architecture allreduce: this host's address on a link (repeat for DeFT's second link; "
-                  "default 127.0.0.1, and 127.0.0.2 with --second-link)");
-  app->add_option("--gloo-algorithm", f->gloo_algorithm,
-                  "--architecture allreduce: gloo's algorithm: ring, ring-chunked, halving-doubling, bcube "
-                  "(default: from --allreduce, ring or rhd)");
+                "Skip the exact check of every summed element (benchmarks: the check costs a pass "
+                "over the sums)");
+  app->add_option(
+      "--link", f->links,
+      "--architecture allreduce: this host's address on a link (repeat for DeFT's second link; "
+      "default 127.0.0.1, and 127.0.0.2 with --second-link)");
+  app->add_option(
+      "--gloo-algorithm", f->gloo_algorithm,
+      "--architecture allreduce: gloo's algorithm: ring, ring-chunked, halving-doubling, bcube "
+      "(default: from --allreduce, ring or rhd)");
 }
 
 namespace {
@@ -270,8 +298,9 @@ int print_worker_report(const RoleFlags& f, const runtime::WorkerReport& report)
   std::cout << report.to_string() << std::endl;
   for (std::size_t l = 0; l < report.allreduce_fit.size(); ++l) {
     const AllReduceCost& c = report.allreduce_fit[l];
-    std::cout << "link " << l << " all-reduce fit: a = " << format_time(c.a) << ", b = " << c.b_ns_per_byte
-              << " ns/B (" << 8.0 / c.b_ns_per_byte << " Gbit/s)" << std::endl;
+    std::cout << "link " << l << " all-reduce fit: a = " << format_time(c.a)
+              << ", b = " << c.b_ns_per_byte << " ns/B (" << 8.0 / c.b_ns_per_byte << " Gbit/s)"
+              << std::endl;
   }
   for (const std::string& n : report.notes) std::cout << n << std::endl;
   return 0;
@@ -291,8 +320,10 @@ int run_collective_role(const RoleFlags& f, runtime::JobOptions job,
   auto algo = gloo_algorithm(f);
   if (!algo) return fail("quicksilver worker", algo.status());
   o.algorithm = *algo;
-  if (f.coordinator.empty()) return fail("quicksilver worker", "--architecture allreduce needs --coordinator HOST:PORT");
-  if (!f.servers.empty()) return fail("quicksilver worker", "--connect: an all-reduce job has no servers");
+  if (f.coordinator.empty())
+    return fail("quicksilver worker", "--architecture allreduce needs --coordinator HOST:PORT");
+  if (!f.servers.empty())
+    return fail("quicksilver worker", "--connect: an all-reduce job has no servers");
   auto coord = parse_endpoint(f.coordinator, "--coordinator");
   if (!coord) return fail("quicksilver worker", coord.status());
   o.store = *coord;
@@ -308,25 +339,32 @@ int run_collective_role(const RoleFlags& f, runtime::JobOptions job,
     in_addr v4{};
     in6_addr v6{};
     if (inet_pton(AF_INET, a.c_str(), &v4) != 1 && inet_pton(AF_INET6, a.c_str(), &v6) != 1) {
-      return fail("quicksilver worker", invalid_argument("--link: '" + a + "' is not an IP address of this host"));
+      return fail("quicksilver worker",
+                  invalid_argument("--link: '" + a + "' is not an IP address of this host"));
     }
   }
   if (o.links.size() != (second ? 2u : 1u)) {
-    return fail("quicksilver worker", invalid_argument("--link: give " + std::string(second ? "two addresses (--second-link)" : "one address")));
+    return fail(
+        "quicksilver worker",
+        invalid_argument("--link: give " +
+                         std::string(second ? "two addresses (--second-link)" : "one address")));
   }
   if (!f.gloo_via.empty()) {
     const auto eq = f.gloo_via.find('=');
-    auto via = parse_endpoint(eq == std::string::npos ? "" : f.gloo_via.substr(eq + 1), "--gloo-via");
+    auto via =
+        parse_endpoint(eq == std::string::npos ? "" : f.gloo_via.substr(eq + 1), "--gloo-via");
     if (!via) return fail("quicksilver worker", via.status());
     try {
       o.via_rank = std::stoi(f.gloo_via.substr(0, eq));
     } catch (const std::exception&) {
-      return fail("quicksilver worker", invalid_argument("--gloo-via: '" + f.gloo_via + "' is not RANK=HOST:PORT"));
+      return fail("quicksilver worker",
+                  invalid_argument("--gloo-via: '" + f.gloo_via + "' is not RANK=HOST:PORT"));
     }
     o.via = *via;
   }
   o.log = [](const std::string& line) { std::cerr << "quicksilver " << line << std::endl; };
-  if (!runtime::have_gloo()) return fail("quicksilver worker", invalid_argument("this quicksilver was built without gloo"));
+  if (!runtime::have_gloo())
+    return fail("quicksilver worker", invalid_argument("this quicksilver was built without gloo"));
   auto report = runtime::run_collective_worker(o);
   if (!report) return fail(who, report.status(), 1);
   return print_worker_report(f, *report);
@@ -336,14 +374,16 @@ int run_collective_role(const RoleFlags& f, runtime::JobOptions job,
 
 int run_server_role(const RoleFlags& f) {
   if (f.sim.architecture != "ps") {
-    return fail("quicksilver server", invalid_argument("--architecture: servers exist in the ps architecture only"));
+    return fail("quicksilver server",
+                invalid_argument("--architecture: servers exist in the ps architecture only"));
   }
   auto job = make_job_options(f);
   if (!job) return fail("quicksilver server", job.status());
   auto ep = parse_endpoint(f.listen, "--listen");
   if (!ep) return fail("quicksilver server", ep.status());
   if (!f.sim.trace.empty()) {
-    return fail("quicksilver server", "--trace: a server records no timeline (give --trace to the workers)");
+    return fail("quicksilver server",
+                "--trace: a server records no timeline (give --trace to the workers)");
   }
   auto secret = load_secret(f.secret_file, f.insecure);
   if (!secret) return fail("quicksilver server", secret.status());
@@ -359,7 +399,8 @@ int run_server_role(const RoleFlags& f) {
   std::cout << "listening " << ep->host << ":" << (*server)->port() << std::endl;
   if (!f.coordinator.empty()) {
     auto coord = parse_endpoint(f.coordinator, "--coordinator");
-    Status reg = coord ? runtime::register_server(*coord, f.id, (*server)->port(), o_timeout(f), secret->get())
+    Status reg = coord ? runtime::register_server(*coord, f.id, (*server)->port(), o_timeout(f),
+                                                  secret->get())
                        : coord.status();
     if (!reg.is_ok()) return fail("quicksilver server " + std::to_string(f.id), reg);
   }
@@ -367,7 +408,10 @@ int run_server_role(const RoleFlags& f) {
   if (!s.is_ok()) return fail("quicksilver server " + std::to_string(f.id), s, 1);
   // The launcher reads this last line: what TCP repaired on this server's connections.
   const runtime::Server::Repairs& rep = (*server)->repairs();
-  std::cout << nlohmann::json{{"server", f.id}, {"retransmits", rep.retransmits}, {"timeouts", rep.timeouts}}.dump()
+  std::cout << nlohmann::json{{"server", f.id},
+                              {"retransmits", rep.retransmits},
+                              {"timeouts", rep.timeouts}}
+                   .dump()
             << std::endl;
   return 0;
 }
@@ -418,50 +462,64 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
   f->app = app;
   add_sim_flags(app, &f->sim);
   add_shared_job_flags(app, &f->sim);  // --job: several jobs at once on the emulated cluster
-  app->add_flag("--netns", f->netns, "One network namespace per host, links shaped with tc (needs root)");
-  app->add_option("--scale", f->scale,
-                  "Scale bandwidth and tensor sizes by this factor (0: automatic; --netns: calibrated with "
-                  "every link loaded at once)");
+  app->add_flag("--netns", f->netns,
+                "One network namespace per host, links shaped with tc (needs root)");
+  app->add_option(
+      "--scale", f->scale,
+      "Scale bandwidth and tensor sizes by this factor (0: automatic; --netns: calibrated with "
+      "every link loaded at once)");
   app->add_option("--congestion", f->congestion, "TCP congestion control")->capture_default_str();
   add_commit_window_flag(app, &f->commit_window);
-  app->add_option("--rto-min", f->rto_min,
-                  "--netns: every host route's minimum TCP retransmission timeout (default 5ms, as datacenters "
-                  "configure it; 0ms: the kernel's 200 ms)");
+  app->add_option(
+      "--rto-min", f->rto_min,
+      "--netns: every host route's minimum TCP retransmission timeout (default 5ms, as datacenters "
+      "configure it; 0ms: the kernel's 200 ms)");
   app->add_option("--switch-buffer", f->switch_buffer,
-                  "--netns: each switch port's buffer (the queue toward a host, where incast overflows), as time "
+                  "--netns: each switch port's buffer (the queue toward a host, where incast "
+                  "overflows), as time "
                   "at the link's rate")
       ->capture_default_str();
   app->add_option("--host-queue", f->host_queue,
-                  "--netns: each host's own queue (its NIC's, toward the switch), as time at the link's rate; "
+                  "--netns: each host's own queue (its NIC's, toward the switch), as time at the "
+                  "link's rate; "
                   "deep enough that TCP never overflows it, as on a real host (docs/runtime.md)")
       ->capture_default_str();
   app->add_option("--host-gso", f->host_gso,
-                  "--netns: the largest packet a host's TCP hands its link (segmentation offload; 64KiB: the "
+                  "--netns: the largest packet a host's TCP hands its link (segmentation offload; "
+                  "64KiB: the "
                   "kernel's)")
       ->capture_default_str();
-  app->add_flag("--quickack", f->quickack,
-                "--netns: every host route acknowledges each segment at once (no delayed acknowledgements)");
-  f->timeout_option = app->add_option("--timeout", f->timeout,
-                                      "Give up on a policy's run after this long; a --script run is bounded "
-                                      "only when this is given")
-                          ->capture_default_str();
+  app->add_flag(
+      "--quickack", f->quickack,
+      "--netns: every host route acknowledges each segment at once (no delayed acknowledgements)");
+  f->timeout_option =
+      app->add_option("--timeout", f->timeout,
+                      "Give up on a policy's run after this long; a --script run is bounded "
+                      "only when this is given")
+          ->capture_default_str();
   app->add_option("--peer-timeout", f->peer_timeout,
-                  "Every node's longest silence of a connection before its peer is lost (idle ones carry heartbeats)")
+                  "Every node's longest silence of a connection before its peer is lost (idle ones "
+                  "carry heartbeats)")
       ->capture_default_str();
-  app->add_flag("--no-checksum", f->no_checksum, "Frames without payload checksums (CRC32C; docs/reliability.md)");
-  app->add_option("--gloo-algorithm", f->gloo_algorithm,
-                  "--architecture allreduce: gloo's algorithm: ring, ring-chunked, halving-doubling, bcube "
-                  "(default: from --allreduce, ring or rhd)");
+  app->add_flag("--no-checksum", f->no_checksum,
+                "Frames without payload checksums (CRC32C; docs/reliability.md)");
+  app->add_option(
+      "--gloo-algorithm", f->gloo_algorithm,
+      "--architecture allreduce: gloo's algorithm: ring, ring-chunked, halving-doubling, bcube "
+      "(default: from --allreduce, ring or rhd)");
   app->add_flag("--keep-going", f->keep_going, "Continue with the next policy when one fails");
   app->add_option("--script", f->script,
-                  "Run this PyTorch training script (quicksilver.torch) as --workers processes with torchrun's "
+                  "Run this PyTorch training script (quicksilver.torch) as --workers processes "
+                  "with torchrun's "
                   "environment; every argument after it is the script's")
       ->group("PyTorch");
   app->add_option("--python", f->python,
-                  "--script: the Python interpreter (default: the one the build was made for, else python3 on "
+                  "--script: the Python interpreter (default: the one the build was made for, else "
+                  "python3 on "
                   "PATH or /usr/bin/python3, the first that imports torch)")
       ->group("PyTorch");
-  app->add_option("--kill-worker", f->kill_worker, "Testing: this worker dies abruptly...")->group("");
+  app->add_option("--kill-worker", f->kill_worker, "Testing: this worker dies abruptly...")
+      ->group("");
   app->add_option("--kill-at-iteration", f->kill_at_iteration, "...at this iteration")->group("");
 }
 
@@ -491,8 +549,8 @@ Result<std::string> python_interpreter(const std::string& given) {
 
 // --rto-min (default: 5ms with --netns, else none), --switch-buffer, --host-queue and
 // --host-gso.
-Status parse_network_flags(const RunFlags& f, TimeNs* rto_min, TimeNs* switch_buffer, TimeNs* host_queue,
-                           Bytes* gso_max) {
+Status parse_network_flags(const RunFlags& f, TimeNs* rto_min, TimeNs* switch_buffer,
+                           TimeNs* host_queue, Bytes* gso_max) {
   if (f.rto_min.empty()) {
     *rto_min = f.netns ? kDefaultRtoMin : 0;
   } else {
@@ -521,10 +579,10 @@ Status parse_network_flags(const RunFlags& f, TimeNs* rto_min, TimeNs* switch_bu
 // quicksilver.torch honours, or refuses naming both when the script names another itself.
 // Every other flag of `run` is refused (the script builds its model, runs its iterations).
 Status script_flags(const RunFlags& f, std::vector<std::pair<std::string, std::string>>* env) {
-  static const std::set<std::string> kLaunch = {"script",  "python",        "workers",    "netns",
-                                                "congestion", "rto-min",    "switch-buffer", "host-queue",
-                                                "host-gso", "quickack",     "timeout",    "bandwidth",
-                                                "policy",  "architecture", "compression", "help"};
+  static const std::set<std::string> kLaunch = {
+      "script",        "python",       "workers",     "netns",    "congestion", "rto-min",
+      "switch-buffer", "host-queue",   "host-gso",    "quickack", "timeout",    "bandwidth",
+      "policy",        "architecture", "compression", "help"};
   std::set<std::string> knob_flags;
   for (const Knob* k : policy_registry().knobs()) knob_flags.insert(k->flag.substr(2));
   if (f.app != nullptr) {
@@ -532,19 +590,23 @@ Status script_flags(const RunFlags& f, std::vector<std::pair<std::string, std::s
       if (opt->count() == 0 || opt->get_lnames().empty()) continue;
       const std::string& name = opt->get_lnames()[0];
       if (kLaunch.count(name) == 0 && knob_flags.count(name) == 0) {
-        return invalid_argument("--" + name + " does not apply to run --script: the script builds its model and "
-                                "runs its own loop (run --script takes --workers, --python, --netns and its network "
-                                "flags, --timeout, and --policy, --architecture, --compression and the policy knobs, "
-                                "which it hands to the script's DistributedOptimizer)");
+        return invalid_argument(
+            "--" + name +
+            " does not apply to run --script: the script builds its model and "
+            "runs its own loop (run --script takes --workers, --python, --netns and its network "
+            "flags, --timeout, and --policy, --architecture, --compression and the policy knobs, "
+            "which it hands to the script's DistributedOptimizer)");
       }
       if (name == "bandwidth" && !f.netns) {
-        return invalid_argument("--bandwidth with --script needs --netns: on loopback the script's traffic is not "
-                                "shaped");
+        return invalid_argument(
+            "--bandwidth with --script needs --netns: on loopback the script's traffic is not "
+            "shaped");
       }
     }
   }
   const auto given = [&](const char* name) {
-    return f.app != nullptr && f.app->get_option_no_throw(name) != nullptr && f.app->get_option(name)->count() > 0;
+    return f.app != nullptr && f.app->get_option_no_throw(name) != nullptr &&
+           f.app->get_option(name)->count() > 0;
   };
   if (given("--policy")) {
     if (f.sim.policy.find(',') != std::string::npos || f.sim.policy == "all") {
@@ -562,16 +624,19 @@ Status script_flags(const RunFlags& f, std::vector<std::pair<std::string, std::s
   if (given("--compression")) {
     auto wire = transport::parse_wire_dtype(f.sim.compression);
     if (!wire) return wire.status().with_context("--compression");
-    env->emplace_back("QS_COMPRESSION",
-                      *wire == transport::WireDType::kFloat32 ? "none" : transport::wire_dtype_name(*wire));
+    env->emplace_back("QS_COMPRESSION", *wire == transport::WireDType::kFloat32
+                                            ? "none"
+                                            : transport::wire_dtype_name(*wire));
   }
   std::string knobs;
   PolicyOptions checked;  // each given value must parse as the script's session will parse it
-  for (const auto& [name, text] : f.sim.knobs) {  // every knob has an entry: the given ones are not empty
+  for (const auto& [name, text] :
+       f.sim.knobs) {  // every knob has an entry: the given ones are not empty
     if (text.empty()) continue;
     const Knob* k = policy_registry().find_knob(name);
     const bool bare = text.find_first_not_of("0123456789") == std::string::npos;
-    QS_RETURN_IF_ERROR(k->parse(bare && k->type == KnobType::kBytes ? text + "B" : text, &checked).with_context(k->flag));
+    QS_RETURN_IF_ERROR(k->parse(bare && k->type == KnobType::kBytes ? text + "B" : text, &checked)
+                           .with_context(k->flag));
     knobs += (knobs.empty() ? "" : ";") + name + "=" + text;
   }
   for (const auto& [name, on] : f.sim.switches) {
@@ -617,12 +682,15 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
   if (r->ok()) return 0;
   if (r->timed_out) std::cerr << "quicksilver run: timed out\n";
   if (r->interrupted) std::cerr << "quicksilver run: interrupted\n";
-  return r->first_failed >= 0 ? std::max(1, r->exit_codes[static_cast<std::size_t>(r->first_failed)]) : 1;
+  return r->first_failed >= 0
+             ? std::max(1, r->exit_codes[static_cast<std::size_t>(r->first_failed)])
+             : 1;
 }
 
 }  // namespace
 
-int run_profile(const std::vector<std::string>& args, const std::string& python, const std::string& exe) {
+int run_profile(const std::vector<std::string>& args, const std::string& python,
+                const std::string& exe) {
   // A build tree has the package beside the executable (build/python); a pip install has
   // it in the interpreter's own site-packages, where the bootstrap below finds it or says
   // what to do.
@@ -640,9 +708,12 @@ int run_profile(const std::vector<std::string>& args, const std::string& python,
       "    if importlib.util.find_spec('quicksilver.profile') is None:\n"
       "        raise ImportError('no quicksilver.profile')\n"
       "except ImportError as e:\n"
-      "    sys.exit('quicksilver profile: ' + sys.executable + ' cannot import the quicksilver package (' + str(e) +\n"
-      "             '): install it into that interpreter with `pip install .` from the source tree, or build with '\n"
-      "             'scripts/build.sh and run build/quicksilver (it finds build/python), or name another with --python')\n"
+      "    sys.exit('quicksilver profile: ' + sys.executable + ' cannot import the quicksilver "
+      "package (' + str(e) +\n"
+      "             '): install it into that interpreter with `pip install .` from the source "
+      "tree, or build with '\n"
+      "             'scripts/build.sh and run build/quicksilver (it finds build/python), or name "
+      "another with --python')\n"
       "sys.argv[0] = 'quicksilver profile'\n"
       "runpy.run_module('quicksilver.profile', run_name='__main__', alter_sys=True)\n";
   std::vector<std::string> argv_s{*interpreter, "-m", "quicksilver.profile"};
@@ -652,7 +723,8 @@ int run_profile(const std::vector<std::string>& args, const std::string& python,
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
   execv(argv_s[0].c_str(), argv.data());
-  return fail("quicksilver profile", "cannot execute " + *interpreter + ": " + std::strerror(errno));
+  return fail("quicksilver profile",
+              "cannot execute " + *interpreter + ": " + std::strerror(errno));
 }
 
 int run_cleanup(bool dry_run) {
@@ -660,7 +732,8 @@ int run_cleanup(bool dry_run) {
   const char* verb = dry_run ? "would remove " : "removed ";
   for (const std::string& r : c.removed) std::cout << verb << r << "\n";
   for (const std::string& l : c.live) std::cout << "kept " << l << "\n";
-  for (const std::string& e : c.errors) std::cerr << "quicksilver cleanup: cannot remove " << e << "\n";
+  for (const std::string& e : c.errors)
+    std::cerr << "quicksilver cleanup: cannot remove " << e << "\n";
   if (c.removed.empty() && c.errors.empty()) std::cout << "nothing to clean up\n";
   if (Status s = runtime::NetnsCluster::available(); !s.is_ok()) {
     std::cout << "(only temporary directories were looked at: " << s.message()
@@ -675,15 +748,17 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   if (!job) return fail("quicksilver", job.status());
   if (f.sim.policy == "all") {
     // The oracle moves no byte: there is nothing to run (its figure is the simulator's).
-    std::erase_if(job->policies, [](const std::string& p) { return !policy_registry().communicates(p); });
+    std::erase_if(job->policies,
+                  [](const std::string& p) { return !policy_registry().communicates(p); });
   }
   LaunchOptions o;
   if (!f.sim.jobs.empty()) {
     // Their TCP connections share the links; each job's workers compute on their own.
     if (f.sim.job_sharing != "fair") {
-      return fail("quicksilver", invalid_argument("--job-sharing " + f.sim.job_sharing +
-                                                  ": the runtime's jobs share the links as their TCP connections "
-                                                  "do (fair); the other sharings are the simulator's"));
+      return fail("quicksilver",
+                  invalid_argument("--job-sharing " + f.sim.job_sharing +
+                                   ": the runtime's jobs share the links as their TCP connections "
+                                   "do (fair); the other sharings are the simulator's"));
     }
     auto jobs = parse_shared_jobs(f.sim, *job);
     if (!jobs) return fail("quicksilver", jobs.status());
@@ -720,11 +795,15 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   } else if (job->cluster.architecture == Architecture::kAllReduce && f.sim.allreduce != "ring" &&
              f.sim.allreduce != "rhd") {
     // Refused here, before any process starts (each worker would refuse it too).
-    return fail("quicksilver", invalid_argument("--allreduce " + f.sim.allreduce +
-                                                ": gloo has no such algorithm; use ring or rhd, or --gloo-algorithm"));
+    return fail(
+        "quicksilver",
+        invalid_argument("--allreduce " + f.sim.allreduce +
+                         ": gloo has no such algorithm; use ring or rhd, or --gloo-algorithm"));
   }
   o.gloo_algorithm = f.gloo_algorithm;
-  o.log = [](std::string_view m) { std::cerr << ("quicksilver run: " + std::string(m) + "\n") << std::flush; };
+  o.log = [](std::string_view m) {
+    std::cerr << ("quicksilver run: " + std::string(m) + "\n") << std::flush;
+  };
   auto run = [&] {
     Progress progress("quicksilver run", f.sim.json);  // stops before the table is printed
     progress.set("starting");
@@ -734,7 +813,8 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   if (!run) return fail("quicksilver run", run.status());
   int rc = run->failures.empty() ? 0 : 1;
   if (run->interrupted) {
-    std::cerr << "quicksilver run: interrupted (the cluster's processes, namespaces and files are removed)\n";
+    std::cerr << "quicksilver run: interrupted (the cluster's processes, namespaces and files are "
+                 "removed)\n";
     rc = 1;
   }
   if (!f.sim.trace.empty() && !run->rows.empty()) {
@@ -753,8 +833,9 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   }
   if (!run->rows.empty()) {
     if (f.sim.json) {
-      const MeasuredConfig m{run->goodput_fraction, run->calibration, run->calibration_cpu_idle, run->rto_min,
-                             run->switch_buffer, run->host_queue, run->gso_max, run->scale};
+      const MeasuredConfig m{run->goodput_fraction, run->calibration,   run->calibration_cpu_idle,
+                             run->rto_min,          run->switch_buffer, run->host_queue,
+                             run->gso_max,          run->scale};
       print_json(run->job, run->rows, &m);
     } else {
       print_table(run->job, run->rows, run->describe());

@@ -10,35 +10,36 @@
 namespace qs::cli {
 
 struct RoleFlags {
-  SimFlags sim;                 // model, policy (exactly one), workers, servers, knobs
-  int id = 0;                   // --server-id / --worker-id
+  SimFlags sim;                        // model, policy (exactly one), workers, servers, knobs
+  int id = 0;                          // --server-id / --worker-id
   std::string listen = "127.0.0.1:0";  // server: HOST:PORT (port 0 = ephemeral)
-  std::string servers;          // worker: HOST:PORT,HOST:PORT,... (server s at position s)
+  std::string servers;                 // worker: HOST:PORT,HOST:PORT,... (server s at position s)
   std::string coordinator;      // HOST:PORT of a `quicksilver coordinator` (instead of servers)
   double compute_factor = 1.0;  // worker: compute slowdown
   std::string congestion = "cubic";
   std::string connect_timeout = "20s";
   std::string peer_timeout = "20s";
-  std::string nic_rate;         // worker: for the utilisation figure
-  std::string pacing_rate;      // SO_MAX_PACING_RATE per connection
+  std::string nic_rate;                 // worker: for the utilisation figure
+  std::string pacing_rate;              // SO_MAX_PACING_RATE per connection
   std::string commit_window = "100us";  // JobOptions::commit_window
-  int die_at_iteration = -1;    // worker: testing aid, exit abruptly at this iteration
-  bool announce_start = false;  // worker: print "training starts" when training begins (the launcher's cue)
-  std::string gloo_via;         // all-reduce worker: testing aid, RANK=HOST:PORT (CollectiveOptions::via)
-  bool no_verify = false;       // worker: skip the exact check of every sum (benchmarks)
-  bool no_checksum = false;     // frames without payload checksums (JobOptions::payload_checksums)
+  int die_at_iteration = -1;            // worker: testing aid, exit abruptly at this iteration
+  bool announce_start =
+      false;  // worker: print "training starts" when training begins (the launcher's cue)
+  std::string gloo_via;  // all-reduce worker: testing aid, RANK=HOST:PORT (CollectiveOptions::via)
+  bool no_verify = false;    // worker: skip the exact check of every sum (benchmarks)
+  bool no_checksum = false;  // frames without payload checksums (JobOptions::payload_checksums)
   // All-reduce workers: this host's address on each link (one per link, in order), and
   // gloo's algorithm (default: from --allreduce).
   std::vector<std::string> links;
   std::string gloo_algorithm;
-  std::string secret_file;      // the cluster secret (else $QUICKSILVER_SECRET_FILE)
-  bool insecure = false;        // no secret, no authentication (a trusted network only)
+  std::string secret_file;  // the cluster secret (else $QUICKSILVER_SECRET_FILE)
+  bool insecure = false;    // no secret, no authentication (a trusted network only)
 };
 
 struct RunFlags {
   SimFlags sim;
   bool netns = false;
-  double scale = 0;             // 0 = automatic (LaunchOptions::scale)
+  double scale = 0;  // 0 = automatic (LaunchOptions::scale)
   std::string congestion = "cubic";
   std::string commit_window = "100us";
   // --netns: every route's minimum retransmission timeout; empty: 5ms with --netns
@@ -46,16 +47,16 @@ struct RunFlags {
   std::string switch_buffer = "2ms";  // --netns: each switch port's buffer
   std::string host_queue = "20ms";    // --netns: each host's own queue
   std::string host_gso = "48KiB";     // --netns: each host's largest TCP packet (GSO)
-  bool quickack = false;        // --netns: every route acknowledges at once
+  bool quickack = false;              // --netns: every route acknowledges at once
   std::string timeout = "300s";
   // --timeout's option (add_run_flags): a --script run is bounded only when it was given.
   const CLI::Option* timeout_option = nullptr;
   std::string peer_timeout = "20s";  // every child's --peer-timeout
   bool no_checksum = false;          // every child's --no-checksum
   bool keep_going = false;
-  int kill_worker = -1;         // testing: this worker dies abruptly...
-  int kill_at_iteration = 1;    // ...at this iteration
-  std::string gloo_algorithm;   // --architecture allreduce: gloo's algorithm
+  int kill_worker = -1;        // testing: this worker dies abruptly...
+  int kill_at_iteration = 1;   // ...at this iteration
+  std::string gloo_algorithm;  // --architecture allreduce: gloo's algorithm
   // --script: a training script run as --workers processes (torchrun's environment).
   std::string script;
   // The command's option table (add_run_flags): which flags were given (a --script run
@@ -90,6 +91,7 @@ int run_cleanup(bool dry_run);
 // `quicksilver profile [--python PATH] ARGS`: runs `PYTHON -m quicksilver.profile ARGS` with
 // the package beside this executable on PYTHONPATH (replaces this process). PYTHON is
 // `python` when not empty, else choose_python's (quicksilver/launch/python.h).
-int run_profile(const std::vector<std::string>& args, const std::string& python, const std::string& self_exe);
+int run_profile(const std::vector<std::string>& args, const std::string& python,
+                const std::string& self_exe);
 
 }  // namespace qs::cli

@@ -20,7 +20,8 @@ std::string knob_scope(const Knob& k) {
     bool all = true;
     for (const std::string& n : reg.names(a)) {
       const auto& knobs = reg.find(n, a)->knobs;
-      all &= !reg.find(n, a)->communicates || std::find(knobs.begin(), knobs.end(), k.name) != knobs.end();
+      all &= !reg.find(n, a)->communicates ||
+             std::find(knobs.begin(), knobs.end(), k.name) != knobs.end();
     }
     if (all) return architecture_name(a);
   }
@@ -33,7 +34,8 @@ std::string knob_scope(const Knob& k) {
 void add_knob_flags(CLI::App* app, SimFlags* f) {
   const PolicyOptions defaults;
   for (const Knob* k : policy_registry().knobs()) {
-    const std::string help = knob_scope(*k) + ": " + k->help + " (default " + k->display(defaults) + ")";
+    const std::string help =
+        knob_scope(*k) + ": " + k->help + " (default " + k->display(defaults) + ")";
     if (k->type == KnobType::kBool) {
       app->add_flag(k->flag, f->switches[k->name], help);
     } else {
@@ -45,90 +47,122 @@ void add_knob_flags(CLI::App* app, SimFlags* f) {
 }  // namespace
 
 void add_sim_flags(CLI::App* app, SimFlags* f) {
-  app->add_option("--model", f->model, "Built-in model name (see `quicksilver models`) or a profile JSON file")
+  app->add_option("--model", f->model,
+                  "Built-in model name (see `quicksilver models`) or a profile JSON file")
       ->capture_default_str();
-  app->add_option("--device", f->device, "Device model for built-in profiles: k80, gtx1080ti, v100, rtx3090, a100")
+  app->add_option("--device", f->device,
+                  "Device model for built-in profiles: k80, gtx1080ti, v100, rtx3090, a100")
       ->capture_default_str();
   app->add_option("--batch-size", f->batch_size, "Per-worker batch size (0 = the model's default)");
-  app->add_option("--policy", f->policy, "Policies, comma-separated, or 'all' (every policy of the architecture)")
+  app->add_option("--policy", f->policy,
+                  "Policies, comma-separated, or 'all' (every policy of the architecture)")
       ->capture_default_str();
   app->add_option("--workers", f->workers, "Number of workers")->capture_default_str();
-  app->add_option("--servers", f->servers, "Number of parameter servers (ps)")->capture_default_str();
+  app->add_option("--servers", f->servers, "Number of parameter servers (ps)")
+      ->capture_default_str();
   app->add_option("--architecture", f->architecture, "ps or allreduce")->capture_default_str();
   app->add_option("--bandwidth", f->bandwidth, "Each host's NIC rate per direction, e.g. 10Gbps")
       ->capture_default_str();
-  app->add_option("--latency", f->latency, "One-way per-message latency (all-reduce: alpha), e.g. 50us")
+  app->add_option("--latency", f->latency,
+                  "One-way per-message latency (all-reduce: alpha), e.g. 50us")
       ->capture_default_str();
-  app->add_option("--allreduce", f->allreduce, "All-reduce algorithm: ring, tree, rd, rhd")->capture_default_str();
+  app->add_option("--allreduce", f->allreduce, "All-reduce algorithm: ring, tree, rd, rhd")
+      ->capture_default_str();
   add_knob_flags(app, f);
-  app->add_option("--bandwidth-trace", f->bandwidth_trace,
-                  "Time-varying bandwidth: a trace file of 'TIME RATE' lines, or random:MIN:MAX:PERIOD[:SEED]");
-  app->add_option("--compute-factor", f->compute_factor,
-                  "Per-worker compute slowdown: a comma list of N factors, or W=F pairs (e.g. 3=2.0)");
-  app->add_option("--worker-bandwidths", f->worker_bandwidths,
-                  "ps simulator: each worker's NIC rate, a comma list of N rates or W=RATE pairs (others at "
-                  "--bandwidth), e.g. 3=5Gbps");
+  app->add_option(
+      "--bandwidth-trace", f->bandwidth_trace,
+      "Time-varying bandwidth: a trace file of 'TIME RATE' lines, or random:MIN:MAX:PERIOD[:SEED]");
+  app->add_option(
+      "--compute-factor", f->compute_factor,
+      "Per-worker compute slowdown: a comma list of N factors, or W=F pairs (e.g. 3=2.0)");
+  app->add_option(
+      "--worker-bandwidths", f->worker_bandwidths,
+      "ps simulator: each worker's NIC rate, a comma list of N rates or W=RATE pairs (others at "
+      "--bandwidth), e.g. 3=5Gbps");
   app->add_option("--server-bandwidths", f->server_bandwidths,
-                  "ps simulator: each server's NIC rate, a comma list of M rates or S=RATE pairs, e.g. 0=2.5Gbps");
-  app->add_option("--server-shares", f->server_shares,
-                  "ps simulator: the share of the parameters each server holds, a comma list of M weights or "
-                  "S=W pairs (others 1), e.g. 2,1,1,1 (default: equal, the balanced placement)");
-  app->add_option("--reduction-rate", f->reduction_rate, "All-reduce: reduction rate (gamma = 1/rate), e.g. 80GB/s");
+                  "ps simulator: each server's NIC rate, a comma list of M rates or S=RATE pairs, "
+                  "e.g. 0=2.5Gbps");
+  app->add_option(
+      "--server-shares", f->server_shares,
+      "ps simulator: the share of the parameters each server holds, a comma list of M weights or "
+      "S=W pairs (others 1), e.g. 2,1,1,1 (default: equal, the balanced placement)");
+  app->add_option("--reduction-rate", f->reduction_rate,
+                  "All-reduce: reduction rate (gamma = 1/rate), e.g. 80GB/s");
   app->add_option("--allreduce-a", f->allreduce_a, "All-reduce: a of T=a+bM directly (a time)");
-  app->add_option("--allreduce-b", f->allreduce_b, "All-reduce: b of T=a+bM directly, as a rate (M/b per byte)");
-  app->add_option("--allreduce-fit", f->allreduce_fit, "All-reduce: fit a and b to a file of 'SIZE TIME' lines");
+  app->add_option("--allreduce-b", f->allreduce_b,
+                  "All-reduce: b of T=a+bM directly, as a rate (M/b per byte)");
+  app->add_option("--allreduce-fit", f->allreduce_fit,
+                  "All-reduce: fit a and b to a file of 'SIZE TIME' lines");
   app->add_option("--compression", f->compression,
-                  "Gradient elements on the wire: none (float32), bf16 or fp16 (half the bytes; sums in float32)")
+                  "Gradient elements on the wire: none (float32), bf16 or fp16 (half the bytes; "
+                  "sums in float32)")
       ->capture_default_str();
-  app->add_option("--second-link", f->second_link,
-                  "all-reduce: add a second link this many times slower than the first (DeFT III-C; 0 = none)");
+  app->add_option(
+      "--second-link", f->second_link,
+      "all-reduce: add a second link this many times slower than the first (DeFT III-C; 0 = none)");
   app->add_flag("--overlapping-pulls", f->overlapping_pulls,
-                "ps simulator: pulls overlap each other as in the Mercury paper's eq. 7, instead of queuing on "
+                "ps simulator: pulls overlap each other as in the Mercury paper's eq. 7, instead "
+                "of queuing on "
                 "the server's uplink and the worker's downlink");
-  app->add_option("--frame-header", f->frame_header,
-                  "ps simulator: header bytes each frame (packet, partition, slice) adds on the wire, e.g. 24B "
-                  "(default 0B)");
+  app->add_option(
+      "--frame-header", f->frame_header,
+      "ps simulator: header bytes each frame (packet, partition, slice) adds on the wire, e.g. 24B "
+      "(default 0B)");
   app->add_option("--frame-cpu", f->frame_cpu,
-                  "ps simulator: time each frame holds a link beyond its bytes (the transport's CPU per frame), "
+                  "ps simulator: time each frame holds a link beyond its bytes (the transport's "
+                  "CPU per frame), "
                   "e.g. 1us (default 0)");
-  app->add_option("--link-burst", f->link_burst,
-                  "ps simulator: every link is a token bucket this deep, as tbf shapes the emulated cluster: a "
-                  "frame leaves at once for the bytes it holds (refilled at the rate while idle), e.g. 68KiB "
-                  "(default 0: none; the links --link-sharing fair shares as flows have none)");
-  app->add_option("--ack-queue", f->ack_queue,
-                  "ps simulator: acknowledgements wait behind pulls queued on the server's uplink and the "
-                  "worker's downlink, up to this long, e.g. 2ms (default 0: latency only)");
-  app->add_option("--link-sharing", f->link_sharing,
-                  "ps simulator: how the messages in flight share a link: fair (as TCP connections: each "
-                  "host sends to every peer at once, max-min fair over uplinks and downlinks) or fifo (one "
-                  "message after another per link); Mercury's packets, stop-and-wait p3 and several jobs "
-                  "(but --job-sharing flows) keep fifo (default fifo)");
-  app->add_option("--iterations", f->iterations, "Iterations to simulate (warm-up included)")->capture_default_str();
-  app->add_option("--warmup", f->warmup, "Leading iterations left out of the summary")->capture_default_str();
-  app->add_option("--statistic", f->statistic,
-                  "How the iterations after the warm-up are summarised: median (steady state) or mean "
-                  "(throughput over the run; for a time-varying --bandwidth-trace)")
+  app->add_option(
+      "--link-burst", f->link_burst,
+      "ps simulator: every link is a token bucket this deep, as tbf shapes the emulated cluster: a "
+      "frame leaves at once for the bytes it holds (refilled at the rate while idle), e.g. 68KiB "
+      "(default 0: none; the links --link-sharing fair shares as flows have none)");
+  app->add_option(
+      "--ack-queue", f->ack_queue,
+      "ps simulator: acknowledgements wait behind pulls queued on the server's uplink and the "
+      "worker's downlink, up to this long, e.g. 2ms (default 0: latency only)");
+  app->add_option(
+      "--link-sharing", f->link_sharing,
+      "ps simulator: how the messages in flight share a link: fair (as TCP connections: each "
+      "host sends to every peer at once, max-min fair over uplinks and downlinks) or fifo (one "
+      "message after another per link); Mercury's packets, stop-and-wait p3 and several jobs "
+      "(but --job-sharing flows) keep fifo (default fifo)");
+  app->add_option("--iterations", f->iterations, "Iterations to simulate (warm-up included)")
+      ->capture_default_str();
+  app->add_option("--warmup", f->warmup, "Leading iterations left out of the summary")
+      ->capture_default_str();
+  app->add_option(
+         "--statistic", f->statistic,
+         "How the iterations after the warm-up are summarised: median (steady state) or mean "
+         "(throughput over the run; for a time-varying --bandwidth-trace)")
       ->capture_default_str();
   app->add_option("--seed", f->seed, "Random seed")->capture_default_str();
   app->add_flag("--json", f->json, "Print one JSON object instead of the table");
   app->add_option("--trace", f->trace, "Write a Chrome trace (open in Perfetto) to this file");
   app->add_option("--trace-detail", f->trace_detail,
-                  "--trace: fine (every packet), coarse (a tensor's consecutive packets as one span), or auto: "
+                  "--trace: fine (every packet), coarse (a tensor's consecutive packets as one "
+                  "span), or auto: "
                   "coarse when the fine trace would exceed 10 MB")
       ->capture_default_str();
 }
 
 void add_shared_job_flags(CLI::App* app, SimFlags* f) {
-  app->add_option("--job", f->jobs,
-                  "ps: one of several jobs sharing the cluster, MODEL[:POLICY[:BATCH]] (repeat it; the policy "
-                  "defaults to --policy when that names one; knobs apply to every job; run: with --netns, at once "
-                  "on the same hosts)");
+  app->add_option(
+      "--job", f->jobs,
+      "ps: one of several jobs sharing the cluster, MODEL[:POLICY[:BATCH]] (repeat it; the policy "
+      "defaults to --policy when that names one; knobs apply to every job; run: with --netns, at "
+      "once "
+      "on the same hosts)");
   app->add_option("--job-sharing", f->job_sharing,
-                  "with --job: how a link serves the jobs' queues: fair (round robin, each job's own scheduler), "
-                  "strict (job order), deadline (the unit whose layer's next forward comes soonest, across jobs), flows (the "
-                  "jobs' messages in flight at once, sharing each link max-min fairly, as TCP connections); run: fair")
+                  "with --job: how a link serves the jobs' queues: fair (round robin, each job's "
+                  "own scheduler), "
+                  "strict (job order), deadline (the unit whose layer's next forward comes "
+                  "soonest, across jobs), flows (the "
+                  "jobs' messages in flight at once, sharing each link max-min fairly, as TCP "
+                  "connections); run: fair")
       ->capture_default_str();
-  app->add_flag("--separate-gpus", f->separate_gpus, "with --job: each job has GPUs of its own (default: shared; run: always its own)");
+  app->add_flag("--separate-gpus", f->separate_gpus,
+                "with --job: each job has GPUs of its own (default: shared; run: always its own)");
 }
 
 namespace {
@@ -137,10 +171,11 @@ namespace {
 // `fallback`). `parse` reads one value. Errors name the flag. The count of a plain list is
 // checked by ClusterConfig::validate().
 template <typename T, typename Parse>
-Status parse_host_list(const std::string& text, int hosts, const char* flag, const char* host, T fallback,
-                       Parse parse, std::vector<T>* out) {
+Status parse_host_list(const std::string& text, int hosts, const char* flag, const char* host,
+                       T fallback, Parse parse, std::vector<T>* out) {
   if (text.empty()) return Status::ok();
-  if (text.size() > 1'000'000) return invalid_argument(std::string(flag) + ": longer than 1000000 characters");
+  if (text.size() > 1'000'000)
+    return invalid_argument(std::string(flag) + ": longer than 1000000 characters");
   std::vector<std::string> items;
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) items.push_back(item);
@@ -160,12 +195,15 @@ Status parse_host_list(const std::string& text, int hosts, const char* flag, con
       }
       if (used != eq) return invalid_argument(std::string(flag) + ": cannot read '" + item + "'");
       if (index < 0 || index >= hosts) {
-        return invalid_argument(std::string(flag) + ": " + host + " " + std::to_string(index) + " does not exist");
+        return invalid_argument(std::string(flag) + ": " + host + " " + std::to_string(index) +
+                                " does not exist");
       }
       value = item.substr(eq + 1);
     }
     Result<T> v = parse(value);
-    if (!v) return invalid_argument(std::string(flag) + ": cannot read '" + item + "': " + v.status().message());
+    if (!v)
+      return invalid_argument(std::string(flag) + ": cannot read '" + item +
+                              "': " + v.status().message());
     if (pairs) {
       (*out)[static_cast<std::size_t>(index)] = *v;
     } else {
@@ -216,18 +254,21 @@ Result<Job> make_job(const SimFlags& f) {
     }
   }
   if (f.workers < 1 || f.workers > 4096) return invalid_argument("--workers must be in 1..4096");
-  QS_RETURN_IF_ERROR(parse_host_list(f.compute_factor, f.workers, "--compute-factor", "worker", 1.0, parse_number,
-                                     &job.cluster.compute_factor));
-  if ((!f.server_bandwidths.empty() || !f.server_shares.empty()) && (f.servers < 1 || f.servers > 4096)) {
+  QS_RETURN_IF_ERROR(parse_host_list(f.compute_factor, f.workers, "--compute-factor", "worker", 1.0,
+                                     parse_number, &job.cluster.compute_factor));
+  if ((!f.server_bandwidths.empty() || !f.server_shares.empty()) &&
+      (f.servers < 1 || f.servers > 4096)) {
     return invalid_argument("--servers must be in 1..4096");
   }
   auto rate = [](const std::string& t) { return parse_rate(t); };
-  QS_RETURN_IF_ERROR(parse_host_list(f.worker_bandwidths, f.workers, "--worker-bandwidths", "worker",
-                                     job.cluster.bandwidth, rate, &job.cluster.worker_bandwidth));
-  QS_RETURN_IF_ERROR(parse_host_list(f.server_bandwidths, f.servers, "--server-bandwidths", "server",
-                                     job.cluster.bandwidth, rate, &job.cluster.server_bandwidth));
-  QS_RETURN_IF_ERROR(parse_host_list(f.server_shares, f.servers, "--server-shares", "server", 1.0, parse_number,
-                                     &job.cluster.server_shares));
+  QS_RETURN_IF_ERROR(parse_host_list(f.worker_bandwidths, f.workers, "--worker-bandwidths",
+                                     "worker", job.cluster.bandwidth, rate,
+                                     &job.cluster.worker_bandwidth));
+  QS_RETURN_IF_ERROR(parse_host_list(f.server_bandwidths, f.servers, "--server-bandwidths",
+                                     "server", job.cluster.bandwidth, rate,
+                                     &job.cluster.server_bandwidth));
+  QS_RETURN_IF_ERROR(parse_host_list(f.server_shares, f.servers, "--server-shares", "server", 1.0,
+                                     parse_number, &job.cluster.server_shares));
   if (!f.reduction_rate.empty()) {
     auto r = parse_rate(f.reduction_rate);
     if (!r) return r.status().with_context("--reduction-rate");
@@ -311,7 +352,8 @@ Result<Job> make_job(const SimFlags& f) {
       if (!is_known_policy(p)) {
         std::string known;
         for (const auto& n : all_policy_names()) known += (known.empty() ? "" : ", ") + n;
-        return invalid_argument("--policy: unknown policy '" + p + "' (known: " + known + ", or all)");
+        return invalid_argument("--policy: unknown policy '" + p + "' (known: " + known +
+                                ", or all)");
       }
       job.policies.push_back(p);
     }
@@ -330,8 +372,10 @@ Result<Job> make_job(const SimFlags& f) {
   }
   job.sim.seed = f.seed;
   job.sim.record_trace = !f.trace.empty();
-  if (auto detail = parse_trace_detail(f.trace_detail); !detail) return detail.status().with_context("--trace-detail");
-  if (f.trace.empty() && f.trace_detail != "auto") return invalid_argument("--trace-detail needs --trace FILE");
+  if (auto detail = parse_trace_detail(f.trace_detail); !detail)
+    return detail.status().with_context("--trace-detail");
+  if (f.trace.empty() && f.trace_detail != "auto")
+    return invalid_argument("--trace-detail needs --trace FILE");
   return job;
 }
 
@@ -343,8 +387,9 @@ int run_models(const std::string& device_name, bool json) {
     bool first = true;
     for (const ZooModel& m : zoo_models()) {
       Profile p = make_zoo_profile(m, **device);
-      std::cout << (first ? "" : ", ") << "{\"name\": \"" << m.name << "\", \"layers\": " << p.num_layers()
-                << ", \"tensors\": " << p.num_tensors() << ", \"parameters\": " << p.total_parameters()
+      std::cout << (first ? "" : ", ") << "{\"name\": \"" << m.name
+                << "\", \"layers\": " << p.num_layers() << ", \"tensors\": " << p.num_tensors()
+                << ", \"parameters\": " << p.total_parameters()
                 << ", \"bytes\": " << p.total_bytes() << ", \"batch_size\": " << p.batch_size
                 << ", \"compute_ms\": " << to_ms(p.compute_time()) << "}";
       first = false;
@@ -352,9 +397,11 @@ int run_models(const std::string& device_name, bool json) {
     std::cout << "]}\n";
     return 0;
   }
-  std::printf("Built-in models; compute per iteration on %s (%.1f TFLOPS sustained; forward = batch x\n"
-              "FLOPs / rate or memory bound, backward = 2 x forward; see docs/zoo.md). --device picks another.\n\n",
-              (*device)->display_name.c_str(), (*device)->sustained_tflops);
+  std::printf(
+      "Built-in models; compute per iteration on %s (%.1f TFLOPS sustained; forward = batch x\n"
+      "FLOPs / rate or memory bound, backward = 2 x forward; see docs/zoo.md). --device picks "
+      "another.\n\n",
+      (*device)->display_name.c_str(), (*device)->sustained_tflops);
   std::printf("%-14s %-12s %6s %7s %13s %10s %6s %12s\n", "name", "input", "layers", "tensors",
               "parameters", "MB", "batch", "compute/iter");
   for (const ZooModel& m : zoo_models()) {
@@ -381,7 +428,8 @@ Result<std::vector<SharedJob>> parse_shared_jobs(const SimFlags& f, const Job& j
     std::vector<std::string> parts;
     std::stringstream ss(spec);
     for (std::string p; std::getline(ss, p, ':');) parts.push_back(p);
-    if (spec.empty() || spec.size() > 4096 || parts.empty() || parts.size() > 3 || parts[0].empty()) {
+    if (spec.empty() || spec.size() > 4096 || parts.empty() || parts.size() > 3 ||
+        parts[0].empty()) {
       return invalid_argument(where + ": expected MODEL[:POLICY[:BATCH]]");
     }
     int batch = f.batch_size;
@@ -389,7 +437,8 @@ Result<std::vector<SharedJob>> parse_shared_jobs(const SimFlags& f, const Job& j
       try {
         std::size_t used = 0;
         batch = std::stoi(parts[2], &used);
-        if (used != parts[2].size() || batch < 1 || batch > 1'000'000) throw std::invalid_argument(parts[2]);
+        if (used != parts[2].size() || batch < 1 || batch > 1'000'000)
+          throw std::invalid_argument(parts[2]);
       } catch (const std::exception&) {
         return invalid_argument(where + ": the batch must be an integer in 1..1000000");
       }
@@ -471,8 +520,10 @@ int run_policies(bool markdown, const std::string& architecture) {
   for (const std::string& n : reg.names(*arch)) {
     const PolicySpec* p = reg.find(n, *arch);
     std::string knobs;
-    for (const std::string& k : p->knobs) knobs += (knobs.empty() ? "" : ", ") + reg.find_knob(k)->flag;
-    std::printf("%-18s %s%s\n", n.c_str(), p->summary.c_str(), knobs.empty() ? "" : ("; knobs: " + knobs).c_str());
+    for (const std::string& k : p->knobs)
+      knobs += (knobs.empty() ? "" : ", ") + reg.find_knob(k)->flag;
+    std::printf("%-18s %s%s\n", n.c_str(), p->summary.c_str(),
+                knobs.empty() ? "" : ("; knobs: " + knobs).c_str());
   }
   return 0;
 }

@@ -9,16 +9,23 @@ namespace qs::cli {
 
 void add_tune_flags(CLI::App* app, TuneFlags* f) {
   add_sim_flags(app, &f->sim);
-  app->add_option("--tune-policy", f->tune_policy, "Policy whose knobs are searched: bytescheduler or p3")
+  app->add_option("--tune-policy", f->tune_policy,
+                  "Policy whose knobs are searched: bytescheduler or p3")
       ->capture_default_str();
-  app->add_option("--tune-min", f->min_size, "Smallest partition (slice) size searched")->capture_default_str();
-  app->add_option("--tune-max", f->max_size, "Largest partition (slice) size searched")->capture_default_str();
-  app->add_option("--grid-points", f->grid_points, "Log-spaced partition sizes on the grid")->capture_default_str();
+  app->add_option("--tune-min", f->min_size, "Smallest partition (slice) size searched")
+      ->capture_default_str();
+  app->add_option("--tune-max", f->max_size, "Largest partition (slice) size searched")
+      ->capture_default_str();
+  app->add_option("--grid-points", f->grid_points, "Log-spaced partition sizes on the grid")
+      ->capture_default_str();
   app->add_option("--credit-doublings", f->credit_doublings,
-                  "Credits on the grid: partition * 2^k, k = 0..this")->capture_default_str();
-  app->add_option("--refine-rounds", f->refine_rounds, "Pattern-search rounds after the grid (step halves each)")
+                  "Credits on the grid: partition * 2^k, k = 0..this")
       ->capture_default_str();
-  app->add_option("--starts", f->starts, "Refinement starts from this many best points")->capture_default_str();
+  app->add_option("--refine-rounds", f->refine_rounds,
+                  "Pattern-search rounds after the grid (step halves each)")
+      ->capture_default_str();
+  app->add_option("--starts", f->starts, "Refinement starts from this many best points")
+      ->capture_default_str();
 }
 
 int run_tune(const TuneFlags& f) {
@@ -51,13 +58,16 @@ int run_tune(const TuneFlags& f) {
   }();
   if (!r) return fail("quicksilver", r.status());
   const bool p3 = t.policy == "p3";
-  std::printf("tuned %s: %s %s", t.policy.c_str(), p3 ? "slice" : "partition", format_size(r->partition_size).c_str());
+  std::printf("tuned %s: %s %s", t.policy.c_str(), p3 ? "slice" : "partition",
+              format_size(r->partition_size).c_str());
   if (!p3) std::printf(", credit %s", format_size(r->credit_size).c_str());
-  std::printf("; iteration %.3fms (defaults %.3fms, %+.1f%%); %d simulations (grid %d x %d, %d refine rounds from %d starts)\n\n",
-              to_ms(r->iteration_time), to_ms(r->default_time),
-              100.0 * (static_cast<double>(r->iteration_time) - static_cast<double>(r->default_time)) /
-                  static_cast<double>(r->default_time),
-              r->simulations, t.grid_points, p3 ? 1 : t.credit_doublings + 1, t.refine_rounds, t.starts);
+  std::printf(
+      "; iteration %.3fms (defaults %.3fms, %+.1f%%); %d simulations (grid %d x %d, %d refine "
+      "rounds from %d starts)\n\n",
+      to_ms(r->iteration_time), to_ms(r->default_time),
+      100.0 * (static_cast<double>(r->iteration_time) - static_cast<double>(r->default_time)) /
+          static_cast<double>(r->default_time),
+      r->simulations, t.grid_points, p3 ? 1 : t.credit_doublings + 1, t.refine_rounds, t.starts);
 
   std::vector<Row> rows;
   struct Entry {

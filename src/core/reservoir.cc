@@ -20,7 +20,8 @@ void Reservoir::add(TimeNs v) {
   }
   // Algorithm R: the count_-th value replaces a random held one with probability
   // capacity / count_.
-  const auto j = static_cast<std::uint64_t>(rng_.uniform_int(0, static_cast<std::int64_t>(count_ - 1)));
+  const auto j =
+      static_cast<std::uint64_t>(rng_.uniform_int(0, static_cast<std::int64_t>(count_ - 1)));
   if (j < capacity_) sample_[static_cast<std::size_t>(j)] = v;
 }
 
@@ -29,7 +30,8 @@ TimeNs Reservoir::percentile(double p) const {
   if (p >= 100) return max_;
   std::vector<TimeNs> v = sample_;
   const double rank = std::ceil(p / 100.0 * static_cast<double>(v.size()));
-  const auto idx = static_cast<std::size_t>(std::clamp(rank, 1.0, static_cast<double>(v.size()))) - 1;
+  const auto idx =
+      static_cast<std::size_t>(std::clamp(rank, 1.0, static_cast<double>(v.size()))) - 1;
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(idx), v.end());
   return v[idx];
 }

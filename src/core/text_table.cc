@@ -11,8 +11,9 @@
 
 namespace qs {
 
-Result<std::vector<TwoColumnLine>> parse_two_columns(const std::string& text, const std::string& source,
-                                                      const std::string& expected) {
+Result<std::vector<TwoColumnLine>> parse_two_columns(const std::string& text,
+                                                     const std::string& source,
+                                                     const std::string& expected) {
   std::vector<TwoColumnLine> out;
   std::istringstream in(text);
   std::string line;
@@ -25,7 +26,8 @@ Result<std::vector<TwoColumnLine>> parse_two_columns(const std::string& text, co
     std::string extra;
     if (!(fields >> l.first)) continue;  // blank
     l.where = source + ":" + std::to_string(lineno);
-    if (!(fields >> l.second) || (fields >> extra)) return invalid_argument(l.where + ": expected " + expected);
+    if (!(fields >> l.second) || (fields >> extra))
+      return invalid_argument(l.where + ": expected " + expected);
     out.push_back(std::move(l));
   }
   return out;
@@ -98,7 +100,8 @@ Result<std::string> read_text_file(const std::string& path, const std::string& w
   if (S_ISDIR(st.st_mode)) return invalid_argument(path + ": is a directory");
   if (!S_ISREG(st.st_mode)) return invalid_argument(path + ": not a regular file (" + kind + ")");
   const auto limit_text = [&] {
-    return path + ": " + kind + " is larger than the limit of " + std::to_string(max_bytes >> 20) + " MiB";
+    return path + ": " + kind + " is larger than the limit of " + std::to_string(max_bytes >> 20) +
+           " MiB";
   };
   if (st.st_size > max_bytes) return invalid_argument(limit_text());
   std::string out;
@@ -107,7 +110,8 @@ Result<std::string> read_text_file(const std::string& path, const std::string& w
   while (true) {
     if (have == out.size()) {
       if (static_cast<std::int64_t>(have) > max_bytes) return invalid_argument(limit_text());
-      out.resize(std::min<std::size_t>(out.size() * 2 + 4096, static_cast<std::size_t>(max_bytes) + 1));
+      out.resize(
+          std::min<std::size_t>(out.size() * 2 + 4096, static_cast<std::size_t>(max_bytes) + 1));
     }
     const ssize_t n = ::read(fd, out.data() + have, out.size() - have);
     if (n < 0 && errno == EINTR) continue;

@@ -29,8 +29,8 @@ Result<std::pair<double, std::string_view>> split_number(std::string_view text,
                             s[end] == 'E' || (end == 0 && (s[end] == '+' || s[end] == '-')))) {
     // 'e' only counts as an exponent when followed by a digit or sign ("5e3"), not in "5eggs".
     if ((s[end] == 'e' || s[end] == 'E') &&
-        !(end + 1 < s.size() && ((s[end + 1] >= '0' && s[end + 1] <= '9') || s[end + 1] == '-' ||
-                                 s[end + 1] == '+')))
+        !(end + 1 < s.size() &&
+          ((s[end + 1] >= '0' && s[end + 1] <= '9') || s[end + 1] == '-' || s[end + 1] == '+')))
       break;
     if ((s[end] == 'e' || s[end] == 'E') && end + 1 < s.size() &&
         (s[end + 1] == '-' || s[end + 1] == '+'))
@@ -72,18 +72,18 @@ Result<double> scale(std::string_view text, std::string_view what, const Unit (&
   std::string accepted;
   for (const Unit& u : units) accepted += (accepted.empty() ? "" : " ") + std::string(u.name);
   return invalid_argument("'" + std::string(text) + "' has " +
-                          (parts.second.empty() ? std::string("no unit")
-                                                : "unknown unit '" + std::string(parts.second) + "'") +
+                          (parts.second.empty()
+                               ? std::string("no unit")
+                               : "unknown unit '" + std::string(parts.second) + "'") +
                           " for a " + std::string(what) + " (accepted: " + accepted + ")");
 }
 
 constexpr Unit kTimeUnits[] = {{"ns", 1}, {"us", 1e3}, {"ms", 1e6}, {"s", 1e9}};
-constexpr Unit kSizeUnits[] = {{"B", 1},          {"KB", 1e3},           {"MB", 1e6},
-                               {"GB", 1e9},       {"KiB", 1024.0},       {"MiB", 1048576.0},
-                               {"GiB", 1073741824.0}};
-constexpr Unit kRateUnits[] = {{"bps", 1},       {"Kbps", 1e3},    {"Mbps", 1e6},
-                               {"Gbps", 1e9},    {"B/s", 8},       {"KB/s", 8e3},
-                               {"MB/s", 8e6},    {"GB/s", 8e9}};
+constexpr Unit kSizeUnits[] = {
+    {"B", 1},        {"KB", 1e3},        {"MB", 1e6},          {"GB", 1e9},
+    {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+constexpr Unit kRateUnits[] = {{"bps", 1}, {"Kbps", 1e3}, {"Mbps", 1e6}, {"Gbps", 1e9},
+                               {"B/s", 8}, {"KB/s", 8e3}, {"MB/s", 8e6}, {"GB/s", 8e9}};
 
 std::string trim_decimal(double v, int precision) {
   char buf[64];

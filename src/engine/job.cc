@@ -16,7 +16,9 @@ Result<AllReduceAlgorithm> parse_allreduce_algorithm(const std::string& s) {
   return invalid_argument("unknown all-reduce algorithm '" + s + "' (known: ring, tree, rd, rhd)");
 }
 
-std::string_view link_sharing_name(LinkSharing s) { return s == LinkSharing::kFair ? "fair" : "fifo"; }
+std::string_view link_sharing_name(LinkSharing s) {
+  return s == LinkSharing::kFair ? "fair" : "fifo";
+}
 
 Result<LinkSharing> parse_link_sharing(const std::string& s) {
   if (s == "fair") return LinkSharing::kFair;
@@ -30,10 +32,14 @@ const char* architecture_name(Architecture a) {
 
 const char* allreduce_algorithm_name(AllReduceAlgorithm a) {
   switch (a) {
-    case AllReduceAlgorithm::kRing: return "ring";
-    case AllReduceAlgorithm::kTree: return "tree";
-    case AllReduceAlgorithm::kRecursiveDoubling: return "rd";
-    case AllReduceAlgorithm::kRecursiveHalvingDoubling: return "rhd";
+    case AllReduceAlgorithm::kRing:
+      return "ring";
+    case AllReduceAlgorithm::kTree:
+      return "tree";
+    case AllReduceAlgorithm::kRecursiveDoubling:
+      return "rd";
+    case AllReduceAlgorithm::kRecursiveHalvingDoubling:
+      return "rhd";
   }
   return "?";
 }
@@ -47,9 +53,11 @@ Status ClusterConfig::validate() const {
   if (bandwidth.bits_per_second <= 0 || bandwidth.bits_per_second > 1'000'000'000'000'000) {
     return invalid_argument("--bandwidth must be in 1bps..1000000Gbps");
   }
-  if (latency < 0 || latency > 3600 * kNsPerSec) return invalid_argument("--latency must be in 0..3600s");
+  if (latency < 0 || latency > 3600 * kNsPerSec)
+    return invalid_argument("--latency must be in 0..3600s");
   if (wire_element_bytes != 4 && wire_element_bytes != 2) {
-    return invalid_argument("--compression: a gradient element is 4 (none) or 2 (bf16, fp16) bytes on the wire");
+    return invalid_argument(
+        "--compression: a gradient element is 4 (none) or 2 (bf16, fp16) bytes on the wire");
   }
   if (!(convert_ns_per_element >= 0 && convert_ns_per_element < 1e6)) {
     return invalid_argument("the conversion cost per element must be >= 0");
@@ -67,32 +75,42 @@ Status ClusterConfig::validate() const {
       return invalid_argument(std::string(flag) + " lists " + std::to_string(n) + " values for " +
                               std::to_string(hosts) + " " + what);
     }
-    if (architecture != Architecture::kPs) return invalid_argument(std::string(flag) + " needs --architecture ps");
-    if (schedule) return invalid_argument(std::string(flag) + " cannot be combined with --bandwidth-trace");
+    if (architecture != Architecture::kPs)
+      return invalid_argument(std::string(flag) + " needs --architecture ps");
+    if (schedule)
+      return invalid_argument(std::string(flag) + " cannot be combined with --bandwidth-trace");
     return Status::ok();
   };
-  QS_RETURN_IF_ERROR(check_hosts("--worker-bandwidths", worker_bandwidth.size(), workers, "workers"));
-  QS_RETURN_IF_ERROR(check_hosts("--server-bandwidths", server_bandwidth.size(), servers, "servers"));
+  QS_RETURN_IF_ERROR(
+      check_hosts("--worker-bandwidths", worker_bandwidth.size(), workers, "workers"));
+  QS_RETURN_IF_ERROR(
+      check_hosts("--server-bandwidths", server_bandwidth.size(), servers, "servers"));
   QS_RETURN_IF_ERROR(check_hosts("--server-shares", server_shares.size(), servers, "servers"));
   for (const auto* rates : {&worker_bandwidth, &server_bandwidth}) {
     for (Rate r : *rates) {
       if (r.bits_per_second <= 0 || r.bits_per_second > 1'000'000'000'000'000) {
-        return invalid_argument(std::string(rates == &worker_bandwidth ? "--worker-bandwidths" : "--server-bandwidths") +
+        return invalid_argument(std::string(rates == &worker_bandwidth ? "--worker-bandwidths"
+                                                                       : "--server-bandwidths") +
                                 " values must be in 1bps..1000000Gbps");
       }
     }
   }
   for (double s : server_shares) {
-    if (!(s > 0 && s <= 1e6)) return invalid_argument("--server-shares values must be in (0, 1000000]");
+    if (!(s > 0 && s <= 1e6))
+      return invalid_argument("--server-shares values must be in (0, 1000000]");
   }
   if (allreduce_b_ns_per_byte && !(*allreduce_b_ns_per_byte >= 0)) {
     return invalid_argument("all-reduce b must be >= 0");
   }
   if (allreduce_a && *allreduce_a < 0) return invalid_argument("all-reduce a must be >= 0");
-  if (frame_header < 0 || frame_header > kMiB) return invalid_argument("--frame-header must be in 0..1MiB");
-  if (frame_cpu < 0 || frame_cpu > kNsPerSec) return invalid_argument("--frame-cpu must be in 0..1s");
-  if (ack_queue < 0 || ack_queue > kNsPerSec) return invalid_argument("--ack-queue must be in 0..1s");
-  if (link_burst < 0 || link_burst > kGiB) return invalid_argument("--link-burst must be in 0..1GiB");
+  if (frame_header < 0 || frame_header > kMiB)
+    return invalid_argument("--frame-header must be in 0..1MiB");
+  if (frame_cpu < 0 || frame_cpu > kNsPerSec)
+    return invalid_argument("--frame-cpu must be in 0..1s");
+  if (ack_queue < 0 || ack_queue > kNsPerSec)
+    return invalid_argument("--ack-queue must be in 0..1s");
+  if (link_burst < 0 || link_burst > kGiB)
+    return invalid_argument("--link-burst must be in 0..1GiB");
   return Status::ok();
 }
 

@@ -11,7 +11,8 @@ namespace {
 // Where the steady iterations of v begin: after `skip`, but never past the last element.
 template <typename T>
 auto steady_begin(const std::vector<T>& v, int skip) {
-  return v.begin() + std::min<std::ptrdiff_t>(std::max(skip, 0), static_cast<std::ptrdiff_t>(v.size()) - 1);
+  return v.begin() +
+         std::min<std::ptrdiff_t>(std::max(skip, 0), static_cast<std::ptrdiff_t>(v.size()) - 1);
 }
 
 // Median of the steady iterations; the mean of the two middle values for an even count.
@@ -39,23 +40,28 @@ TimeNs steady_median(const std::vector<TimeNs>& v, int skip) {
   return median_after(v, skip);
 }
 
-double steady_median(const std::vector<double>& v, int skip) { return v.empty() ? 0.0 : median_after(v, skip); }
+double steady_median(const std::vector<double>& v, int skip) {
+  return v.empty() ? 0.0 : median_after(v, skip);
+}
 
 void finish_result(const Profile& profile, const ClusterConfig& cluster, const SimOptions& options,
                    SimResult* r) {
-  r->iteration_time = options.statistic == Statistic::kMean ? steady_mean(r->iteration_times, options.warmup)
-                                                            : steady_median(r->iteration_times, options.warmup);
+  r->iteration_time = options.statistic == Statistic::kMean
+                          ? steady_mean(r->iteration_times, options.warmup)
+                          : steady_median(r->iteration_times, options.warmup);
   const double f0 = cluster.compute_factor.empty() ? 1.0 : cluster.compute_factor[0];
   r->compute_time = static_cast<TimeNs>(static_cast<double>(profile.compute_time()) * f0 + 0.5);
   r->gpu_idle = std::max<TimeNs>(0, r->iteration_time - r->compute_time);
   const double iter_s = to_sec(r->iteration_time);
-  r->samples_per_second =
-      iter_s > 0 ? static_cast<double>(cluster.workers) * static_cast<double>(profile.batch_size) / iter_s : 0.0;
+  r->samples_per_second = iter_s > 0 ? static_cast<double>(cluster.workers) *
+                                           static_cast<double>(profile.batch_size) / iter_s
+                                     : 0.0;
   // Normalised against the oracle of the slowest worker: the best the cluster can do.
   double slowest = f0;
   for (double f : cluster.compute_factor) slowest = std::max(slowest, f);
   const double oracle = static_cast<double>(profile.compute_time()) * slowest;
-  r->scaling_efficiency = r->iteration_time > 0 ? oracle / static_cast<double>(r->iteration_time) : 0.0;
+  r->scaling_efficiency =
+      r->iteration_time > 0 ? oracle / static_cast<double>(r->iteration_time) : 0.0;
 }
 
 }  // namespace qs

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <tuple>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 namespace qs {
 
@@ -36,7 +36,8 @@ std::vector<TraceSpan> coarse_spans(std::vector<TraceSpan> spans) {
   });
   std::vector<TraceSpan> out;
   for (TraceSpan& s : spans) {
-    if (!out.empty() && out.back().host == s.host && out.back().track == s.track && out.back().name == s.name) {
+    if (!out.empty() && out.back().host == s.host && out.back().track == s.track &&
+        out.back().name == s.name) {
       out.back().end = std::max(out.back().end, s.end);
       continue;
     }
@@ -54,21 +55,23 @@ std::string TraceWritten::describe(const std::string& path) const {
   };
   std::string line = "trace: " + std::to_string(spans) + " spans, " + mb(bytes) + " -> " + path;
   if (coarse) {
-    line += " (coarse: a tensor's consecutive packets on a track as one span; every packet, about " +
-            mb(fine_bytes_estimate) + ": --trace-detail fine)";
+    line +=
+        " (coarse: a tensor's consecutive packets on a track as one span; every packet, about " +
+        mb(fine_bytes_estimate) + ": --trace-detail fine)";
   } else if (fine_spans > 0 && fine_bytes_estimate > kCoarseTraceAbove / 10) {
     line += " (every span; --trace-detail coarse for one per tensor run)";
   }
   return line;
 }
 
-Result<TraceWritten> write_chrome_trace(const std::vector<SimResult>& results, const std::string& path,
-                                        TraceDetail detail) {
+Result<TraceWritten> write_chrome_trace(const std::vector<SimResult>& results,
+                                        const std::string& path, TraceDetail detail) {
   using nlohmann::json;
   TraceWritten w;
   for (const SimResult& r : results) w.fine_spans += r.trace.size();
   w.fine_bytes_estimate = w.fine_spans * kBytesPerSpan;
-  w.coarse = detail == TraceDetail::kCoarse || (detail == TraceDetail::kAuto && w.fine_bytes_estimate > kCoarseTraceAbove);
+  w.coarse = detail == TraceDetail::kCoarse ||
+             (detail == TraceDetail::kAuto && w.fine_bytes_estimate > kCoarseTraceAbove);
   json events = json::array();
   static const char* kTracks[] = {"compute", "uplink", "downlink", "gradients"};
   int pid_base = 0;
@@ -76,17 +79,26 @@ Result<TraceWritten> write_chrome_trace(const std::vector<SimResult>& results, c
     int max_host = 0;
     for (const TraceSpan& s : r.trace) max_host = std::max(max_host, s.host);
     for (int h = 0; h <= max_host; ++h) {
-      events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid_base + h},
+      events.push_back({{"name", "process_name"},
+                        {"ph", "M"},
+                        {"pid", pid_base + h},
                         {"args", {{"name", r.policy + " worker " + std::to_string(h)}}}});
       for (int t = 0; t < 4; ++t) {
-        events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid_base + h}, {"tid", t},
+        events.push_back({{"name", "thread_name"},
+                          {"ph", "M"},
+                          {"pid", pid_base + h},
+                          {"tid", t},
                           {"args", {{"name", kTracks[t]}}}});
       }
     }
     const std::vector<TraceSpan> spans = w.coarse ? coarse_spans(r.trace) : r.trace;
     for (const TraceSpan& s : spans) {
-      events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", pid_base + s.host},
-                        {"tid", s.track}, {"ts", to_us(s.start)}, {"dur", to_us(s.end - s.start)}});
+      events.push_back({{"name", s.name},
+                        {"ph", "X"},
+                        {"pid", pid_base + s.host},
+                        {"tid", s.track},
+                        {"ts", to_us(s.start)},
+                        {"dur", to_us(s.end - s.start)}});
     }
     w.spans += spans.size();
     pid_base += max_host + 1;

@@ -30,7 +30,11 @@ class TrainingLoop::CollectiveSinkImpl final : public CollectiveSink {
 
 TrainingLoop::TrainingLoop(const Profile& profile, const TensorLayout& layout, Timer& timer,
                            Compute& compute, Exchange& exchange, LoopOptions options)
-    : profile_(profile), layout_(layout), timer_(timer), compute_(compute), exchange_(exchange),
+    : profile_(profile),
+      layout_(layout),
+      timer_(timer),
+      compute_(compute),
+      exchange_(exchange),
       options_(std::move(options)) {
   const auto layers = static_cast<std::size_t>(layout_.num_layers());
   layer_got_.assign(layers, 0);
@@ -46,8 +50,9 @@ TrainingLoop::TrainingLoop(const Profile& profile, const TensorLayout& layout, P
   ps_sink_ = std::make_unique<PsSink>(*this);
 }
 
-TrainingLoop::TrainingLoop(const Profile& profile, const TensorLayout& layout, AllReducePolicy& policy,
-                           Timer& timer, Compute& compute, Exchange& exchange, LoopOptions options)
+TrainingLoop::TrainingLoop(const Profile& profile, const TensorLayout& layout,
+                           AllReducePolicy& policy, Timer& timer, Compute& compute,
+                           Exchange& exchange, LoopOptions options)
     : TrainingLoop(profile, layout, timer, compute, exchange, std::move(options)) {
   ar_ = &policy;
   ar_sink_ = std::make_unique<CollectiveSinkImpl>(*this);
@@ -109,7 +114,9 @@ void TrainingLoop::try_backward() {
   exchange_.flush();
   // A backward that waited for its gate starts when the gate opened; otherwise when the
   // previous step ended.
-  run_backward(layout_.num_layers() - 1, backward_held_ ? now : iteration_ == 0 ? first_backward_at_ : 0);
+  run_backward(layout_.num_layers() - 1, backward_held_    ? now
+                                         : iteration_ == 0 ? first_backward_at_
+                                                           : 0);
 }
 
 void TrainingLoop::run_backward(int layer, TimeNs earliest) {
@@ -150,9 +157,12 @@ bool TrainingLoop::gate_open(int l) const {
   if (!communicates()) return true;
   const ForwardGate gate = ps_ ? ForwardGate::kPerLayer : ar_->forward_gate();
   switch (gate) {
-    case ForwardGate::kAfterAll: return got_total_ == layout_.total_bytes();
-    case ForwardGate::kPerLayer: return layer_got_[static_cast<std::size_t>(l)] == layout_.layer_bytes(l);
-    case ForwardGate::kPolicy: return ar_->forward_ready(l);
+    case ForwardGate::kAfterAll:
+      return got_total_ == layout_.total_bytes();
+    case ForwardGate::kPerLayer:
+      return layer_got_[static_cast<std::size_t>(l)] == layout_.layer_bytes(l);
+    case ForwardGate::kPolicy:
+      return ar_->forward_ready(l);
   }
   return true;
 }
@@ -179,7 +189,8 @@ void TrainingLoop::try_forward(int l, bool was_blocked) {
   const bool per_layer = ps_ != nullptr || ar_->forward_gate() == ForwardGate::kPerLayer;
   const TimeNs ready = ready_at_[static_cast<std::size_t>(l)];
   const TimeNs earliest = per_layer ? std::max<TimeNs>(ready, 0) : (was_blocked ? now : 0);
-  compute_.run(ComputeStep{Pass::kForward, l, iteration_}, earliest, [this](TimeNs end) { on_forward_done(end); });
+  compute_.run(ComputeStep{Pass::kForward, l, iteration_}, earliest,
+               [this](TimeNs end) { on_forward_done(end); });
 }
 
 void TrainingLoop::on_forward_done(TimeNs end) {
@@ -201,10 +212,12 @@ void TrainingLoop::end_iteration(TimeNs end) {
   r.traffic = exchange_.take_traffic(now);
   const auto busy = static_cast<double>(r.traffic.busy);
   if (ps_) {
-    r.utilisation = !communicates() ? 0.0 : pending_total_ > 0 ? busy / static_cast<double>(pending_total_) : 1.0;
-    r.gbps = pending_total_ > 0
-                 ? 8.0 * static_cast<double>(r.traffic.wire_bytes) / static_cast<double>(pending_total_)
-                 : 0.0;
+    r.utilisation = !communicates()      ? 0.0
+                    : pending_total_ > 0 ? busy / static_cast<double>(pending_total_)
+                                         : 1.0;
+    r.gbps = pending_total_ > 0 ? 8.0 * static_cast<double>(r.traffic.wire_bytes) /
+                                      static_cast<double>(pending_total_)
+                                : 0.0;
     if (r.traffic.busy > 0) {
       // The rate the policy's units move at: the wire's bytes counted as the float32 bytes
       // they carry (with compression, twice as many: the policies plan in float32 bytes).
@@ -220,7 +233,8 @@ void TrainingLoop::end_iteration(TimeNs end) {
   if (options_.verify_bytes && ps_ && communicates()) {
     const std::string where = "iteration " + std::to_string(iteration_);
     Status s = check_exact_cover(std::move(pushed_), layout_).with_context("push, " + where);
-    if (s.is_ok()) s = check_exact_cover(std::move(pulled_), layout_).with_context("pull, " + where);
+    if (s.is_ok())
+      s = check_exact_cover(std::move(pulled_), layout_).with_context("pull, " + where);
     pushed_.clear();
     pulled_.clear();
     if (!s.is_ok()) return fail(s);
@@ -253,7 +267,8 @@ void TrainingLoop::finish_early(std::int64_t iterations) {
     // iterations == iteration_: the one begun has no gradient and never will (a policy with
     // start_on_first_gradient has not heard of it); fewer would be a driver's error.
     if (iterations < iteration_ || (backward_ && layer_ < layout_.num_layers() - 1)) {
-      return fail(internal_error("finish_early: " + std::to_string(iterations) + " iterations, fewer than the loop computed"));
+      return fail(internal_error("finish_early: " + std::to_string(iterations) +
+                                 " iterations, fewer than the loop computed"));
     }
     options_.iterations = static_cast<int>(iteration_);
     waiting_backward_ = false;
@@ -365,7 +380,8 @@ void TrainingLoop::end_pending(TimeNs end) {
 
 void TrainingLoop::push_decision(const PushUnit& unit, TimeNs delay) {
   if (!error_.is_ok()) return;
-  if (Status s = exchange_.check(unit); !s.is_ok()) return fail(s.with_context(std::string(ps_->name())));
+  if (Status s = exchange_.check(unit); !s.is_ok())
+    return fail(s.with_context(std::string(ps_->name())));
   if (delay <= 0) {
     hand_over(unit);  // flushed once the policy callback returns (units compete by priority)
     return;
@@ -400,15 +416,17 @@ void TrainingLoop::all_reduce_decision(const CollectiveBucket& bucket, TimeNs de
 Status TrainingLoop::check_bucket(const CollectiveBucket& b) const {
   if (b.chunks.empty()) return internal_error("policy issued an empty collective");
   QS_RETURN_IF_ERROR(exchange_.check(b));
-  if (b.first_iteration < 0 || b.first_iteration > b.last_iteration || b.last_iteration >= options_.iterations ||
-      b.last_iteration > iteration_) {
-    return internal_error("policy issued a collective for iterations " + std::to_string(b.first_iteration) +
-                          ".." + std::to_string(b.last_iteration) + " in iteration " + std::to_string(iteration_));
+  if (b.first_iteration < 0 || b.first_iteration > b.last_iteration ||
+      b.last_iteration >= options_.iterations || b.last_iteration > iteration_) {
+    return internal_error(
+        "policy issued a collective for iterations " + std::to_string(b.first_iteration) + ".." +
+        std::to_string(b.last_iteration) + " in iteration " + std::to_string(iteration_));
   }
   for (const Chunk& c : b.chunks) {
     if (c.tensor < 0 || c.tensor >= layout_.num_tensors() || c.offset < 0 || c.length <= 0 ||
         c.end() > layout_.tensor(c.tensor).bytes) {
-      return internal_error("policy issued a chunk outside its tensor (tensor " + std::to_string(c.tensor) + ")");
+      return internal_error("policy issued a chunk outside its tensor (tensor " +
+                            std::to_string(c.tensor) + ")");
     }
   }
   return Status::ok();
@@ -420,12 +438,13 @@ Status TrainingLoop::check_complete() const {
     const auto i = static_cast<std::size_t>(it);
     const Bytes got = i < reduced_per_iteration_.size() ? reduced_per_iteration_[i] : 0;
     if (got != layout_.total_bytes()) {
-      return internal_error("iteration " + std::to_string(it) + " reduced " + std::to_string(got) + " of " +
-                            std::to_string(layout_.total_bytes()) + " gradient bytes");
+      return internal_error("iteration " + std::to_string(it) + " reduced " + std::to_string(got) +
+                            " of " + std::to_string(layout_.total_bytes()) + " gradient bytes");
     }
     if (options_.verify_bytes) {
-      QS_RETURN_IF_ERROR(check_exact_cover(i < covered_.size() ? covered_[i] : std::vector<Chunk>{}, layout_)
-                             .with_context("all-reduce, iteration " + std::to_string(it)));
+      QS_RETURN_IF_ERROR(
+          check_exact_cover(i < covered_.size() ? covered_[i] : std::vector<Chunk>{}, layout_)
+              .with_context("all-reduce, iteration " + std::to_string(it)));
     }
   }
   return Status::ok();
@@ -433,14 +452,26 @@ Status TrainingLoop::check_complete() const {
 
 // ---- Exchange defaults and the emulated GPU ----
 
-void Exchange::push(const PushUnit&) { QS_CHECK_MSG(false, "this exchange moves no parameter-server units"); }
-void Exchange::all_reduce(const CollectiveBucket&) { QS_CHECK_MSG(false, "this exchange runs no collectives"); }
-Status Exchange::check(const PushUnit&) const { return internal_error("this exchange moves no parameter-server units"); }
-Status Exchange::check(const CollectiveBucket&) const { return internal_error("this exchange runs no collectives"); }
+void Exchange::push(const PushUnit&) {
+  QS_CHECK_MSG(false, "this exchange moves no parameter-server units");
+}
+void Exchange::all_reduce(const CollectiveBucket&) {
+  QS_CHECK_MSG(false, "this exchange runs no collectives");
+}
+Status Exchange::check(const PushUnit&) const {
+  return internal_error("this exchange moves no parameter-server units");
+}
+Status Exchange::check(const CollectiveBucket&) const {
+  return internal_error("this exchange runs no collectives");
+}
 
-EmulatedCompute::EmulatedCompute(const Profile& profile, double factor, Timer& timer, SpanRecorder recorder,
+EmulatedCompute::EmulatedCompute(const Profile& profile, double factor, Timer& timer,
+                                 SpanRecorder recorder,
                                  std::function<void(const ComputeStep&)> on_backward)
-    : profile_(profile), factor_(factor), timer_(timer), recorder_(std::move(recorder)),
+    : profile_(profile),
+      factor_(factor),
+      timer_(timer),
+      recorder_(std::move(recorder)),
       on_backward_(std::move(on_backward)) {}
 
 TimeNs EmulatedCompute::duration(const ComputeStep& step) const {
@@ -455,8 +486,9 @@ void EmulatedCompute::run(const ComputeStep& step, TimeNs earliest, Done done) {
   if (step.pass == Pass::kBackward && on_backward_) on_backward_(step);
   free_ = start + duration(step);
   if (recorder_.enabled()) {
-    recorder_.add(start, free_, (step.pass == Pass::kBackward ? "bp " : "fp ") +
-                                    profile_.layers[static_cast<std::size_t>(step.layer)].name);
+    recorder_.add(start, free_,
+                  (step.pass == Pass::kBackward ? "bp " : "fp ") +
+                      profile_.layers[static_cast<std::size_t>(step.layer)].name);
   }
   // One step at a time: the callback is kept here, so that the timer's closure stays small.
   done_ = std::move(done);

@@ -139,8 +139,10 @@ Result<Profile> load_model(const std::string& name_or_path, const std::string& d
   if (p.is_ok() && batch_size > 0 && batch_size != p->batch_size) {
     // A profile's times were measured at its own batch size; changing the batch alone
     // would only change the samples/s figure.
-    return invalid_argument("--batch-size " + std::to_string(batch_size) + " differs from the profile's batch_size " +
-                            std::to_string(p->batch_size) + ": its times are for that batch (edit the profile instead)");
+    return invalid_argument("--batch-size " + std::to_string(batch_size) +
+                            " differs from the profile's batch_size " +
+                            std::to_string(p->batch_size) +
+                            ": its times are for that batch (edit the profile instead)");
   }
   return p;
 }

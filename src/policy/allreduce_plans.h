@@ -53,9 +53,9 @@ struct Block {
 };
 
 struct IterationModel {
-  std::vector<TimeNs> ready;    // per profile layer: gradient ready, from backward start
-  std::vector<TimeNs> forward;  // per profile layer: update + forward
-  std::vector<TimeNs> backward; // per profile layer
+  std::vector<TimeNs> ready;     // per profile layer: gradient ready, from backward start
+  std::vector<TimeNs> forward;   // per profile layer: update + forward
+  std::vector<TimeNs> backward;  // per profile layer
   TimeNs backward_end = 0;
   AllReduceCost cost;
 

@@ -1,9 +1,10 @@
 // The all-reduce policies of the MG-WFBP and DeFT comparisons, and their registration.
 // US-Byte lives in usbyte.cc, DeFT in deft.cc, the MG-WFBP algorithms in mgwfbp.cc.
+#include "allreduce_policies.h"
+
 #include <algorithm>
 
 #include "allreduce_plans.h"
-#include "allreduce_policies.h"
 #include "credit_window.h"
 #include "knob_table.h"
 #include "quicksilver/core/check.h"
@@ -92,7 +93,8 @@ LearnableLayers learnable_layers(const AllReduceContext& ctx) {
     if (ctx.layout->layer_bytes(l) > 0) out.layer.push_back(l);
   }
   for (std::size_t k = 0; k < out.layer.size(); ++k) {
-    const TimeNs above = k + 1 < out.layer.size() ? m.ready[static_cast<std::size_t>(out.layer[k + 1])] : 0;
+    const TimeNs above =
+        k + 1 < out.layer.size() ? m.ready[static_cast<std::size_t>(out.layer[k + 1])] : 0;
     out.problem.tb.push_back(m.ready[static_cast<std::size_t>(out.layer[k])] - above);
     out.problem.bytes.push_back(ctx.layout->layer_bytes(out.layer[k]));
   }
@@ -102,7 +104,8 @@ LearnableLayers learnable_layers(const AllReduceContext& ctx) {
 std::vector<std::vector<std::vector<Chunk>>> buckets_from_merges(const AllReduceContext& ctx,
                                                                  const LearnableLayers& ll,
                                                                  const MergeSet& merged) {
-  std::vector<std::vector<std::vector<Chunk>>> at(static_cast<std::size_t>(ctx.layout->num_layers()));
+  std::vector<std::vector<std::vector<Chunk>>> at(
+      static_cast<std::size_t>(ctx.layout->num_layers()));
   std::vector<Chunk> carry;
   for (int k = static_cast<int>(ll.layer.size()) - 1; k >= 0; --k) {
     const int l = ll.layer[static_cast<std::size_t>(k)];
@@ -119,12 +122,14 @@ std::string merge_note(const char* what, const LearnableLayers& ll, const MergeS
   for (std::size_t k = 0; k < m.size(); ++k) groups += !m[k];
   const TimeNs t = merge_finish_time(ll.problem, m);
   const TimeNs opt = merge_finish_time(ll.problem, optimal_merge(ll.problem));
-  const double gap = opt > 0 ? 100.0 * static_cast<double>(t - opt) / static_cast<double>(opt) : 0.0;
+  const double gap =
+      opt > 0 ? 100.0 * static_cast<double>(t - opt) / static_cast<double>(opt) : 0.0;
   char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "%s: %zu learnable layers in %d all-reduces; modelled end of the last all-reduce %s "
-                "after the backward start (exact optimum %s, +%.2f%%)",
-                what, m.size(), groups, format_time(t).c_str(), format_time(opt).c_str(), gap);
+  std::snprintf(
+      buf, sizeof buf,
+      "%s: %zu learnable layers in %d all-reduces; modelled end of the last all-reduce %s "
+      "after the backward start (exact optimum %s, +%.2f%%)",
+      what, m.size(), groups, format_time(t).c_str(), format_time(opt).c_str(), gap);
   return buf;
 }
 
@@ -211,7 +216,8 @@ std::vector<Chunk> uniform_partitions(const Chunk& whole, Bytes partition, Bytes
 // window's order, which had the same dependence before fusion).
 class ByteSchedulerAr final : public AllReducePolicy {
  public:
-  ByteSchedulerAr(const AllReduceContext& ctx, Bytes partition, Bytes credit, Bytes fusion, TimeNs startup)
+  ByteSchedulerAr(const AllReduceContext& ctx, Bytes partition, Bytes credit, Bytes fusion,
+                  TimeNs startup)
       : ctx_(ctx), partition_(partition), fusion_(fusion), startup_(startup), window_(credit) {}
   std::string_view name() const override { return "bytescheduler"; }
   ForwardGate forward_gate() const override { return ForwardGate::kPerLayer; }
@@ -222,7 +228,8 @@ class ByteSchedulerAr final : public AllReducePolicy {
     for (TensorId t = ctx_.layout->first_tensor(layer); t < ctx_.layout->end_tensor(layer); ++t) {
       const TensorInfo& info = ctx_.layout->tensor(t);
       if (info.bytes == 0) continue;
-      for (const Chunk& c : uniform_partitions(Chunk{t, 0, info.bytes}, partition_, info.element_size)) {
+      for (const Chunk& c :
+           uniform_partitions(Chunk{t, 0, info.bytes}, partition_, info.element_size)) {
         CollectiveBucket b;
         b.chunks = {c};
         b.priority = t;
@@ -241,7 +248,9 @@ class ByteSchedulerAr final : public AllReducePolicy {
   std::vector<std::string> report() const override {
     char buf[128];
     std::snprintf(buf, sizeof buf, "%.2f partitions per collective (fusion threshold %s)",
-                  collectives_ > 0 ? static_cast<double>(partitions_) / static_cast<double>(collectives_) : 0.0,
+                  collectives_ > 0
+                      ? static_cast<double>(partitions_) / static_cast<double>(collectives_)
+                      : 0.0,
                   format_size(fusion_).c_str());
     return {buf};
   }
@@ -290,7 +299,6 @@ class ByteSchedulerAr final : public AllReducePolicy {
   std::int64_t collectives_ = 0, partitions_ = 0;
 };
 
-
 }  // namespace
 
 Status register_allreduce_policies(PolicyRegistry& r) {
@@ -317,48 +325,81 @@ Status register_allreduce_policies(PolicyRegistry& r) {
     };
   };
   std::vector<Knob> knobs = {
-      {.name = "ddp_bucket_size", .flag = "--ddp-bucket-size", .type = KnobType::kBytes, .help = "bucket cap",
-       .scales = true, .field = knob_field(&DdpOptions::ddp_bucket_size)},
-      {.name = "ddp_first_bucket_size", .flag = "--ddp-first-bucket-size", .type = KnobType::kBytes,
-       .help = "first bucket cap", .scales = true, .field = knob_field(&DdpOptions::ddp_first_bucket_size)},
-      {.name = "fusion_size", .flag = "--fusion-size", .type = KnobType::kBytes,
-       .help = "the library's tensor-fusion threshold (Horovod's; 1B: no fusion)", .scales = true,
+      {.name = "ddp_bucket_size",
+       .flag = "--ddp-bucket-size",
+       .type = KnobType::kBytes,
+       .help = "bucket cap",
+       .scales = true,
+       .field = knob_field(&DdpOptions::ddp_bucket_size)},
+      {.name = "ddp_first_bucket_size",
+       .flag = "--ddp-first-bucket-size",
+       .type = KnobType::kBytes,
+       .help = "first bucket cap",
+       .scales = true,
+       .field = knob_field(&DdpOptions::ddp_first_bucket_size)},
+      {.name = "fusion_size",
+       .flag = "--fusion-size",
+       .type = KnobType::kBytes,
+       .help = "the library's tensor-fusion threshold (Horovod's; 1B: no fusion)",
+       .scales = true,
        .field = knob_field(&ByteSchedulerOptions::fusion_size)},
   };
   constexpr Architecture kAr = Architecture::kAllReduce;
   std::vector<PolicySpec> policies = {
-      {.name = "oracle", .architecture = kAr, .summary = "compute only: no gradient is reduced", .rank = 0,
+      {.name = "oracle",
+       .architecture = kAr,
+       .summary = "compute only: no gradient is reduced",
+       .rank = 0,
        .communicates = false,
        .make_allreduce = [](const PolicyOptions&, const AllReduceContext&) -> Result<Ptr> {
          return Ptr(new Oracle());
        }},
-      {.name = "wfbp", .architecture = kAr, .summary = "one all-reduce per layer", .rank = 10,
+      {.name = "wfbp",
+       .architecture = kAr,
+       .summary = "one all-reduce per layer",
+       .rank = 10,
        .make_allreduce = merged("wfbp")},
-      {.name = "synceasgd", .architecture = kAr, .summary = "one all-reduce after the backward pass", .rank = 20,
+      {.name = "synceasgd",
+       .architecture = kAr,
+       .summary = "one all-reduce after the backward pass",
+       .rank = 20,
        .make_allreduce = merged("synceasgd")},
-      {.name = "mgwfbp", .architecture = kAr, .summary = "layers merged by MG-WFBP Algorithm 1", .rank = 30,
+      {.name = "mgwfbp",
+       .architecture = kAr,
+       .summary = "layers merged by MG-WFBP Algorithm 1",
+       .rank = 30,
        .make_allreduce = merged("mgwfbp")},
-      {.name = "mgwfbp-opt", .architecture = kAr, .summary = "the exact optimal merge", .rank = 40,
+      {.name = "mgwfbp-opt",
+       .architecture = kAr,
+       .summary = "the exact optimal merge",
+       .rank = 40,
        .make_allreduce = merged("mgwfbp-opt")},
-      {.name = "ddp", .architecture = kAr, .summary = "PyTorch DDP buckets",
-       .knobs = {"ddp_bucket_size", "ddp_first_bucket_size"}, .rank = 50,
+      {.name = "ddp",
+       .architecture = kAr,
+       .summary = "PyTorch DDP buckets",
+       .knobs = {"ddp_bucket_size", "ddp_first_bucket_size"},
+       .rank = 50,
        .make_allreduce = [](const PolicyOptions& o, const AllReduceContext& ctx) -> Result<Ptr> {
          QS_RETURN_IF_ERROR(need_positive(o.ddp_bucket_size, "ddp bucket size", "ddp"));
          QS_RETURN_IF_ERROR(need_positive(o.ddp_first_bucket_size, "ddp first bucket size", "ddp"));
          int count = 0;
          auto at = ddp_buckets(ctx, o.ddp_first_bucket_size, o.ddp_bucket_size, &count);
-         return Ptr(new StaticBuckets("ddp", std::move(at),
-                                      {std::to_string(count) + " buckets (first " +
-                                       format_size(o.ddp_first_bucket_size) + ", then " +
-                                       format_size(o.ddp_bucket_size) + ")"}));
+         return Ptr(new StaticBuckets(
+             "ddp", std::move(at),
+             {std::to_string(count) + " buckets (first " + format_size(o.ddp_first_bucket_size) +
+              ", then " + format_size(o.ddp_bucket_size) + ")"}));
        }},
-      {.name = "bytescheduler", .architecture = kAr, .summary = "partitions through a credit window",
-       .knobs = {"partition_size", "credit_size", "fusion_size", "startup_time"}, .rank = 60,
+      {.name = "bytescheduler",
+       .architecture = kAr,
+       .summary = "partitions through a credit window",
+       .knobs = {"partition_size", "credit_size", "fusion_size", "startup_time"},
+       .rank = 60,
        .make_allreduce = [](const PolicyOptions& o, const AllReduceContext& ctx) -> Result<Ptr> {
          QS_RETURN_IF_ERROR(need_positive(o.partition_size, "--partition-size", "bytescheduler"));
          QS_RETURN_IF_ERROR(need_positive(o.credit_size, "--credit-size", "bytescheduler"));
          QS_RETURN_IF_ERROR(need_positive(o.fusion_size, "--fusion-size", "bytescheduler"));
-         return Ptr(new ByteSchedulerAr(ctx, o.partition_size, o.credit_size, o.fusion_size, o.startup_time));
+         return Ptr(new ByteSchedulerAr(ctx, o.partition_size, o.credit_size, o.fusion_size,
+                                        o.startup_time));
        }},
   };
   return r.add(std::move(knobs), std::move(policies));

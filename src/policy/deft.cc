@@ -61,7 +61,8 @@ KnapsackSolution greedy_knapsack(const std::vector<KnapsackItem>& items, TimeNs 
   for (auto [cap, l] : sacks) {
     TimeNs left = cap;
     for (int i : order) {
-      if (link[static_cast<std::size_t>(i)] < 0 && items[static_cast<std::size_t>(i)].time <= left) {
+      if (link[static_cast<std::size_t>(i)] < 0 &&
+          items[static_cast<std::size_t>(i)].time <= left) {
         link[static_cast<std::size_t>(i)] = l;
         left -= items[static_cast<std::size_t>(i)].time;
       }
@@ -108,7 +109,8 @@ KnapsackSolution exact_knapsack(const std::vector<KnapsackItem>& items, TimeNs c
   std::vector<int> order(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) order[i] = static_cast<int>(i);
   std::sort(order.begin(), order.end(), [&](int a, int b) {
-    const TimeNs x = items[static_cast<std::size_t>(a)].time, y = items[static_cast<std::size_t>(b)].time;
+    const TimeNs x = items[static_cast<std::size_t>(a)].time,
+                 y = items[static_cast<std::size_t>(b)].time;
     return x != y ? x > y : a < b;
   });
   ExactSearch s;
@@ -121,7 +123,8 @@ KnapsackSolution exact_knapsack(const std::vector<KnapsackItem>& items, TimeNs c
   s.limit = std::min(s.suffix[0], std::max<TimeNs>(c0, 0) + std::max<TimeNs>(c1, 0));
   s.run(0, c0, c1, 0);
   std::vector<int> link(items.size(), -1);
-  for (std::size_t k = 0; k < order.size(); ++k) link[static_cast<std::size_t>(order[k])] = s.best[k];
+  for (std::size_t k = 0; k < order.size(); ++k)
+    link[static_cast<std::size_t>(order[k])] = s.best[k];
   KnapsackSolution out;
   for (std::size_t i = 0; i < items.size(); ++i) {
     if (link[i] < 0) continue;
@@ -219,7 +222,8 @@ std::vector<Block> deft_buckets(const AllReduceContext& ctx, const PolicyOptions
   const IterationModel m = IterationModel::from(ctx);
   std::vector<Block> blocks = plan_usbyte(m, *ctx.layout, o.deft_partition_size).blocks;
   const double mu = deft_mu(ctx, o);
-  const TimeNs cap = static_cast<TimeNs>(static_cast<double>(m.forward_total()) / (ctx.links.size() > 1 ? mu : 1.0));
+  const TimeNs cap = static_cast<TimeNs>(static_cast<double>(m.forward_total()) /
+                                         (ctx.links.size() > 1 ? mu : 1.0));
   std::vector<Block> out;
   *split = 0;
   for (const Block& b : blocks) {
@@ -249,9 +253,13 @@ std::vector<Block> deft_buckets(const AllReduceContext& ctx, const PolicyOptions
   return out;
 }
 
-DeftPolicy::DeftPolicy(const AllReduceContext& ctx, const PolicyOptions& o, std::vector<Block> buckets,
-                       double capacity_scale)
-    : ctx_(ctx), opts_(o), buckets_(std::move(buckets)), scale_(capacity_scale), exact_max_(o.deft_exact_max_items),
+DeftPolicy::DeftPolicy(const AllReduceContext& ctx, const PolicyOptions& o,
+                       std::vector<Block> buckets, double capacity_scale)
+    : ctx_(ctx),
+      opts_(o),
+      buckets_(std::move(buckets)),
+      scale_(capacity_scale),
+      exact_max_(o.deft_exact_max_items),
       link_cost_(ctx.links) {
   feedback_ = o.deft_loss_feedback;
   epsilon_ = o.deft_epsilon;
@@ -285,7 +293,8 @@ DeftPolicy::DeftPolicy(const AllReduceContext& ctx, const PolicyOptions& o, std:
 // queue, with this one) bring enough computation to cover it: k >= its time / one
 // iteration's compute. Merging then amortises its startup as DeFT intends (the update of
 // k iterations is one step of batch kB), and the Preserver's raises shorten k.
-void DeftPolicy::take_one_if_none_fits(KnapsackSolution& sol, const std::vector<KnapsackItem>& items,
+void DeftPolicy::take_one_if_none_fits(KnapsackSolution& sol,
+                                       const std::vector<KnapsackItem>& items,
                                        std::int64_t iteration) const {
   if (!sol.ids.empty() || items.empty()) return;
   const KnapsackItem* best = &items[0];
@@ -293,10 +302,13 @@ void DeftPolicy::take_one_if_none_fits(KnapsackSolution& sol, const std::vector<
     if (it.time < best->time) best = &it;
   }
   const double stage = scale_ * static_cast<double>(backward_total_);
-  if (static_cast<double>(best->time) <= stage) return;  // it fits an idle stage: the knapsack's call
-  const double per_iteration = std::max(1.0, scale_ * static_cast<double>(backward_total_ + forward_total_));
+  if (static_cast<double>(best->time) <= stage)
+    return;  // it fits an idle stage: the knapsack's call
+  const double per_iteration =
+      std::max(1.0, scale_ * static_cast<double>(backward_total_ + forward_total_));
   const std::int64_t merged = future_ ? iteration - future_first_ + 1 : 1;
-  if (static_cast<double>(merged) < std::ceil(static_cast<double>(best->time) / per_iteration)) return;
+  if (static_cast<double>(merged) < std::ceil(static_cast<double>(best->time) / per_iteration))
+    return;
   sol.ids.push_back(best->id);
   sol.links.push_back(emptiest_link());
   sol.total += best->time;
@@ -304,13 +316,16 @@ void DeftPolicy::take_one_if_none_fits(KnapsackSolution& sol, const std::vector<
 
 std::pair<TimeNs, TimeNs> DeftPolicy::capacities(TimeNs compute, TimeNs now) const {
   const double c = scale_ * static_cast<double>(compute);
-  auto backlog = [&](std::size_t l) { return static_cast<double>(std::max<TimeNs>(0, link_free_[l] - now)); };
+  auto backlog = [&](std::size_t l) {
+    return static_cast<double>(std::max<TimeNs>(0, link_free_[l] - now));
+  };
   const TimeNs cap0 = static_cast<TimeNs>(std::max(0.0, c - backlog(0)));
   const TimeNs cap1 = two_links_ ? static_cast<TimeNs>(std::max(0.0, (c - backlog(1)) / mu_)) : -1;
   return {cap0, cap1};
 }
 
-KnapsackSolution DeftPolicy::naive_knapsack(const std::vector<KnapsackItem>& items, TimeNs cap0, TimeNs cap1) {
+KnapsackSolution DeftPolicy::naive_knapsack(const std::vector<KnapsackItem>& items, TimeNs cap0,
+                                            TimeNs cap1) {
   ++knapsacks_;
   KnapsackSolution g = greedy_knapsack(items, cap0, cap1);
   if (static_cast<int>(items.size()) > exact_max_) return g;
@@ -329,7 +344,8 @@ KnapsackSolution DeftPolicy::recursive_knapsack(const std::vector<KnapsackItem>&
                                                 const std::vector<TimeNs>& step, TimeNs cap0,
                                                 TimeNs cap1, std::size_t from) {
   if (from >= items.size()) return {};
-  const std::vector<KnapsackItem> rest(items.begin() + static_cast<std::ptrdiff_t>(from), items.end());
+  const std::vector<KnapsackItem> rest(items.begin() + static_cast<std::ptrdiff_t>(from),
+                                       items.end());
   KnapsackSolution order1 = naive_knapsack(rest, cap0, cap1);
   if (from + 1 >= items.size()) return order1;
   const TimeNs t = step[from + 1];
@@ -337,7 +353,8 @@ KnapsackSolution DeftPolicy::recursive_knapsack(const std::vector<KnapsackItem>&
     return order1;  // order2 would be empty
   }
   KnapsackSolution order2 = recursive_knapsack(
-      items, step, cap0 - t, cap1 < 0 ? cap1 : cap1 - static_cast<TimeNs>(static_cast<double>(t) / mu_), from + 1);
+      items, step, cap0 - t,
+      cap1 < 0 ? cap1 : cap1 - static_cast<TimeNs>(static_cast<double>(t) / mu_), from + 1);
   return order1.total > order2.total ? order1 : order2;
 }
 
@@ -376,7 +393,8 @@ void DeftPolicy::on_iteration_start(std::int64_t iteration, TimeNs now, Collecti
   TimeNs used0 = 0, used1 = 0;
   if (!current_.empty()) {
     std::vector<KnapsackItem> items;
-    for (std::size_t i = 0; i < current_.size(); ++i) items.push_back({static_cast<int>(i), comm(current_[i].bucket)});
+    for (std::size_t i = 0; i < current_.size(); ++i)
+      items.push_back({static_cast<int>(i), comm(current_[i].bucket)});
     KnapsackSolution sol = naive_knapsack(items, cap0, cap1);
     take_one_if_none_fits(sol, items, iteration);
     std::vector<bool> chosen(current_.size(), false);
@@ -421,10 +439,14 @@ void DeftPolicy::on_iteration_start(std::int64_t iteration, TimeNs now, Collecti
   for (int j = 0; j < n; ++j) items.push_back({j, comm(j)});
   const TimeNs t_first = n > 0 ? step_[0] : 0;
   const TimeNs c0 = std::max<TimeNs>(0, cap0 - used0 - t_first);
-  const TimeNs c1 = cap1 < 0 ? -1 : std::max<TimeNs>(0, cap1 - used1 - static_cast<TimeNs>(static_cast<double>(t_first) / mu_));
+  const TimeNs c1 =
+      cap1 < 0 ? -1
+               : std::max<TimeNs>(
+                     0, cap1 - used1 - static_cast<TimeNs>(static_cast<double>(t_first) / mu_));
   const KnapsackSolution sol = recursive_knapsack(items, step_, c0, c1);
   std::vector<int> link(static_cast<std::size_t>(n), -1);
-  for (std::size_t k = 0; k < sol.ids.size(); ++k) link[static_cast<std::size_t>(sol.ids[k])] = sol.links[k];
+  for (std::size_t k = 0; k < sol.ids.size(); ++k)
+    link[static_cast<std::size_t>(sol.ids[k])] = sol.links[k];
   for (int j = 0; j < n; ++j) {
     Item it{j, first, iteration, false};
     if (link[static_cast<std::size_t>(j)] >= 0) {
@@ -464,7 +486,8 @@ void DeftPolicy::on_forward_start(int layer, TimeNs now, CollectiveSink& out) {
     // with the forward time as capacity.
     auto [cap0, cap1] = capacities(forward_total_, now);
     std::vector<KnapsackItem> items;
-    for (std::size_t i = 0; i < current_.size(); ++i) items.push_back({static_cast<int>(i), comm(current_[i].bucket)});
+    for (std::size_t i = 0; i < current_.size(); ++i)
+      items.push_back({static_cast<int>(i), comm(current_[i].bucket)});
     const KnapsackSolution sol = naive_knapsack(items, cap0, cap1);
     std::vector<bool> chosen(current_.size(), false);
     for (std::size_t k = 0; k < sol.ids.size(); ++k) {
@@ -616,41 +639,52 @@ std::vector<std::string> DeftPolicy::report() const {
     if (i < 40) seq += (seq.empty() ? "" : " ") + std::to_string(u.last - u.first + 1) + "B";
   }
   if (updates_.size() > 40) seq += " ...";
-  std::snprintf(buf, sizeof buf, "update frequency %.3f (%zu updates for %lld iterations); effective batch sizes: %s",
-                covered > 0 ? static_cast<double>(updates_.size()) / static_cast<double>(covered) : 0.0,
-                updates_.size(), static_cast<long long>(covered), seq.c_str());
+  std::snprintf(
+      buf, sizeof buf,
+      "update frequency %.3f (%zu updates for %lld iterations); effective batch sizes: %s",
+      covered > 0 ? static_cast<double>(updates_.size()) / static_cast<double>(covered) : 0.0,
+      updates_.size(), static_cast<long long>(covered), seq.c_str());
   r.emplace_back(buf);
   int cases[5] = {0, 0, 0, 0, 0};
   for (const DeftStage& s : stages_) ++cases[s.which_case];
-  std::snprintf(buf, sizeof buf,
-                "stages: case 1 x%d, case 2 x%d, case 3 x%d, case 4 x%d; %d knapsacks, the greedy lost %d "
-                "(by %s in total)",
-                cases[1], cases[2], cases[3], cases[4], knapsacks_, greedy_losses_, format_time(greedy_lost_).c_str());
+  std::snprintf(
+      buf, sizeof buf,
+      "stages: case 1 x%d, case 2 x%d, case 3 x%d, case 4 x%d; %d knapsacks, the greedy lost %d "
+      "(by %s in total)",
+      cases[1], cases[2], cases[3], cases[4], knapsacks_, greedy_losses_,
+      format_time(greedy_lost_).c_str());
   r.emplace_back(buf);
   std::string cyc;
   for (int k : cycle_) cyc += (cyc.empty() ? "" : " ") + std::to_string(k) + "B";
   if (feedback_) {
     if (judgements_.empty()) {
-      std::snprintf(buf, sizeof buf, "Preserver (measured training): no judgement yet (every %d iterations); capacity x%.3f",
-                    horizon_, scale_);
+      std::snprintf(
+          buf, sizeof buf,
+          "Preserver (measured training): no judgement yet (every %d iterations); capacity x%.3f",
+          horizon_, scale_);
     } else {
       const PreserverJudgement& j = judgements_.back();
       std::snprintf(buf, sizeof buf,
-                    "Preserver (measured training): %zu judgements, capacity raised %d times (x%.3f); the last, at "
-                    "iteration %lld: loss ratio %.4f over the cycle [%s], loss %.4g, |g|^2 %.4g, sigma %.4g, lr %.4g, "
+                    "Preserver (measured training): %zu judgements, capacity raised %d times "
+                    "(x%.3f); the last, at "
+                    "iteration %lld: loss ratio %.4f over the cycle [%s], loss %.4g, |g|^2 %.4g, "
+                    "sigma %.4g, lr %.4g, "
                     "batch %.0f",
-                    judgements_.size(), retries_, scale_, static_cast<long long>(j.iteration), j.ratio, cyc.c_str(),
-                    j.loss, j.grad_sq, j.noise, j.lr, j.batch);
+                    judgements_.size(), retries_, scale_, static_cast<long long>(j.iteration),
+                    j.ratio, cyc.c_str(), j.loss, j.grad_sq, j.noise, j.lr, j.batch);
       if (j.raised) {
         std::string res;
         for (int k : j.resolved) res += (res.empty() ? "" : " ") + std::to_string(k) + "B";
         r.emplace_back(buf);
-        std::snprintf(buf, sizeof buf, "  after it the Solver re-solved to the cycle [%s] (dry run), loss ratio %.4f",
-                      res.c_str(), j.resolved_ratio);
+        std::snprintf(
+            buf, sizeof buf,
+            "  after it the Solver re-solved to the cycle [%s] (dry run), loss ratio %.4f",
+            res.c_str(), j.resolved_ratio);
       }
     }
   } else {
-    std::snprintf(buf, sizeof buf, "Preserver: loss ratio %.4f over the cycle [%s] after %d retries; capacity x%.3f",
+    std::snprintf(buf, sizeof buf,
+                  "Preserver: loss ratio %.4f over the cycle [%s] after %d retries; capacity x%.3f",
                   ratio_, cyc.c_str(), retries_, scale_);
   }
   r.emplace_back(buf);
@@ -665,7 +699,8 @@ namespace {
 // links are FIFO), T = a + bM on its own cost, as the engine's AllReduceLinks do.
 class DryRunLinks final : public CollectiveSink {
  public:
-  explicit DryRunLinks(const std::vector<AllReduceCost>& costs) : costs_(costs), free_(costs.size(), 0) {}
+  explicit DryRunLinks(const std::vector<AllReduceCost>& costs)
+      : costs_(costs), free_(costs.size(), 0) {}
   void all_reduce(const CollectiveBucket& b, TimeNs delay) override {
     Bytes bytes = 0;
     for (const Chunk& c : b.chunks) bytes += c.length;
@@ -702,7 +737,8 @@ class DryRunLinks final : public CollectiveSink {
 }  // namespace
 
 std::vector<int> deft_dry_run(const AllReduceContext& ctx, const PolicyOptions& o,
-                              const std::vector<Block>& buckets, double capacity_scale, int iterations) {
+                              const std::vector<Block>& buckets, double capacity_scale,
+                              int iterations) {
   DeftPolicy p(ctx, o, buckets, capacity_scale);
   const IterationModel m = IterationModel::from(ctx);
   DryRunLinks links(ctx.links);
@@ -744,22 +780,29 @@ std::vector<int> batch_cycle(const std::vector<int>& ks) {
   const std::size_t n = ks.size();
   for (std::size_t p = 1; 2 * p <= n; ++p) {
     bool periodic = true;
-    for (std::size_t j = std::max(p, n - n / 2); j < n && periodic; ++j) periodic = ks[j] == ks[j - p];
+    for (std::size_t j = std::max(p, n - n / 2); j < n && periodic; ++j)
+      periodic = ks[j] == ks[j - p];
     if (periodic) return std::vector<int>(ks.end() - static_cast<std::ptrdiff_t>(p), ks.end());
   }
   return std::vector<int>(ks.begin() + static_cast<std::ptrdiff_t>(n / 2), ks.end());
 }
 
-Result<std::unique_ptr<AllReducePolicy>> make_deft(const AllReduceContext& ctx, const PolicyOptions& o) {
-  if (o.deft_partition_size <= 0) return invalid_argument("deft: the partition size must be positive");
+Result<std::unique_ptr<AllReducePolicy>> make_deft(const AllReduceContext& ctx,
+                                                   const PolicyOptions& o) {
+  if (o.deft_partition_size <= 0)
+    return invalid_argument("deft: the partition size must be positive");
   if (!(o.deft_mu >= 0)) return invalid_argument("deft: mu must be >= 0 (0 = measured)");
-  if (!(o.deft_epsilon > 0 && o.deft_epsilon < 1)) return invalid_argument("deft: epsilon must be in (0, 1)");
-  if (o.deft_max_retries < 0 || o.deft_max_retries > 100) return invalid_argument("deft: retries must be in 0..100");
+  if (!(o.deft_epsilon > 0 && o.deft_epsilon < 1))
+    return invalid_argument("deft: epsilon must be in (0, 1)");
+  if (o.deft_max_retries < 0 || o.deft_max_retries > 100)
+    return invalid_argument("deft: retries must be in 0..100");
   if (o.deft_exact_max_items < 0 || o.deft_exact_max_items > 20) {
     return invalid_argument("deft: exact knapsack limit must be in 0..20 items");
   }
-  if (o.deft_horizon < 2 || o.deft_horizon > 1000) return invalid_argument("deft: the horizon must be in 2..1000");
-  if (!(o.deft_capacity_step > 0)) return invalid_argument("deft: the capacity step must be positive");
+  if (o.deft_horizon < 2 || o.deft_horizon > 1000)
+    return invalid_argument("deft: the horizon must be in 2..1000");
+  if (!(o.deft_capacity_step > 0))
+    return invalid_argument("deft: the capacity step must be positive");
   if (!(o.deft_capacity_scale > 0 && o.deft_capacity_scale <= 100)) {
     return invalid_argument("deft: the capacity scale must be in (0, 100]");
   }
@@ -792,56 +835,76 @@ Result<std::unique_ptr<AllReducePolicy>> make_deft(const AllReduceContext& ctx, 
 Status register_deft(PolicyRegistry& r) {
   auto knob = [](const char* name, const char* flag, KnobType type, const char* help, auto field,
                  bool (*accepts)(double) = nullptr, const char* requirement = "") {
-    return Knob{.name = name, .flag = flag, .type = type, .help = help, .field = knob_field(field),
-                .accepts = accepts, .requirement = requirement};
+    return Knob{.name = name,
+                .flag = flag,
+                .type = type,
+                .help = help,
+                .field = knob_field(field),
+                .accepts = accepts,
+                .requirement = requirement};
   };
   std::vector<Knob> knobs = {
-      knob("deft_mu", "--deft-mu", KnobType::kDouble, "speed ratio of the two links", &DeftOptions::deft_mu,
-           knob_positive, "must be positive"),
-      knob("deft_epsilon", "--deft-epsilon", KnobType::kDouble, "Preserver epsilon", &DeftOptions::deft_epsilon,
-           [](double v) { return v > 0 && v < 1; }, "must be in (0, 1)"),
-      knob("deft_partition_size", "--deft-partition-size", KnobType::kBytes, "bucket partition size (III-D)",
-           &DeftOptions::deft_partition_size),
-      knob("deft_exact_max_items", "--deft-exact-items", KnobType::kInt,
-           "also solve knapsacks of at most this many buckets exactly (0: the paper's greedy only)",
-           &DeftOptions::deft_exact_max_items,
-           [](double v) { return v >= 0 && v <= 20; }, "must be in 0..20"),
-      knob("deft_max_retries", "--deft-max-retries", KnobType::kInt, "Preserver: capacity raises at most (0: the Preserver off)",
-           &DeftOptions::deft_max_retries, [](double v) { return v >= 0 && v <= 100; }, "must be in 0..100"),
+      knob("deft_mu", "--deft-mu", KnobType::kDouble, "speed ratio of the two links",
+           &DeftOptions::deft_mu, knob_positive, "must be positive"),
+      knob(
+          "deft_epsilon", "--deft-epsilon", KnobType::kDouble, "Preserver epsilon",
+          &DeftOptions::deft_epsilon, [](double v) { return v > 0 && v < 1; }, "must be in (0, 1)"),
+      knob("deft_partition_size", "--deft-partition-size", KnobType::kBytes,
+           "bucket partition size (III-D)", &DeftOptions::deft_partition_size),
+      knob(
+          "deft_exact_max_items", "--deft-exact-items", KnobType::kInt,
+          "also solve knapsacks of at most this many buckets exactly (0: the paper's greedy only)",
+          &DeftOptions::deft_exact_max_items, [](double v) { return v >= 0 && v <= 20; },
+          "must be in 0..20"),
+      knob(
+          "deft_max_retries", "--deft-max-retries", KnobType::kInt,
+          "Preserver: capacity raises at most (0: the Preserver off)",
+          &DeftOptions::deft_max_retries, [](double v) { return v >= 0 && v <= 100; },
+          "must be in 0..100"),
       knob("deft_capacity_step", "--deft-capacity-step", KnobType::kDouble,
-           "Preserver: each retry multiplies the knapsack capacities by 1 + this", &DeftOptions::deft_capacity_step,
-           knob_positive, "must be positive"),
-      knob("deft_capacity_scale", "--deft-capacity-scale", KnobType::kDouble,
-           "every knapsack capacity starts multiplied by this (the Preserver raises it)",
-           &DeftOptions::deft_capacity_scale, [](double v) { return v > 0 && v <= 100; }, "must be in (0, 100]"),
-      knob("deft_horizon", "--deft-horizon", KnobType::kInt, "Preserver: iterations of the dry run (measured training: between judgements)",
-           &DeftOptions::deft_horizon, [](double v) { return v >= 2 && v <= 1000; }, "must be in 2..1000"),
-      knob("deft_loss_s0", "--deft-loss-s0", KnobType::kDouble, "Preserver loss model: start state s_A",
-           &DeftOptions::deft_loss_s0),
-      knob("deft_loss_target", "--deft-loss-target", KnobType::kDouble, "Preserver loss model: objective S*",
-           &DeftOptions::deft_loss_target),
+           "Preserver: each retry multiplies the knapsack capacities by 1 + this",
+           &DeftOptions::deft_capacity_step, knob_positive, "must be positive"),
+      knob(
+          "deft_capacity_scale", "--deft-capacity-scale", KnobType::kDouble,
+          "every knapsack capacity starts multiplied by this (the Preserver raises it)",
+          &DeftOptions::deft_capacity_scale, [](double v) { return v > 0 && v <= 100; },
+          "must be in (0, 100]"),
+      knob(
+          "deft_horizon", "--deft-horizon", KnobType::kInt,
+          "Preserver: iterations of the dry run (measured training: between judgements)",
+          &DeftOptions::deft_horizon, [](double v) { return v >= 2 && v <= 1000; },
+          "must be in 2..1000"),
+      knob("deft_loss_s0", "--deft-loss-s0", KnobType::kDouble,
+           "Preserver loss model: start state s_A", &DeftOptions::deft_loss_s0),
+      knob("deft_loss_target", "--deft-loss-target", KnobType::kDouble,
+           "Preserver loss model: objective S*", &DeftOptions::deft_loss_target),
       knob("deft_lr", "--deft-lr", KnobType::kDouble, "Preserver loss model: learning rate eta",
            &DeftOptions::deft_lr),
-      knob("deft_loss_mu", "--deft-loss-mu", KnobType::kDouble, "Preserver loss model: per-sample gradient mean",
-           &DeftOptions::deft_loss_mu),
+      knob("deft_loss_mu", "--deft-loss-mu", KnobType::kDouble,
+           "Preserver loss model: per-sample gradient mean", &DeftOptions::deft_loss_mu),
       knob("deft_loss_sigma", "--deft-loss-sigma", KnobType::kDouble,
            "Preserver loss model: per-sample gradient deviation", &DeftOptions::deft_loss_sigma),
       knob("deft_loss_feedback", "--deft-loss-feedback", KnobType::kBool,
-           "Preserver: judge the executed schedule every horizon with the loss, gradient and lr that real training "
-           "measures (PyTorch sets it)", &DeftOptions::deft_loss_feedback),
+           "Preserver: judge the executed schedule every horizon with the loss, gradient and lr "
+           "that real training "
+           "measures (PyTorch sets it)",
+           &DeftOptions::deft_loss_feedback),
   };
   // The partitions and buckets are byte sizes of the model's tensors.
   knobs[2].scales = true;
   knobs[2].cuts = true;
   std::vector<std::string> names;
   for (const Knob& k : knobs) names.push_back(k.name);
-  return r.add(std::move(knobs), {{.name = "deft", .architecture = Architecture::kAllReduce,
-                                   .summary = "delayed updates: two knapsacks per stage over two links",
-                                   .knobs = std::move(names), .rank = 80,
-                                   .delays_updates = true,
-                                   .make_allreduce = [](const PolicyOptions& o, const AllReduceContext& ctx) {
-                                     return make_deft(ctx, o);
-                                   }}});
+  return r.add(std::move(knobs),
+               {{.name = "deft",
+                 .architecture = Architecture::kAllReduce,
+                 .summary = "delayed updates: two knapsacks per stage over two links",
+                 .knobs = std::move(names),
+                 .rank = 80,
+                 .delays_updates = true,
+                 .make_allreduce = [](const PolicyOptions& o, const AllReduceContext& ctx) {
+                   return make_deft(ctx, o);
+                 }}});
 }
 
 }  // namespace qs

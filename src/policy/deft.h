@@ -14,11 +14,11 @@ namespace qs {
 // One stage decision of section III-B.
 struct DeftStage {
   std::int64_t iteration = 0;
-  bool forward = false;  // the forward stage (Case 1) or the backward stage (Cases 2-4)
-  int which_case = 0;    // 1..4
-  int issued_old = 0;    // buckets of the current task queue issued in this stage
-  int issued_new = 0;    // buckets of this iteration (possibly merged) selected
-  int current_after = 0; // unissued buckets left in the current task queue
+  bool forward = false;       // the forward stage (Case 1) or the backward stage (Cases 2-4)
+  int which_case = 0;         // 1..4
+  int issued_old = 0;         // buckets of the current task queue issued in this stage
+  int issued_new = 0;         // buckets of this iteration (possibly merged) selected
+  int current_after = 0;      // unissued buckets left in the current task queue
   bool future_after = false;  // the future task queue holds iterations after the stage
 };
 
@@ -68,8 +68,8 @@ class DeftPolicy final : public AllReducePolicy {
     std::int64_t iteration = 0;  // the last measured iteration it judged
     std::vector<int> cycle;      // the executed schedule's batch multiples
     double loss = 0, grad_sq = 0, noise = 0, lr = 0, batch = 0;  // window means (lr: last)
-    double ratio = 1.0;          // E_OB / E_OD
-    bool raised = false;         // the capacities were raised after it
+    double ratio = 1.0;                                          // E_OB / E_OD
+    bool raised = false;  // the capacities were raised after it
     // When raised: the last re-solved schedule the Preserver tested (the dry run's cycle
     // at the final capacity) and its ratio.
     std::vector<int> resolved;
@@ -118,9 +118,9 @@ class DeftPolicy final : public AllReducePolicy {
   AllReduceContext ctx_;
   PolicyOptions opts_;  // the dry runs of the Preserver's re-solves (on_feedback)
   std::vector<Block> buckets_;
-  std::vector<TimeNs> comm_;        // per bucket: T_ar on link 0
-  std::vector<TimeNs> ready_;       // per bucket: gradient ready after the backward start
-  std::vector<TimeNs> step_;        // per bucket: computation since the previous bucket
+  std::vector<TimeNs> comm_;   // per bucket: T_ar on link 0
+  std::vector<TimeNs> ready_;  // per bucket: gradient ready after the backward start
+  std::vector<TimeNs> step_;   // per bucket: computation since the previous bucket
   TimeNs backward_total_ = 0, forward_total_ = 0;
   double mu_ = 1.65;
   bool two_links_ = false;
@@ -128,10 +128,10 @@ class DeftPolicy final : public AllReducePolicy {
   int exact_max_ = 12;
   std::vector<AllReduceCost> link_cost_;
 
-  std::vector<Item> current_;             // the current task queue
-  bool future_ = false;                   // the future task queue: every bucket of
+  std::vector<Item> current_;                        // the current task queue
+  bool future_ = false;                              // the future task queue: every bucket of
   std::int64_t future_first_ = 0, future_last_ = 0;  // iterations first..last
-  std::vector<std::pair<Item, int>> selected_new_;  // (item, link) issued when ready
+  std::vector<std::pair<Item, int>> selected_new_;   // (item, link) issued when ready
   std::map<std::pair<std::int64_t, std::int64_t>, int> open_;  // range -> buckets not yet reduced
   std::map<std::uint64_t, InFlight> in_flight_;
   std::map<std::int64_t, int> in_flight_per_stage_;
@@ -139,7 +139,7 @@ class DeftPolicy final : public AllReducePolicy {
   std::vector<int> link_busy_;     // collectives in flight per link
   std::int64_t stage_ = 0;         // increments at every stage start
   std::int64_t iteration_ = 0;
-  std::int64_t merged_from_ = 0;   // iteration_'s range starts here (merged_from)
+  std::int64_t merged_from_ = 0;  // iteration_'s range starts here (merged_from)
   std::uint64_t next_id_ = 0;
 
   std::vector<DeftStage> stages_;
@@ -158,7 +158,8 @@ class DeftPolicy final : public AllReducePolicy {
   std::size_t judged_updates_ = 0;  // updates_ before this index were judged already
   std::int64_t covered_ = 0;        // iterations the judged updates applied
   std::vector<PreserverJudgement> judgements_;
-  friend Result<std::unique_ptr<AllReducePolicy>> make_deft(const AllReduceContext&, const PolicyOptions&);
+  friend Result<std::unique_ptr<AllReducePolicy>> make_deft(const AllReduceContext&,
+                                                            const PolicyOptions&);
 };
 
 // The batch-size multiples of DeFT's updates over `iterations` iterations of a dry run on
@@ -167,7 +168,8 @@ class DeftPolicy final : public AllReducePolicy {
 // schedule the all-reduce engine executes on a constant bandwidth, up to the order of
 // events at equal times.
 std::vector<int> deft_dry_run(const AllReduceContext& ctx, const PolicyOptions& o,
-                              const std::vector<Block>& buckets, double capacity_scale, int iterations);
+                              const std::vector<Block>& buckets, double capacity_scale,
+                              int iterations);
 // The shortest cycle that repeats over the second half of `ks` (its second half if none
 // does).
 std::vector<int> batch_cycle(const std::vector<int>& ks);

@@ -22,11 +22,11 @@ Status need_positive(Bytes v, std::string_view what, std::string_view policy);
 
 // The registrar of the mutable registry while it is built (registry.cc).
 class PolicyRegistry;
-Status register_placement_knobs(PolicyRegistry& r);    // layout.cc
-Status register_ps_policies(PolicyRegistry& r);        // ps_policies.cc
-Status register_prophet(PolicyRegistry& r);            // prophet.cc
-Status register_allreduce_policies(PolicyRegistry& r); // allreduce_policies.cc
-Status register_usbyte(PolicyRegistry& r);             // usbyte.cc
-Status register_deft(PolicyRegistry& r);               // deft.cc
+Status register_placement_knobs(PolicyRegistry& r);     // layout.cc
+Status register_ps_policies(PolicyRegistry& r);         // ps_policies.cc
+Status register_prophet(PolicyRegistry& r);             // prophet.cc
+Status register_allreduce_policies(PolicyRegistry& r);  // allreduce_policies.cc
+Status register_usbyte(PolicyRegistry& r);              // usbyte.cc
+Status register_deft(PolicyRegistry& r);                // deft.cc
 
 }  // namespace qs

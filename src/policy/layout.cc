@@ -15,8 +15,8 @@ TensorLayout::TensorLayout(const Profile& profile) {
     const auto first = static_cast<TensorId>(tensors_.size());
     Bytes lb = 0;
     for (const TensorSpec& t : profile.layers[static_cast<std::size_t>(l)].tensors) {
-      tensors_.push_back(TensorInfo{static_cast<TensorId>(tensors_.size()), l, t.bytes(),
-                                    t.bytes_per_element});
+      tensors_.push_back(
+          TensorInfo{static_cast<TensorId>(tensors_.size()), l, t.bytes(), t.bytes_per_element});
       lb += t.bytes();
     }
     layer_tensors_.emplace_back(first, static_cast<TensorId>(tensors_.size()));
@@ -27,13 +27,15 @@ TensorLayout::TensorLayout(const Profile& profile) {
 
 Placement::Placement(const TensorLayout& layout, int servers, Bytes split_threshold,
                      const std::vector<double>& shares)
-    : servers_(servers), slices_(static_cast<std::size_t>(layout.num_tensors())),
+    : servers_(servers),
+      slices_(static_cast<std::size_t>(layout.num_tensors())),
       load_(static_cast<std::size_t>(servers), 0) {
   QS_CHECK(servers >= 1 && split_threshold >= 1);
   QS_CHECK(shares.empty() || static_cast<int>(shares.size()) == servers);
   for (double s : shares) QS_CHECK(s > 0 && s < 1e300);
   // Equal shares are the balanced placement, exactly (the same integer rules below).
-  const bool weighted = std::adjacent_find(shares.begin(), shares.end(), std::not_equal_to<>()) != shares.end();
+  const bool weighted =
+      std::adjacent_find(shares.begin(), shares.end(), std::not_equal_to<>()) != shares.end();
   double total_share = 0;
   for (double s : shares) total_share += s;
   for (const TensorInfo& t : layout.tensors()) {
@@ -46,7 +48,9 @@ Placement::Placement(const TensorLayout& layout, int servers, Bytes split_thresh
       double upto = 0;
       for (int s = 0; s < servers; ++s) {
         upto += shares[static_cast<std::size_t>(s)];
-        Bytes end = s + 1 == servers ? elems : std::llround(static_cast<double>(elems) * upto / total_share);
+        Bytes end = s + 1 == servers
+                        ? elems
+                        : std::llround(static_cast<double>(elems) * upto / total_share);
         end = std::clamp<Bytes>(end, offset / t.element_size + 1, elems - (servers - 1 - s));
         const Bytes n = end * t.element_size - offset;
         out.push_back(Slice{s, Chunk{t.id, offset, n}});
@@ -68,7 +72,9 @@ Placement::Placement(const TensorLayout& layout, int servers, Bytes split_thresh
       // The server whose load over its share is least (ties: lowest id).
       std::size_t best = 0;
       for (std::size_t s = 1; s < load_.size(); ++s) {
-        if (static_cast<double>(load_[s]) * shares[best] < static_cast<double>(load_[best]) * shares[s]) best = s;
+        if (static_cast<double>(load_[s]) * shares[best] <
+            static_cast<double>(load_[best]) * shares[s])
+          best = s;
       }
       out.push_back(Slice{static_cast<int>(best), Chunk{t.id, 0, t.bytes}});
       load_[best] += t.bytes;
@@ -82,7 +88,9 @@ Placement::Placement(const TensorLayout& layout, int servers, Bytes split_thresh
 }
 
 const Slice* Placement::owning_slice(const Chunk& c, int server) const {
-  if (c.tensor < 0 || c.tensor >= static_cast<TensorId>(slices_.size()) || c.offset < 0 || c.length < 0) return nullptr;
+  if (c.tensor < 0 || c.tensor >= static_cast<TensorId>(slices_.size()) || c.offset < 0 ||
+      c.length < 0)
+    return nullptr;
   // The slices are in offset order and tile the tensor: the one holding c.offset is the
   // last that starts at or before it (a binary search: a tensor has up to M slices).
   const auto& slices = slices_[static_cast<std::size_t>(c.tensor)];
@@ -142,8 +150,11 @@ std::vector<Chunk> split_chunk(const Chunk& c, Bytes max_bytes, Bytes align) {
 
 // The knob every PS policy shares: where a tensor is split over all servers.
 Status register_placement_knobs(PolicyRegistry& r) {
-  return r.add({{.name = "split_threshold", .flag = "--split-threshold", .type = KnobType::kBytes,
-                 .help = "tensors of at least this size are split over all servers", .scales = true,
+  return r.add({{.name = "split_threshold",
+                 .flag = "--split-threshold",
+                 .type = KnobType::kBytes,
+                 .help = "tensors of at least this size are split over all servers",
+                 .scales = true,
                  .field = knob_field(&PlacementOptions::split_threshold)}},
                {});
 }

@@ -58,10 +58,10 @@ MergeSet mgwfbp_algorithm1(const MergeProblem& p) {
     at(tc, l) = p.cost.time(at(pb, l));
     at(tb, l) = p.tb[static_cast<std::size_t>(l - 1)];
   }
-  at(taub, L) = p.tf;                                                // eq. 19, l = L
+  at(taub, L) = p.tf;                                                              // eq. 19, l = L
   for (int l = L - 1; l >= 1; --l) at(taub, l) = at(taub, l + 1) + at(tb, l + 1);  // line 9-10
-  at(taub, 0) = at(taub, 1) + at(tb, 1);                             // see above
-  auto comm_start = [&]() {                                          // lines 21-26
+  at(taub, 0) = at(taub, 1) + at(tb, 1);                                           // see above
+  auto comm_start = [&]() {                                                        // lines 21-26
     std::vector<TimeNs> tauc(static_cast<std::size_t>(L + 1));
     at(tauc, L) = at(taub, L) + at(tb, L);
     for (int l = L - 1; l >= 1; --l) {
@@ -72,8 +72,8 @@ MergeSet mgwfbp_algorithm1(const MergeProblem& p) {
   std::vector<TimeNs> tauc = comm_start();  // line 11
   for (int l = L; l >= 2; --l) {            // lines 12-16
     if (at(taub, l - 2) - at(tauc, l) < p.cost.a) {
-      at(tc, l) = 0;                          // MERGE, line 18
-      at(pb, l - 1) = at(pb, l - 1) + at(pb, l);  // line 19
+      at(tc, l) = 0;                               // MERGE, line 18
+      at(pb, l - 1) = at(pb, l - 1) + at(pb, l);   // line 19
       at(tc, l - 1) = p.cost.time(at(pb, l - 1));  // line 20
       tauc = comm_start();
       merged[static_cast<std::size_t>(l - 1)] = true;
@@ -96,8 +96,10 @@ MergeSet optimal_merge(const MergeProblem& p) {
   std::vector<Bytes> prefix(static_cast<std::size_t>(L + 2), 0);  // prefix[j] = sum_{l >= j} p
   ready[static_cast<std::size_t>(L + 1)] = p.tf;
   for (int l = L; l >= 1; --l) {
-    ready[static_cast<std::size_t>(l)] = ready[static_cast<std::size_t>(l + 1)] + p.tb[static_cast<std::size_t>(l - 1)];
-    prefix[static_cast<std::size_t>(l)] = prefix[static_cast<std::size_t>(l + 1)] + p.bytes[static_cast<std::size_t>(l - 1)];
+    ready[static_cast<std::size_t>(l)] =
+        ready[static_cast<std::size_t>(l + 1)] + p.tb[static_cast<std::size_t>(l - 1)];
+    prefix[static_cast<std::size_t>(l)] =
+        prefix[static_cast<std::size_t>(l + 1)] + p.bytes[static_cast<std::size_t>(l - 1)];
   }
   constexpr TimeNs kNone = std::numeric_limits<TimeNs>::min();
   std::vector<TimeNs> f(static_cast<std::size_t>(L + 2), kNone);
@@ -107,7 +109,8 @@ MergeSet optimal_merge(const MergeProblem& p) {
     int best_i = j;
     for (int i = j; i <= L; ++i) {
       const TimeNs prev = f[static_cast<std::size_t>(i + 1)];
-      const Bytes bytes = prefix[static_cast<std::size_t>(j)] - prefix[static_cast<std::size_t>(i + 1)];
+      const Bytes bytes =
+          prefix[static_cast<std::size_t>(j)] - prefix[static_cast<std::size_t>(i + 1)];
       const TimeNs end = std::max(prev, ready[static_cast<std::size_t>(j)]) + p.cost.time(bytes);
       if (end < best) {
         best = end;

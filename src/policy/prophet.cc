@@ -71,13 +71,17 @@ namespace {
 class Prophet final : public PsPolicy {
  public:
   Prophet(const PolicyOptions& o, const PsContext& ctx)
-      : ctx_(ctx), startup_(o.startup_time), overrun_(o.prophet_allow_overrun),
-        bandwidth_(ctx.bandwidth), rate_(ctx.bandwidth) {
+      : ctx_(ctx),
+        startup_(o.startup_time),
+        overrun_(o.prophet_allow_overrun),
+        bandwidth_(ctx.bandwidth),
+        rate_(ctx.bandwidth) {
     const TensorLayout& layout = *ctx.layout;
     partitions_.resize(static_cast<std::size_t>(layout.num_tensors()));
     for (const TensorInfo& t : layout.tensors()) {
       auto& out = partitions_[static_cast<std::size_t>(t.id)];
-      push_interleaved(ctx, t.id, o.prophet_partition_size, [&](const PushUnit& u) { out.push_back(u); });
+      push_interleaved(ctx, t.id, o.prophet_partition_size,
+                       [&](const PushUnit& u) { out.push_back(u); });
     }
   }
 
@@ -104,11 +108,15 @@ class Prophet final : public PsPolicy {
   // of the next iteration holds less (docs/policies-ps.md, Prophet).
   std::vector<std::string> report() const override {
     if (estimates_.count() == 0) return {};
-    const auto mbps = [](std::int64_t b) { return std::to_string((b + 500'000) / 1'000'000) + " Mbit/s"; };
+    const auto mbps = [](std::int64_t b) {
+      return std::to_string((b + 500'000) / 1'000'000) + " Mbit/s";
+    };
     const std::int64_t median = estimates_.percentile(50);
-    const double of = static_cast<double>(median) / static_cast<double>(ctx_.bandwidth.bits_per_second);
-    return {"bandwidth monitor: " + std::to_string(estimates_.count()) + " estimates, median " + mbps(median) + " (" +
-            mbps(estimates_.percentile(0)) + " to " + mbps(estimates_.percentile(100)) + "), " +
+    const double of =
+        static_cast<double>(median) / static_cast<double>(ctx_.bandwidth.bits_per_second);
+    return {"bandwidth monitor: " + std::to_string(estimates_.count()) + " estimates, median " +
+            mbps(median) + " (" + mbps(estimates_.percentile(0)) + " to " +
+            mbps(estimates_.percentile(100)) + "), " +
             std::to_string(static_cast<int>(100 * of + 0.5)) + " % of the rate it started from (" +
             mbps(ctx_.bandwidth.bits_per_second) + ")"};
   }
@@ -127,8 +135,8 @@ class Prophet final : public PsPolicy {
     // generates its gradient at this same instant, so wait for it.
     // The window is this worker's time for that backward: the profile's, scaled by its
     // compute factor, as its GPU runs it.
-    const TimeNs window =
-        scale_time(ctx_.profile->layers[static_cast<std::size_t>(layer - 1)].backward, ctx_.compute_factor);
+    const TimeNs window = scale_time(
+        ctx_.profile->layers[static_cast<std::size_t>(layer - 1)].backward, ctx_.compute_factor);
     if (window == 0) return;
     assemble_block(window, now, out);
   }
@@ -164,7 +172,7 @@ class Prophet final : public PsPolicy {
       // Line 8: t^(q) = c^(p) + T_used; the whole block is handed over now and its
       // partitions go back-to-back from now + startup.
       out.push(unit(q), startup_);
-      used += e;  // line 9
+      used += e;                     // line 9
       ready_.erase(ready_.begin());  // line 10: next most urgent ready partition
     }
     link_free_ = std::max(link_free_, now + used);
@@ -178,7 +186,7 @@ class Prophet final : public PsPolicy {
     // by one in priority order (lines 13-14). Same arithmetic for both.
     for (const Key& k : ready_) {
       out.push(unit(k), t_next - now);  // line 13: t^(p) = t_next
-      t_next += estimate(k);             // line 14 (line 18 for gradient 0)
+      t_next += estimate(k);            // line 14 (line 18 for gradient 0)
     }
     ready_.clear();
     link_free_ = t_next;
@@ -186,9 +194,9 @@ class Prophet final : public PsPolicy {
 
   PsContext ctx_;
   TimeNs startup_;
-  bool overrun_;    // line 7 read as "residual positive" (PolicyOptions)
-  Rate bandwidth_;  // latest monitor estimate
-  Rate rate_;       // the estimate this iteration's plan uses
+  bool overrun_;               // line 7 read as "residual positive" (PolicyOptions)
+  Rate bandwidth_;             // latest monitor estimate
+  Rate rate_;                  // the estimate this iteration's plan uses
   Reservoir estimates_{1024};  // the estimates received (bit/s; bounded sample), for report()
   std::vector<std::vector<PushUnit>> partitions_;  // per tensor, in sending order
   std::set<Key> ready_;                            // generated, not yet handed over
@@ -203,22 +211,33 @@ Result<std::unique_ptr<PsPolicy>> make_prophet_policy(const PolicyOptions& optio
     return invalid_argument("prophet partition size must be positive");
   }
   if (options.startup_time < 0) return invalid_argument("--startup-time must be >= 0");
-  if (context.bandwidth.bits_per_second <= 0) return invalid_argument("prophet needs a positive bandwidth");
-  if (!(context.compute_factor >= 0)) return invalid_argument("prophet needs a compute factor >= 0");
+  if (context.bandwidth.bits_per_second <= 0)
+    return invalid_argument("prophet needs a positive bandwidth");
+  if (!(context.compute_factor >= 0))
+    return invalid_argument("prophet needs a compute factor >= 0");
   return std::unique_ptr<PsPolicy>(new Prophet(options, context));
 }
 
 Status register_prophet(PolicyRegistry& r) {
   return r.add(
-      {{.name = "prophet_partition_size", .flag = "--prophet-partition-size", .type = KnobType::kBytes,
-        .help = "partition size blocks are assembled from (BytePS's)", .scales = true, .cuts = true,
+      {{.name = "prophet_partition_size",
+        .flag = "--prophet-partition-size",
+        .type = KnobType::kBytes,
+        .help = "partition size blocks are assembled from (BytePS's)",
+        .scales = true,
+        .cuts = true,
         .field = knob_field(&ProphetOptions::prophet_partition_size)},
-       {.name = "prophet_allow_overrun", .flag = "--prophet-overrun", .type = KnobType::kBool,
+       {.name = "prophet_allow_overrun",
+        .flag = "--prophet-overrun",
+        .type = KnobType::kBool,
         .help = "let a block's last partition overrun its window (Alg. 1 line 7's other reading)",
         .field = knob_field(&ProphetOptions::prophet_allow_overrun)}},
-      {{.name = "prophet", .summary = "blocks of partitions planned from the step pattern",
-        .knobs = {"prophet_partition_size", "prophet_allow_overrun", "startup_time", "split_threshold"},
-        .rank = 50, .make_ps = make_prophet_policy}});
+      {{.name = "prophet",
+        .summary = "blocks of partitions planned from the step pattern",
+        .knobs = {"prophet_partition_size", "prophet_allow_overrun", "startup_time",
+                  "split_threshold"},
+        .rank = 50,
+        .make_ps = make_prophet_policy}});
 }
 
 }  // namespace qs

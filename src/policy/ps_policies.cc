@@ -1,11 +1,12 @@
 // The parameter-server policies of the Mercury paper's comparison (sections III and V-B),
 // and their registration (knob tables included). Prophet lives in prophet.cc.
+#include "ps_policies.h"
+
 #include <algorithm>
 #include <functional>
 
 #include "credit_window.h"
 #include "knob_table.h"
-#include "ps_policies.h"
 #include "quicksilver/core/check.h"
 
 namespace qs {
@@ -132,7 +133,12 @@ class CreditScheduler final : public PsPolicy {
  public:
   CreditScheduler(std::string_view name, const PsContext& ctx, Bytes partition, Bytes credit,
                   TimeNs startup)
-      : name_(name), ctx_(ctx), partition_(partition), credit_(credit), startup_(startup), window_(credit) {}
+      : name_(name),
+        ctx_(ctx),
+        partition_(partition),
+        credit_(credit),
+        startup_(startup),
+        window_(credit) {}
   std::string_view name() const override { return name_; }
   QueueDiscipline discipline() const override { return QueueDiscipline::kFifo; }
   // A credit of at most one partition lets one partition go at a time (CreditWindow).
@@ -169,11 +175,13 @@ Status check_push_unit(const PushUnit& u, const TensorLayout& layout, const Plac
   if (u.chunk.tensor < 0 || u.chunk.tensor >= layout.num_tensors()) {
     return internal_error("policy pushed unknown tensor " + std::to_string(u.chunk.tensor));
   }
-  if (u.chunk.length <= 0 || u.chunk.offset < 0) return internal_error("policy pushed an empty unit");
+  if (u.chunk.length <= 0 || u.chunk.offset < 0)
+    return internal_error("policy pushed an empty unit");
   if (u.server < 0 || u.server >= placement.num_servers()) {
     return internal_error("policy pushed to unknown server " + std::to_string(u.server));
   }
-  if (placement.owning_slice(u.chunk, u.server) == nullptr) return internal_error("policy pushed a unit that straddles servers or leaves its tensor");
+  if (placement.owning_slice(u.chunk, u.server) == nullptr)
+    return internal_error("policy pushed a unit that straddles servers or leaves its tensor");
   if (u.priority < 0 || u.priority > layout.num_tensors()) {
     return internal_error("policy priority " + std::to_string(u.priority) + " out of range");
   }
@@ -183,56 +191,101 @@ Status check_push_unit(const PushUnit& u, const TensorLayout& layout, const Plac
 Status register_ps_policies(PolicyRegistry& r) {
   using Ptr = std::unique_ptr<PsPolicy>;
   std::vector<Knob> knobs = {
-      {.name = "packet_size", .flag = "--packet-size", .type = KnobType::kBytes,
-       .help = "packet payload", .cuts = true, .field = knob_field(&MercuryOptions::packet_size)},
-      {.name = "mercury_server_fifo", .flag = "--mercury-server-fifo", .type = KnobType::kBool,
-       .help = "servers send summed packets in completion order (the paper's Ready Queue), not by priority",
+      {.name = "packet_size",
+       .flag = "--packet-size",
+       .type = KnobType::kBytes,
+       .help = "packet payload",
+       .cuts = true,
+       .field = knob_field(&MercuryOptions::packet_size)},
+      {.name = "mercury_server_fifo",
+       .flag = "--mercury-server-fifo",
+       .type = KnobType::kBool,
+       .help = "servers send summed packets in completion order (the paper's Ready Queue), not by "
+               "priority",
        .field = knob_field(&MercuryOptions::mercury_server_fifo)},
-      {.name = "partition_size", .flag = "--partition-size", .type = KnobType::kBytes,
-       .help = "partition size", .scales = true, .cuts = true, .field = knob_field(&ByteSchedulerOptions::partition_size)},
-      {.name = "credit_size", .flag = "--credit-size", .type = KnobType::kBytes,
-       .help = "credit window", .scales = true, .field = knob_field(&ByteSchedulerOptions::credit_size)},
-      {.name = "slice_size", .flag = "--slice-size", .type = KnobType::kBytes,
-       .help = "slice size (P3: 50,000 fp32 parameters)", .scales = true, .cuts = true,
+      {.name = "partition_size",
+       .flag = "--partition-size",
+       .type = KnobType::kBytes,
+       .help = "partition size",
+       .scales = true,
+       .cuts = true,
+       .field = knob_field(&ByteSchedulerOptions::partition_size)},
+      {.name = "credit_size",
+       .flag = "--credit-size",
+       .type = KnobType::kBytes,
+       .help = "credit window",
+       .scales = true,
+       .field = knob_field(&ByteSchedulerOptions::credit_size)},
+      {.name = "slice_size",
+       .flag = "--slice-size",
+       .type = KnobType::kBytes,
+       .help = "slice size (P3: 50,000 fp32 parameters)",
+       .scales = true,
+       .cuts = true,
        .field = knob_field(&P3Options::slice_size)},
-      {.name = "startup_time", .flag = "--startup-time", .type = KnobType::kTime,
+      {.name = "startup_time",
+       .flag = "--startup-time",
+       .type = KnobType::kTime,
        .help = "user-level startup time per partition, slice or block (Mercury III-A)",
        .field = knob_field(&StartupOptions::startup_time)},
   };
   auto mercury = [](bool preempt) {
     return [preempt](const PolicyOptions& o, const PsContext& ctx) -> Result<Ptr> {
-      QS_RETURN_IF_ERROR(need_positive(o.packet_size, "--packet-size", preempt ? "mercury" : "mercury-nopreempt"));
+      QS_RETURN_IF_ERROR(
+          need_positive(o.packet_size, "--packet-size", preempt ? "mercury" : "mercury-nopreempt"));
       return Ptr(new Mercury(ctx, o.packet_size, preempt, o.mercury_server_fifo));
     };
   };
   std::vector<PolicySpec> policies = {
-      {.name = "oracle", .summary = "compute only: no gradient leaves the worker", .rank = 0, .communicates = false,
-       .make_ps = [](const PolicyOptions&, const PsContext&) -> Result<Ptr> { return Ptr(new Oracle()); }},
-      {.name = "wfbp", .summary = "a tensor's slice per server, FIFO", .knobs = {"split_threshold"}, .rank = 10,
+      {.name = "oracle",
+       .summary = "compute only: no gradient leaves the worker",
+       .rank = 0,
+       .communicates = false,
+       .make_ps = [](const PolicyOptions&, const PsContext&) -> Result<Ptr> {
+         return Ptr(new Oracle());
+       }},
+      {.name = "wfbp",
+       .summary = "a tensor's slice per server, FIFO",
+       .knobs = {"split_threshold"},
+       .rank = 10,
        .make_ps = [](const PolicyOptions&, const PsContext& ctx) -> Result<Ptr> {
          return Ptr(new TensorLevel(ctx, false));
        }},
-      {.name = "p3", .summary = "slices, stop-and-wait", .knobs = {"slice_size", "startup_time", "split_threshold"},
+      {.name = "p3",
+       .summary = "slices, stop-and-wait",
+       .knobs = {"slice_size", "startup_time", "split_threshold"},
        .rank = 20,
        .make_ps = [](const PolicyOptions& o, const PsContext& ctx) -> Result<Ptr> {
          QS_RETURN_IF_ERROR(need_positive(o.slice_size, "--slice-size", "p3"));
          return Ptr(new CreditScheduler("p3", ctx, o.slice_size, 0, o.startup_time));
        }},
-      {.name = "tictac", .summary = "whole tensors by priority", .knobs = {"split_threshold"}, .rank = 30,
+      {.name = "tictac",
+       .summary = "whole tensors by priority",
+       .knobs = {"split_threshold"},
+       .rank = 30,
        .make_ps = [](const PolicyOptions&, const PsContext& ctx) -> Result<Ptr> {
          return Ptr(new TensorLevel(ctx, true));
        }},
-      {.name = "bytescheduler", .summary = "partitions through a credit window",
-       .knobs = {"partition_size", "credit_size", "startup_time", "split_threshold"}, .rank = 40,
+      {.name = "bytescheduler",
+       .summary = "partitions through a credit window",
+       .knobs = {"partition_size", "credit_size", "startup_time", "split_threshold"},
+       .rank = 40,
        .make_ps = [](const PolicyOptions& o, const PsContext& ctx) -> Result<Ptr> {
          QS_RETURN_IF_ERROR(need_positive(o.partition_size, "--partition-size", "bytescheduler"));
          QS_RETURN_IF_ERROR(need_positive(o.credit_size, "--credit-size", "bytescheduler"));
-         return Ptr(new CreditScheduler("bytescheduler", ctx, o.partition_size, o.credit_size, o.startup_time));
+         return Ptr(new CreditScheduler("bytescheduler", ctx, o.partition_size, o.credit_size,
+                                        o.startup_time));
        }},
-      {.name = "mercury-nopreempt", .summary = "packets, FIFO", .knobs = {"packet_size", "split_threshold"},
-       .rank = 60, .make_ps = mercury(false)},
-      {.name = "mercury", .summary = "packets by priority (preemption at packet granularity)",
-       .knobs = {"packet_size", "mercury_server_fifo", "split_threshold"}, .rank = 70, .make_ps = mercury(true)},
+      {.name = "mercury-nopreempt",
+       .summary = "packets, FIFO",
+       .knobs = {"packet_size", "split_threshold"},
+       .rank = 60,
+       .make_ps = mercury(false)},
+      {.name = "mercury",
+       .summary = "packets by priority (preemption at packet granularity)",
+       .knobs = {"packet_size", "mercury_server_fifo", "split_threshold"},
+       .rank = 70,
+       .make_ps = mercury(true)},
   };
   return r.add(std::move(knobs), std::move(policies));
 }

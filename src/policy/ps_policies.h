@@ -1,11 +1,10 @@
 // Private: constructors of PS policies that live in their own files.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "quicksilver/policy/ps_policy.h"
-
-#include <functional>
 
 namespace qs {
 

@@ -16,7 +16,7 @@ namespace qs {
 
 struct PolicyRegistry::Impl {
   mutable std::mutex mu;
-  std::deque<Knob> knobs;          // guarded by mu; deque: pointers stay valid
+  std::deque<Knob> knobs;           // guarded by mu; deque: pointers stay valid
   std::deque<PolicySpec> policies;  // guarded by mu
 };
 
@@ -50,8 +50,8 @@ PolicyRegistry& mutable_registry() {
   static PolicyRegistry* registry = [] {
     auto* r = new PolicyRegistry();
     for (Status (*add)(PolicyRegistry&) :
-         {register_placement_knobs, register_ps_policies, register_prophet, register_allreduce_policies,
-          register_usbyte, register_deft}) {
+         {register_placement_knobs, register_ps_policies, register_prophet,
+          register_allreduce_policies, register_usbyte, register_deft}) {
       Status s = add(*r);
       QS_CHECK_MSG(s.is_ok(), s.to_string());
     }
@@ -64,18 +64,24 @@ PolicyRegistry& mutable_registry() {
 
 Status need_positive(Bytes v, std::string_view what, std::string_view policy) {
   return v > 0 ? Status::ok()
-               : invalid_argument(std::string(what) + " must be positive for policy " + std::string(policy));
+               : invalid_argument(std::string(what) + " must be positive for policy " +
+                                  std::string(policy));
 }
 
 // ---- Knob ----
 
 std::string_view Knob::unit() const {
   switch (type) {
-    case KnobType::kBytes: return "bytes";
-    case KnobType::kTime: return "time";
-    case KnobType::kInt: return "integer";
-    case KnobType::kDouble: return "number";
-    case KnobType::kBool: return "flag";
+    case KnobType::kBytes:
+      return "bytes";
+    case KnobType::kTime:
+      return "time";
+    case KnobType::kInt:
+      return "integer";
+    case KnobType::kDouble:
+      return "number";
+    case KnobType::kBool:
+      return "flag";
   }
   return "?";
 }
@@ -89,9 +95,9 @@ std::int64_t Knob::get_int(const PolicyOptions& o) const {
 
 void Knob::set_int(PolicyOptions* o, std::int64_t v) const {
   if (auto* f = std::get_if<std::int64_t PolicyOptions::*>(&field)) {
-    o->**f = v;
+    o->** f = v;
   } else if (auto* f = std::get_if<int PolicyOptions::*>(&field)) {
-    o->**f = static_cast<int>(v);
+    o->** f = static_cast<int>(v);
   } else {
     QS_CHECK_MSG(false, "knob " + name + " is not an integer");
   }
@@ -105,11 +111,16 @@ bool Knob::get_bool(const PolicyOptions& o) const {
 
 std::string Knob::format(const PolicyOptions& o) const {
   switch (type) {
-    case KnobType::kBytes: return std::to_string(get_int(o)) + "B";
-    case KnobType::kTime: return std::to_string(get_int(o)) + "ns";
-    case KnobType::kInt: return std::to_string(get_int(o));
-    case KnobType::kDouble: return format_double(o.*std::get<double PolicyOptions::*>(field));
-    case KnobType::kBool: return get_bool(o) ? "true" : "false";
+    case KnobType::kBytes:
+      return std::to_string(get_int(o)) + "B";
+    case KnobType::kTime:
+      return std::to_string(get_int(o)) + "ns";
+    case KnobType::kInt:
+      return std::to_string(get_int(o));
+    case KnobType::kDouble:
+      return format_double(o.*std::get<double PolicyOptions::*>(field));
+    case KnobType::kBool:
+      return get_bool(o) ? "true" : "false";
   }
   return "?";
 }
@@ -122,8 +133,10 @@ std::string Knob::display(const PolicyOptions& o) const {
       auto back = parse_size(s);
       return back && *back == get_int(o) ? s : std::to_string(get_int(o)) + "B";
     }
-    case KnobType::kTime: return format_time(get_int(o));
-    default: return format(o);
+    case KnobType::kTime:
+      return format_time(get_int(o));
+    default:
+      return format(o);
   }
 }
 
@@ -156,7 +169,8 @@ Status Knob::parse(std::string_view text, PolicyOptions* o) const {
       } catch (const std::exception&) {
         return invalid_argument(flag + ": '" + std::string(text) + "' is not an integer");
       }
-      if (accepts && !accepts(static_cast<double>(v))) return invalid_argument(flag + " " + requirement);
+      if (accepts && !accepts(static_cast<double>(v)))
+        return invalid_argument(flag + " " + requirement);
       set_int(o, v);
       return Status::ok();
     }
@@ -209,7 +223,8 @@ Status PolicyRegistry::add(std::vector<Knob> knobs, std::vector<PolicySpec> poli
     for (const std::string& k : p.knobs) {
       bool found = false;
       for (const Knob& have : impl_->knobs) found |= have.name == k;
-      if (!found) return invalid_argument("policy '" + p.name + "' reads unregistered knob '" + k + "'");
+      if (!found)
+        return invalid_argument("policy '" + p.name + "' reads unregistered knob '" + k + "'");
     }
     if (p.architecture == Architecture::kPs ? !p.make_ps : !p.make_allreduce) {
       return invalid_argument("policy '" + p.name + "' has no factory for its architecture");
@@ -241,7 +256,8 @@ std::vector<std::string> PolicyRegistry::names(Architecture architecture) const 
   for (const PolicySpec& p : impl_->policies) {
     if (p.architecture == architecture) v.push_back(&p);
   }
-  std::stable_sort(v.begin(), v.end(), [](const PolicySpec* a, const PolicySpec* b) { return a->rank < b->rank; });
+  std::stable_sort(v.begin(), v.end(),
+                   [](const PolicySpec* a, const PolicySpec* b) { return a->rank < b->rank; });
   std::vector<std::string> out;
   for (const PolicySpec* p : v) out.push_back(p->name);
   return out;
@@ -256,7 +272,8 @@ std::vector<std::string> PolicyRegistry::all_names() const {
 }
 
 bool PolicyRegistry::is_known(std::string_view name) const {
-  return find(name, Architecture::kPs) != nullptr || find(name, Architecture::kAllReduce) != nullptr;
+  return find(name, Architecture::kPs) != nullptr ||
+         find(name, Architecture::kAllReduce) != nullptr;
 }
 
 bool PolicyRegistry::communicates(std::string_view name) const {
@@ -318,16 +335,16 @@ std::string knob_markdown(Architecture architecture) {
   for (const Knob* k : reg.knobs()) {
     std::vector<std::string> users;
     for (const std::string& n : reg.policies_using(k->name)) {
-      if (reg.find(n, architecture) &&
-          std::find(reg.find(n, architecture)->knobs.begin(), reg.find(n, architecture)->knobs.end(), k->name) !=
-              reg.find(n, architecture)->knobs.end()) {
+      if (reg.find(n, architecture) && std::find(reg.find(n, architecture)->knobs.begin(),
+                                                 reg.find(n, architecture)->knobs.end(), k->name) !=
+                                           reg.find(n, architecture)->knobs.end()) {
         users.push_back("`" + n + "`");
       }
     }
     if (users.empty()) continue;
-    s << "| `" << k->flag << "` | `" << k->name << "` | " << k->display(defaults) << " | " << k->unit() << " | "
-      << (k->scales ? "yes" : "no") << " | " << (k->hashed ? "yes" : "no") << " | " << join(users) << " | "
-      << k->help << " |\n";
+    s << "| `" << k->flag << "` | `" << k->name << "` | " << k->display(defaults) << " | "
+      << k->unit() << " | " << (k->scales ? "yes" : "no") << " | " << (k->hashed ? "yes" : "no")
+      << " | " << join(users) << " | " << k->help << " |\n";
   }
   return s.str();
 }
@@ -336,7 +353,9 @@ std::string knob_markdown(Architecture architecture) {
 
 std::vector<std::string> all_policy_names() { return policy_registry().all_names(); }
 std::vector<std::string> ps_policy_names() { return policy_registry().names(Architecture::kPs); }
-std::vector<std::string> allreduce_policy_names() { return policy_registry().names(Architecture::kAllReduce); }
+std::vector<std::string> allreduce_policy_names() {
+  return policy_registry().names(Architecture::kAllReduce);
+}
 bool is_known_policy(std::string_view name) { return policy_registry().is_known(name); }
 
 Result<std::unique_ptr<PsPolicy>> make_ps_policy(std::string_view name, const PolicyOptions& o,
@@ -345,23 +364,28 @@ Result<std::unique_ptr<PsPolicy>> make_ps_policy(std::string_view name, const Po
   const PolicyRegistry& reg = policy_registry();
   if (const PolicySpec* p = reg.find(name, Architecture::kPs)) return p->make_ps(o, ctx);
   if (!reg.is_known(name)) {
-    return invalid_argument("unknown policy '" + std::string(name) + "' (known: " + join(reg.all_names()) + ")");
+    return invalid_argument("unknown policy '" + std::string(name) +
+                            "' (known: " + join(reg.all_names()) + ")");
   }
   return invalid_argument("policy '" + std::string(name) +
                           "' runs on the all-reduce architecture only (use --architecture "
-                          "allreduce); parameter-server policies: " + join(reg.names(Architecture::kPs)));
+                          "allreduce); parameter-server policies: " +
+                          join(reg.names(Architecture::kPs)));
 }
 
-Result<std::unique_ptr<AllReducePolicy>> make_allreduce_policy(std::string_view name, const PolicyOptions& o,
+Result<std::unique_ptr<AllReducePolicy>> make_allreduce_policy(std::string_view name,
+                                                               const PolicyOptions& o,
                                                                const AllReduceContext& ctx) {
   QS_CHECK(ctx.profile && ctx.layout && !ctx.links.empty());
   const PolicyRegistry& reg = policy_registry();
-  if (const PolicySpec* p = reg.find(name, Architecture::kAllReduce)) return p->make_allreduce(o, ctx);
+  if (const PolicySpec* p = reg.find(name, Architecture::kAllReduce))
+    return p->make_allreduce(o, ctx);
   const std::string known = join(reg.names(Architecture::kAllReduce));
   if (reg.is_known(name)) {
     return invalid_argument("policy '" + std::string(name) +
                             "' runs on the parameter-server architecture only (use --architecture "
-                            "ps); all-reduce policies: " + known);
+                            "ps); all-reduce policies: " +
+                            known);
   }
   return invalid_argument("unknown policy '" + std::string(name) + "' (known: " + known + ")");
 }
@@ -377,7 +401,8 @@ Status check_unit_budget(const Profile& profile, std::string_view policy, Archit
     const TensorLayout layout(profile);
     const Placement placement(layout, servers, options.split_threshold);
     for (const TensorInfo& t : layout.tensors()) {
-      for (const Slice& s : placement.slices(t.id)) ranges.emplace_back(s.chunk.length, t.element_size);
+      for (const Slice& s : placement.slices(t.id))
+        ranges.emplace_back(s.chunk.length, t.element_size);
     }
   } else {
     for (const LayerSpec& l : profile.layers) {
@@ -396,10 +421,11 @@ Status check_unit_budget(const Profile& profile, std::string_view policy, Archit
       units += (bytes + step - 1) / step;
     }
     const std::string what = k->flag + " " + k->display(options) + " cuts " + profile.name + "'s " +
-                             format_size(profile.total_bytes()) + " of gradients into " + std::to_string(units) +
-                             " units per iteration";
+                             format_size(profile.total_bytes()) + " of gradients into " +
+                             std::to_string(units) + " units per iteration";
     if (units > kMaxUnitsPerIteration) {
-      const Bytes least = (profile.total_bytes() + kMaxUnitsPerIteration - 1) / kMaxUnitsPerIteration;
+      const Bytes least =
+          (profile.total_bytes() + kMaxUnitsPerIteration - 1) / kMaxUnitsPerIteration;
       return invalid_argument(what + "; the limit is " + std::to_string(kMaxUnitsPerIteration) +
                               " per worker (give at least about " + format_size(least) + ")");
     }

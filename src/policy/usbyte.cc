@@ -174,7 +174,8 @@ UsBytePlan plan_usbyte(const IterationModel& m, const TensorLayout& layout, Byte
     TimeNs earliest = std::numeric_limits<TimeNs>::max();
     for (int i : prio) {
       if (!placed[static_cast<std::size_t>(i)]) {
-        earliest = std::min(earliest, m.ready[static_cast<std::size_t>(blocks[static_cast<std::size_t>(i)].layer)]);
+        earliest = std::min(
+            earliest, m.ready[static_cast<std::size_t>(blocks[static_cast<std::size_t>(i)].layer)]);
       }
     }
     const TimeNs now = std::max(link, earliest);
@@ -222,7 +223,8 @@ class UsByte final : public AllReducePolicy {
     released_.assign(plan_.blocks.size(), false);
     issued_.assign(plan_.blocks.size(), false);
     rank_.assign(plan_.blocks.size(), 0);
-    for (std::size_t r = 0; r < plan_.order.size(); ++r) rank_[static_cast<std::size_t>(plan_.order[r])] = static_cast<int>(r);
+    for (std::size_t r = 0; r < plan_.order.size(); ++r)
+      rank_[static_cast<std::size_t>(plan_.order[r])] = static_cast<int>(r);
   }
   std::string_view name() const override { return "usbyte"; }
   ForwardGate forward_gate() const override { return ForwardGate::kPerLayer; }
@@ -290,15 +292,18 @@ std::unique_ptr<AllReducePolicy> make_usbyte(const AllReduceContext& ctx, const 
 }
 
 Status register_usbyte(PolicyRegistry& r) {
-  return r.add({}, {{.name = "usbyte", .architecture = Architecture::kAllReduce,
-                     .summary = "unequal blocks in a non-sequential plan order, credit window",
-                     .knobs = {"partition_size", "credit_size", "startup_time"}, .rank = 70,
-                     .make_allreduce = [](const PolicyOptions& o, const AllReduceContext& ctx)
-                         -> Result<std::unique_ptr<AllReducePolicy>> {
-                       QS_RETURN_IF_ERROR(need_positive(o.partition_size, "--partition-size", "usbyte"));
-                       QS_RETURN_IF_ERROR(need_positive(o.credit_size, "--credit-size", "usbyte"));
-                       return make_usbyte(ctx, o);
-                     }}});
+  return r.add(
+      {}, {{.name = "usbyte",
+            .architecture = Architecture::kAllReduce,
+            .summary = "unequal blocks in a non-sequential plan order, credit window",
+            .knobs = {"partition_size", "credit_size", "startup_time"},
+            .rank = 70,
+            .make_allreduce = [](const PolicyOptions& o, const AllReduceContext& ctx)
+                -> Result<std::unique_ptr<AllReducePolicy>> {
+              QS_RETURN_IF_ERROR(need_positive(o.partition_size, "--partition-size", "usbyte"));
+              QS_RETURN_IF_ERROR(need_positive(o.credit_size, "--credit-size", "usbyte"));
+              return make_usbyte(ctx, o);
+            }}});
 }
 
 }  // namespace qs

@@ -5,7 +5,6 @@
 #include "checked_allreduce.h"
 
 #include <gloo/transport/unbound_buffer.h>
-
 #include <signal.h>
 
 #include <algorithm>
@@ -165,10 +164,10 @@ class Run {
 
   [[noreturn]] void corrupted(int from, const char* phase, std::size_t n, std::uint32_t got,
                               std::uint32_t carried) const {
-    const std::string what = "corrupted data from " + o_.rank_name(from) + ": a " + phase + " message of " +
-                             std::to_string(n) + " bytes failed its CRC32C check (" + hex32(got) +
-                             " computed, " + hex32(carried) +
-                             " carried); nothing of this all-reduce was handed over or passed on";
+    const std::string what =
+        "corrupted data from " + o_.rank_name(from) + ": a " + phase + " message of " +
+        std::to_string(n) + " bytes failed its CRC32C check (" + hex32(got) + " computed, " +
+        hex32(carried) + " carried); nothing of this all-reduce was handed over or passed on";
     if (o_.on_corrupted) o_.on_corrupted(from, what);
     throw PeerError(from, what);
   }
@@ -464,7 +463,8 @@ void checked_allreduce(const CheckedAllreduceOptions& options, void* data, std::
 
 void ignore_sigpipe() {
   struct sigaction old {};
-  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL && !(old.sa_flags & SA_SIGINFO)) {
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
+      !(old.sa_flags & SA_SIGINFO)) {
     std::signal(SIGPIPE, SIG_IGN);
   }
 }

@@ -9,8 +9,8 @@
 namespace qs::runtime {
 
 Result<GlooAlgorithm> parse_gloo_algorithm(std::string_view name) {
-  for (GlooAlgorithm a : {GlooAlgorithm::kRing, GlooAlgorithm::kRingChunked, GlooAlgorithm::kHalvingDoubling,
-                          GlooAlgorithm::kBcube}) {
+  for (GlooAlgorithm a : {GlooAlgorithm::kRing, GlooAlgorithm::kRingChunked,
+                          GlooAlgorithm::kHalvingDoubling, GlooAlgorithm::kBcube}) {
     if (name == gloo_algorithm_name(a)) return a;
   }
   return invalid_argument("--allreduce-algorithm: '" + std::string(name) +
@@ -19,10 +19,14 @@ Result<GlooAlgorithm> parse_gloo_algorithm(std::string_view name) {
 
 std::string_view gloo_algorithm_name(GlooAlgorithm a) {
   switch (a) {
-    case GlooAlgorithm::kRing: return "ring";
-    case GlooAlgorithm::kRingChunked: return "ring-chunked";
-    case GlooAlgorithm::kHalvingDoubling: return "halving-doubling";
-    case GlooAlgorithm::kBcube: return "bcube";
+    case GlooAlgorithm::kRing:
+      return "ring";
+    case GlooAlgorithm::kRingChunked:
+      return "ring-chunked";
+    case GlooAlgorithm::kHalvingDoubling:
+      return "halving-doubling";
+    case GlooAlgorithm::kBcube:
+      return "bcube";
   }
   return "?";
 }
@@ -43,7 +47,8 @@ Status validate_collective_job(const JobOptions& job) {
   if (std::find(names.begin(), names.end(), job.policy) == names.end()) {
     return invalid_argument("--policy: '" + job.policy + "' is not an all-reduce policy");
   }
-  return check_unit_budget(job.profile, job.policy, Architecture::kAllReduce, job.policy_options, job.workers);
+  return check_unit_budget(job.profile, job.policy, Architecture::kAllReduce, job.policy_options,
+                           job.workers);
 }
 
 #ifdef QS_HAVE_GLOO
@@ -54,8 +59,10 @@ bool have_gloo() { return false; }
 struct CollectiveWorker::Impl {};
 CollectiveWorker::CollectiveWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CollectiveWorker::~CollectiveWorker() = default;
-Result<std::unique_ptr<CollectiveWorker>> CollectiveWorker::create(CollectiveOptions) {
-  return invalid_argument("this quicksilver was built without gloo (configure with -DQS_WITH_GLOO=ON; Debian: libgloo-dev)");
+Result<std::unique_ptr<CollectiveWorker> > CollectiveWorker::create(CollectiveOptions) {
+  return invalid_argument(
+      "this quicksilver was built without gloo (configure with -DQS_WITH_GLOO=ON; Debian: "
+      "libgloo-dev)");
 }
 Result<WorkerReport> CollectiveWorker::run() { return internal_error("built without gloo"); }
 void CollectiveWorker::post(std::function<void()>) {}

@@ -6,6 +6,7 @@
 // thread collects the other workers' "issued" reports. The link threads touch the tensor
 // buffers only for the chunks of the bucket they run, which the loop does not write
 // meanwhile (see Staging).
+#include <arpa/inet.h>
 #include <gloo/barrier.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
@@ -13,7 +14,6 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
 
 #include <algorithm>
@@ -23,19 +23,19 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <set>
-#include <tuple>
 #include <mutex>
+#include <set>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 
+#include "checked_allreduce.h"
 #include "quicksilver/core/check.h"
 #include "quicksilver/engine/training_loop.h"
 #include "quicksilver/runtime/collective.h"
 #include "quicksilver/runtime/store.h"
 #include "quicksilver/transport/clock.h"
 #include "quicksilver/transport/crc32c.h"
-#include "checked_allreduce.h"
 #include "runtime_internal.h"
 
 namespace qs::runtime {
@@ -44,7 +44,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 TimeNs mono_now() { return transport::SteadyClock::instance().now(); }
-std::chrono::milliseconds to_ms_duration(TimeNs t) { return std::chrono::milliseconds(std::max<TimeNs>(1, t / kNsPerMs)); }
+std::chrono::milliseconds to_ms_duration(TimeNs t) {
+  return std::chrono::milliseconds(std::max<TimeNs>(1, t / kNsPerMs));
+}
 
 // gloo's rendezvous store over the coordinator's (store.h). gloo reports a store failure
 // by exception; ours carry the coordinator's message. `rewrite`: applied to every value
@@ -54,7 +56,10 @@ class CoordinatorStore final : public gloo::rendezvous::Store {
   CoordinatorStore(StoreClient& client, TimeNs timeout,
                    std::function<void(const std::string&, std::vector<char>&)> rewrite = {},
                    std::function<void(const std::string&, const std::vector<char>&)> on_set = {})
-      : client_(client), timeout_(timeout), rewrite_(std::move(rewrite)), on_set_(std::move(on_set)) {}
+      : client_(client),
+        timeout_(timeout),
+        rewrite_(std::move(rewrite)),
+        on_set_(std::move(on_set)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     if (on_set_) on_set_(key, data);
     Status s = client_.set(key, std::string_view(data.data(), data.size()));
@@ -68,7 +73,8 @@ class CoordinatorStore final : public gloo::rendezvous::Store {
     return out;
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, to_ms_duration(timeout_)); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
     for (const std::string& k : keys) {
       auto v = client_.get(k, static_cast<TimeNs>(timeout.count()) * kNsPerMs);
       if (!v) throw std::runtime_error(v.status().message());
@@ -90,8 +96,9 @@ std::vector<std::string> addresses(const std::vector<char>& value) {
   std::vector<std::string> out;
   const std::size_t one = gloo::transport::tcp::Address().bytes().size();
   for (std::size_t at = 0; one > 0 && at + one <= value.size(); at += one) {
-    const gloo::transport::tcp::Address a(std::vector<char>(value.begin() + static_cast<std::ptrdiff_t>(at),
-                                                            value.begin() + static_cast<std::ptrdiff_t>(at + one)));
+    const gloo::transport::tcp::Address a(
+        std::vector<char>(value.begin() + static_cast<std::ptrdiff_t>(at),
+                          value.begin() + static_cast<std::ptrdiff_t>(at + one)));
     // Not a.str(): this gloo prints the port in network byte order.
     const sockaddr_storage& ss = a.getSockaddr();
     char host[INET6_ADDRSTRLEN] = "?";
@@ -113,12 +120,14 @@ std::vector<std::string> addresses(const std::vector<char>& value) {
 void redirect_addresses(std::vector<char>& value, const Endpoint& to) {
   const std::size_t one = gloo::transport::tcp::Address().bytes().size();
   for (std::size_t at = 0; one > 0 && at + one <= value.size(); at += one) {
-    const gloo::transport::tcp::Address a(std::vector<char>(value.begin() + static_cast<std::ptrdiff_t>(at),
-                                                            value.begin() + static_cast<std::ptrdiff_t>(at + one)));
+    const gloo::transport::tcp::Address a(
+        std::vector<char>(value.begin() + static_cast<std::ptrdiff_t>(at),
+                          value.begin() + static_cast<std::ptrdiff_t>(at + one)));
     sockaddr_storage ss = a.getSockaddr();
     if (ss.ss_family != AF_INET) throw std::runtime_error("via: the peer's address is not IPv4");
     auto* in = reinterpret_cast<sockaddr_in*>(&ss);
-    if (inet_pton(AF_INET, to.host.c_str(), &in->sin_addr) != 1) throw std::runtime_error("via: bad host " + to.host);
+    if (inet_pton(AF_INET, to.host.c_str(), &in->sin_addr) != 1)
+      throw std::runtime_error("via: bad host " + to.host);
     in->sin_port = htons(static_cast<std::uint16_t>(to.port));
     const std::vector<char> b = gloo::transport::tcp::Address(ss, a.getSeq()).bytes();
     std::copy(b.begin(), b.end(), value.begin() + static_cast<std::ptrdiff_t>(at));
@@ -148,8 +157,9 @@ std::uint64_t bucket_key(const CollectiveBucket& b) {
 
 std::string describe(const CollectiveBucket& b) {
   return "bucket #" + std::to_string(b.id) + " (iteration " + std::to_string(b.first_iteration) +
-         (b.last_iteration != b.first_iteration ? ".." + std::to_string(b.last_iteration) : "") + ", " +
-         std::to_string(b.chunks.size()) + " chunks, " + format_size(b.bytes()) + ", link " + std::to_string(b.link) + ")";
+         (b.last_iteration != b.first_iteration ? ".." + std::to_string(b.last_iteration) : "") +
+         ", " + std::to_string(b.chunks.size()) + " chunks, " + format_size(b.bytes()) + ", link " +
+         std::to_string(b.link) + ")";
 }
 
 // The control message: a report (worker -> 0: "I issued KEY on LINK") or a decision
@@ -179,7 +189,6 @@ void check_control(const ControlMessage& m, bool checksums, int from, const char
 constexpr std::uint64_t kReportSlot = 1;
 constexpr std::uint64_t kDecisionSlot = 16;  // + link
 
-
 }  // namespace
 
 namespace {
@@ -200,7 +209,6 @@ AllReduceCost fit_line(const std::vector<double>& sizes, const std::vector<doubl
 
 }  // namespace
 
-
 // ---- replicating a policy whose decisions depend on timing ----
 //
 // DeFT decides its knapsacks from the links' backlog at the moment, so two workers may
@@ -215,7 +223,13 @@ AllReduceCost fit_line(const std::vector<double>& sizes, const std::vector<doubl
 // machines), and each worker's gates follow worker 0's schedule.
 
 enum RecordKind : std::int32_t {
-  kIterationStart = 1, kGradientReady, kForwardStart, kCollectiveDone, kTrainingEnd, kEndOfStream, kFeedback
+  kIterationStart = 1,
+  kGradientReady,
+  kForwardStart,
+  kCollectiveDone,
+  kTrainingEnd,
+  kEndOfStream,
+  kFeedback
 };
 struct PolicyRecord {
   std::int32_t kind = 0;
@@ -229,14 +243,16 @@ struct PolicyRecord {
 
 PolicyRecord feedback_record(const TrainingFeedback& f, TimeNs now) {
   PolicyRecord r{kFeedback, 0, f.iteration, now, 0};
-  r.values[0] = f.loss, r.values[1] = f.grad_sq, r.values[2] = f.noise, r.values[3] = f.lr, r.values[4] = f.batch;
+  r.values[0] = f.loss, r.values[1] = f.grad_sq, r.values[2] = f.noise, r.values[3] = f.lr,
+  r.values[4] = f.batch;
   return r;
 }
 
 TrainingFeedback feedback_of(const PolicyRecord& r) {
   TrainingFeedback f;
   f.iteration = r.iteration;
-  f.loss = r.values[0], f.grad_sq = r.values[1], f.noise = r.values[2], f.lr = r.values[3], f.batch = r.values[4];
+  f.loss = r.values[0], f.grad_sq = r.values[1], f.noise = r.values[2], f.lr = r.values[3],
+  f.batch = r.values[4];
   return f;
 }
 // A batch of worker 0's inputs; `crc`: the CRC32C of `count` and the records it counts,
@@ -250,14 +266,16 @@ struct RecordBatch {
 static_assert(sizeof(PolicyRecord) == 72, "a record has no padding (its bytes are checksummed)");
 std::uint32_t batch_crc(const RecordBatch& b) {
   const auto n = static_cast<std::size_t>(std::clamp<std::int64_t>(b.count, 0, 64));
-  return transport::crc32c(transport::crc32c(0, &b.count, sizeof b.count), b.records, n * sizeof(PolicyRecord));
+  return transport::crc32c(transport::crc32c(0, &b.count, sizeof b.count), b.records,
+                           n * sizeof(PolicyRecord));
 }
 constexpr std::uint64_t kReplicaSlot = 8;
 
 // Worker 0: its policy, every input recorded.
 class RecordingPolicy final : public AllReducePolicy {
  public:
-  RecordingPolicy(std::unique_ptr<AllReducePolicy> real, std::function<void(const PolicyRecord&)> emit)
+  RecordingPolicy(std::unique_ptr<AllReducePolicy> real,
+                  std::function<void(const PolicyRecord&)> emit)
       : real_(std::move(real)), emit_(std::move(emit)) {}
   std::string_view name() const override { return real_->name(); }
   bool communicates() const override { return real_->communicates(); }
@@ -286,7 +304,9 @@ class RecordingPolicy final : public AllReducePolicy {
   }
   bool forward_ready(int layer) const override { return real_->forward_ready(layer); }
   bool backward_ready() const override { return real_->backward_ready(); }
-  std::int64_t merged_from(std::int64_t iteration) const override { return real_->merged_from(iteration); }
+  std::int64_t merged_from(std::int64_t iteration) const override {
+    return real_->merged_from(iteration);
+  }
   void on_training_end(TimeNs now, CollectiveSink& out) override {
     emit_({kTrainingEnd, 0, -1, now, 0});
     real_->on_training_end(now, out);
@@ -348,12 +368,14 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
   bool backward_ready() const override {
     const std::int64_t next = started_ ? iteration_ + 1 : 0;
     return (ended_ || worker0_started_ >= next) && real_->backward_ready();
-  }  std::vector<std::string> report() const override { return real_->report(); }
+  }
+  std::vector<std::string> report() const override { return real_->report(); }
 
   // Worker 0's inputs, in its order (loop thread).
   void deliver(const PolicyRecord& r) {
     pending_.push_back(r);
-    const bool news = (r.kind == kIterationStart && r.iteration > worker0_started_) || r.kind == kEndOfStream;
+    const bool news =
+        (r.kind == kIterationStart && r.iteration > worker0_started_) || r.kind == kEndOfStream;
     if (r.kind == kIterationStart) worker0_started_ = std::max(worker0_started_, r.iteration);
     if (!drain() && news) changed_();  // a held backward pass may go now
   }
@@ -417,8 +439,12 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
         real_->on_iteration_start(r.iteration, r.now, *this);
         ranges_[r.iteration] = real_->merged_from(r.iteration);
         break;
-      case kGradientReady: real_->on_gradient_ready(r.layer, r.now, *this); break;
-      case kForwardStart: real_->on_forward_start(r.layer, r.now, *this); break;
+      case kGradientReady:
+        real_->on_gradient_ready(r.layer, r.now, *this);
+        break;
+      case kForwardStart:
+        real_->on_forward_start(r.layer, r.now, *this);
+        break;
       case kCollectiveDone: {
         auto b = issued_.find(r.id);
         QS_CHECK(b != issued_.end());  // this worker completed it, so its replica issued it
@@ -426,9 +452,14 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
         issued_.erase(b);
         break;
       }
-      case kTrainingEnd: real_->on_training_end(r.now, *this); break;
-      case kFeedback: real_->on_feedback(feedback_of(r), r.now, *this); break;
-      default: break;
+      case kTrainingEnd:
+        real_->on_training_end(r.now, *this);
+        break;
+      case kFeedback:
+        real_->on_feedback(feedback_of(r), r.now, *this);
+        break;
+      default:
+        break;
     }
   }
 
@@ -460,9 +491,11 @@ struct CollectiveWorker::Impl final : Exchange {
     const JobOptions& job = opts.job;
     QS_RETURN_IF_ERROR(check_job_size(job.workers, 1));
     if (opts.rank < 0 || opts.rank >= job.workers) {
-      return invalid_argument("worker id " + std::to_string(opts.rank) + " not in [0, " + std::to_string(job.workers) + ")");
+      return invalid_argument("worker id " + std::to_string(opts.rank) + " not in [0, " +
+                              std::to_string(job.workers) + ")");
     }
-    if (opts.links.empty() || opts.links.size() > 2) return invalid_argument("an all-reduce worker has one or two links");
+    if (opts.links.empty() || opts.links.size() > 2)
+      return invalid_argument("an all-reduce worker has one or two links");
     if (!(opts.compute_factor >= 0)) return invalid_argument("compute factor must be >= 0");
     if (opts.calibration_repeats < 1) return invalid_argument("calibration repeats must be >= 1");
     QS_ASSIGN_OR_RETURN(loop, transport::EventLoop::create());
@@ -484,7 +517,8 @@ struct CollectiveWorker::Impl final : Exchange {
   // coordinator's store. gloo throws on failure.
   Status connect() {
     const JobOptions& job = opts.job;
-    QS_ASSIGN_OR_RETURN(store_client, StoreClient::connect(opts.store, job.connect_timeout, opts.secret.get()));
+    QS_ASSIGN_OR_RETURN(store_client,
+                        StoreClient::connect(opts.store, job.connect_timeout, opts.secret.get()));
     std::function<void(const std::string&, std::vector<char>&)> rewrite;
     if (opts.via_rank >= 0) {
       rewrite = [this](const std::string& key, std::vector<char>& value) {
@@ -497,7 +531,8 @@ struct CollectiveWorker::Impl final : Exchange {
     if (opts.log) {
       on_set = [this](const std::string& key, const std::vector<char>& value) {
         const auto slash = key.find('/');
-        if (slash == std::string::npos || key.substr(slash + 1) != std::to_string(opts.rank)) return;
+        if (slash == std::string::npos || key.substr(slash + 1) != std::to_string(opts.rank))
+          return;
         std::string line;
         int peer = 0;
         for (const std::string& a : addresses(value)) {
@@ -507,7 +542,8 @@ struct CollectiveWorker::Impl final : Exchange {
         opts.log(name() + ": " + key.substr(0, slash) + " pairs listen at " + line);
       };
     }
-    CoordinatorStore store(*store_client, job.connect_timeout, std::move(rewrite), std::move(on_set));
+    CoordinatorStore store(*store_client, job.connect_timeout, std::move(rewrite),
+                           std::move(on_set));
     ignore_sigpipe();
     auto make = [&](const std::string& prefix, const std::string& host) {
       gloo::transport::tcp::attr attr;
@@ -567,7 +603,8 @@ struct CollectiveWorker::Impl final : Exchange {
     // sizes the policies' buckets take.
     const double rate = opts.job.bandwidth.bytes_per_second();
     Bytes top = std::min<Bytes>(8 * kMiB, std::max<Bytes>(64 * kKiB, total));
-    if (rate > 0) top = std::min<Bytes>(top, std::max<Bytes>(64 * kKiB, static_cast<Bytes>(rate * 0.05)));
+    if (rate > 0)
+      top = std::min<Bytes>(top, std::max<Bytes>(64 * kKiB, static_cast<Bytes>(rate * 0.05)));
     std::vector<double> sizes;
     for (Bytes s = 4 * kKiB; s < top; s *= 4) sizes.push_back(static_cast<double>(s));
     sizes.push_back(static_cast<double>(top));
@@ -592,9 +629,11 @@ struct CollectiveWorker::Impl final : Exchange {
       return unavailable(name() + ": calibrating link " + std::to_string(li) + ": " + e.what());
     }
     for (double& m : medians) m /= opts.job.workers;
-    std::string sweep = "link " + std::to_string(li) + " all-reduce times (mean of the workers' medians):";
+    std::string sweep =
+        "link " + std::to_string(li) + " all-reduce times (mean of the workers' medians):";
     for (std::size_t i = 0; i < sizes.size(); ++i) {
-      sweep += " " + format_size(static_cast<Bytes>(sizes[i])) + " " + format_time(static_cast<TimeNs>(medians[i]));
+      sweep += " " + format_size(static_cast<Bytes>(sizes[i])) + " " +
+               format_time(static_cast<TimeNs>(medians[i]));
     }
     sweeps.push_back(std::move(sweep));
     return fit_line(sizes, medians);
@@ -616,12 +655,16 @@ struct CollectiveWorker::Impl final : Exchange {
       return unavailable(name() + ": " + e.what());
     }
     if (v[1] == 1 && v[2] == 1) {
-      return invalid_argument(name() + ": the workers disagree on checksums (some run with --no-checksum): every "
-                                       "worker of the job or none");
+      return invalid_argument(
+          name() +
+          ": the workers disagree on checksums (some run with --no-checksum): every "
+          "worker of the job or none");
     }
     if (v[3] != -v[4]) {
-      return invalid_argument(name() + ": the workers disagree on compression (--compression): every worker of the "
-                                       "job the same");
+      return invalid_argument(
+          name() +
+          ": the workers disagree on compression (--compression): every worker of the "
+          "job the same");
     }
     return v[0];
   }
@@ -648,10 +691,11 @@ struct CollectiveWorker::Impl final : Exchange {
     // handed over at points of worker 0's input stream (track), one worker or many.
     if ((job.workers > 1 && policy->communicates()) || delayed) {
       if (opts.rank == 0) {
-        policy = std::make_unique<RecordingPolicy>(std::move(policy), [this](const PolicyRecord& r) {
-          if (opts.job.workers > 1) record(r);
-          if (delayed) track(r);
-        });
+        policy =
+            std::make_unique<RecordingPolicy>(std::move(policy), [this](const PolicyRecord& r) {
+              if (opts.job.workers > 1) record(r);
+              if (delayed) track(r);
+            });
         recording = job.workers > 1;
       } else {
         auto replica = std::make_unique<ReplicaPolicy>(
@@ -675,10 +719,12 @@ struct CollectiveWorker::Impl final : Exchange {
     compute = std::make_unique<SnapshotCompute>(*this, *device);
     LoopOptions lo;
     lo.iterations = job.iterations;
-    lo.start_on_first_gradient = static_cast<bool>(opts.compute);  // a real model's (open-ended) run
+    lo.start_on_first_gradient =
+        static_cast<bool>(opts.compute);  // a real model's (open-ended) run
     lo.before_backward = [this](std::int64_t it) {
       if (it == opts.die_at_iteration) {
-        std::fprintf(stderr, "%s died at iteration %lld (fault injection)\n", name().c_str(), static_cast<long long>(it));
+        std::fprintf(stderr, "%s died at iteration %lld (fault injection)\n", name().c_str(),
+                     static_cast<long long>(it));
         std::fflush(stderr);
         std::_Exit(3);
       }
@@ -689,9 +735,12 @@ struct CollectiveWorker::Impl final : Exchange {
     // checked per bucket instead (finish()): a bucket that merged iterations (DeFT) holds
     // a sum over several, which a per-layer check of one iteration would call wrong.
     if (opts.tensors != nullptr) {
-      lo.layer_ready = [this](int layer, std::int64_t it) { return source->on_layer_ready(layer, it); };
+      lo.layer_ready = [this](int layer, std::int64_t it) {
+        return source->on_layer_ready(layer, it);
+      };
     }
-    training = std::make_unique<TrainingLoop>(job.profile, layout, *policy, *timer, *compute, *this, std::move(lo));
+    training = std::make_unique<TrainingLoop>(job.profile, layout, *policy, *timer, *compute, *this,
+                                              std::move(lo));
 
     return Status::ok();
   }
@@ -712,7 +761,8 @@ struct CollectiveWorker::Impl final : Exchange {
    public:
     SnapshotCompute(Impl& w, Compute& inner) : w_(w), inner_(inner) {}
     void run(const ComputeStep& step, TimeNs earliest, Done done) override {
-      if (step.pass != Pass::kBackward || !w_.staged) return inner_.run(step, earliest, std::move(done));
+      if (step.pass != Pass::kBackward || !w_.staged)
+        return inner_.run(step, earliest, std::move(done));
       inner_.run(step, earliest, [this, step, done = std::move(done)](TimeNs end) {
         w_.snapshot(step.layer, step.iteration);
         done(end);
@@ -734,7 +784,8 @@ struct CollectiveWorker::Impl final : Exchange {
     }
     ++staging_buffers;
     staging_buffers_max = std::max(staging_buffers, staging_buffers_max);
-    return std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(layout.total_bytes() / 4));
+    return std::make_unique_for_overwrite<float[]>(
+        static_cast<std::size_t>(layout.total_bytes() / 4));
   }
   // mu held. One spare is kept (the next range needs one soon); the rest are freed.
   void give_back_locked(StagingBuffer b) {
@@ -788,7 +839,8 @@ struct CollectiveWorker::Impl final : Exchange {
       }
       for (TensorId t = layout.first_tensor(layer); t < layout.end_tensor(layer); ++t) {
         const TensorBuffer& b = buffers[static_cast<std::size_t>(t)];
-        std::memcpy(a.gradients.get() + base_of(t), b.gradient, static_cast<std::size_t>(b.elements) * sizeof(float));
+        std::memcpy(a.gradients.get() + base_of(t), b.gradient,
+                    static_cast<std::size_t>(b.elements) * sizeof(float));
       }
       a.layers[static_cast<std::size_t>(layer)] = 1;
       return;
@@ -804,7 +856,8 @@ struct CollectiveWorker::Impl final : Exchange {
       if (first < 0) return;
       float* to = range_sum(first);
       for (int l = 0; l < layout.num_layers(); ++l) {
-        if (a->second.layers[static_cast<std::size_t>(l)]) add_layer(to, a->second.gradients.get(), l, a->first, first);
+        if (a->second.layers[static_cast<std::size_t>(l)])
+          add_layer(to, a->second.gradients.get(), l, a->first, first);
       }
       {
         std::lock_guard lock(mu);
@@ -881,7 +934,8 @@ struct CollectiveWorker::Impl final : Exchange {
         training_over = true;
         hand_over(kAfterTraining);
         break;
-      default: break;
+      default:
+        break;
     }
   }
 
@@ -937,7 +991,8 @@ struct CollectiveWorker::Impl final : Exchange {
         for (int r = 1; r < opts.job.workers; ++r) {
           try {
             replica_buf->send(r, kReplicaSlot);
-            if (!replica_buf->waitSend(to_ms_duration(opts.job.peer_timeout))) return;  // aborted: stopping
+            if (!replica_buf->waitSend(to_ms_duration(opts.job.peer_timeout)))
+              return;  // aborted: stopping
           } catch (const std::exception& e) {
             throw std::runtime_error("lost worker " + std::to_string(r) + ": " + e.what());
           }
@@ -957,10 +1012,14 @@ struct CollectiveWorker::Impl final : Exchange {
         replica_buf->recv(0, kReplicaSlot);
         if (!replica_buf->waitRecv(nullptr, std::chrono::hours(24))) return;  // aborted: stopping
         if (opts.job.payload_checksums && batch_crc(recv_batch) != recv_batch.crc) {
-          throw PeerError(0, "corrupted data from worker 0: a batch of its policy's inputs failed its CRC32C check; "
-                             "not applied");
+          throw PeerError(0,
+                          "corrupted data from worker 0: a batch of its policy's inputs failed its "
+                          "CRC32C check; "
+                          "not applied");
         }
-        std::vector<PolicyRecord> got(recv_batch.records, recv_batch.records + std::clamp<std::int64_t>(recv_batch.count, 0, 64));
+        std::vector<PolicyRecord> got(
+            recv_batch.records,
+            recv_batch.records + std::clamp<std::int64_t>(recv_batch.count, 0, 64));
         bool end = false;
         for (const PolicyRecord& r : got) end |= r.kind == kEndOfStream;
         loop->post([this, got = std::move(got)] {
@@ -972,7 +1031,8 @@ struct CollectiveWorker::Impl final : Exchange {
     } catch (const std::exception& ex) {
       if (stopping) return;
       const bool named = dynamic_cast<const PeerError*>(&ex) != nullptr;
-      Status s = unavailable(std::string(named ? "" : "lost worker 0 (its policy's decisions): ") + ex.what());
+      Status s = unavailable(std::string(named ? "" : "lost worker 0 (its policy's decisions): ") +
+                             ex.what());
       loop->post([this, s] { loop->fail(s.with_context(name())); });
     }
   }
@@ -985,7 +1045,8 @@ struct CollectiveWorker::Impl final : Exchange {
     if (delayed) {
       delayed_buckets.emplace(b.id, b);
       Progress& p = progress_of({b.first_iteration, b.last_iteration});
-      for (const Chunk& c : b.chunks) p.issued[static_cast<std::size_t>(layout.tensor(c.tensor).layer)] += c.length;
+      for (const Chunk& c : b.chunks)
+        p.issued[static_cast<std::size_t>(layout.tensor(c.tensor).layer)] += c.length;
     }
     ++outstanding;
     {
@@ -998,11 +1059,13 @@ struct CollectiveWorker::Impl final : Exchange {
   void flush() override {}
   Status check(const CollectiveBucket& b) const override {
     if (b.link < 0 || b.link >= static_cast<int>(links.size())) {
-      return internal_error("policy used link " + std::to_string(b.link) + " of " + std::to_string(links.size()));
+      return internal_error("policy used link " + std::to_string(b.link) + " of " +
+                            std::to_string(links.size()));
     }
     for (const Chunk& c : b.chunks) {
       if (c.offset % 4 != 0 || c.length % 4 != 0) {
-        return internal_error("a chunk of tensor " + std::to_string(c.tensor) + " is not float32-aligned");
+        return internal_error("a chunk of tensor " + std::to_string(c.tensor) +
+                              " is not float32-aligned");
       }
     }
     return Status::ok();
@@ -1031,7 +1094,8 @@ struct CollectiveWorker::Impl final : Exchange {
           reports_out.pop_front();
         }
         report_buf->send(0, kReportSlot);
-        if (!report_buf->waitSend(to_ms_duration(opts.job.peer_timeout))) return;  // aborted: stopping
+        if (!report_buf->waitSend(to_ms_duration(opts.job.peer_timeout)))
+          return;  // aborted: stopping
       }
     } catch (const std::exception& ex) {
       if (stopping) return;
@@ -1050,9 +1114,11 @@ struct CollectiveWorker::Impl final : Exchange {
     ++run_messages;
     if (opts.record_trace) {
       SpanRecorder(&trace, opts.rank, li + 1, false)
-          .add(t0, t1, "ar #" + std::to_string(b.id) + " it " + std::to_string(b.first_iteration) +
-                           (b.last_iteration != b.first_iteration ? "-" + std::to_string(b.last_iteration) : "") + " " +
-                           format_size(m));
+          .add(t0, t1,
+               "ar #" + std::to_string(b.id) + " it " + std::to_string(b.first_iteration) +
+                   (b.last_iteration != b.first_iteration ? "-" + std::to_string(b.last_iteration)
+                                                          : "") +
+                   " " + format_size(m));
     }
     on_done_listener->on_collective_done(b);
   }
@@ -1070,7 +1136,7 @@ struct CollectiveWorker::Impl final : Exchange {
     ControlMessage decision{};
     std::unique_ptr<gloo::transport::UnboundBuffer> send_buf;  // worker 0's decisions
     ControlMessage out{};
-    std::vector<float> data;  // the bucket being reduced (link thread only)
+    std::vector<float> data;      // the bucket being reduced (link thread only)
     std::vector<std::byte> wire;  // compression: the same in the wire's dtype
   };
 
@@ -1089,10 +1155,10 @@ struct CollectiveWorker::Impl final : Exchange {
     link.wire.resize(count * 2);
     encode_floats(data, count, wire, link.wire.data());
     allreduce_on(link.ctx, link.wire.data(), count, 2,
-                 wire == transport::WireDType::kBFloat16 ? &reduce_bf16 : &reduce_fp16, true, std::move(tamper));
+                 wire == transport::WireDType::kBFloat16 ? &reduce_bf16 : &reduce_fp16, true,
+                 std::move(tamper));
     decode_floats(link.wire.data(), count, wire, data);
   }
-
 
   void link_thread(int li) {
     Link& link = *links[static_cast<std::size_t>(li)];
@@ -1123,7 +1189,8 @@ struct CollectiveWorker::Impl final : Exchange {
           for (int r = 1; r < n; ++r) {
             try {
               link.send_buf->send(r, kDecisionSlot + static_cast<std::uint64_t>(li));
-              if (!link.send_buf->waitSend(to_ms_duration(opts.job.peer_timeout))) return;  // aborted: stopping
+              if (!link.send_buf->waitSend(to_ms_duration(opts.job.peer_timeout)))
+                return;  // aborted: stopping
             } catch (const std::exception& e) {
               throw std::runtime_error("lost worker " + std::to_string(r) + ": " + e.what());
             }
@@ -1136,29 +1203,36 @@ struct CollectiveWorker::Impl final : Exchange {
           // worker 0's.
           try {
             link.decision_buf->recv(0, kDecisionSlot + static_cast<std::uint64_t>(li));
-            if (!link.decision_buf->waitRecv(nullptr, std::chrono::hours(24))) return;  // aborted: stopping
+            if (!link.decision_buf->waitRecv(nullptr, std::chrono::hours(24)))
+              return;  // aborted: stopping
           } catch (const std::exception& e) {
-            throw std::runtime_error(std::string("lost worker 0 (its decisions of which bucket runs next): ") + e.what());
+            throw std::runtime_error(
+                std::string("lost worker 0 (its decisions of which bucket runs next): ") +
+                e.what());
           }
-          check_control(link.decision, opts.job.payload_checksums, 0, "a decision of which bucket runs next");
+          check_control(link.decision, opts.job.payload_checksums, 0,
+                        "a decision of which bucket runs next");
           const std::uint64_t key = link.decision.key;
           std::unique_lock lock(mu);
           std::deque<Entry>::iterator pick;
           std::deque<Entry>* from = nullptr;
-          const bool found = cv.wait_for(lock, std::chrono::nanoseconds(opts.job.peer_timeout), [&] {
-            for (auto& other : links) {
-              pick = std::find_if(other->queue.begin(), other->queue.end(), [&](const Entry& q) { return q.key == key; });
-              if (pick != other->queue.end()) {
-                from = &other->queue;
-                return true;
-              }
-            }
-            return stopping.load();
-          });
+          const bool found =
+              cv.wait_for(lock, std::chrono::nanoseconds(opts.job.peer_timeout), [&] {
+                for (auto& other : links) {
+                  pick = std::find_if(other->queue.begin(), other->queue.end(),
+                                      [&](const Entry& q) { return q.key == key; });
+                  if (pick != other->queue.end()) {
+                    from = &other->queue;
+                    return true;
+                  }
+                }
+                return stopping.load();
+              });
           if (stopping) return;
           if (!found) {
             throw std::runtime_error(
-                "worker 0 runs a bucket this worker never issued within the peer timeout (the policy cut "
+                "worker 0 runs a bucket this worker never issued within the peer timeout (the "
+                "policy cut "
                 "different buckets on different workers)");
           }
           e = std::move(*pick);
@@ -1178,9 +1252,11 @@ struct CollectiveWorker::Impl final : Exchange {
     // at all when the caller's sum is its gradient, as PyTorch's is).
     if (!staged && b.chunks.size() == 1) {
       const Chunk& c = b.chunks[0];
-      const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
+      const std::size_t first = static_cast<std::size_t>(c.offset / 4),
+                        count = static_cast<std::size_t>(c.length / 4);
       const TensorBuffer& t = buffers[static_cast<std::size_t>(c.tensor)];
-      if (t.sum != t.gradient) std::memcpy(t.sum + first, t.gradient + first, count * sizeof(float));
+      if (t.sum != t.gradient)
+        std::memcpy(t.sum + first, t.gradient + first, count * sizeof(float));
       const TimeNs t0 = mono_now();
       reduce(li, link, b, t.sum + first, count);
       const TimeNs t1 = mono_now();
@@ -1192,21 +1268,24 @@ struct CollectiveWorker::Impl final : Exchange {
     float* out = link.data.data();
     // Gather: this worker's gradients, summed over the bucket's iterations.
     for (const Chunk& c : b.chunks) {
-      const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
+      const std::size_t first = static_cast<std::size_t>(c.offset / 4),
+                        count = static_cast<std::size_t>(c.length / 4);
       if (staged) {
         const float* src;
         {
           std::lock_guard lock(mu);
           auto r = staged_ranges.find(b.first_iteration);
           if (r == staged_ranges.end()) {
-            throw std::runtime_error("no gradients staged for iterations " + std::to_string(b.first_iteration) + ".." +
+            throw std::runtime_error("no gradients staged for iterations " +
+                                     std::to_string(b.first_iteration) + ".." +
                                      std::to_string(b.last_iteration));
           }
           src = r->second.sums.get() + base_of_locked(c.tensor) + first;
         }
         std::memcpy(out, src, count * sizeof(float));
       } else {
-        std::memcpy(out, buffers[static_cast<std::size_t>(c.tensor)].gradient + first, count * sizeof(float));
+        std::memcpy(out, buffers[static_cast<std::size_t>(c.tensor)].gradient + first,
+                    count * sizeof(float));
       }
       out += count;
     }
@@ -1230,10 +1309,12 @@ struct CollectiveWorker::Impl final : Exchange {
     const float* in = link.data.data();
     for (std::size_t i = 0; read_back && i < b.chunks.size(); ++i) {
       const Chunk& c = b.chunks[i];
-      const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
+      const std::size_t first = static_cast<std::size_t>(c.offset / 4),
+                        count = static_cast<std::size_t>(c.length / 4);
       float* to = delayed ? source->merged_sum(c.tensor, b.first_iteration, b.last_iteration)
                           : buffers[static_cast<std::size_t>(c.tensor)].sum;
-      if (to == nullptr) throw std::runtime_error("no buffer for the merged sums of " + describe(b));
+      if (to == nullptr)
+        throw std::runtime_error("no buffer for the merged sums of " + describe(b));
       std::memcpy(to + first, in, count * sizeof(float));
       in += count;
     }
@@ -1246,7 +1327,9 @@ struct CollectiveWorker::Impl final : Exchange {
   void reduce(int li, Link& link, const CollectiveBucket& b, float* data, std::size_t count) {
     std::function<void(int, std::byte*, std::size_t)> tamper;
     if (opts.tamper_received) {
-      tamper = [this, li](int from, std::byte* p, std::size_t n) { opts.tamper_received(li, from, p, n); };
+      tamper = [this, li](int from, std::byte* p, std::size_t n) {
+        opts.tamper_received(li, from, p, n);
+      };
     }
     try {
       reduce_floats(link, data, count, std::move(tamper));
@@ -1265,14 +1348,18 @@ struct CollectiveWorker::Impl final : Exchange {
     const bool check = opts.verify && opts.tensors == nullptr;
     for (std::size_t i = 0; check && i < b.chunks.size(); ++i) {
       const Chunk& c = b.chunks[i];
-      const std::size_t first = static_cast<std::size_t>(c.offset / 4), count = static_cast<std::size_t>(c.length / 4);
-      const float* at = reduced != nullptr ? reduced : buffers[static_cast<std::size_t>(c.tensor)].sum + first;
-      Status s = opts.job.wire_dtype == transport::WireDType::kFloat32
-                     ? check_sum(at, static_cast<std::int64_t>(count), static_cast<std::int64_t>(first),
-                                 opts.job.workers, b.first_iteration, b.last_iteration, c.tensor)
-                     : check_compressed_allreduce(at, static_cast<std::int64_t>(count),
-                                                  static_cast<std::int64_t>(first), opts.job.workers,
-                                                  b.first_iteration, b.last_iteration, c.tensor, opts.job.wire_dtype);
+      const std::size_t first = static_cast<std::size_t>(c.offset / 4),
+                        count = static_cast<std::size_t>(c.length / 4);
+      const float* at =
+          reduced != nullptr ? reduced : buffers[static_cast<std::size_t>(c.tensor)].sum + first;
+      Status s =
+          opts.job.wire_dtype == transport::WireDType::kFloat32
+              ? check_sum(at, static_cast<std::int64_t>(count), static_cast<std::int64_t>(first),
+                          opts.job.workers, b.first_iteration, b.last_iteration, c.tensor)
+              : check_compressed_allreduce(at, static_cast<std::int64_t>(count),
+                                           static_cast<std::int64_t>(first), opts.job.workers,
+                                           b.first_iteration, b.last_iteration, c.tensor,
+                                           opts.job.wire_dtype);
       if (!s.is_ok()) {
         loop->post([this, s] { loop->fail(s.with_context(name())); });
         return;
@@ -1284,7 +1371,8 @@ struct CollectiveWorker::Impl final : Exchange {
         if (verified.size() <= static_cast<std::size_t>(b.last_iteration)) {
           verified.resize(static_cast<std::size_t>(b.last_iteration) + 1, 0);
         }
-        for (std::int64_t it = b.first_iteration; it <= b.last_iteration; ++it) verified[static_cast<std::size_t>(it)] += b.bytes();
+        for (std::int64_t it = b.first_iteration; it <= b.last_iteration; ++it)
+          verified[static_cast<std::size_t>(it)] += b.bytes();
       }
       completed(li, b, t0, t1);
     });
@@ -1318,8 +1406,9 @@ struct CollectiveWorker::Impl final : Exchange {
       // this thread hears from are the candidates.
       std::string who;
       for (int r : others) who += (who.empty() ? "" : ", ") + std::to_string(r);
-      Status s = unavailable((others.size() == 1 ? "lost worker " + who : "lost one of workers {" + who + "}") +
-                             " (its reports of issued buckets): " + ex.what());
+      Status s = unavailable(
+          (others.size() == 1 ? "lost worker " + who : "lost one of workers {" + who + "}") +
+          " (its reports of issued buckets): " + ex.what());
       loop->post([this, s] { loop->fail(s.with_context(name())); });
     }
   }
@@ -1338,12 +1427,15 @@ struct CollectiveWorker::Impl final : Exchange {
     if (replicating()) {
       replica_buf = opts.rank == 0 ? control->createUnboundBuffer(&send_batch, sizeof send_batch)
                                    : control->createUnboundBuffer(&recv_batch, sizeof recv_batch);
-      replication_thread = std::thread([this] { opts.rank == 0 ? replication_sender() : replication_receiver(); });
+      replication_thread =
+          std::thread([this] { opts.rank == 0 ? replication_sender() : replication_receiver(); });
     }
     for (std::size_t li = 0; li < links.size(); ++li) {
       Link& l = *links[li];
-      if (opts.rank != 0) l.decision_buf = control->createUnboundBuffer(&l.decision, sizeof l.decision);
-      if (opts.rank == 0 && opts.job.workers > 1) l.send_buf = control->createUnboundBuffer(&l.out, sizeof l.out);
+      if (opts.rank != 0)
+        l.decision_buf = control->createUnboundBuffer(&l.decision, sizeof l.decision);
+      if (opts.rank == 0 && opts.job.workers > 1)
+        l.send_buf = control->createUnboundBuffer(&l.out, sizeof l.out);
       links[li]->thread = std::thread([this, li] { link_thread(static_cast<int>(li)); });
     }
   }
@@ -1395,17 +1487,18 @@ struct CollectiveWorker::Impl final : Exchange {
       if (done()) return;
       const bool on_peers = outstanding > 0 || training->blocked() || training->finished();
       if (on_peers && mono_now() - last_done > opts.job.peer_timeout) {
-        const std::string what =
-            outstanding > 0 ? std::to_string(outstanding) + " buckets outstanding"
-            : replica != nullptr ? "waiting for worker 0's decisions"
-                                 : "waiting for the other workers";
+        const std::string what = outstanding > 0
+                                     ? std::to_string(outstanding) + " buckets outstanding"
+                                 : replica != nullptr ? "waiting for worker 0's decisions"
+                                                      : "waiting for the other workers";
         // With two workers the silent one is known.
-        const std::string who = opts.job.workers == 2
-                                    ? "lost worker " + std::to_string(1 - opts.rank) + ": nothing from it"
-                                    : "nothing from the other workers";
-        loop->fail(unavailable(name() + ": " + who + " for " + format_time(opts.job.peer_timeout) + " in iteration " +
-                               std::to_string(training->iteration()) + " (" + what +
-                               "; a peer stalled or ended early)"));
+        const std::string who =
+            opts.job.workers == 2
+                ? "lost worker " + std::to_string(1 - opts.rank) + ": nothing from it"
+                : "nothing from the other workers";
+        loop->fail(unavailable(name() + ": " + who + " for " + format_time(opts.job.peer_timeout) +
+                               " in iteration " + std::to_string(training->iteration()) + " (" +
+                               what + "; a peer stalled or ended early)"));
         return;
       }
       schedule_watchdog();
@@ -1455,7 +1548,8 @@ struct CollectiveWorker::Impl final : Exchange {
   }
 
   Result<WorkerReport> make_report() const {
-    if (training->records().empty()) return invalid_argument(name() + ": the run ended before its first iteration");
+    if (training->records().empty())
+      return invalid_argument(name() + ": the run ended before its first iteration");
     WorkerReport r;
     r.worker_id = opts.rank;
     r.policy = opts.job.policy;
@@ -1466,8 +1560,11 @@ struct CollectiveWorker::Impl final : Exchange {
       r.iteration_times.push_back(rec.time);
       util.push_back(rec.utilisation);
     }
-    std::vector<TimeNs> steady(r.iteration_times.begin() + std::min<std::ptrdiff_t>(opts.warmup, static_cast<std::ptrdiff_t>(r.iteration_times.size()) - 1),
-                               r.iteration_times.end());
+    std::vector<TimeNs> steady(
+        r.iteration_times.begin() +
+            std::min<std::ptrdiff_t>(opts.warmup,
+                                     static_cast<std::ptrdiff_t>(r.iteration_times.size()) - 1),
+        r.iteration_times.end());
     std::sort(steady.begin(), steady.end());
     r.median_iteration = steady.empty() ? 0 : steady[steady.size() / 2];
     // Per iteration on average: a collective belongs to the iteration in which it ended,
@@ -1478,7 +1575,9 @@ struct CollectiveWorker::Impl final : Exchange {
     r.units_per_iteration = (run_messages + iterations / 2) / iterations;
     const IterationRecord& last = training->records().back();
     r.uplink_utilisation = steady_median(util, opts.warmup);
-    r.uplink_gbps = last.traffic.busy > 0 ? 8.0 * static_cast<double>(last.traffic.bytes) / static_cast<double>(last.traffic.busy) : 0;
+    r.uplink_gbps = last.traffic.busy > 0 ? 8.0 * static_cast<double>(last.traffic.bytes) /
+                                                static_cast<double>(last.traffic.busy)
+                                          : 0;
     for (std::size_t it = 0; it < verified.size(); ++it) {
       if (verified[it] == layout.total_bytes()) ++r.iterations_verified;
     }
@@ -1517,7 +1616,7 @@ struct CollectiveWorker::Impl final : Exchange {
   std::mutex mu;
   std::condition_variable cv;
   std::atomic<bool> stopping{false};  // set under mu (the waits' predicates read it there)
-  std::unordered_map<std::uint64_t, int> reports;                          // guarded by mu
+  std::unordered_map<std::uint64_t, int> reports;  // guarded by mu
   // Staging (above), guarded by mu: the running sums by their range's first iteration,
   // each with the bytes the link threads read from it; the spare; the buffers allocated
   // (sums, iterations aside, spare) now and at most.
@@ -1534,15 +1633,15 @@ struct CollectiveWorker::Impl final : Exchange {
   ControlMessage report_msg{}, rx_msg{};
   std::deque<ControlMessage> reports_out;  // workers 1..N-1, guarded by mu
   std::thread report_sender;
-  ReplicaPolicy* replica = nullptr;                 // workers 1..N-1
-  bool recording = false;                           // worker 0
-  std::deque<PolicyRecord> records;                 // worker 0, guarded by mu
+  ReplicaPolicy* replica = nullptr;  // workers 1..N-1
+  bool recording = false;            // worker 0
+  std::deque<PolicyRecord> records;  // worker 0, guarded by mu
   RecordBatch send_batch, recv_batch;
   std::unique_ptr<gloo::transport::UnboundBuffer> replica_buf;
   std::thread replication_thread;
 
   // Loop thread only.
-  std::unordered_map<std::uint64_t, CollectiveBucket> delayed_buckets;  // issued, by id
+  std::unordered_map<std::uint64_t, CollectiveBucket> delayed_buckets;        // issued, by id
   std::map<std::pair<std::int64_t, std::int64_t>, Progress> merged_progress;  // by range
   std::vector<LayerUpdate> due;  // complete, not yet handed over
   // Staging: iterations whose range this replica does not know yet, each a copy of the

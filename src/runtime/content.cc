@@ -15,10 +15,12 @@ namespace qs::runtime {
 
 Status check_job_size(int workers, int servers) {
   if (workers < 1 || workers > kMaxWorkers) {
-    return invalid_argument("--workers must be in 1.." + std::to_string(kMaxWorkers) + " for the runtime");
+    return invalid_argument("--workers must be in 1.." + std::to_string(kMaxWorkers) +
+                            " for the runtime");
   }
   if (servers < 1 || servers > kMaxServers) {
-    return invalid_argument("--servers must be in 1.." + std::to_string(kMaxServers) + " for the runtime");
+    return invalid_argument("--servers must be in 1.." + std::to_string(kMaxServers) +
+                            " for the runtime");
   }
   return Status::ok();
 }
@@ -39,13 +41,14 @@ Status validate_job(const JobOptions& job) {
     }
   }
   if (!is_known_policy(job.policy)) return invalid_argument("unknown policy '" + job.policy + "'");
-  QS_RETURN_IF_ERROR(check_unit_budget(job.profile, job.policy, Architecture::kPs, job.policy_options, job.workers,
-                                       job.servers));
+  QS_RETURN_IF_ERROR(check_unit_budget(job.profile, job.policy, Architecture::kPs,
+                                       job.policy_options, job.workers, job.servers));
   return Status::ok();
 }
 
 transport::SendOrder send_order(QueueDiscipline d) {
-  return d == QueueDiscipline::kPriority ? transport::SendOrder::kPriority : transport::SendOrder::kFifo;
+  return d == QueueDiscipline::kPriority ? transport::SendOrder::kPriority
+                                         : transport::SendOrder::kFifo;
 }
 
 namespace {
@@ -70,8 +73,8 @@ std::uint64_t profile_hash(const Profile& p) {
   for (const LayerSpec& l : p.layers) {
     h = transport::fnv1a64(l.name, h);
     for (const TensorSpec& t : l.tensors) {
-      h = transport::fnv1a64(t.name + ":" + std::to_string(t.elements) + "x" +
-                                 std::to_string(t.bytes_per_element), h);
+      h = transport::fnv1a64(
+          t.name + ":" + std::to_string(t.elements) + "x" + std::to_string(t.bytes_per_element), h);
     }
   }
   return h;
@@ -112,10 +115,12 @@ TimeNs Liveness::tick(transport::Connection& c, TimeNs now, std::uint16_t sender
 
 std::string hello_mismatch(const transport::HelloBody& a, const transport::HelloBody& b) {
   if (a.workers != b.workers) {
-    return "workers differ: " + std::to_string(a.workers) + " here, " + std::to_string(b.workers) + " there";
+    return "workers differ: " + std::to_string(a.workers) + " here, " + std::to_string(b.workers) +
+           " there";
   }
   if (a.servers != b.servers) {
-    return "servers differ: " + std::to_string(a.servers) + " here, " + std::to_string(b.servers) + " there";
+    return "servers differ: " + std::to_string(a.servers) + " here, " + std::to_string(b.servers) +
+           " there";
   }
   if (a.profile_hash != b.profile_hash) return "profile differs (hash mismatch)";
   if (a.config_hash != b.config_hash) {
@@ -151,9 +156,10 @@ float round_to_wire(float x, transport::WireDType wire) {
   return y;
 }
 
-Status check_sum(const float* sum, std::int64_t count, std::int64_t first, int workers, std::int64_t iteration,
-                 TensorId tensor, transport::WireDType wire) {
-  if (wire == transport::WireDType::kFloat32) return check_sum(sum, count, first, workers, iteration, tensor);
+Status check_sum(const float* sum, std::int64_t count, std::int64_t first, int workers,
+                 std::int64_t iteration, TensorId tensor, transport::WireDType wire) {
+  if (wire == transport::WireDType::kFloat32)
+    return check_sum(sum, count, first, workers, iteration, tensor);
   // Compressed: each worker's element rounded to the wire's dtype, summed in float32 (small
   // integers: exact in any order), the sum rounded once more on its way back.
   const auto round = [wire](float x) { return round_to_wire(x, wire); };
@@ -161,16 +167,17 @@ Status check_sum(const float* sum, std::int64_t count, std::int64_t first, int w
   float expected[256];
   for (int r = 0; r < 256; ++r) {
     float want = 0;
-    for (int w = 0; w < workers; ++w) want += round(value_base(w, iteration, tensor) + static_cast<float>(r));
+    for (int w = 0; w < workers; ++w)
+      want += round(value_base(w, iteration, tensor) + static_cast<float>(r));
     expected[r] = round(want);
   }
   for (std::int64_t k = 0; k < count; ++k) {
     const float want = expected[(first + k) & 255];
     if (sum[k] != want) {
-      return internal_error("wrong sum: iteration " + std::to_string(iteration) + " tensor " + std::to_string(tensor) +
-                            " element " + std::to_string(first + k) + " is " + std::to_string(sum[k]) +
-                            ", expected " + std::to_string(want) + " (" + transport::wire_dtype_name(wire) +
-                            " on the wire)");
+      return internal_error("wrong sum: iteration " + std::to_string(iteration) + " tensor " +
+                            std::to_string(tensor) + " element " + std::to_string(first + k) +
+                            " is " + std::to_string(sum[k]) + ", expected " + std::to_string(want) +
+                            " (" + transport::wire_dtype_name(wire) + " on the wire)");
     }
   }
   return Status::ok();
@@ -182,14 +189,16 @@ Status check_sum(const float* sum, std::int64_t count, std::int64_t first, int w
   for (std::int64_t it = first_iteration; it <= last_iteration; ++it) {
     for (int w = 0; w < workers; ++w) base += value_base(w, it, tensor);
   }
-  const auto n = static_cast<float>(workers) * static_cast<float>(last_iteration - first_iteration + 1);
+  const auto n =
+      static_cast<float>(workers) * static_cast<float>(last_iteration - first_iteration + 1);
   for (std::int64_t k = 0; k < count; ++k) {
     const float want = base + n * static_cast<float>((first + k) & 255);
     if (sum[k] != want) {
-      return internal_error("wrong sum: iteration " + std::to_string(first_iteration) +
-                            (last_iteration != first_iteration ? ".." + std::to_string(last_iteration) : "") +
-                            " tensor " + std::to_string(tensor) + " element " + std::to_string(first + k) + " is " +
-                            std::to_string(sum[k]) + ", expected " + std::to_string(want));
+      return internal_error(
+          "wrong sum: iteration " + std::to_string(first_iteration) +
+          (last_iteration != first_iteration ? ".." + std::to_string(last_iteration) : "") +
+          " tensor " + std::to_string(tensor) + " element " + std::to_string(first + k) + " is " +
+          std::to_string(sum[k]) + ", expected " + std::to_string(want));
     }
   }
   return Status::ok();
@@ -223,10 +232,9 @@ void add_floats(float* dst, const std::byte* src, std::size_t n) {
 std::string WorkerReport::to_string() const {
   std::ostringstream s;
   s << "worker " << worker_id << " policy " << policy << " cc " << congestion_control
-    << ": median iteration " << to_ms(median_iteration) << " ms over "
-    << iteration_times.size() << " iterations; pushed " << bytes_pushed_per_iteration
-    << " B in " << units_per_iteration << " units/iteration; uplink while pushing "
-    << uplink_gbps << " Gbit/s";
+    << ": median iteration " << to_ms(median_iteration) << " ms over " << iteration_times.size()
+    << " iterations; pushed " << bytes_pushed_per_iteration << " B in " << units_per_iteration
+    << " units/iteration; uplink while pushing " << uplink_gbps << " Gbit/s";
   if (uplink_utilisation > 0) s << " (" << 100 * uplink_utilisation << "% of NIC)";
   s << "; queueing delay p50/p99/max " << to_us(queue_delay_p50) << "/" << to_us(queue_delay_p99)
     << "/" << to_us(queue_delay_max) << " us, layer-1 units " << to_us(urgent_delay_p50) << "/"
@@ -258,12 +266,13 @@ inline std::uint16_t to_fp16(float f) {
   std::memcpy(&x, &f, 4);
   const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
   const std::uint32_t a = x & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
   if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: infinity
   if (a < 0x38800000u) {  // below 2^-14: a subnormal (or zero) of 2^-24 units
     float af;
     std::memcpy(&af, &a, 4);
-    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(std::nearbyint(af * 16777216.0f)));
+    return static_cast<std::uint16_t>(sign |
+                                      static_cast<std::uint16_t>(std::nearbyint(af * 16777216.0f)));
   }
   std::uint32_t h = (a - 0x38000000u) >> 13;  // exponent rebiased (127 -> 15), top 10 mantissa bits
   const std::uint32_t rest = a & 0x1fffu;
@@ -277,13 +286,15 @@ inline float from_fp16(std::uint16_t h) {
     const float f = static_cast<float>(man) * 5.9604644775390625e-8f;  // 2^-24
     return sign ? -f : f;
   }
-  const std::uint32_t x = sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+  const std::uint32_t x =
+      sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
   float f;
   std::memcpy(&f, &x, 4);
   return f;
 }
 inline std::uint16_t load16(const std::byte* p) {
-  return static_cast<std::uint16_t>(std::to_integer<unsigned>(p[0]) | (std::to_integer<unsigned>(p[1]) << 8));
+  return static_cast<std::uint16_t>(std::to_integer<unsigned>(p[0]) |
+                                    (std::to_integer<unsigned>(p[1]) << 8));
 }
 inline void store16(std::byte* p, std::uint16_t v) {
   p[0] = static_cast<std::byte>(v & 0xff);
@@ -296,7 +307,8 @@ inline void store16(std::byte* p, std::uint16_t v) {
 // to nearest even.
 #if defined(__x86_64__)
 #define QS_F16C 1
-__attribute__((target("avx,f16c"))) void encode_fp16_f16c(const float* src, std::size_t n, std::byte* dst) {
+__attribute__((target("avx,f16c"))) void encode_fp16_f16c(const float* src, std::size_t n,
+                                                          std::byte* dst) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
@@ -304,17 +316,21 @@ __attribute__((target("avx,f16c"))) void encode_fp16_f16c(const float* src, std:
   }
   for (; i < n; ++i) store16(dst + 2 * i, to_fp16(src[i]));
 }
-__attribute__((target("avx,f16c"))) void decode_fp16_f16c(const std::byte* src, std::size_t n, float* dst) {
+__attribute__((target("avx,f16c"))) void decode_fp16_f16c(const std::byte* src, std::size_t n,
+                                                          float* dst) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i))));
+    _mm256_storeu_ps(
+        dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i))));
   }
   for (; i < n; ++i) dst[i] = from_fp16(load16(src + 2 * i));
 }
-__attribute__((target("avx,f16c"))) void add_fp16_f16c(float* dst, const std::byte* src, std::size_t n) {
+__attribute__((target("avx,f16c"))) void add_fp16_f16c(float* dst, const std::byte* src,
+                                                       std::size_t n) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i)));
+    const __m256 v =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i)));
     _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), v));
   }
   for (; i < n; ++i) dst[i] += from_fp16(load16(src + 2 * i));
@@ -334,7 +350,9 @@ void encode_floats(const float* src, std::size_t n, transport::WireDType d, std:
   if (d == transport::WireDType::kFloat16 && has_f16c()) return encode_fp16_f16c(src, n, dst);
 #endif
   switch (d) {
-    case transport::WireDType::kFloat32: std::memcpy(dst, src, n * 4); return;
+    case transport::WireDType::kFloat32:
+      std::memcpy(dst, src, n * 4);
+      return;
     case transport::WireDType::kBFloat16:
       for (std::size_t i = 0; i < n; ++i) store16(dst + 2 * i, to_bf16(src[i]));
       return;
@@ -349,7 +367,9 @@ void decode_floats(const std::byte* src, std::size_t n, transport::WireDType d, 
   if (d == transport::WireDType::kFloat16 && has_f16c()) return decode_fp16_f16c(src, n, dst);
 #endif
   switch (d) {
-    case transport::WireDType::kFloat32: std::memcpy(dst, src, n * 4); return;
+    case transport::WireDType::kFloat32:
+      std::memcpy(dst, src, n * 4);
+      return;
     case transport::WireDType::kBFloat16:
       for (std::size_t i = 0; i < n; ++i) dst[i] = from_bf16(load16(src + 2 * i));
       return;
@@ -364,7 +384,9 @@ void add_wire(float* dst, const std::byte* src, std::size_t n, transport::WireDT
   if (d == transport::WireDType::kFloat16 && has_f16c()) return add_fp16_f16c(dst, src, n);
 #endif
   switch (d) {
-    case transport::WireDType::kFloat32: add_floats(dst, src, n); return;
+    case transport::WireDType::kFloat32:
+      add_floats(dst, src, n);
+      return;
     case transport::WireDType::kBFloat16:
       for (std::size_t i = 0; i < n; ++i) dst[i] += from_bf16(load16(src + 2 * i));
       return;
@@ -397,8 +419,9 @@ void reduce_fp16(void* c, const void* a, const void* b, std::size_t n) {
   }
 }
 
-Status check_compressed_allreduce(const float* sum, std::int64_t count, std::int64_t first, int workers,
-                                  std::int64_t first_iteration, std::int64_t last_iteration, TensorId tensor,
+Status check_compressed_allreduce(const float* sum, std::int64_t count, std::int64_t first,
+                                  int workers, std::int64_t first_iteration,
+                                  std::int64_t last_iteration, TensorId tensor,
                                   transport::WireDType wire) {
   const auto round = [wire](float x) { return round_to_wire(x, wire); };
   // Per residue (an element's value depends on index & 255 only): each worker's sum over
@@ -425,13 +448,15 @@ Status check_compressed_allreduce(const float* sum, std::int64_t count, std::int
   for (std::int64_t k = 0; k < count; ++k) {
     const int r = static_cast<int>((first + k) & 255);
     const bool ok = workers == 2 ? sum[k] == want[r]
-                                 : std::abs(static_cast<double>(sum[k]) - exact[r]) <= exact[r] * u * (workers + 1);
+                                 : std::abs(static_cast<double>(sum[k]) - exact[r]) <=
+                                       exact[r] * u * (workers + 1);
     if (!ok) {
-      return internal_error("wrong sum: iterations " + std::to_string(first_iteration) + ".." +
-                            std::to_string(last_iteration) + " tensor " + std::to_string(tensor) + " element " +
-                            std::to_string(first + k) + " is " + std::to_string(sum[k]) + ", expected " +
-                            (workers == 2 ? std::to_string(want[r]) : "about " + std::to_string(exact[r])) + " (" +
-                            transport::wire_dtype_name(wire) + " on the wire)");
+      return internal_error(
+          "wrong sum: iterations " + std::to_string(first_iteration) + ".." +
+          std::to_string(last_iteration) + " tensor " + std::to_string(tensor) + " element " +
+          std::to_string(first + k) + " is " + std::to_string(sum[k]) + ", expected " +
+          (workers == 2 ? std::to_string(want[r]) : "about " + std::to_string(exact[r])) + " (" +
+          transport::wire_dtype_name(wire) + " on the wire)");
     }
   }
   return Status::ok();

@@ -11,26 +11,26 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 #include <thread>
 
 #include "quicksilver/policy/registry.h"
 #include "quicksilver/runtime/collective.h"
-#include "stop_signals.h"
 #include "quicksilver/runtime/netns.h"
 #include "quicksilver/runtime/report_codec.h"
 #include "quicksilver/sim/simulator.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/socket.h"
+#include "stop_signals.h"
 
 namespace qs {
 namespace {
@@ -50,8 +50,8 @@ struct Child {
 };
 
 // fork + exec of `exe args`, optionally inside a network namespace.
-Result<Child> spawn(const std::string& name, const std::string& exe, const std::vector<std::string>& args,
-                    const std::string& netns) {
+Result<Child> spawn(const std::string& name, const std::string& exe,
+                    const std::vector<std::string>& args, const std::string& netns) {
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0) return io_error("pipe failed");
   if (pipe2(err, O_CLOEXEC) != 0) {
@@ -69,7 +69,7 @@ Result<Child> spawn(const std::string& name, const std::string& exe, const std::
     dup2(err[1], 2);
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the launcher
-    if (getppid() == 1) _exit(125);     // the launcher died before prctl
+    if (getppid() == 1) _exit(125);    // the launcher died before prctl
     if (!netns.empty()) {
       Status s = runtime::NetnsCluster::enter(netns);
       if (!s.is_ok()) {
@@ -129,8 +129,14 @@ void pump(std::vector<Child>& children, int ms) {
   std::vector<pollfd> fds;
   std::vector<std::string*> bufs;
   for (Child& c : children) {
-    if (c.out >= 0) { fds.push_back({c.out, POLLIN, 0}); bufs.push_back(&c.out_text); }
-    if (c.err >= 0) { fds.push_back({c.err, POLLIN, 0}); bufs.push_back(&c.err_text); }
+    if (c.out >= 0) {
+      fds.push_back({c.out, POLLIN, 0});
+      bufs.push_back(&c.out_text);
+    }
+    if (c.err >= 0) {
+      fds.push_back({c.err, POLLIN, 0});
+      bufs.push_back(&c.err_text);
+    }
   }
   if (fds.empty()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
@@ -145,8 +151,14 @@ void pump(std::vector<Child>& children, int ms) {
       bufs[i]->append(buf, static_cast<std::size_t>(n));
     } else {
       for (Child& c : children) {
-        if (c.out == fds[i].fd) { close(c.out); c.out = -1; }
-        if (c.err == fds[i].fd) { close(c.err); c.err = -1; }
+        if (c.out == fds[i].fd) {
+          close(c.out);
+          c.out = -1;
+        }
+        if (c.err == fds[i].fd) {
+          close(c.err);
+          c.err = -1;
+        }
       }
     }
   }
@@ -165,7 +177,9 @@ std::string last_line(const std::string& s) {
   return nl == std::string::npos ? t : t.substr(nl + 1);
 }
 
-bool failed(const Child& c) { return !c.running && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0); }
+bool failed(const Child& c) {
+  return !c.running && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0);
+}
 
 // The child a failure message says was lost ("... lost worker 2 ..."), or null.
 const Child* lost_peer(const std::vector<Child>& children, const Child& c) {
@@ -175,7 +189,8 @@ const Child* lost_peer(const std::vector<Child>& children, const Child& c) {
   const std::string_view rest = std::string_view(msg).substr(p + 5);
   for (const Child& o : children) {
     if (&o != &c && rest.starts_with(o.name) &&
-        (rest.size() == o.name.size() || !std::isdigit(static_cast<unsigned char>(rest[o.name.size()])))) {
+        (rest.size() == o.name.size() ||
+         !std::isdigit(static_cast<unsigned char>(rest[o.name.size()])))) {
       return &o;
     }
   }
@@ -213,7 +228,9 @@ const Child* root_failure(const std::vector<Child>& children) {
   while (at != nullptr) {
     seen.push_back(at);
     const Child* next = lost_peer(children, *at);
-    if (next == nullptr || !failed(*next) || std::find(seen.begin(), seen.end(), next) != seen.end()) break;
+    if (next == nullptr || !failed(*next) ||
+        std::find(seen.begin(), seen.end(), next) != seen.end())
+      break;
     at = next;
   }
   return at;
@@ -224,11 +241,11 @@ std::string describe_exit(const Child& c) {
   return "exit status " + std::to_string(WEXITSTATUS(c.status));
 }
 
-
 // LaunchOptions::log plus the collected messages; called from the shaper thread too.
 class Logger {
  public:
-  Logger(const std::function<void(std::string_view)>& sink, std::vector<std::string>* out) : sink_(sink), out_(out) {}
+  Logger(const std::function<void(std::string_view)>& sink, std::vector<std::string>* out)
+      : sink_(sink), out_(out) {}
   void operator()(const std::string& message) {
     std::lock_guard lock(mu_);
     out_->push_back(message);
@@ -270,8 +287,9 @@ std::string percent(double v) {
 // `search`: the automatic scale (else one probe at the cluster's rate, for the reference
 // goodput). `nominal`: the job's unscaled rate. `first_host`: the hosts from there on carry
 // the job's traffic (the all-reduce coordinator's host, 0, carries none).
-Result<Calibration> calibrate_cluster(runtime::NetnsCluster& cluster, int first_host, const std::string& cc,
-                                      double nominal, bool search, Logger& log) {
+Result<Calibration> calibrate_cluster(runtime::NetnsCluster& cluster, int first_host,
+                                      const std::string& cc, double nominal, bool search,
+                                      Logger& log) {
   std::string tried;
   for (int probe = 0;; ++probe) {
     const Rate rate = cluster.nominal_rate();
@@ -281,10 +299,11 @@ Result<Calibration> calibrate_cluster(runtime::NetnsCluster& cluster, int first_
     const double median = static_cast<double>(g->median.bits_per_second) / r;
     const double least = static_cast<double>(g->min.bits_per_second) / r;
     const bool ok = least >= kCalibrationMinGoodput && g->cpu_idle >= kCalibrationMinIdle;
-    const std::string seen = format_rate(rate) + ": goodput " + percent(median) + " (least " + percent(least) +
-                             "), CPU idle " + percent(std::max(0.0, g->cpu_idle));
+    const std::string seen = format_rate(rate) + ": goodput " + percent(median) + " (least " +
+                             percent(least) + "), CPU idle " + percent(std::max(0.0, g->cpu_idle));
     const Rate next{std::llround(r * kCalibrationStep)};
-    if (ok || !search || probe + 1 == kCalibrationProbes || next.bits_per_second < 1'000'000 || g_interrupted) {
+    if (ok || !search || probe + 1 == kCalibrationProbes || next.bits_per_second < 1'000'000 ||
+        g_interrupted) {
       Calibration c;
       c.scale = r / nominal;
       c.goodput_fraction = median;
@@ -292,8 +311,9 @@ Result<Calibration> calibrate_cluster(runtime::NetnsCluster& cluster, int first_
       c.describe = std::to_string(g->flows.size()) + " links at once at " + seen +
                    (tried.empty() ? "" : "; tried before: " + tried);
       if (!ok) {
-        log("warning: the emulated cluster is short of headroom at " + seen + " (wanted every link at " +
-            percent(kCalibrationMinGoodput) + " and the machine " + percent(kCalibrationMinIdle) +
+        log("warning: the emulated cluster is short of headroom at " + seen +
+            " (wanted every link at " + percent(kCalibrationMinGoodput) + " and the machine " +
+            percent(kCalibrationMinIdle) +
             " idle): figures may say as much about this machine as about the policies" +
             (search ? "" : "; try a smaller --scale, or 0 for automatic"));
       }
@@ -313,9 +333,11 @@ struct PolicyRun {
 // simulates on the emulated cluster (tc's rate counts Ethernet frames, of which TCP payload
 // is about 1448 / 1514; the calibration measures it).
 ClusterConfig at_goodput(ClusterConfig c, double goodput) {
-  c.bandwidth.bits_per_second = std::llround(static_cast<double>(c.bandwidth.bits_per_second) * goodput);
+  c.bandwidth.bits_per_second =
+      std::llround(static_cast<double>(c.bandwidth.bits_per_second) * goodput);
   for (auto* rates : {&c.worker_bandwidth, &c.server_bandwidth}) {
-    for (Rate& r : *rates) r.bits_per_second = std::llround(static_cast<double>(r.bits_per_second) * goodput);
+    for (Rate& r : *rates)
+      r.bits_per_second = std::llround(static_cast<double>(r.bits_per_second) * goodput);
   }
   if (c.schedule) c.schedule = c.schedule->scaled(goodput);
   return c;
@@ -332,16 +354,22 @@ struct RunFiles {
 std::vector<std::string> job_args(const Job& job, const RunFiles& files, const std::string& policy,
                                   const LaunchOptions& f) {
   const std::string& profile_path = files.profile;
-  std::vector<std::string> args = {"--model", profile_path, "--policy", policy, "--workers",
-                                   std::to_string(job.cluster.workers), "--servers", std::to_string(job.cluster.servers),
-                                   "--iterations", std::to_string(job.sim.iterations), "--warmup",
-                                   std::to_string(job.sim.warmup), "--bandwidth",
-                                   std::to_string(job.cluster.bandwidth.bits_per_second) + "bps", "--seed",
-                                   std::to_string(job.sim.seed), "--congestion", f.congestion, "--commit-window",
-                                   std::to_string(f.commit_window) + "ns", "--peer-timeout",
-                                   std::to_string(f.peer_timeout) + "ns", "--secret-file", files.secret};
+  std::vector<std::string> args = {
+      "--model",         profile_path,
+      "--policy",        policy,
+      "--workers",       std::to_string(job.cluster.workers),
+      "--servers",       std::to_string(job.cluster.servers),
+      "--iterations",    std::to_string(job.sim.iterations),
+      "--warmup",        std::to_string(job.sim.warmup),
+      "--bandwidth",     std::to_string(job.cluster.bandwidth.bits_per_second) + "bps",
+      "--seed",          std::to_string(job.sim.seed),
+      "--congestion",    f.congestion,
+      "--commit-window", std::to_string(f.commit_window) + "ns",
+      "--peer-timeout",  std::to_string(f.peer_timeout) + "ns",
+      "--secret-file",   files.secret};
   if (!f.payload_checksums) args.push_back("--no-checksum");
-  if (job.cluster.wire_element_bytes != 4) args.insert(args.end(), {"--compression", job.cluster.compression});
+  if (job.cluster.wire_element_bytes != 4)
+    args.insert(args.end(), {"--compression", job.cluster.compression});
   if (job.cluster.architecture == Architecture::kAllReduce) {
     args.insert(args.end(), {"--architecture", "allreduce"});
     if (job.cluster.second_link_slowdown != 0) {
@@ -358,21 +386,25 @@ std::vector<std::string> job_args(const Job& job, const RunFiles& files, const s
 // (LaunchOptions::shared_jobs): its servers listen on a port of their own and its children
 // are named after it; -1 alone.
 Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const LaunchOptions& f,
-                             runtime::NetnsCluster* cluster, double goodput_ratio, const RunFiles& files,
-                             Logger& log, int shared_job = -1) {
+                             runtime::NetnsCluster* cluster, double goodput_ratio,
+                             const RunFiles& files, Logger& log, int shared_job = -1) {
   const std::string who = shared_job >= 0 ? "job " + std::to_string(shared_job) + " " : "";
   const std::string& profile_path = files.profile;
   const std::string& exe = f.executable;
   const TimeNs timeout = f.timeout;
   const int n = job.cluster.workers;
-  const int m = job.cluster.architecture == Architecture::kAllReduce ? 1 : job.cluster.servers;  // + the coordinator
+  const int m = job.cluster.architecture == Architecture::kAllReduce
+                    ? 1
+                    : job.cluster.servers;  // + the coordinator
   std::vector<std::string> base = job_args(job, files, policy, f);
   const runtime::CpuTicks cpu_before = runtime::cpu_ticks();
   // What each link carried (netns: the bridge side's counters of every worker's veths).
   auto link_bytes = [&](int link) -> std::uint64_t {
     std::uint64_t sum = 0;
     for (int w = 0; w < n; ++w) {
-      auto b = cluster->sent_bytes((job.cluster.architecture == Architecture::kAllReduce ? 1 : job.cluster.servers) + w, link);
+      auto b = cluster->sent_bytes(
+          (job.cluster.architecture == Architecture::kAllReduce ? 1 : job.cluster.servers) + w,
+          link);
       if (b) sum += *b;
     }
     return sum;
@@ -403,8 +435,10 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
     std::vector<std::string> a;
     const std::string host = cluster ? cluster->address(s) : "127.0.0.1";
     if (allreduce) {
-      a = {"coordinator", "--architecture", "allreduce", "--workers", std::to_string(n), "--listen", host + ":0",
-           "--timeout", std::to_string(timeout) + "ns", "--secret-file", files.secret};
+      a = {"coordinator",   "--architecture",  "allreduce",
+           "--workers",     std::to_string(n), "--listen",
+           host + ":0",     "--timeout",       std::to_string(timeout) + "ns",
+           "--secret-file", files.secret};
     } else {
       a = {"server", "--server-id", std::to_string(s)};
       a.insert(a.end(), base.begin(), base.end());
@@ -417,8 +451,9 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
       a.push_back("--listen");
       a.push_back(host + (cluster ? ":" + std::to_string(7100 + std::max(0, shared_job)) : ":0"));
     }
-    auto c = spawn(who + (allreduce ? "coordinator" : "server ") + (allreduce ? std::string() : std::to_string(s)), exe, a,
-                   cluster ? cluster->namespace_name(s) : "");
+    auto c = spawn(who + (allreduce ? "coordinator" : "server ") +
+                       (allreduce ? std::string() : std::to_string(s)),
+                   exe, a, cluster ? cluster->namespace_name(s) : "");
     if (!c) {
       cleanup();
       return c.status();
@@ -432,15 +467,19 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
     while (children[static_cast<std::size_t>(s)].out_text.find('\n') == std::string::npos) {
       pump(children, 50);
       reap(children);
-      if (failed(children[static_cast<std::size_t>(s)]) || std::chrono::steady_clock::now() > deadline || g_interrupted) {
+      if (failed(children[static_cast<std::size_t>(s)]) ||
+          std::chrono::steady_clock::now() > deadline || g_interrupted) {
         const Child& c = children[static_cast<std::size_t>(s)];
-        std::string why = g_interrupted ? "interrupted" : c.running ? "no address before the timeout" : describe_exit(c) + ": " + last_line(c.err_text);
+        std::string why = g_interrupted ? "interrupted"
+                          : c.running   ? "no address before the timeout"
+                                        : describe_exit(c) + ": " + last_line(c.err_text);
         cleanup();
         return unavailable(c.name + ": " + why);
       }
     }
     const std::string& line = children[static_cast<std::size_t>(s)].out_text;
-    addrs.push_back(line.substr(std::string("listening ").size(), line.find('\n') - std::string("listening ").size()));
+    addrs.push_back(line.substr(std::string("listening ").size(),
+                                line.find('\n') - std::string("listening ").size()));
   }
   std::string connect;
   for (const auto& a : addrs) connect += (connect.empty() ? "" : ",") + a;
@@ -465,7 +504,9 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
       if (trace_at_training) a.push_back("--announce-start");
     }
     a.insert(a.end(), base.begin(), base.end());
-    const double factor = job.cluster.compute_factor.empty() ? 1.0 : job.cluster.compute_factor[static_cast<std::size_t>(w)];
+    const double factor = job.cluster.compute_factor.empty()
+                              ? 1.0
+                              : job.cluster.compute_factor[static_cast<std::size_t>(w)];
     if (f.kill_worker >= 0 && f.kill_worker == w) {
       a.push_back("--die-at-iteration");
       a.push_back(std::to_string(f.kill_at_iteration));
@@ -477,20 +518,23 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
       a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second / m) + "bps");
     }
     a.push_back("--nic-rate");
-    a.push_back(std::to_string(job.cluster.worker_bandwidth.empty()
-                                   ? job.cluster.bandwidth.bits_per_second
-                                   : job.cluster.worker_bandwidth[static_cast<std::size_t>(w)].bits_per_second) +
-                "bps");
+    a.push_back(
+        std::to_string(
+            job.cluster.worker_bandwidth.empty()
+                ? job.cluster.bandwidth.bits_per_second
+                : job.cluster.worker_bandwidth[static_cast<std::size_t>(w)].bits_per_second) +
+        "bps");
     if (job.sim.record_trace) {
       // The worker writes its own Chrome trace there too; the launcher takes the spans
       // from the report line.
       a.push_back("--trace");
       a.push_back((std::filesystem::path(profile_path).parent_path() /
-                   ((shared_job >= 0 ? "job" + std::to_string(shared_job) + "-" : std::string()) + "worker" +
-                    std::to_string(w) + ".trace.json"))
+                   ((shared_job >= 0 ? "job" + std::to_string(shared_job) + "-" : std::string()) +
+                    "worker" + std::to_string(w) + ".trace.json"))
                       .string());
     }
-    auto c = spawn(who + "worker " + std::to_string(w), exe, a, cluster ? cluster->namespace_name(m + w) : "");
+    auto c = spawn(who + "worker " + std::to_string(w), exe, a,
+                   cluster ? cluster->namespace_name(m + w) : "");
     if (!c) {
       cleanup();
       return c.status();
@@ -509,13 +553,16 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   TimeNs shaper_start = -1;  // steady clock (CLOCK_MONOTONIC), as the workers' reports
   auto start_shaper = [&] {
     const auto t_start = std::chrono::steady_clock::now();
-    shaper_start = std::chrono::duration_cast<std::chrono::nanoseconds>(t_start.time_since_epoch()).count();
+    shaper_start =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(t_start.time_since_epoch()).count();
     shaper = std::thread([&, t0 = t_start] {
       const auto& segs = job.cluster.schedule->segments();
       std::unique_lock lock(shaper_mu);
       for (std::size_t i = 1; i < segs.size(); ++i) {
         // Wakes at the segment's start (or at once when the run ends).
-        if (shaper_cv.wait_until(lock, t0 + std::chrono::nanoseconds(segs[i].start), [&] { return stop_shaper; })) break;
+        if (shaper_cv.wait_until(lock, t0 + std::chrono::nanoseconds(segs[i].start),
+                                 [&] { return stop_shaper; }))
+          break;
         Status c = cluster->set_rate_all(segs[i].rate);
         if (!c.is_ok()) log("changing the rate: " + c.message());
       }
@@ -551,23 +598,28 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
     reap(children);
     if (trace_at_training && shaper_start < 0) {
       for (int w = 0; w < n; ++w) {
-        if (children[static_cast<std::size_t>(m + w)].out_text.find("training starts\n") != std::string::npos) {
+        if (children[static_cast<std::size_t>(m + w)].out_text.find("training starts\n") !=
+            std::string::npos) {
           start_shaper();
           break;
         }
       }
     }
     bool workers_running = false;
-    for (int w = 0; w < n; ++w) workers_running |= children[static_cast<std::size_t>(m + w)].running;
+    for (int w = 0; w < n; ++w)
+      workers_running |= children[static_cast<std::size_t>(m + w)].running;
     if (!workers_running && !workers_done) workers_done = std::chrono::steady_clock::now();
-    if (workers_done && std::chrono::steady_clock::now() - *workers_done > std::chrono::seconds(10)) {
+    if (workers_done &&
+        std::chrono::steady_clock::now() - *workers_done > std::chrono::seconds(10)) {
       std::string hung;
       for (int s = 0; s < m; ++s) {
-        if (children[static_cast<std::size_t>(s)].running) hung += (hung.empty() ? "" : ", ") + std::to_string(s);
+        if (children[static_cast<std::size_t>(s)].running)
+          hung += (hung.empty() ? "" : ", ") + std::to_string(s);
       }
       if (!hung.empty()) {
         cleanup();
-        return unavailable("server(s) " + hung + " did not exit within 10 s after every worker finished");
+        return unavailable("server(s) " + hung +
+                           " did not exit within 10 s after every worker finished");
       }
     }
     if (const Child* first = root_failure(children)) {
@@ -583,7 +635,8 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
         reap(children);
       }
       first = root_failure(children);
-      std::string msg = first->name + " failed (" + describe_exit(*first) + "): " + last_line(first->err_text);
+      std::string msg =
+          first->name + " failed (" + describe_exit(*first) + "): " + last_line(first->err_text);
       if (const Child* lost = lost_peer(children, *first); lost != nullptr && lost->running) {
         msg += " (" + lost->name + " was still running)";
       }
@@ -599,7 +652,8 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
     }
     if (std::chrono::steady_clock::now() > deadline) {
       std::string who;
-      for (const Child& c : children) if (c.running) who += (who.empty() ? "" : ", ") + c.name;
+      for (const Child& c : children)
+        if (c.running) who += (who.empty() ? "" : ", ") + c.name;
       cleanup();
       return unavailable("timed out after " + format_time(timeout) + " waiting for " + who);
     }
@@ -608,7 +662,8 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   PolicyRun run;
   SimResult& r = run.row.result;
   r.policy = policy;
-  if (const double idle = runtime::idle_share(cpu_before, runtime::cpu_ticks()); idle >= 0) r.cpu_idle = idle;
+  if (const double idle = runtime::idle_share(cpu_before, runtime::cpu_ticks()); idle >= 0)
+    r.cpu_idle = idle;
   std::vector<runtime::WorkerReport>& reports = run.workers;
   for (int w = 0; w < n; ++w) {
     const Child& c = children[static_cast<std::size_t>(m + w)];
@@ -639,7 +694,8 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   }
   for (int s = 0; s < m; ++s) {
     try {
-      const auto j = nlohmann::json::parse(last_line(children[static_cast<std::size_t>(s)].out_text));
+      const auto j =
+          nlohmann::json::parse(last_line(children[static_cast<std::size_t>(s)].out_text));
       add_repairs(&r.retransmits, j.at("retransmits").get<std::vector<std::int64_t>>());
       add_repairs(&r.timeouts, j.at("timeouts").get<std::vector<std::int64_t>>());
     } catch (const std::exception&) {
@@ -655,31 +711,37 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   r.bytes_pushed_per_iteration = w0.bytes_pushed_per_iteration;
   r.messages_per_iteration = w0.units_per_iteration;
   if (job.sim.record_trace) {
-    for (const runtime::WorkerReport& rep : reports) r.trace.insert(r.trace.end(), rep.trace.begin(), rep.trace.end());
+    for (const runtime::WorkerReport& rep : reports)
+      r.trace.insert(r.trace.end(), rep.trace.begin(), rep.trace.end());
   }
   for (const runtime::WorkerReport& rep : reports) {
     if (allreduce) {
-      r.notes.push_back("worker " + std::to_string(rep.worker_id) + ": " + std::to_string(rep.iterations_verified) +
-                        " iterations verified exact, " + rep.congestion_control);
+      r.notes.push_back("worker " + std::to_string(rep.worker_id) + ": " +
+                        std::to_string(rep.iterations_verified) + " iterations verified exact, " +
+                        rep.congestion_control);
       continue;
     }
-    r.notes.push_back("worker " + std::to_string(rep.worker_id) + ": " + std::to_string(rep.iterations_verified) +
-                      " iterations verified exact, uplink " + std::to_string(rep.uplink_gbps).substr(0, 5) +
-                      " Gbps, urgent-packet delay p50/p99 " + format_time(rep.urgent_delay_p50) + "/" +
-                      format_time(rep.urgent_delay_p99) + ", acknowledgement round trip p10/p50 " +
-                      format_time(rep.ack_rtt_p10) + "/" + format_time(rep.ack_rtt_p50) + ", " +
-                      rep.congestion_control + ", push end by " + rep.push_end);
+    r.notes.push_back(
+        "worker " + std::to_string(rep.worker_id) + ": " + std::to_string(rep.iterations_verified) +
+        " iterations verified exact, uplink " + std::to_string(rep.uplink_gbps).substr(0, 5) +
+        " Gbps, urgent-packet delay p50/p99 " + format_time(rep.urgent_delay_p50) + "/" +
+        format_time(rep.urgent_delay_p99) + ", acknowledgement round trip p10/p50 " +
+        format_time(rep.ack_rtt_p10) + "/" + format_time(rep.ack_rtt_p50) + ", " +
+        rep.congestion_control + ", push end by " + rep.push_end);
   }
   if (const auto drops_after = queue_drops(); drops_before && drops_after) {
-    r.host_queue_drops = static_cast<std::int64_t>(drops_after->host_queue - drops_before->host_queue);
-    r.switch_drops = static_cast<std::int64_t>(drops_after->switch_port - drops_before->switch_port);
+    r.host_queue_drops =
+        static_cast<std::int64_t>(drops_after->host_queue - drops_before->host_queue);
+    r.switch_drops =
+        static_cast<std::int64_t>(drops_after->switch_port - drops_before->switch_port);
     r.notes.push_back("the hosts' own queues dropped " + std::to_string(r.host_queue_drops) +
                       " packets, the switch ports " + std::to_string(r.switch_drops) +
                       (shared_job >= 0 ? " (every job's)" : ""));
   }
   for (int l = 0; l < counted_links; ++l) {
     const std::uint64_t sent = link_bytes(l) - bytes_before[static_cast<std::size_t>(l)];
-    r.notes.push_back("link " + std::to_string(l) + " carried " + format_size(static_cast<Bytes>(sent / n)) +
+    r.notes.push_back("link " + std::to_string(l) + " carried " +
+                      format_size(static_cast<Bytes>(sent / n)) +
                       " per worker (its veth's byte counter, calibration included" +
                       (shared_job >= 0 ? ", every job's" : "") + ")");
   }
@@ -687,8 +749,8 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
     // The fit every worker measured at start-up (the same on all) and the policy's report.
     for (std::size_t l = 0; l < w0.allreduce_fit.size(); ++l) {
       const AllReduceCost& c = w0.allreduce_fit[l];
-      r.notes.push_back("link " + std::to_string(l) + " all-reduce fit: a = " + format_time(c.a) + ", b = " +
-                        std::to_string(c.b_ns_per_byte).substr(0, 7) + " ns/B (" +
+      r.notes.push_back("link " + std::to_string(l) + " all-reduce fit: a = " + format_time(c.a) +
+                        ", b = " + std::to_string(c.b_ns_per_byte).substr(0, 7) + " ns/B (" +
                         std::to_string(8.0 / c.b_ns_per_byte).substr(0, 5) + " Gbit/s)");
     }
   }
@@ -743,11 +805,13 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
 // others still compete, as the simulator's do; its row is over all of them. The
 // prediction is simulate_shared's, links shared fairly.
 Status run_shared_jobs(const Job& job, const std::vector<SharedJob>& jobs, const LaunchOptions& f,
-                       runtime::NetnsCluster& cluster, double goodput, const std::filesystem::path& dir,
-                       const RunFiles& files, Logger& log, ClusterRunResult* out) {
+                       runtime::NetnsCluster& cluster, double goodput,
+                       const std::filesystem::path& dir, const RunFiles& files, Logger& log,
+                       ClusterRunResult* out) {
   const ClusterConfig predicted_cluster = at_goodput(job.cluster, goodput);
-  QS_ASSIGN_OR_RETURN(std::vector<SimResult> predicted,
-                      simulate_shared(jobs, predicted_cluster, job.sim, SharingOptions{JobSharing::kFair, false}));
+  QS_ASSIGN_OR_RETURN(
+      std::vector<SimResult> predicted,
+      simulate_shared(jobs, predicted_cluster, job.sim, SharingOptions{JobSharing::kFair, false}));
   TimeNs slowest = 0;
   for (const SimResult& p : predicted) slowest = std::max(slowest, p.iteration_time);
   std::vector<Job> each;
@@ -759,7 +823,8 @@ Status run_shared_jobs(const Job& job, const std::vector<SharedJob>& jobs, const
     one.policies = {jobs[j].policy};
     const TimeNs t = std::max<TimeNs>(1, predicted[j].iteration_time);
     const double more = std::min(10.0, static_cast<double>(slowest) / static_cast<double>(t));
-    one.sim.iterations = std::max(job.sim.iterations, static_cast<int>(std::ceil(job.sim.iterations * more)));
+    one.sim.iterations =
+        std::max(job.sim.iterations, static_cast<int>(std::ceil(job.sim.iterations * more)));
     owns.push_back(files);
     owns.back().profile = (dir / ("profile" + std::to_string(j) + ".json")).string();
     QS_RETURN_IF_ERROR(save_profile(one.profile, owns.back().profile));
@@ -769,12 +834,14 @@ Status run_shared_jobs(const Job& job, const std::vector<SharedJob>& jobs, const
   std::vector<std::thread> threads;
   for (std::size_t j = 0; j < jobs.size(); ++j) {
     threads.emplace_back([&, j] {
-      runs[j] = run_policy(each[j], jobs[j].policy, f, &cluster, goodput, owns[j], log, static_cast<int>(j));
+      runs[j] = run_policy(each[j], jobs[j].policy, f, &cluster, goodput, owns[j], log,
+                           static_cast<int>(j));
     });
   }
   for (std::thread& t : threads) t.join();
   for (std::size_t j = 0; j < jobs.size(); ++j) {
-    const std::string name = "job " + std::to_string(j) + " (" + jobs[j].profile.name + ":" + jobs[j].policy + ")";
+    const std::string name =
+        "job " + std::to_string(j) + " (" + jobs[j].profile.name + ":" + jobs[j].policy + ")";
     Result<PolicyRun>& run = *runs[j];
     if (!run) {
       log(name + ": " + run.status().message());
@@ -784,14 +851,14 @@ Status run_shared_jobs(const Job& job, const std::vector<SharedJob>& jobs, const
     run->row.result.policy = std::to_string(j) + ":" + jobs[j].profile.name + ":" + jobs[j].policy;
     run->row.result.notes.insert(run->row.result.notes.begin(),
                                  std::to_string(each[j].sim.iterations) + " iterations, batch " +
-                                     std::to_string(jobs[j].profile.batch_size) + "; predicted with the other jobs");
+                                     std::to_string(jobs[j].profile.batch_size) +
+                                     "; predicted with the other jobs");
     run->row.predicted = std::move(predicted[j]);
     out->rows.push_back(std::move(run->row));
     out->workers.push_back(std::move(run->workers));
   }
   return Status::ok();
 }
-
 
 }  // namespace
 
@@ -828,18 +895,21 @@ std::vector<std::string> knob_arguments(const PolicyOptions& o) {
 
 std::string ClusterRunResult::describe() const {
   return std::string("measured (") +
-         (goodput_fraction ? "network namespaces, tc-shaped links, goodput " +
-                                 std::to_string(*goodput_fraction * 100).substr(0, 4) + "% of the rate" +
-                                 (calibration.empty() ? "" : " with every link loaded at once")
-                           : std::string(job.cluster.architecture == Architecture::kAllReduce
-                                             ? "loopback, gloo unpaced: the all-reduce fit is this machine's"
-                                             : "loopback, paced")) +
+         (goodput_fraction
+              ? "network namespaces, tc-shaped links, goodput " +
+                    std::to_string(*goodput_fraction * 100).substr(0, 4) + "% of the rate" +
+                    (calibration.empty() ? "" : " with every link loaded at once")
+              : std::string(job.cluster.architecture == Architecture::kAllReduce
+                                ? "loopback, gloo unpaced: the all-reduce fit is this machine's"
+                                : "loopback, paced")) +
          (rto_min > 0 ? "; route rto_min " + format_time(rto_min) : std::string()) +
          (quickack ? "; route quickack" : "") +
-         (switch_buffer > 0 && switch_buffer != 2 * kNsPerMs ? "; switch buffer " + format_time(switch_buffer)
-                                                              : std::string()) +
-         (host_queue > 0 && host_queue != LaunchOptions{}.host_queue ? "; host queue " + format_time(host_queue)
-                                                                      : std::string()) +
+         (switch_buffer > 0 && switch_buffer != 2 * kNsPerMs
+              ? "; switch buffer " + format_time(switch_buffer)
+              : std::string()) +
+         (host_queue > 0 && host_queue != LaunchOptions{}.host_queue
+              ? "; host queue " + format_time(host_queue)
+              : std::string()) +
          (host_queue > 0 && gso_max != LaunchOptions{}.gso_max
               ? "; host GSO " + (gso_max > 0 ? format_size(gso_max) : std::string("the kernel's"))
               : std::string()) +
@@ -860,10 +930,12 @@ StaleCleanup cleanup_stale_run_dirs(bool dry_run) {
     const std::string digits = m[1].str();
     const pid_t pid = digits.size() <= 9 ? static_cast<pid_t>(std::stol(digits)) : 0;
     if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH) {
-      out.live.push_back("directory " + e.path().string() + " (launcher " + digits + " still runs)");
+      out.live.push_back("directory " + e.path().string() + " (launcher " + digits +
+                         " still runs)");
       continue;
     }
-    const std::string what = "directory " + e.path().string() + " (launcher " + digits + " is gone)";
+    const std::string what =
+        "directory " + e.path().string() + " (launcher " + digits + " is gone)";
     std::error_code rm;
     if (!dry_run) std::filesystem::remove_all(e.path(), rm);
     if (rm) {
@@ -889,15 +961,18 @@ StaleCleanup cleanup_stale_runs(bool dry_run) {
 Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   const bool allreduce = job.cluster.architecture == Architecture::kAllReduce;
   if (allreduce && !runtime::have_gloo()) {
-    return invalid_argument("--architecture allreduce: this quicksilver was built without gloo (libgloo-dev)");
+    return invalid_argument(
+        "--architecture allreduce: this quicksilver was built without gloo (libgloo-dev)");
   }
-  if (f.executable.empty()) return invalid_argument("LaunchOptions::executable: no quicksilver executable given");
+  if (f.executable.empty())
+    return invalid_argument("LaunchOptions::executable: no quicksilver executable given");
   // Everything below forks, creates namespaces or files: bound the job first.
   QS_RETURN_IF_ERROR(runtime::check_job_size(job.cluster.workers, job.cluster.servers));
   if (job.cluster.workers + job.cluster.servers > kMaxLocalProcesses) {
     return invalid_argument("--workers " + std::to_string(job.cluster.workers) + " and --servers " +
-                            std::to_string(job.cluster.servers) + ": a local cluster runs at most " +
-                            std::to_string(kMaxLocalProcesses) + " processes (workers + servers)");
+                            std::to_string(job.cluster.servers) +
+                            ": a local cluster runs at most " + std::to_string(kMaxLocalProcesses) +
+                            " processes (workers + servers)");
   }
   if (allreduce) {
     for (const LayerSpec& l : job.profile.layers) {
@@ -916,8 +991,9 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
         return invalid_argument("--policy: '" + p + "' is not an all-reduce policy");
       }
     }
-    QS_RETURN_IF_ERROR(check_unit_budget(job.profile, p, job.cluster.architecture, job.policy_options,
-                                         job.cluster.workers, job.cluster.servers)
+    QS_RETURN_IF_ERROR(check_unit_budget(job.profile, p, job.cluster.architecture,
+                                         job.policy_options, job.cluster.workers,
+                                         job.cluster.servers)
                            .with_context(p));
   }
   if (!f.shared_jobs.empty()) {
@@ -925,46 +1001,57 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
       return invalid_argument("--job: at most " + std::to_string(kMaxSharedJobs) + " jobs");
     }
     if (!f.netns) {
-      return invalid_argument("--job needs --netns (on loopback each job would pace its own links: nothing is shared)");
+      return invalid_argument(
+          "--job needs --netns (on loopback each job would pace its own links: nothing is shared)");
     }
     if (allreduce) return invalid_argument("--job needs --architecture ps");
     if (job.cluster.schedule && !job.cluster.schedule->is_constant()) {
       return invalid_argument("--job cannot be combined with a time-varying --bandwidth-trace");
     }
-    const std::size_t processes = f.shared_jobs.size() * static_cast<std::size_t>(job.cluster.workers + job.cluster.servers);
+    const std::size_t processes =
+        f.shared_jobs.size() * static_cast<std::size_t>(job.cluster.workers + job.cluster.servers);
     if (processes > static_cast<std::size_t>(kMaxLocalProcesses)) {
       return invalid_argument("--job: " + std::to_string(f.shared_jobs.size()) + " jobs of " +
-                              std::to_string(job.cluster.workers + job.cluster.servers) + " processes each; a local " +
-                              "cluster runs at most " + std::to_string(kMaxLocalProcesses));
+                              std::to_string(job.cluster.workers + job.cluster.servers) +
+                              " processes each; a local " + "cluster runs at most " +
+                              std::to_string(kMaxLocalProcesses));
     }
     for (std::size_t j = 0; j < f.shared_jobs.size(); ++j) {
       const SharedJob& s = f.shared_jobs[j];
       if (!policy_registry().communicates(s.policy)) {
         return invalid_argument("--job " + std::to_string(j) + ": " + s.policy + " moves no byte");
       }
-      QS_RETURN_IF_ERROR(check_unit_budget(s.profile, s.policy, job.cluster.architecture, s.policy_options,
-                                           job.cluster.workers, job.cluster.servers)
+      QS_RETURN_IF_ERROR(check_unit_budget(s.profile, s.policy, job.cluster.architecture,
+                                           s.policy_options, job.cluster.workers,
+                                           job.cluster.servers)
                              .with_context("--job " + std::to_string(j)));
     }
   }
   if (!job.cluster.server_shares.empty()) {
     return invalid_argument(
-        "--server-shares is the simulator's: every runtime process builds the balanced placement from the job");
+        "--server-shares is the simulator's: every runtime process builds the balanced placement "
+        "from the job");
   }
-  if ((!job.cluster.worker_bandwidth.empty() || !job.cluster.server_bandwidth.empty()) && !f.netns) {
+  if ((!job.cluster.worker_bandwidth.empty() || !job.cluster.server_bandwidth.empty()) &&
+      !f.netns) {
     return invalid_argument(
-        "--worker-bandwidths and --server-bandwidths need --netns (on loopback every host is paced at --bandwidth)");
+        "--worker-bandwidths and --server-bandwidths need --netns (on loopback every host is paced "
+        "at --bandwidth)");
   }
   // Written so that NaN fails too.
-  if (!(f.scale >= 0 && f.scale <= 1)) return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");
+  if (!(f.scale >= 0 && f.scale <= 1))
+    return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");
   if (f.commit_window < 0) return invalid_argument("--commit-window must be >= 0");
   if (f.peer_timeout <= 0) return invalid_argument("--peer-timeout must be > 0");
-  if (f.rto_min < 0 || f.rto_min > 60 * kNsPerSec) return invalid_argument("--rto-min must be in 0..60s");
+  if (f.rto_min < 0 || f.rto_min > 60 * kNsPerSec)
+    return invalid_argument("--rto-min must be in 0..60s");
   if (f.rto_min > 0 && !f.netns) {
-    return invalid_argument("--rto-min needs --netns (the routes of the machine itself are not changed)");
+    return invalid_argument(
+        "--rto-min needs --netns (the routes of the machine itself are not changed)");
   }
   if (f.quickack && !f.netns) {
-    return invalid_argument("--quickack needs --netns (the routes of the machine itself are not changed)");
+    return invalid_argument(
+        "--quickack needs --netns (the routes of the machine itself are not changed)");
   }
   if (!f.netns && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
     return invalid_argument("--bandwidth-trace needs --netns (loopback has no shaper to change)");
@@ -972,7 +1059,8 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   if (job.cluster.latency > 0) {
     return invalid_argument("--latency: no delay emulation (this kernel has no netem); use 0");
   }
-  QS_RETURN_IF_ERROR(transport::check_congestion_available(f.congestion).with_context("--congestion"));
+  QS_RETURN_IF_ERROR(
+      transport::check_congestion_available(f.congestion).with_context("--congestion"));
   if (job.cluster.schedule) {
     const auto& segs = job.cluster.schedule->segments();
     for (std::size_t i = 1; i < segs.size(); ++i) {
@@ -988,27 +1076,31 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   ClusterRunResult out;
   Logger log(f.log, &out.messages);
   if (job.cluster.bandwidth.bits_per_second < 1'000'000) {
-    return invalid_argument("--bandwidth " + format_rate(job.cluster.bandwidth) + ": a link needs at least 1Mbps");
+    return invalid_argument("--bandwidth " + format_rate(job.cluster.bandwidth) +
+                            ": a link needs at least 1Mbps");
   }
   for (const auto* rates : {&job.cluster.worker_bandwidth, &job.cluster.server_bandwidth}) {
     for (Rate r : *rates) {
       if (r.bits_per_second < 1'000'000) {
-        return invalid_argument(std::string(rates == &job.cluster.worker_bandwidth ? "--worker-bandwidths"
-                                                                                    : "--server-bandwidths") +
+        return invalid_argument(std::string(rates == &job.cluster.worker_bandwidth
+                                                ? "--worker-bandwidths"
+                                                : "--server-bandwidths") +
                                 ": " + format_rate(r) + ": a link needs at least 1Mbps");
       }
     }
   }
   if (f.scale > 0 && static_cast<double>(job.cluster.bandwidth.bits_per_second) * f.scale < 1e6) {
-    return invalid_argument("--scale " + std::to_string(f.scale) + " leaves the links " +
-                            format_rate(Rate{std::llround(job.cluster.bandwidth.bits_per_second * f.scale)}) +
-                            "; a scaled link needs at least 1Mbps");
+    return invalid_argument(
+        "--scale " + std::to_string(f.scale) + " leaves the links " +
+        format_rate(Rate{std::llround(job.cluster.bandwidth.bits_per_second * f.scale)}) +
+        "; a scaled link needs at least 1Mbps");
   }
   QS_RETURN_IF_ERROR(runtime::check_netns_queues(f.switch_buffer, f.host_queue, f.gso_max));
   if ((f.switch_buffer != 2 * kNsPerMs || f.host_queue != LaunchOptions{}.host_queue ||
        f.gso_max != LaunchOptions{}.gso_max) &&
       !f.netns) {
-    return invalid_argument("--switch-buffer, --host-queue and --host-gso need --netns (loopback has no switch)");
+    return invalid_argument(
+        "--switch-buffer, --host-queue and --host-gso need --netns (loopback has no switch)");
   }
   out.rto_min = f.netns ? f.rto_min : 0;
   out.quickack = f.netns && f.quickack;
@@ -1020,7 +1112,8 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   (void)cleanup_stale_run_dirs(false);
   // qs-run-<pid>-XXXXXX: the pid says whose it is, for cleanup_stale_runs().
   std::string tmpl =
-      (std::filesystem::temp_directory_path() / ("qs-run-" + std::to_string(getpid()) + "-XXXXXX")).string();
+      (std::filesystem::temp_directory_path() / ("qs-run-" + std::to_string(getpid()) + "-XXXXXX"))
+          .string();
   if (mkdtemp(tmpl.data()) == nullptr) return io_error("cannot create a temporary directory");
   struct RemoveTmp {
     std::filesystem::path path;
@@ -1029,7 +1122,8 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
       std::filesystem::remove_all(path, ec);
     }
   } remove_tmp{tmpl};
-  const RunFiles files{(remove_tmp.path / "profile.json").string(), (remove_tmp.path / "secret").string()};
+  const RunFiles files{(remove_tmp.path / "profile.json").string(),
+                       (remove_tmp.path / "secret").string()};
   // Every child authenticates its peers with it: a process outside this run that reaches a
   // server's port (another user's, on loopback) cannot join.
   QS_RETURN_IF_ERROR(transport::Secret::generate().write_file(files.secret));
@@ -1046,16 +1140,19 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   }
   const double nominal = fastest;
   // Loopback, automatic: two cores move about 4 Gbit/s of paced loopback traffic in total.
-  double scale = f.scale > 0 ? f.scale
-                             : std::min(1.0, 4e9 / (job.cluster.workers + (allreduce ? 0 : job.cluster.servers)) /
-                                                 nominal);
+  double scale =
+      f.scale > 0
+          ? f.scale
+          : std::min(1.0,
+                     4e9 / (job.cluster.workers + (allreduce ? 0 : job.cluster.servers)) / nominal);
   std::unique_ptr<runtime::NetnsCluster> cluster;
   double goodput_ratio = 1448.0 / 1514.0;
   if (f.netns) {
     runtime::NetnsOptions no;
     no.hosts = job.cluster.workers + (allreduce ? 1 : job.cluster.servers);
     // Automatic: the calibration's first candidate (below).
-    if (f.scale == 0) scale = std::min(1.0, kCalibrationStart / (no.hosts - (allreduce ? 1 : 0)) / nominal);
+    if (f.scale == 0)
+      scale = std::min(1.0, kCalibrationStart / (no.hosts - (allreduce ? 1 : 0)) / nominal);
     no.rate = Rate{std::llround(nominal * scale)};
     no.congestion = f.congestion;
     no.rto_min = f.rto_min;
@@ -1068,21 +1165,23 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     no.gso_max = f.gso_max;
     if (allreduce && job.cluster.second_link_slowdown != 0) {
       // DeFT's second link: a veth of its own per host, `second_link_slowdown` times slower.
-      no.second_rate.bits_per_second =
-          std::llround(static_cast<double>(no.rate.bits_per_second) / job.cluster.second_link_slowdown);
+      no.second_rate.bits_per_second = std::llround(static_cast<double>(no.rate.bits_per_second) /
+                                                    job.cluster.second_link_slowdown);
     }
     auto c = runtime::NetnsCluster::create(no);
     if (!c) return c.status().with_context("--netns");
     cluster = std::move(*c);
     if (f.progress) f.progress("calibrating the emulated cluster");
-    auto calibrated = calibrate_cluster(*cluster, allreduce ? 1 : 0, f.congestion, nominal, f.scale == 0, log);
+    auto calibrated =
+        calibrate_cluster(*cluster, allreduce ? 1 : 0, f.congestion, nominal, f.scale == 0, log);
     if (calibrated) {
       scale = calibrated->scale;
       goodput_ratio = calibrated->goodput_fraction;
       out.calibration = calibrated->describe;
       out.calibration_cpu_idle = calibrated->cpu_idle;
     } else {
-      log("no whole-cluster calibration (" + calibrated.status().message() + "); assuming 1448/1514 of the rate");
+      log("no whole-cluster calibration (" + calibrated.status().message() +
+          "); assuming 1448/1514 of the rate");
     }
     out.goodput_fraction = goodput_ratio;
     if (g_interrupted) {
@@ -1109,9 +1208,12 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     for (int h = 0; h < cluster->hosts(); ++h) {
       const bool worker = h >= m;
       std::vector<Rate>& own = worker ? job.cluster.worker_bandwidth : job.cluster.server_bandwidth;
-      Rate& r = own.empty() ? job.cluster.bandwidth : own[static_cast<std::size_t>(worker ? h - m : h)];
-      if (&r != &job.cluster.bandwidth) r.bits_per_second = std::llround(static_cast<double>(r.bits_per_second) * scale);
-      QS_RETURN_IF_ERROR(cluster->set_rate(h, r).with_context("--netns: host " + std::to_string(h)));
+      Rate& r =
+          own.empty() ? job.cluster.bandwidth : own[static_cast<std::size_t>(worker ? h - m : h)];
+      if (&r != &job.cluster.bandwidth)
+        r.bits_per_second = std::llround(static_cast<double>(r.bits_per_second) * scale);
+      QS_RETURN_IF_ERROR(
+          cluster->set_rate(h, r).with_context("--netns: host " + std::to_string(h)));
     }
   }
   QS_RETURN_IF_ERROR(save_profile(job.profile, files.profile));
@@ -1121,7 +1223,8 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
       s.profile = scale_profile(s.profile, scale);
       scale_policy_options(&s.policy_options, scale);
     }
-    Status st = run_shared_jobs(job, shared, f, *cluster, goodput_ratio, remove_tmp.path, files, log, &out);
+    Status st =
+        run_shared_jobs(job, shared, f, *cluster, goodput_ratio, remove_tmp.path, files, log, &out);
     if (!st.is_ok()) {
       log("the jobs: " + st.message());
       out.failures.emplace_back("the jobs", st);
@@ -1129,7 +1232,8 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     job.policies.clear();
     std::string names;
     for (const SharedJob& s : shared) {
-      names += (names.empty() ? "" : " + ") + s.profile.name + " batch " + std::to_string(s.profile.batch_size);
+      names += (names.empty() ? "" : " + ") + s.profile.name + " batch " +
+               std::to_string(s.profile.batch_size);
     }
     job.profile.name = std::to_string(shared.size()) + " jobs sharing the cluster (" + names + ")";
     job.profile.batch_size = 0;  // each job its own (config_line)
@@ -1138,7 +1242,8 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
     const std::string& p = job.policies[i];
     if (g_interrupted) break;
     if (f.progress) {
-      f.progress(p + " (policy " + std::to_string(i + 1) + " of " + std::to_string(job.policies.size()) + ")");
+      f.progress(p + " (policy " + std::to_string(i + 1) + " of " +
+                 std::to_string(job.policies.size()) + ")");
     }
     auto run = run_policy(job, p, f, cluster.get(), goodput_ratio, files, log);
     if (!run) {

@@ -1,7 +1,5 @@
 #include "quicksilver/runtime/netns.h"
 
-#include "tbf_netlink.h"
-
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -10,16 +8,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <set>
 #include <sstream>
+
+#include "tbf_netlink.h"
 
 namespace qs::runtime {
 namespace {
@@ -102,15 +102,17 @@ std::string restore_allowed_cc_if_unused(bool dry_run, std::string* kept) {
   if (!std::filesystem::exists(kSavedCc, ec)) return {};
   const std::vector<std::string> live = cluster_namespaces(/*live_only=*/true);
   if (!live.empty()) {
-    if (kept) *kept = std::string(kAllowedCc) + " (" + std::to_string(live.size()) + " cluster namespaces still use it)";
+    if (kept)
+      *kept = std::string(kAllowedCc) + " (" + std::to_string(live.size()) +
+              " cluster namespaces still use it)";
     return {};
   }
   std::ifstream in(kSavedCc);
   std::string original;
   std::getline(in, original);
   if (original.empty()) return {};
-  const std::string what = std::string("net.ipv4.tcp_allowed_congestion_control back to '") + original + "' (was '" +
-                           read_file(kAllowedCc) + "')";
+  const std::string what = std::string("net.ipv4.tcp_allowed_congestion_control back to '") +
+                           original + "' (was '" + read_file(kAllowedCc) + "')";
   if (dry_run) return what;
   if (!write_file(kAllowedCc, original)) return {};
   std::filesystem::remove(kSavedCc, ec);
@@ -119,8 +121,12 @@ std::string restore_allowed_cc_if_unused(bool dry_run, std::string* kept) {
 
 std::string bridge_name(const std::string& tag) { return tag + "br"; }
 std::string second_bridge_name(const std::string& tag) { return tag + "bs"; }
-std::string second_veth_host(const std::string& tag, int h) { return tag + "w" + std::to_string(h); }
-std::string second_veth_bridge(const std::string& tag, int h) { return tag + "q" + std::to_string(h); }
+std::string second_veth_host(const std::string& tag, int h) {
+  return tag + "w" + std::to_string(h);
+}
+std::string second_veth_bridge(const std::string& tag, int h) {
+  return tag + "q" + std::to_string(h);
+}
 std::string veth_host(const std::string& tag, int h) { return tag + "v" + std::to_string(h); }
 std::string veth_bridge(const std::string& tag, int h) { return tag + "p" + std::to_string(h); }
 
@@ -174,7 +180,8 @@ struct Child {
 
 Result<Child> start_command(const std::vector<std::string>& argv, bool capture) {
   int err_pipe[2];
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) return io_error(std::string("pipe: ") + std::strerror(errno));
+  if (pipe2(err_pipe, O_CLOEXEC) != 0)
+    return io_error(std::string("pipe: ") + std::strerror(errno));
   FILE* out_file = capture ? std::tmpfile() : nullptr;
   pid_t pid = fork();
   if (pid < 0) {
@@ -206,7 +213,8 @@ Result<Child> start_command(const std::vector<std::string>& argv, bool capture) 
 Status finish_command(Child& c, std::string* out) {
   std::string err;
   char buf[512];
-  for (ssize_t n; (n = read(c.err_fd, buf, sizeof buf)) > 0;) err.append(buf, static_cast<std::size_t>(n));
+  for (ssize_t n; (n = read(c.err_fd, buf, sizeof buf)) > 0;)
+    err.append(buf, static_cast<std::size_t>(n));
   close(c.err_fd);
   int status = 0;
   while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
@@ -223,7 +231,8 @@ Status finish_command(Child& c, std::string* out) {
   std::string cmd;
   for (const auto& a : c.argv) cmd += (cmd.empty() ? "" : " ") + a;
   while (!err.empty() && (err.back() == '\n' || err.back() == ' ')) err.pop_back();
-  return io_error("'" + cmd + "' failed: " + (err.empty() ? "exit status " + std::to_string(WEXITSTATUS(status)) : err));
+  return io_error("'" + cmd + "' failed: " +
+                  (err.empty() ? "exit status " + std::to_string(WEXITSTATUS(status)) : err));
 }
 
 }  // namespace
@@ -245,11 +254,13 @@ Status NetnsCluster::available() {
 
 Result<std::unique_ptr<NetnsCluster>> NetnsCluster::create(const NetnsOptions& options) {
   QS_RETURN_IF_ERROR(available());
-  if (options.hosts < 1 || options.hosts > 250) return invalid_argument("netns cluster: hosts must be in 1..250");
+  if (options.hosts < 1 || options.hosts > 250)
+    return invalid_argument("netns cluster: hosts must be in 1..250");
   if (options.rate.bits_per_second < 1000) return invalid_argument("netns cluster: rate too small");
   NetnsOptions o = options;
   if (o.tag.empty()) o.tag = "qs" + std::to_string(getpid());
-  if (o.tag.size() > 9) return invalid_argument("netns cluster: tag '" + o.tag + "' longer than 9 characters");
+  if (o.tag.size() > 9)
+    return invalid_argument("netns cluster: tag '" + o.tag + "' longer than 9 characters");
   MachineLock lock;
   (void)cleanup_stale_locked(false);  // what dead launchers left; a live one's is never touched
   std::unique_ptr<NetnsCluster> c(new NetnsCluster(std::move(o)));
@@ -276,7 +287,8 @@ std::string NetnsCluster::second_address(int host) const {
 }
 
 Result<std::uint64_t> NetnsCluster::sent_bytes(int host, int link) const {
-  const std::string dev = link == 0 ? veth_bridge(options_.tag, host) : second_veth_bridge(options_.tag, host);
+  const std::string dev =
+      link == 0 ? veth_bridge(options_.tag, host) : second_veth_bridge(options_.tag, host);
   std::ifstream in("/sys/class/net/" + dev + "/statistics/rx_bytes");
   std::uint64_t v = 0;
   if (!(in >> v)) return io_error("cannot read the byte counter of " + dev);
@@ -287,7 +299,8 @@ Status NetnsCluster::shape(const std::string& ns, const std::string& dev, Rate r
                            std::vector<std::unique_ptr<TbfLink>>* into) {
   auto link = TbfLink::open(ns, dev);
   if (!link.is_ok()) return link.status();
-  const TbfParams p = uplink ? uplink_params(options_, rate, rate) : downlink_params(options_, rate, rate);
+  const TbfParams p =
+      uplink ? uplink_params(options_, rate, rate) : downlink_params(options_, rate, rate);
   QS_RETURN_IF_ERROR(link->set(p, true));
   into->push_back(std::make_unique<TbfLink>(std::move(*link)));
   return Status::ok();
@@ -295,8 +308,9 @@ Status NetnsCluster::shape(const std::string& ns, const std::string& dev, Rate r
 
 // One host's link: a veth pair from its namespace to `bridge`, `address` on it, the
 // route metrics, a shaper on each side.
-Status NetnsCluster::add_link(int h, const std::string& bridge, const std::string& vh, const std::string& vb,
-                              const std::string& address, const std::string& subnet, Rate rate,
+Status NetnsCluster::add_link(int h, const std::string& bridge, const std::string& vh,
+                              const std::string& vb, const std::string& address,
+                              const std::string& subnet, Rate rate,
                               std::vector<std::unique_ptr<TbfLink>>* shapers) {
   const std::string ns = namespace_name(h);
   QS_RETURN_IF_ERROR(run_command({"ip", "link", "add", vh, "type", "veth", "peer", "name", vb}));
@@ -306,16 +320,17 @@ Status NetnsCluster::add_link(int h, const std::string& bridge, const std::strin
   QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "addr", "add", address + "/16", "dev", vh}));
   QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "link", "set", vh, "up"}));
   if (options_.gso_max > 0) {
-    QS_RETURN_IF_ERROR(
-        run_command({"ip", "-n", ns, "link", "set", vh, "gso_max_size", std::to_string(options_.gso_max)}));
+    QS_RETURN_IF_ERROR(run_command(
+        {"ip", "-n", ns, "link", "set", vh, "gso_max_size", std::to_string(options_.gso_max)}));
   }
   if (options_.rto_min > 0 || options_.quickack) {
     // The connected route again, with the metrics (ip prints and takes rto_min in ms).
-    std::vector<std::string> argv = {"ip", "-n", ns, "route", "replace", subnet, "dev", vh, "proto",
-                                     "kernel", "scope", "link", "src", address};
+    std::vector<std::string> argv = {"ip", "-n",    ns,       "route", "replace", subnet, "dev",
+                                     vh,   "proto", "kernel", "scope", "link",    "src",  address};
     if (options_.rto_min > 0) {
       argv.push_back("rto_min");
-      argv.push_back(std::to_string(std::max<TimeNs>(1, (options_.rto_min + kNsPerMs - 1) / kNsPerMs)) + "ms");
+      argv.push_back(
+          std::to_string(std::max<TimeNs>(1, (options_.rto_min + kNsPerMs - 1) / kNsPerMs)) + "ms");
     }
     if (options_.quickack) {
       argv.push_back("quickack");
@@ -324,7 +339,7 @@ Status NetnsCluster::add_link(int h, const std::string& bridge, const std::strin
     QS_RETURN_IF_ERROR(run_command(argv));
   }
   QS_RETURN_IF_ERROR(shape(ns, vh, rate, true, shapers));  // uplink: [2h]
-  return shape("", vb, rate, false, shapers);             // downlink: [2h + 1]
+  return shape("", vb, rate, false, shapers);              // downlink: [2h + 1]
 }
 
 Status NetnsCluster::build() {
@@ -352,25 +367,28 @@ Status NetnsCluster::build() {
     QS_RETURN_IF_ERROR(run_command({"ip", "netns", "add", ns}));
     namespaces_.push_back(ns);
     QS_RETURN_IF_ERROR(run_command({"ip", "-n", ns, "link", "set", "lo", "up"}));
-    QS_RETURN_IF_ERROR(add_link(h, bridge_name(tag), veth_host(tag, h), veth_bridge(tag, h), address(h),
-                                "10.213.0.0/16", options_.rate, &shapers_));
+    QS_RETURN_IF_ERROR(add_link(h, bridge_name(tag), veth_host(tag, h), veth_bridge(tag, h),
+                                address(h), "10.213.0.0/16", options_.rate, &shapers_));
     if (has_second_link()) {
       if (!second_bridge_made_) {
-        QS_RETURN_IF_ERROR(run_command({"ip", "link", "add", second_bridge_name(tag), "type", "bridge"}));
+        QS_RETURN_IF_ERROR(
+            run_command({"ip", "link", "add", second_bridge_name(tag), "type", "bridge"}));
         second_bridge_made_ = true;
         QS_RETURN_IF_ERROR(run_command({"ip", "link", "set", second_bridge_name(tag), "up"}));
       }
-      QS_RETURN_IF_ERROR(add_link(h, second_bridge_name(tag), second_veth_host(tag, h), second_veth_bridge(tag, h),
-                                  second_address(h), "10.214.0.0/16", options_.second_rate, &second_shapers_));
+      QS_RETURN_IF_ERROR(add_link(h, second_bridge_name(tag), second_veth_host(tag, h),
+                                  second_veth_bridge(tag, h), second_address(h), "10.214.0.0/16",
+                                  options_.second_rate, &second_shapers_));
     }
   }
   return Status::ok();
 }
 
 Status NetnsCluster::set_rate(int host, Rate rate) {
-  if (host < 0 || host >= options_.hosts) return invalid_argument("no host " + std::to_string(host));
-  QS_RETURN_IF_ERROR(
-      shapers_[2 * static_cast<std::size_t>(host)]->set(uplink_params(options_, rate, options_.rate), false));
+  if (host < 0 || host >= options_.hosts)
+    return invalid_argument("no host " + std::to_string(host));
+  QS_RETURN_IF_ERROR(shapers_[2 * static_cast<std::size_t>(host)]->set(
+      uplink_params(options_, rate, options_.rate), false));
   return shapers_[2 * static_cast<std::size_t>(host) + 1]->set(
       downlink_params(options_, rate, options_.rate), false);
 }
@@ -389,8 +407,10 @@ Status check_netns_queues(TimeNs switch_buffer, TimeNs host_queue, Bytes gso_max
 }
 
 Result<NetnsCluster::Drops> NetnsCluster::drops(int host) const {
-  if (host < 0 || host >= options_.hosts) return invalid_argument("no host " + std::to_string(host));
-  if (shapers_.size() < 2 * static_cast<std::size_t>(host + 1)) return unavailable("the cluster is torn down");
+  if (host < 0 || host >= options_.hosts)
+    return invalid_argument("no host " + std::to_string(host));
+  if (shapers_.size() < 2 * static_cast<std::size_t>(host + 1))
+    return unavailable("the cluster is torn down");
   Drops d;
   QS_ASSIGN_OR_RETURN(d.host_queue, shapers_[2 * static_cast<std::size_t>(host)]->drops());
   QS_ASSIGN_OR_RETURN(d.switch_port, shapers_[2 * static_cast<std::size_t>(host) + 1]->drops());
@@ -401,7 +421,8 @@ Status NetnsCluster::set_rate_all(Rate rate) {
   const TbfParams up = uplink_params(options_, rate, options_.rate);
   const TbfParams down = downlink_params(options_, rate, options_.rate);
   Status first;
-  for (std::size_t i = 0; i < shapers_.size(); ++i) {  // on, even past a failure: the others should still follow
+  for (std::size_t i = 0; i < shapers_.size();
+       ++i) {  // on, even past a failure: the others should still follow
     Status st = shapers_[i]->set(i % 2 == 0 ? up : down, false);
     if (!st.is_ok() && first.is_ok()) first = st;
   }
@@ -426,7 +447,8 @@ Status NetnsCluster::teardown_locked() {
   for (std::size_t h = 0; h < namespaces_.size(); ++h) {
     (void)run_command({"ip", "link", "del", veth_bridge(options_.tag, static_cast<int>(h))});
     if (second_bridge_made_) {
-      (void)run_command({"ip", "link", "del", second_veth_bridge(options_.tag, static_cast<int>(h))});
+      (void)run_command(
+          {"ip", "link", "del", second_veth_bridge(options_.tag, static_cast<int>(h))});
     }
   }
   for (const std::string& ns : namespaces_) {
@@ -444,13 +466,16 @@ Status NetnsCluster::teardown_locked() {
     if (!s.is_ok() && first.is_ok()) first = s;
     second_bridge_made_ = false;
   }
-  (void)restore_allowed_cc_if_unused(false, nullptr);  // unless another live cluster still relies on it
+  (void)restore_allowed_cc_if_unused(false,
+                                     nullptr);  // unless another live cluster still relies on it
   return first;
 }
 
 NetnsCluster::NetnsCluster(NetnsOptions options) : options_(std::move(options)) {}
 
-NetnsCluster::~NetnsCluster() { (void)teardown(); }  // errors were reported by an explicit teardown()
+NetnsCluster::~NetnsCluster() {
+  (void)teardown();
+}  // errors were reported by an explicit teardown()
 
 Status NetnsCluster::enter(const std::string& name) {
   const std::string path = "/var/run/netns/" + name;
@@ -467,7 +492,8 @@ Status NetnsCluster::set_nominal_rate(Rate rate) {
   if (rate.bits_per_second < 1000) return invalid_argument("netns cluster: rate too small");
   if (has_second_link()) {
     options_.second_rate.bits_per_second = std::max<std::int64_t>(
-        1000, std::llround(static_cast<double>(options_.second_rate.bits_per_second) * static_cast<double>(rate.bits_per_second) /
+        1000, std::llround(static_cast<double>(options_.second_rate.bits_per_second) *
+                           static_cast<double>(rate.bits_per_second) /
                            static_cast<double>(options_.rate.bits_per_second)));
     const TbfParams up = uplink_params(options_, options_.second_rate, options_.second_rate);
     const TbfParams down = downlink_params(options_, options_.second_rate, options_.second_rate);
@@ -492,7 +518,8 @@ CpuTicks cpu_ticks() {
 
 double idle_share(const CpuTicks& before, const CpuTicks& after) {
   if (after.total <= before.total) return -1;
-  return static_cast<double>(after.idle - before.idle) / static_cast<double>(after.total - before.total);
+  return static_cast<double>(after.idle - before.idle) /
+         static_cast<double>(after.total - before.total);
 }
 
 namespace {
@@ -513,13 +540,14 @@ Result<Rate> received_rate(const std::string& json) {
 // Starts a one-test iperf3 server on `host` (it daemonises and exits after the test) and
 // waits until it listens: a client that connected first would be refused.
 Status start_iperf_server(const NetnsCluster& cluster, int host) {
-  QS_RETURN_IF_ERROR(run_command({"ip", "netns", "exec", cluster.namespace_name(host), "iperf3", "-s", "-1", "-D",
-                                  "-B", cluster.address(host), "-p", kIperfPort}));
+  QS_RETURN_IF_ERROR(
+      run_command({"ip", "netns", "exec", cluster.namespace_name(host), "iperf3", "-s", "-1", "-D",
+                   "-B", cluster.address(host), "-p", kIperfPort}));
   for (int attempt = 0; attempt < 100; ++attempt) {
     std::string listening;
-    QS_RETURN_IF_ERROR(run_command(
-        {"ip", "netns", "exec", cluster.namespace_name(host), "ss", "-Hltn", "sport", "=", ":" + std::string(kIperfPort)},
-        &listening));
+    QS_RETURN_IF_ERROR(run_command({"ip", "netns", "exec", cluster.namespace_name(host), "ss",
+                                    "-Hltn", "sport", "=", ":" + std::string(kIperfPort)},
+                                   &listening));
     if (listening.find(kIperfPort) != std::string::npos) return Status::ok();
     usleep(20'000);
   }
@@ -528,10 +556,11 @@ Status start_iperf_server(const NetnsCluster& cluster, int host) {
 
 }  // namespace
 
-Result<ClusterGoodput> measure_cluster_goodput(const NetnsCluster& cluster, const std::string& cc, int first_host,
-                                               int seconds) {
+Result<ClusterGoodput> measure_cluster_goodput(const NetnsCluster& cluster, const std::string& cc,
+                                               int first_host, int seconds) {
   const int hosts = cluster.hosts();
-  if (first_host < 0 || hosts - first_host < 2) return invalid_argument("fewer than two hosts: no link to load");
+  if (first_host < 0 || hosts - first_host < 2)
+    return invalid_argument("fewer than two hosts: no link to load");
   for (int h = first_host; h < hosts; ++h) {
     QS_RETURN_IF_ERROR(start_iperf_server(cluster, h).with_context("iperf3"));
   }
@@ -540,10 +569,10 @@ Result<ClusterGoodput> measure_cluster_goodput(const NetnsCluster& cluster, cons
   Status started;
   for (int h = first_host; h < hosts && started.is_ok(); ++h) {
     const int to = h + 1 < hosts ? h + 1 : first_host;
-    auto c = start_command({"ip", "netns", "exec", cluster.namespace_name(h), "iperf3", "-c",
-                            cluster.address(to), "-p", kIperfPort, "-t", std::to_string(seconds), "-C",
-                            cc, "-J"},
-                           true);
+    auto c = start_command(
+        {"ip", "netns", "exec", cluster.namespace_name(h), "iperf3", "-c", cluster.address(to),
+         "-p", kIperfPort, "-t", std::to_string(seconds), "-C", cc, "-J"},
+        true);
     if (c) {
       clients.push_back(std::move(*c));
     } else {
@@ -579,9 +608,9 @@ Result<Rate> measure_goodput(const NetnsCluster& cluster, int from, int to, cons
                              int seconds) {
   QS_RETURN_IF_ERROR(start_iperf_server(cluster, to).with_context("iperf3"));
   std::string json;
-  QS_RETURN_IF_ERROR(run_command({"ip", "netns", "exec", cluster.namespace_name(from), "iperf3", "-c",
-                                  cluster.address(to), "-p", kIperfPort, "-t", std::to_string(seconds), "-C", cc,
-                                  "-J"},
+  QS_RETURN_IF_ERROR(run_command({"ip", "netns", "exec", cluster.namespace_name(from), "iperf3",
+                                  "-c", cluster.address(to), "-p", kIperfPort, "-t",
+                                  std::to_string(seconds), "-C", cc, "-J"},
                                  &json)
                          .with_context("iperf3"));
   return received_rate(json);
@@ -630,7 +659,8 @@ StaleCleanup NetnsCluster::cleanup_stale_locked(bool dry_run) {
         }
       }
     }
-    act("namespace " + name + " (launcher " + m[1].str() + " is gone)", {"ip", "netns", "del", name});
+    act("namespace " + name + " (launcher " + m[1].str() + " is gone)",
+        {"ip", "netns", "del", name});
   }
   // Bridges, and veths a launcher killed mid-build left here.
   std::string links;
@@ -652,18 +682,23 @@ StaleCleanup NetnsCluster::cleanup_stale_locked(bool dry_run) {
       stale_links.push_back(name);
     }
     // Veths before bridges (a bridge's ports would otherwise outlive it).
-    std::stable_sort(stale_links.begin(), stale_links.end(), [](const std::string& a, const std::string& b) {
-      const bool abr = a.ends_with("br") || a.ends_with("bs"), bbr = b.ends_with("br") || b.ends_with("bs");
-      return abr < bbr;
-    });
+    std::stable_sort(stale_links.begin(), stale_links.end(),
+                     [](const std::string& a, const std::string& b) {
+                       const bool abr = a.ends_with("br") || a.ends_with("bs"),
+                                  bbr = b.ends_with("br") || b.ends_with("bs");
+                       return abr < bbr;
+                     });
     for (const std::string& name : stale_links) {
-      if (!dry_run && !std::filesystem::exists("/sys/class/net/" + name)) continue;  // gone with its peer
-      act("link " + name + " (launcher " + name.substr(2, name.find_first_not_of("0123456789", 2) - 2) +
-              " is gone)",
-          {"ip", "link", "del", name}, [&] { return !std::filesystem::exists("/sys/class/net/" + name); });
+      if (!dry_run && !std::filesystem::exists("/sys/class/net/" + name))
+        continue;  // gone with its peer
+      act("link " + name + " (launcher " +
+              name.substr(2, name.find_first_not_of("0123456789", 2) - 2) + " is gone)",
+          {"ip", "link", "del", name},
+          [&] { return !std::filesystem::exists("/sys/class/net/" + name); });
     }
   }
-  for (const std::string& tag : live_tags) out.live.push_back("cluster " + tag + " (its launcher still runs)");
+  for (const std::string& tag : live_tags)
+    out.live.push_back("cluster " + tag + " (its launcher still runs)");
   std::string kept;
   const std::string restored = restore_allowed_cc_if_unused(dry_run, &kept);
   if (!restored.empty()) out.removed.push_back(restored);

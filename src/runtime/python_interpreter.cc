@@ -20,7 +20,8 @@ namespace {
 
 bool executable_file(const std::string& p) {
   struct stat st {};
-  return !p.empty() && stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
+  return !p.empty() && stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         access(p.c_str(), X_OK) == 0;
 }
 
 // The first executable `python3` in the colon-separated `path` (an empty entry is the
@@ -79,12 +80,15 @@ std::string torch_import_error(const std::string& python) {
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return {};
-  while (!err.empty() && (err.back() == '\n' || err.back() == ' ' || err.back() == '\r')) err.pop_back();
+  while (!err.empty() && (err.back() == '\n' || err.back() == ' ' || err.back() == '\r'))
+    err.pop_back();
   std::string last = err.substr(err.rfind('\n') == std::string::npos ? 0 : err.rfind('\n') + 1);
   if (last.size() > 200) last = last.substr(0, 200) + "...";
   if (!last.empty()) return "cannot import torch: " + last;
-  if (WIFSIGNALED(status)) return "cannot import torch: killed by signal " + std::to_string(WTERMSIG(status));
-  return "cannot import torch: exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  if (WIFSIGNALED(status))
+    return "cannot import torch: killed by signal " + std::to_string(WTERMSIG(status));
+  return "cannot import torch: exit status " +
+         std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
 bool same_file(const std::string& a, const std::string& b) {
@@ -123,8 +127,9 @@ Result<std::string> choose_python(const PythonSearch& s) {
   }
   std::string msg = "no Python interpreter that imports torch (tried ";
   for (std::size_t i = 0; i < tried.size(); ++i) msg += (i > 0 ? "; " : "") + tried[i];
-  msg += "): pass --python PATH (an interpreter that imports torch), or install torch "
-         "(Debian 12: scripts/setup.sh, as root, installs python3-torch for /usr/bin/python3)";
+  msg +=
+      "): pass --python PATH (an interpreter that imports torch), or install torch "
+      "(Debian 12: scripts/setup.sh, as root, installs python3-torch for /usr/bin/python3)";
   return not_found(msg);
 }
 

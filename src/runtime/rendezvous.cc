@@ -21,7 +21,8 @@ namespace {
 constexpr std::size_t kMaxLine = 256;
 
 TimeNs steady_now() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -50,7 +51,8 @@ Result<std::string> read_line(int fd, TimeNs deadline, std::string* buffer) {
       buffer->erase(0, nl + 1);
       return line;
     }
-    if (buffer->size() > kMaxLine) return protocol_error("rendezvous line longer than " + std::to_string(kMaxLine));
+    if (buffer->size() > kMaxLine)
+      return protocol_error("rendezvous line longer than " + std::to_string(kMaxLine));
     const TimeNs left = deadline - steady_now();
     if (left <= 0) return unavailable("rendezvous timed out");
     pollfd p{fd, POLLIN, 0};
@@ -71,7 +73,8 @@ Result<std::string> read_line(int fd, TimeNs deadline, std::string* buffer) {
 Result<std::string> ask(const Endpoint& coordinator, const std::string& request, TimeNs timeout,
                         const transport::Secret* secret) {
   const TimeNs deadline = steady_now() + timeout;
-  const std::string who = "coordinator " + coordinator.host + ":" + std::to_string(coordinator.port);
+  const std::string who =
+      "coordinator " + coordinator.host + ":" + std::to_string(coordinator.port);
   auto fd = transport::connect_tcp(coordinator.host, coordinator.port, deadline);
   if (!fd) return fd.status().with_context(who);
   if (secret != nullptr) {
@@ -89,13 +92,13 @@ Result<std::string> ask(const Endpoint& coordinator, const std::string& request,
 
 struct Client {
   transport::Fd fd;
-  std::string from;       // "address:port", for log lines
-  std::string peer_host;  // the address alone: a registering server's host
+  std::string from;                            // "address:port", for log lines
+  std::string peer_host;                       // the address alone: a registering server's host
   std::unique_ptr<transport::Handshake> auth;  // while authenticating
   short events = POLLIN;
   std::string buffer;
-  int worker = -1;        // a worker waiting for the list (identified: no deadline)
-  TimeNs deadline = 0;    // until identified (AcceptLimits::handshake_timeout)
+  int worker = -1;      // a worker waiting for the list (identified: no deadline)
+  TimeNs deadline = 0;  // until identified (AcceptLimits::handshake_timeout)
 };
 
 }  // namespace
@@ -113,7 +116,8 @@ Coordinator::~Coordinator() {
 }
 
 Coordinator::Counters Coordinator::counters() const {
-  return Counters{accepted_.load(), refused_.load(), pending_.load(), accept_failures_.load(), polls_.load()};
+  return Counters{accepted_.load(), refused_.load(), pending_.load(), accept_failures_.load(),
+                  polls_.load()};
 }
 
 Status Coordinator::run() {
@@ -142,14 +146,16 @@ Status Coordinator::run() {
   while (true) {
     const TimeNs now = steady_now();
     if (now > deadline) {
-      return unavailable("coordinator: timed out with " + std::to_string(registered_count) + " of " +
-                         std::to_string(options_.servers) + " servers registered and " +
-                         std::to_string(served_count) + " of " + std::to_string(options_.workers) + " workers served");
+      return unavailable("coordinator: timed out with " + std::to_string(registered_count) +
+                         " of " + std::to_string(options_.servers) + " servers registered and " +
+                         std::to_string(served_count) + " of " + std::to_string(options_.workers) +
+                         " workers served");
     }
     // Answer waiting workers once every server is known.
     if (registered_count == options_.servers) {
       std::string list;
-      for (const Endpoint& e : servers) list += (list.empty() ? "" : ",") + e.host + ":" + std::to_string(e.port);
+      for (const Endpoint& e : servers)
+        list += (list.empty() ? "" : ",") + e.host + ":" + std::to_string(e.port);
       for (Client& c : clients) {
         if (!c.fd.valid() || c.worker < 0) continue;
         const auto w = static_cast<std::size_t>(c.worker);
@@ -165,12 +171,13 @@ Status Coordinator::run() {
     // Peers not identified in time are closed.
     for (Client& c : clients) {
       if (c.fd.valid() && c.worker < 0 && now > c.deadline) {
-        refuse(c, std::string("did not ") + (c.auth ? "authenticate and " : "") + "send a request within " +
-                      format_time(limits.handshake_timeout));
+        refuse(c, std::string("did not ") + (c.auth ? "authenticate and " : "") +
+                      "send a request within " + format_time(limits.handshake_timeout));
       }
     }
     std::erase_if(clients, [](const Client& c) { return !c.fd.valid(); });
-    pending_.store(static_cast<int>(std::count_if(clients.begin(), clients.end(), [](const Client& c) { return c.worker < 0; })));
+    pending_.store(static_cast<int>(std::count_if(clients.begin(), clients.end(),
+                                                  [](const Client& c) { return c.worker < 0; })));
     // The listener is left out while accepting is paused, so that a full descriptor table
     // does not make poll return at once, again and again.
     const bool listening = now >= paused_until;
@@ -193,8 +200,9 @@ Status Coordinator::run() {
           if (a.status().code() == StatusCode::kUnavailable) {
             paused_until = steady_now() + limits.backoff;
             if (accept_failures_ == 1 || accept_failures_ % 100 == 0) {
-              log("coordinator: " + a.status().message() + "; accepting paused for " + format_time(limits.backoff) +
-                  " (" + std::to_string(accept_failures_.load()) + " times so far)");
+              log("coordinator: " + a.status().message() + "; accepting paused for " +
+                  format_time(limits.backoff) + " (" + std::to_string(accept_failures_.load()) +
+                  " times so far)");
             }
           } else {
             log("coordinator: " + a.status().message());
@@ -211,7 +219,8 @@ Status Coordinator::run() {
         for (Client& c : clients) {
           if (pending < limits.max_pending) break;
           if (!c.fd.valid() || c.worker >= 0) continue;
-          refuse(c, std::to_string(pending) + " connections already wait to send a request (the oldest goes)");
+          refuse(c, std::to_string(pending) +
+                        " connections already wait to send a request (the oldest goes)");
           --pending;
         }
         Client c;
@@ -220,8 +229,8 @@ Status Coordinator::run() {
         c.peer_host = from.substr(0, from.rfind(':'));
         c.deadline = steady_now() + limits.handshake_timeout;
         if (options_.secret) {
-          c.auth = std::make_unique<transport::Handshake>(*options_.secret, transport::AuthRole::kAcceptor,
-                                                          kRendezvousAuthContext);
+          c.auth = std::make_unique<transport::Handshake>(
+              *options_.secret, transport::AuthRole::kAcceptor, kRendezvousAuthContext);
           c.events = POLLOUT;  // our nonce goes first
         }
         clients.push_back(std::move(c));
@@ -257,7 +266,8 @@ Status Coordinator::run() {
         refuse(c, request.status().message());
       } else if (request->role == RendezvousRequest::Role::kServer) {
         if (id < 0 || id >= options_.servers) {
-          refuse(c, "server id " + std::to_string(id) + " not in [0, " + std::to_string(options_.servers) + ")");
+          refuse(c, "server id " + std::to_string(id) + " not in [0, " +
+                        std::to_string(options_.servers) + ")");
         } else if (registered[static_cast<std::size_t>(id)]) {
           refuse(c, "server " + std::to_string(id) + " registered twice");
         } else if (port <= 0 || port > 65535) {
@@ -271,7 +281,8 @@ Status Coordinator::run() {
         }
       } else {
         if (id < 0 || id >= options_.workers) {
-          refuse(c, "worker id " + std::to_string(id) + " not in [0, " + std::to_string(options_.workers) + ")");
+          refuse(c, "worker id " + std::to_string(id) + " not in [0, " +
+                        std::to_string(options_.workers) + ")");
         } else if (served[static_cast<std::size_t>(id)] || waiting[static_cast<std::size_t>(id)]) {
           refuse(c, "worker " + std::to_string(id) + " asked twice");
         } else {
@@ -284,16 +295,20 @@ Status Coordinator::run() {
   return Status::ok();
 }
 
-Status register_server(const Endpoint& coordinator, int id, int port, TimeNs timeout, const transport::Secret* secret) {
+Status register_server(const Endpoint& coordinator, int id, int port, TimeNs timeout,
+                       const transport::Secret* secret) {
   QS_ASSIGN_OR_RETURN(std::string reply,
-                      ask(coordinator, "server " + std::to_string(id) + " " + std::to_string(port), timeout, secret));
-  if (reply != "ok") return protocol_error("coordinator answered '" + reply + "' to a registration");
+                      ask(coordinator, "server " + std::to_string(id) + " " + std::to_string(port),
+                          timeout, secret));
+  if (reply != "ok")
+    return protocol_error("coordinator answered '" + reply + "' to a registration");
   return Status::ok();
 }
 
-Result<std::vector<Endpoint>> lookup_servers(const Endpoint& coordinator, int worker_id, TimeNs timeout,
-                                             const transport::Secret* secret) {
-  QS_ASSIGN_OR_RETURN(std::string reply, ask(coordinator, "worker " + std::to_string(worker_id), timeout, secret));
+Result<std::vector<Endpoint>> lookup_servers(const Endpoint& coordinator, int worker_id,
+                                             TimeNs timeout, const transport::Secret* secret) {
+  QS_ASSIGN_OR_RETURN(std::string reply,
+                      ask(coordinator, "worker " + std::to_string(worker_id), timeout, secret));
   return parse_server_list(reply);
 }
 
@@ -316,7 +331,8 @@ Result<RendezvousRequest> parse_rendezvous_request(std::string_view text) {
 
 Result<std::vector<Endpoint>> parse_server_list(std::string_view reply) {
   if (reply.substr(0, 8) != "servers ") {
-    return protocol_error("coordinator answered '" + std::string(reply.substr(0, kMaxLine)) + "' to a look-up");
+    return protocol_error("coordinator answered '" + std::string(reply.substr(0, kMaxLine)) +
+                          "' to a look-up");
   }
   std::vector<Endpoint> out;
   std::string_view rest = reply.substr(8);

@@ -76,8 +76,8 @@ Result<WorkerReport> report_from_json(std::string_view line) {
     r.staging_buffers_max = j.value("staging_buffers_max", std::int64_t{0});
     if (j.contains("trace")) {
       for (const json& e : j.at("trace")) {
-        r.trace.push_back(TraceSpan{r.worker_id, e.at(0).get<int>(), e.at(1).get<TimeNs>(), e.at(2).get<TimeNs>(),
-                                    e.at(3).get<std::string>()});
+        r.trace.push_back(TraceSpan{r.worker_id, e.at(0).get<int>(), e.at(1).get<TimeNs>(),
+                                    e.at(2).get<TimeNs>(), e.at(3).get<std::string>()});
       }
     }
     return r;

@@ -44,7 +44,8 @@ struct JobLayout {
   // The policy context of a node whose compute runs at `compute_factor` times the profile
   // (a worker's WorkerOptions::compute_factor; 1 for a server, which computes nothing).
   PsContext context(const JobOptions& job, double compute_factor) const {
-    return PsContext{&job.profile, &layout, &placement, job.workers, job.servers, job.bandwidth, 0, compute_factor};
+    return PsContext{&job.profile, &layout,       &placement, job.workers,
+                     job.servers,  job.bandwidth, 0,          compute_factor};
   }
 };
 
@@ -66,7 +67,9 @@ class Liveness {
   // call). A failed send closes `c` (its owner's on_closed reports it).
   TimeNs tick(transport::Connection& c, TimeNs now, std::uint16_t sender);
   // The tick period of a job: a quarter of its peer timeout, at least 1 ms.
-  static TimeNs period(const JobOptions& job) { return std::max<TimeNs>(job.peer_timeout / 4, kNsPerMs); }
+  static TimeNs period(const JobOptions& job) {
+    return std::max<TimeNs>(job.peer_timeout / 4, kNsPerMs);
+  }
 
  private:
   bool started_ = false;
@@ -109,8 +112,9 @@ void encode_fp16_portable(const float* src, std::size_t n, std::byte* dst);
 void decode_fp16_portable(const std::byte* src, std::size_t n, float* dst);
 // The all-reduce's compressed sums (known content): with 2 workers exactly the rounded
 // gradients added and rounded; with more within the rounding bound of every hop.
-Status check_compressed_allreduce(const float* sum, std::int64_t count, std::int64_t first_index, int workers,
-                                  std::int64_t first_iteration, std::int64_t last_iteration, TensorId tensor,
+Status check_compressed_allreduce(const float* sum, std::int64_t count, std::int64_t first_index,
+                                  int workers, std::int64_t first_iteration,
+                                  std::int64_t last_iteration, TensorId tensor,
                                   transport::WireDType wire);
 // The all-reduce's reduction of compressed elements (gloo's ReduceFn signature): c[i] =
 // a[i] + b[i], added in float32 and rounded to nearest even; c may be a.

@@ -52,22 +52,29 @@ int exit_code(int status) {
 
 }  // namespace
 
-bool runs_under_python(std::string_view script) { return script.size() > 3 && script.ends_with(".py"); }
+bool runs_under_python(std::string_view script) {
+  return script.size() > 3 && script.ends_with(".py");
+}
 
 Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
   if (o.script.empty()) return invalid_argument("--script: no script given");
-  if (access(o.script.c_str(), R_OK) != 0) return not_found("--script: cannot read '" + o.script + "'");
+  if (access(o.script.c_str(), R_OK) != 0)
+    return not_found("--script: cannot read '" + o.script + "'");
   const bool python = runs_under_python(o.script);
-  if (python && o.python.empty()) return invalid_argument("--script " + o.script + ": no Python interpreter given");
+  if (python && o.python.empty())
+    return invalid_argument("--script " + o.script + ": no Python interpreter given");
   if (o.workers < 1 || o.workers > runtime::kMaxWorkers) {
     return invalid_argument("--workers must be in 1.." + std::to_string(runtime::kMaxWorkers));
   }
   if (!o.netns && (o.rto_min > 0 || o.quickack || o.switch_buffer != 2 * kNsPerMs ||
-                   o.host_queue != ScriptLaunchOptions{}.host_queue || o.gso_max != ScriptLaunchOptions{}.gso_max)) {
-    return invalid_argument("--rto-min, --quickack, --switch-buffer, --host-queue and --host-gso need --netns");
+                   o.host_queue != ScriptLaunchOptions{}.host_queue ||
+                   o.gso_max != ScriptLaunchOptions{}.gso_max)) {
+    return invalid_argument(
+        "--rto-min, --quickack, --switch-buffer, --host-queue and --host-gso need --netns");
   }
   QS_RETURN_IF_ERROR(runtime::check_netns_queues(o.switch_buffer, o.host_queue, o.gso_max));
-  if (o.rto_min < 0 || o.rto_min > 60 * kNsPerSec) return invalid_argument("--rto-min must be in 0..60s");
+  if (o.rto_min < 0 || o.rto_min > 60 * kNsPerSec)
+    return invalid_argument("--rto-min must be in 0..60s");
   auto log = [&](const std::string& m) {
     if (o.log) o.log(m);
   };
@@ -151,8 +158,9 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
     }
     pids[static_cast<std::size_t>(r)] = pid;
   }
-  log("started " + std::to_string(o.workers) + " workers of " + o.script + " (MASTER_ADDR=" + master_addr +
-      " MASTER_PORT=" + std::to_string(port) + (o.timeout > 0 ? ", timeout " + format_time(o.timeout) : "") + ")");
+  log("started " + std::to_string(o.workers) + " workers of " + o.script +
+      " (MASTER_ADDR=" + master_addr + " MASTER_PORT=" + std::to_string(port) +
+      (o.timeout > 0 ? ", timeout " + format_time(o.timeout) : "") + ")");
 
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();

@@ -3,7 +3,6 @@
 #include <sys/epoll.h>
 
 #include <cstring>
-
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
@@ -35,7 +34,7 @@ struct Server::Impl final : transport::FrameHandler {
     std::uint64_t open = 0;  // workers whose push is arriving now
     int count = 0;
     int pulls_left = 0;
-    float* sum = nullptr;    // into accum_[slot]
+    float* sum = nullptr;       // into accum_[slot]
     std::byte* wire = nullptr;  // compression: the sum in the wire's dtype (into wire_accum[slot])
   };
   struct Peer {  // per worker connection state
@@ -43,8 +42,8 @@ struct Server::Impl final : transport::FrameHandler {
     std::int64_t last_iteration = -1;  // highest iteration pushed so far
     bool bye = false;
     std::int64_t bye_iteration = -1;  // the last iteration it trained, from its bye
-    Unit* current = nullptr;  // the unit the frame being read adds to
-    unsigned char carry[4] = {};  // a wire element split between two reads
+    Unit* current = nullptr;          // the unit the frame being read adds to
+    unsigned char carry[4] = {};      // a wire element split between two reads
     int carry_n = 0;
     // Its connection's liveness, watched from its first frame after the hello (the worker
     // heartbeats once its rendezvous with every server is done).
@@ -78,10 +77,12 @@ struct Server::Impl final : transport::FrameHandler {
     }
     for (auto& a : accum) a.assign(floats, 0.0f);
     if (wire_size < 4) {
-      for (auto& a : wire_accum) a.assign(floats * static_cast<std::size_t>(wire_size), std::byte{0});
+      for (auto& a : wire_accum)
+        a.assign(floats * static_cast<std::size_t>(wire_size), std::byte{0});
     }
     peers.resize(static_cast<std::size_t>(opts.job.workers));
-    sender = std::make_unique<transport::Sender>(send_order(discipline), jl.layout.num_tensors() + 1, *loop);
+    sender = std::make_unique<transport::Sender>(send_order(discipline),
+                                                 jl.layout.num_tensors() + 1, *loop);
     sender->set_batch_bytes(sender_batch_bytes(opts.job));
     sender->set_connections(std::vector<Connection*>(peers.size(), nullptr));
     sender->set_sent_callback([this](int, std::uint64_t tag) { on_pull_sent(tag); });
@@ -98,7 +99,8 @@ struct Server::Impl final : transport::FrameHandler {
   std::string name() const { return "server " + std::to_string(opts.server_id); }
 
   Status run() {
-    QS_RETURN_IF_ERROR(loop->watch(listener.get(), EPOLLIN, [this](std::uint32_t) { accept_all(); }));
+    QS_RETURN_IF_ERROR(
+        loop->watch(listener.get(), EPOLLIN, [this](std::uint32_t) { accept_all(); }));
     const TimeNs start = loop->now();
     last_push = start;
     loop->schedule_at(start + opts.job.connect_timeout, [this] {
@@ -163,7 +165,8 @@ struct Server::Impl final : transport::FrameHandler {
       for (std::size_t w = 0; w < peers.size(); ++w) {
         Peer& p = peers[w];
         if (!p.conn || p.conn->closed() || p.bye) continue;
-        const TimeNs quiet = p.liveness.tick(*p.conn, now, static_cast<std::uint16_t>(opts.server_id));
+        const TimeNs quiet =
+            p.liveness.tick(*p.conn, now, static_cast<std::uint16_t>(opts.server_id));
         if (!p.watched) continue;
         ++watched;
         if (quiet > opts.job.peer_timeout) silent.push_back(static_cast<int>(w));
@@ -175,9 +178,10 @@ struct Server::Impl final : transport::FrameHandler {
       bool all_connected = true;
       for (const Peer& p : peers) all_connected = all_connected && p.conn;
       if (all_connected && live[0] + live[1] > 0 && now - last_push > 2 * opts.job.peer_timeout) {
-        loop->fail(unavailable(name() + ": no push from any worker for " + format_time(now - last_push) + " while " +
-                               std::to_string(live[0] + live[1]) + " sums wait for workers {" + waited_for() +
-                               "}, whose connections are alive (heartbeats): stuck outside the transport?"));
+        loop->fail(unavailable(
+            name() + ": no push from any worker for " + format_time(now - last_push) + " while " +
+            std::to_string(live[0] + live[1]) + " sums wait for workers {" + waited_for() +
+            "}, whose connections are alive (heartbeats): stuck outside the transport?"));
         return;
       }
       schedule_watchdog();
@@ -218,10 +222,10 @@ struct Server::Impl final : transport::FrameHandler {
   // (with a secret), then a Connection that expects hello. It is closed when
   // limits.handshake_timeout passes, or when limits.max_pending others arrived after it.
   struct Pending {
-    std::string from;                                // "address:port"
-    transport::Fd fd;                                // while authenticating
-    std::unique_ptr<transport::Handshake> auth;      // while authenticating
-    std::unique_ptr<Connection> conn;                // then, until hello
+    std::string from;                            // "address:port"
+    transport::Fd fd;                            // while authenticating
+    std::unique_ptr<transport::Handshake> auth;  // while authenticating
+    std::unique_ptr<Connection> conn;            // then, until hello
     transport::EventLoop::TimerId deadline = 0;
   };
 
@@ -249,8 +253,9 @@ struct Server::Impl final : transport::FrameHandler {
         return;
       }
       while (static_cast<int>(pending.size()) >= opts.limits.max_pending) {
-        drop_pending(pending.begin()->first, "closed: " + std::to_string(pending.size()) +
-                                                 " connections already wait to say hello (the oldest goes)");
+        drop_pending(pending.begin()->first,
+                     "closed: " + std::to_string(pending.size()) +
+                         " connections already wait to say hello (the oldest goes)");
       }
       const int idx = kPendingBase + next_pending++;
       Pending& p = pending[idx];
@@ -259,12 +264,13 @@ struct Server::Impl final : transport::FrameHandler {
         auto it = pending.find(idx);
         if (it == pending.end()) return;
         it->second.deadline = 0;
-        drop_pending(idx, "did not " + std::string(opts.secret ? "authenticate and " : "") + "say hello within " +
-                              format_time(opts.limits.handshake_timeout));
+        drop_pending(idx, "did not " + std::string(opts.secret ? "authenticate and " : "") +
+                              "say hello within " + format_time(opts.limits.handshake_timeout));
       });
       if (opts.secret) {
         p.fd = std::move(*fd);
-        p.auth = std::make_unique<transport::Handshake>(*opts.secret, transport::AuthRole::kAcceptor, kPsAuthContext);
+        p.auth = std::make_unique<transport::Handshake>(
+            *opts.secret, transport::AuthRole::kAcceptor, kPsAuthContext);
         s = loop->watch(p.fd.get(), EPOLLIN, [this, idx](std::uint32_t) { authenticate(idx); });
         if (!s.is_ok()) {
           loop->fail(s);
@@ -283,8 +289,9 @@ struct Server::Impl final : transport::FrameHandler {
   void pause_accepting(const Status& why) {
     ++accept_failures;
     if (accept_failures == 1 || accept_failures % 100 == 0) {
-      log(name() + ": " + why.message() + "; accepting paused for " + format_time(opts.limits.backoff) + " (" +
-          std::to_string(accept_failures) + " times so far)");
+      log(name() + ": " + why.message() + "; accepting paused for " +
+          format_time(opts.limits.backoff) + " (" + std::to_string(accept_failures) +
+          " times so far)");
     }
     loop->unwatch(listener.get());
     listening = false;
@@ -315,15 +322,17 @@ struct Server::Impl final : transport::FrameHandler {
       start_connection(idx, std::move(p.fd));
       return;
     }
-    Status s = loop->modify(p.fd.get(), *want == transport::Handshake::Want::kRead ? EPOLLIN : EPOLLOUT);
+    Status s =
+        loop->modify(p.fd.get(), *want == transport::Handshake::Want::kRead ? EPOLLIN : EPOLLOUT);
     if (!s.is_ok()) loop->fail(s);
   }
 
   void start_connection(int idx, transport::Fd fd) {
     Pending& p = pending[idx];
-    p.conn = std::make_unique<Connection>(*loop, std::move(fd), *this, "unidentified peer " + p.from + " of " + name(),
-                                          idx);
-    p.conn->set_read_buffer_size(transport::kHeaderSize + transport::kHelloBodySize);  // a hello, no more
+    p.conn = std::make_unique<Connection>(*loop, std::move(fd), *this,
+                                          "unidentified peer " + p.from + " of " + name(), idx);
+    p.conn->set_read_buffer_size(transport::kHeaderSize +
+                                 transport::kHelloBodySize);  // a hello, no more
     p.conn->set_payload_checksums(opts.job.payload_checksums);
     Status s = p.conn->start();
     if (!s.is_ok()) loop->fail(s);
@@ -374,18 +383,21 @@ struct Server::Impl final : transport::FrameHandler {
   Result<PayloadTarget> on_header(Connection& c, const Header& h) override {
     if (c.index() >= kPendingBase) {
       if (h.kind != FrameKind::kHello) {
-        return transport::header_error(HeaderField::kKind, std::string("expected hello first, got ") +
-                                                               transport::frame_kind_name(h.kind));
+        return transport::header_error(
+            HeaderField::kKind,
+            std::string("expected hello first, got ") + transport::frame_kind_name(h.kind));
       }
       return PayloadTarget::buffer();
     }
     Peer& p = peers[static_cast<std::size_t>(c.index())];
     p.watched = true;
     switch (h.kind) {
-      case FrameKind::kPush: return on_push_header(c, p, h);
+      case FrameKind::kPush:
+        return on_push_header(c, p, h);
       case FrameKind::kBye:
       case FrameKind::kError:
-      case FrameKind::kHeartbeat: return PayloadTarget::buffer();
+      case FrameKind::kHeartbeat:
+        return PayloadTarget::buffer();
       default:
         return transport::header_error(HeaderField::kKind, std::string("a worker may not send ") +
                                                                transport::frame_kind_name(h.kind));
@@ -406,13 +418,15 @@ struct Server::Impl final : transport::FrameHandler {
     // does; a push beyond a finished worker's last iteration would wait for it for ever.
     for (std::size_t b = 0; b < peers.size(); ++b) {
       if (peers[b].bye && peers[b].bye_iteration < static_cast<std::int64_t>(h.iteration)) {
-        return transport::header_error(HeaderField::kIteration, ended_apart(w, h.iteration, static_cast<int>(b)));
+        return transport::header_error(HeaderField::kIteration,
+                                       ended_apart(w, h.iteration, static_cast<int>(b)));
       }
     }
     // The bytes must be this server's (Placement).
-    const Slice* own = jl.placement.owning_slice(
-        Chunk{static_cast<TensorId>(h.tensor), static_cast<Bytes>(h.offset), static_cast<Bytes>(h.length)},
-        opts.server_id);
+    const Slice* own =
+        jl.placement.owning_slice(Chunk{static_cast<TensorId>(h.tensor),
+                                        static_cast<Bytes>(h.offset), static_cast<Bytes>(h.length)},
+                                  opts.server_id);
     if (own == nullptr) {
       return transport::header_error(HeaderField::kOffset,
                                      "bytes [" + std::to_string(h.offset) + ", " +
@@ -436,15 +450,18 @@ struct Server::Impl final : transport::FrameHandler {
     if (it == map.end()) {
       // A new unit must not overlap its neighbours (else bytes would be summed twice).
       auto next = map.lower_bound(key);
-      if (next != map.end() && next->first.first == key.first && next->first.second < h.offset + h.length) {
-        return transport::header_error(HeaderField::kLength, "unit overlaps the unit at offset " +
-                                                                 std::to_string(next->first.second));
+      if (next != map.end() && next->first.first == key.first &&
+          next->first.second < h.offset + h.length) {
+        return transport::header_error(
+            HeaderField::kLength,
+            "unit overlaps the unit at offset " + std::to_string(next->first.second));
       }
       if (next != map.begin()) {
         auto prev = std::prev(next);
         if (prev->first.first == key.first && prev->first.second + prev->second.length > h.offset) {
-          return transport::header_error(HeaderField::kOffset, "unit overlaps the unit at offset " +
-                                                                   std::to_string(prev->first.second));
+          return transport::header_error(
+              HeaderField::kOffset,
+              "unit overlaps the unit at offset " + std::to_string(prev->first.second));
         }
       }
       Unit u;
@@ -454,9 +471,11 @@ struct Server::Impl final : transport::FrameHandler {
       u.length = h.length;
       u.priority = h.priority;
       u.iteration = h.iteration;
-      const std::size_t at = slice_base.at(own) + (static_cast<Bytes>(h.offset) - own->chunk.offset) / 4;
+      const std::size_t at =
+          slice_base.at(own) + (static_cast<Bytes>(h.offset) - own->chunk.offset) / 4;
       u.sum = accum[slot].data() + at;
-      if (wire_size < 4) u.wire = wire_accum[slot].data() + at * static_cast<std::size_t>(wire_size);
+      if (wire_size < 4)
+        u.wire = wire_accum[slot].data() + at * static_cast<std::size_t>(wire_size);
       std::fill(u.sum, u.sum + h.length / 4, 0.0f);
       it = map.emplace(key, u).first;
       ++live[slot];
@@ -464,18 +483,18 @@ struct Server::Impl final : transport::FrameHandler {
     Unit& u = it->second;
     const std::uint64_t bit = std::uint64_t{1} << w;
     if (u.length != h.length) {
-      return transport::header_error(HeaderField::kLength,
-                                     "worker " + std::to_string(w) + " cut tensor " +
-                                         std::to_string(h.tensor) + " offset " + std::to_string(h.offset) +
-                                         " as " + std::to_string(h.length) + " bytes, others as " +
-                                         std::to_string(u.length) + " (workers must cut the same units)");
+      return transport::header_error(
+          HeaderField::kLength,
+          "worker " + std::to_string(w) + " cut tensor " + std::to_string(h.tensor) + " offset " +
+              std::to_string(h.offset) + " as " + std::to_string(h.length) + " bytes, others as " +
+              std::to_string(u.length) + " (workers must cut the same units)");
     }
     if ((u.mask | u.open) & bit) {
-      return transport::header_error(HeaderField::kOffset, "worker " + std::to_string(w) +
-                                                               " pushed tensor " + std::to_string(h.tensor) +
-                                                               " offset " + std::to_string(h.offset) +
-                                                               " twice in iteration " +
-                                                               std::to_string(h.iteration));
+      return transport::header_error(HeaderField::kOffset,
+                                     "worker " + std::to_string(w) + " pushed tensor " +
+                                         std::to_string(h.tensor) + " offset " +
+                                         std::to_string(h.offset) + " twice in iteration " +
+                                         std::to_string(h.iteration));
     }
     u.open |= bit;
     last_push = loop->now();
@@ -556,7 +575,8 @@ struct Server::Impl final : transport::FrameHandler {
         // The same, when the others pushed a later iteration before this bye arrived.
         for (std::size_t b = 0; b < peers.size(); ++b) {
           if (peers[b].last_iteration > p.bye_iteration) {
-            loop->fail(invalid_argument(ended_apart(static_cast<int>(b), peers[b].last_iteration, w)));
+            loop->fail(
+                invalid_argument(ended_apart(static_cast<int>(b), peers[b].last_iteration, w)));
             break;
           }
         }
@@ -566,14 +586,17 @@ struct Server::Impl final : transport::FrameHandler {
         return unavailable(name() + ": worker " + std::to_string(w) + " reported: " +
                            std::string(reinterpret_cast<const char*>(text.data()), text.size()));
       }
-      case FrameKind::kHeartbeat: return Status::ok();
-      default: return internal_error("unreachable frame kind");
+      case FrameKind::kHeartbeat:
+        return Status::ok();
+      default:
+        return internal_error("unreachable frame kind");
     }
   }
 
   std::string ended_apart(int pusher, std::int64_t iteration, int finished) const {
-    return name() + ": worker " + std::to_string(pusher) + " pushes iteration " + std::to_string(iteration) +
-           " but worker " + std::to_string(finished) + " ended after iteration " +
+    return name() + ": worker " + std::to_string(pusher) + " pushes iteration " +
+           std::to_string(iteration) + " but worker " + std::to_string(finished) +
+           " ended after iteration " +
            std::to_string(peers[static_cast<std::size_t>(finished)].bye_iteration) +
            ": every worker must train the same number of iterations";
   }
@@ -588,11 +611,13 @@ struct Server::Impl final : transport::FrameHandler {
     }
     if (h.sender >= peers.size()) {
       return transport::header_error(HeaderField::kSender, "worker id " + std::to_string(h.sender) +
-                                                               " not in [0, " + std::to_string(peers.size()) + ")");
+                                                               " not in [0, " +
+                                                               std::to_string(peers.size()) + ")");
     }
     Peer& p = peers[h.sender];
     if (p.conn) {
-      return invalid_argument(name() + " refuses a second connection from worker " + std::to_string(h.sender));
+      return invalid_argument(name() + " refuses a second connection from worker " +
+                              std::to_string(h.sender));
     }
     auto node = pending.extract(c.index());
     QS_CHECK(!node.empty() && node.mapped().conn.get() == &c);
@@ -638,7 +663,8 @@ struct Server::Impl final : transport::FrameHandler {
     if (p.bye && why.code() == StatusCode::kUnavailable) return;  // orderly end after bye
     if (why.is_ok()) return;
     loop->fail(unavailable(name() + ": lost worker " + std::to_string(c.index()) +
-                           " (last iteration " + std::to_string(p.last_iteration) + "): " + why.to_string()));
+                           " (last iteration " + std::to_string(p.last_iteration) +
+                           "): " + why.to_string()));
   }
 
   void on_pull_sent(std::uint64_t tag) {
@@ -658,8 +684,9 @@ struct Server::Impl final : transport::FrameHandler {
   int port = 0;
   std::unique_ptr<transport::Sender> sender;
   transport::DataRules rules;
-  std::unordered_map<const Slice*, std::size_t> slice_base;  // this server's slices: first float in accum
-  std::vector<float> accum[2];                 // by iteration parity
+  std::unordered_map<const Slice*, std::size_t>
+      slice_base;               // this server's slices: first float in accum
+  std::vector<float> accum[2];  // by iteration parity
   // Compression (JobOptions::wire_dtype): the pulls' bytes, beside accum; wire bytes per
   // element, and float32 bytes per wire byte.
   std::vector<std::byte> wire_accum[2];
@@ -668,19 +695,19 @@ struct Server::Impl final : transport::FrameHandler {
   int wire_scale = 4 / wire_size;
   std::map<std::pair<TensorId, std::uint64_t>, Unit> units[2];  // live units by parity
   std::int64_t slot_iteration[2] = {-1, -1};
-  Server::Repairs repairs;            // per iteration (note_repairs)
+  Server::Repairs repairs;                   // per iteration (note_repairs)
   transport::RepairCounter repairs_counter;  // what TCP repaired since the last note
   std::int64_t live[2] = {0, 0};
-  std::vector<Peer> peers;                     // by worker id
-  std::map<int, Pending> pending;   // before hello, by temporary index (the oldest first)
-  std::vector<Pending> retired;     // closed, freed after the current callback
-  bool listening = true;            // the listener is watched (not paused)
+  std::vector<Peer> peers;         // by worker id
+  std::map<int, Pending> pending;  // before hello, by temporary index (the oldest first)
+  std::vector<Pending> retired;    // closed, freed after the current callback
+  bool listening = true;           // the listener is watched (not paused)
   std::int64_t accepted = 0, refused = 0, accept_failures = 0;
   struct AtomicCounters {
     std::atomic<std::int64_t> accepted{0}, refused{0};
     std::atomic<int> pending{0}, held{0};
     std::atomic<std::int64_t> accept_failures{0};
-  } counters;                       // published copies of the above, for other threads
+  } counters;  // published copies of the above, for other threads
   int next_pending = 0;
   TimeNs last_push = 0;  // when a push last began to arrive from any worker
 };
@@ -698,7 +725,8 @@ Result<std::unique_ptr<Server>> Server::create(ServerOptions options) {
 const Server::Repairs& Server::repairs() const { return impl_->repairs; }
 Server::Counters Server::counters() const {
   const auto& c = impl_->counters;
-  return Counters{c.accepted.load(), c.refused.load(), c.pending.load(), c.held.load(), c.accept_failures.load()};
+  return Counters{c.accepted.load(), c.refused.load(), c.pending.load(), c.held.load(),
+                  c.accept_failures.load()};
 }
 int Server::port() const { return impl_->port; }
 Status Server::run() { return impl_->run(); }

@@ -28,7 +28,7 @@ class StopSignals {
  private:
   static constexpr int kCaught[3] = {SIGINT, SIGTERM, SIGHUP};
   bool active_;
-  struct sigaction old_[3] {};
+  struct sigaction old_[3]{};
 };
 
 }  // namespace qs::runtime

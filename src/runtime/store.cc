@@ -23,12 +23,13 @@ constexpr std::size_t kMaxLine = 4 + kMaxKey + 1 + 2 * kMaxStoreValue;
 TimeNs steady_now() { return transport::SteadyClock::instance().now(); }
 
 bool key_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
-         c == '/' || c == ':' || c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '.' || c == '/' || c == ':' || c == '-';
 }
 
 Status check_key(std::string_view key) {
-  if (key.empty() || key.size() > kMaxKey) return protocol_error("store key must be 1.." + std::to_string(kMaxKey) + " characters");
+  if (key.empty() || key.size() > kMaxKey)
+    return protocol_error("store key must be 1.." + std::to_string(kMaxKey) + " characters");
   for (char c : key) {
     if (!key_char(c)) return protocol_error("store key has a character outside [A-Za-z0-9_./:-]");
   }
@@ -58,7 +59,7 @@ struct Client {
   std::string from;
   std::unique_ptr<transport::Handshake> auth;  // while authenticating
   short events = POLLIN;
-  TimeNs deadline = 0;      // to authenticate by
+  TimeNs deadline = 0;  // to authenticate by
   std::string in;
   std::string waiting_for;  // a get not yet answerable
 };
@@ -96,7 +97,8 @@ Result<std::string> hex_decode(std::string_view hex) {
 Result<StoreRequest> parse_store_request(std::string_view line) {
   const std::size_t sp = line.find(' ');
   const std::string_view verb = line.substr(0, sp);
-  const std::string_view rest = sp == std::string_view::npos ? std::string_view() : line.substr(sp + 1);
+  const std::string_view rest =
+      sp == std::string_view::npos ? std::string_view() : line.substr(sp + 1);
   StoreRequest r;
   if (verb == "set") {
     const std::size_t sp2 = rest.find(' ');
@@ -144,9 +146,9 @@ StoreServer::~StoreServer() {
   }
 }
 
-Result<std::unique_ptr<StoreServer>> StoreServer::create(const Endpoint& listen, int ranks, TimeNs timeout,
-                                                         std::shared_ptr<const transport::Secret> secret,
-                                                         transport::AcceptLimits limits) {
+Result<std::unique_ptr<StoreServer>> StoreServer::create(
+    const Endpoint& listen, int ranks, TimeNs timeout,
+    std::shared_ptr<const transport::Secret> secret, transport::AcceptLimits limits) {
   QS_RETURN_IF_ERROR(check_job_size(ranks, 1));
   QS_ASSIGN_OR_RETURN(transport::Fd fd, transport::listen_tcp(listen.host, listen.port));
   QS_ASSIGN_OR_RETURN(int port, transport::local_port(fd.get()));
@@ -182,9 +184,11 @@ Status StoreServer::run() {
     if (steady_now() > deadline) {
       std::string missing;
       for (int r = 0; r < ranks_; ++r) {
-        if (!done[static_cast<std::size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        if (!done[static_cast<std::size_t>(r)])
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       }
-      return unavailable("coordinator: timed out before rank(s) " + missing + " finished the rendezvous");
+      return unavailable("coordinator: timed out before rank(s) " + missing +
+                         " finished the rendezvous");
     }
     // Answer the gets whose key is there by now.
     for (Client& c : clients) {
@@ -206,7 +210,9 @@ Status StoreServer::run() {
     const bool listening = now >= paused_until;
     std::vector<pollfd> fds{{listening ? fd_ : -1, POLLIN, 0}, {wake_[0], POLLIN, 0}};
     for (const Client& c : clients) fds.push_back({c.fd.get(), c.events, 0});
-    const int r = ::poll(fds.data(), fds.size(), listening ? 200 : static_cast<int>(std::max<TimeNs>(1, (paused_until - now) / kNsPerMs)));
+    const int r = ::poll(
+        fds.data(), fds.size(),
+        listening ? 200 : static_cast<int>(std::max<TimeNs>(1, (paused_until - now) / kNsPerMs)));
     if (r < 0 && errno != EINTR) return transport::errno_status("coordinator poll", errno);
     if (r <= 0) continue;
     if (fds[1].revents & POLLIN) stopped = true;
@@ -215,7 +221,8 @@ Status StoreServer::run() {
         std::string from;
         auto a = transport::accept_tcp(fd_, &from);
         if (!a.is_ok()) {
-          if (a.status().code() == StatusCode::kUnavailable) paused_until = steady_now() + limits_.backoff;
+          if (a.status().code() == StatusCode::kUnavailable)
+            paused_until = steady_now() + limits_.backoff;
           break;
         }
         if (!a->valid()) break;
@@ -242,7 +249,8 @@ Status StoreServer::run() {
         c.from = from;
         c.deadline = steady_now() + limits_.handshake_timeout;
         if (secret_) {
-          c.auth = std::make_unique<transport::Handshake>(*secret_, transport::AuthRole::kAcceptor, kStoreAuthContext);
+          c.auth = std::make_unique<transport::Handshake>(*secret_, transport::AuthRole::kAcceptor,
+                                                          kStoreAuthContext);
           c.events = POLLOUT;  // our nonce goes first
         }
         clients.push_back(std::move(c));
@@ -305,7 +313,8 @@ Status StoreServer::run() {
             break;
           case StoreRequest::Kind::kDone:
             if (req->rank < 0 || req->rank >= ranks_) {
-              refuse(c, "rank " + std::to_string(req->rank) + " not in [0, " + std::to_string(ranks_) + ")");
+              refuse(c, "rank " + std::to_string(req->rank) + " not in [0, " +
+                            std::to_string(ranks_) + ")");
               break;
             }
             if (!done[static_cast<std::size_t>(req->rank)]) {
@@ -318,7 +327,8 @@ Status StoreServer::run() {
       }
     }
   }
-  if (done_count < ranks_) return unavailable("coordinator: stopped before every rank finished the rendezvous");
+  if (done_count < ranks_)
+    return unavailable("coordinator: stopped before every rank finished the rendezvous");
   return Status::ok();
 }
 
@@ -330,8 +340,8 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const Endpoint& server
   auto fd = transport::connect_tcp(server.host, server.port, steady_now() + timeout);
   if (!fd) return fd.status().with_context(where);
   if (secret != nullptr) {
-    QS_RETURN_IF_ERROR(transport::authenticate(fd->get(), *secret, transport::AuthRole::kConnector, kStoreAuthContext,
-                                               timeout)
+    QS_RETURN_IF_ERROR(transport::authenticate(fd->get(), *secret, transport::AuthRole::kConnector,
+                                               kStoreAuthContext, timeout)
                            .with_context(where));
   }
   return std::unique_ptr<StoreClient>(new StoreClient(fd->release()));
@@ -369,22 +379,27 @@ Result<std::string> StoreClient::request(const std::string& line, TimeNs timeout
 
 Status StoreClient::set(std::string_view key, std::string_view value) {
   QS_RETURN_IF_ERROR(check_key(key));
-  if (value.size() > kMaxStoreValue) return invalid_argument("store value longer than " + std::to_string(kMaxStoreValue));
-  QS_ASSIGN_OR_RETURN(std::string reply, request("set " + std::string(key) + " " + hex_encode(value), 30 * kNsPerSec));
-  if (reply != "ok") return protocol_error("coordinator answered '" + reply.substr(0, 80) + "' to a set");
+  if (value.size() > kMaxStoreValue)
+    return invalid_argument("store value longer than " + std::to_string(kMaxStoreValue));
+  QS_ASSIGN_OR_RETURN(std::string reply,
+                      request("set " + std::string(key) + " " + hex_encode(value), 30 * kNsPerSec));
+  if (reply != "ok")
+    return protocol_error("coordinator answered '" + reply.substr(0, 80) + "' to a set");
   return Status::ok();
 }
 
 Result<std::string> StoreClient::get(std::string_view key, TimeNs timeout) {
   QS_RETURN_IF_ERROR(check_key(key));
   QS_ASSIGN_OR_RETURN(std::string reply, request("get " + std::string(key), timeout));
-  if (reply.rfind("value ", 0) != 0) return protocol_error("coordinator answered '" + reply.substr(0, 80) + "' to a get");
+  if (reply.rfind("value ", 0) != 0)
+    return protocol_error("coordinator answered '" + reply.substr(0, 80) + "' to a get");
   return hex_decode(std::string_view(reply).substr(6));
 }
 
 Status StoreClient::done(int rank) {
   QS_ASSIGN_OR_RETURN(std::string reply, request("done " + std::to_string(rank), 30 * kNsPerSec));
-  if (reply != "ok") return protocol_error("coordinator answered '" + reply.substr(0, 80) + "' to done");
+  if (reply != "ok")
+    return protocol_error("coordinator answered '" + reply.substr(0, 80) + "' to done");
   return Status::ok();
 }
 

@@ -1,8 +1,5 @@
 #include "tbf_netlink.h"
 
-#include "quicksilver/core/check.h"
-#include "quicksilver/runtime/netns.h"
-
 #include <linux/gen_stats.h>
 #include <linux/netlink.h>
 #include <linux/pkt_sched.h>
@@ -18,6 +15,9 @@
 #include <limits>
 #include <thread>
 
+#include "quicksilver/core/check.h"
+#include "quicksilver/runtime/netns.h"
+
 namespace qs::runtime {
 namespace {
 
@@ -27,7 +27,6 @@ struct Request {
   tcmsg t;
   char attrs[256];
 };
-
 
 // Appends attribute `type` with `len` bytes of `data` (none when data is null).
 rtattr* add_attr(Request& r, unsigned short type, const void* data, std::size_t len) {
@@ -116,8 +115,10 @@ TbfLink::~TbfLink() {
 Status TbfLink::set(const TbfParams& p, bool create) {
   const std::uint64_t bytes_per_s = static_cast<std::uint64_t>(p.rate.bits_per_second) / 8;
   if (bytes_per_s == 0 || p.burst <= 0 || p.limit <= 0 ||
-      p.burst > std::numeric_limits<std::uint32_t>::max() || p.limit > std::numeric_limits<std::uint32_t>::max()) {
-    return invalid_argument("tbf on " + name_ + ": rate, burst and limit must be positive (burst and limit < 4 GiB)");
+      p.burst > std::numeric_limits<std::uint32_t>::max() ||
+      p.limit > std::numeric_limits<std::uint32_t>::max()) {
+    return invalid_argument("tbf on " + name_ +
+                            ": rate, burst and limit must be positive (burst and limit < 4 GiB)");
   }
   Request r{};
   r.n.nlmsg_len = NLMSG_LENGTH(sizeof(tcmsg));
@@ -132,17 +133,20 @@ Status TbfLink::set(const TbfParams& p, bool create) {
   tc_tbf_qopt q{};
   // Rates of 2^32 bytes/s and more travel in TCA_TBF_RATE64 (as tc sends them). With an
   // Ethernet link layer the kernel needs no rate table.
-  q.rate.rate = static_cast<std::uint32_t>(std::min<std::uint64_t>(bytes_per_s, std::numeric_limits<std::uint32_t>::max()));
+  q.rate.rate = static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(bytes_per_s, std::numeric_limits<std::uint32_t>::max()));
   q.rate.linklayer = TC_LINKLAYER_ETHERNET;
   q.limit = static_cast<std::uint32_t>(p.limit);
   // The bucket in psched ticks (64 ns); TCA_TBF_BURST, in bytes, takes precedence.
   q.buffer = static_cast<std::uint32_t>(std::min<std::uint64_t>(
-      static_cast<std::uint64_t>(p.burst) * 1'000'000'000ULL / bytes_per_s / 64, std::numeric_limits<std::uint32_t>::max()));
+      static_cast<std::uint64_t>(p.burst) * 1'000'000'000ULL / bytes_per_s / 64,
+      std::numeric_limits<std::uint32_t>::max()));
   add_attr(r, TCA_TBF_PARMS, &q, sizeof q);
   if (bytes_per_s >= (1ULL << 32)) add_attr(r, TCA_TBF_RATE64, &bytes_per_s, sizeof bytes_per_s);
   const std::uint32_t burst = static_cast<std::uint32_t>(p.burst);
   add_attr(r, TCA_TBF_BURST, &burst, sizeof burst);
-  options->rta_len = static_cast<unsigned short>(r.n.nlmsg_len - (reinterpret_cast<char*>(options) - reinterpret_cast<char*>(&r)));
+  options->rta_len = static_cast<unsigned short>(
+      r.n.nlmsg_len - (reinterpret_cast<char*>(options) - reinterpret_cast<char*>(&r)));
 
   QS_RETURN_IF_ERROR(send(&r, r.n.nlmsg_len));
   // The answer: an NLMSG_ERROR carrying 0 (success) or -errno, for our sequence number.
@@ -150,12 +154,13 @@ Status TbfLink::set(const TbfParams& p, bool create) {
   while (true) {
     QS_ASSIGN_OR_RETURN(const std::size_t got, receive(buf, sizeof buf));
     auto n = static_cast<ssize_t>(got);
-    for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, static_cast<unsigned>(n)); h = NLMSG_NEXT(h, n)) {
+    for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, static_cast<unsigned>(n));
+         h = NLMSG_NEXT(h, n)) {
       if (h->nlmsg_seq != seq_ || h->nlmsg_type != NLMSG_ERROR) continue;
       const auto* e = static_cast<const nlmsgerr*>(NLMSG_DATA(h));
       if (e->error == 0) return Status::ok();
-      return io_error("tbf on " + name_ + ": the kernel refused " + (create ? "adding" : "changing") +
-                      " the qdisc: " + std::strerror(-e->error));
+      return io_error("tbf on " + name_ + ": the kernel refused " +
+                      (create ? "adding" : "changing") + " the qdisc: " + std::strerror(-e->error));
     }
   }
 }
@@ -178,8 +183,9 @@ Result<std::size_t> TbfLink::receive(void* buf, std::size_t size) {
     const ssize_t n = recv(fd_, buf, size, 0);
     if (n >= 0) return static_cast<std::size_t>(n);
     if (errno == EINTR) continue;
-    return io_error("tbf on " + name_ + ": netlink receive: " +
-                    (errno == EAGAIN ? std::string("no answer from the kernel in 5 s") : std::strerror(errno)));
+    return io_error(
+        "tbf on " + name_ + ": netlink receive: " +
+        (errno == EAGAIN ? std::string("no answer from the kernel in 5 s") : std::strerror(errno)));
   }
 }
 
@@ -200,7 +206,8 @@ Result<std::uint64_t> TbfLink::drops() {
   while (true) {
     QS_ASSIGN_OR_RETURN(const std::size_t got, receive(buf, sizeof buf));
     auto n = static_cast<ssize_t>(got);
-    for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, static_cast<unsigned>(n)); h = NLMSG_NEXT(h, n)) {
+    for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, static_cast<unsigned>(n));
+         h = NLMSG_NEXT(h, n)) {
       if (h->nlmsg_seq != seq_) continue;
       if (h->nlmsg_type == NLMSG_ERROR) {
         const auto* e = static_cast<const nlmsgerr*>(NLMSG_DATA(h));
@@ -210,11 +217,13 @@ Result<std::uint64_t> TbfLink::drops() {
       if (h->nlmsg_type != RTM_NEWQDISC) continue;
       auto* t = static_cast<tcmsg*>(NLMSG_DATA(h));
       int len = static_cast<int>(h->nlmsg_len) - static_cast<int>(NLMSG_LENGTH(sizeof(tcmsg)));
-      for (auto* a = reinterpret_cast<rtattr*>(reinterpret_cast<char*>(t) + NLMSG_ALIGN(sizeof(tcmsg)));
+      for (auto* a =
+               reinterpret_cast<rtattr*>(reinterpret_cast<char*>(t) + NLMSG_ALIGN(sizeof(tcmsg)));
            RTA_OK(a, len); a = RTA_NEXT(a, len)) {
         if (a->rta_type != TCA_STATS2) continue;
         int inner = static_cast<int>(RTA_PAYLOAD(a));
-        for (auto* s = static_cast<rtattr*>(RTA_DATA(a)); RTA_OK(s, inner); s = RTA_NEXT(s, inner)) {
+        for (auto* s = static_cast<rtattr*>(RTA_DATA(a)); RTA_OK(s, inner);
+             s = RTA_NEXT(s, inner)) {
           if (s->rta_type != TCA_STATS_QUEUE || RTA_PAYLOAD(s) < sizeof(gnet_stats_queue)) continue;
           gnet_stats_queue q;
           std::memcpy(&q, RTA_DATA(s), sizeof q);

@@ -50,7 +50,8 @@ class TbfLink {
   Status send(const void* message, std::size_t len);
   // Receives the kernel's next datagram into buf (at most 5 s of waiting).
   Result<std::size_t> receive(void* buf, std::size_t size);
-  TbfLink(int fd, int ifindex, std::string name) : fd_(fd), ifindex_(ifindex), name_(std::move(name)) {}
+  TbfLink(int fd, int ifindex, std::string name)
+      : fd_(fd), ifindex_(ifindex), name_(std::move(name)) {}
   int fd_ = -1;
   int ifindex_ = 0;
   std::string name_;  // "DEV in NS", for messages

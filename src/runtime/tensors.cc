@@ -8,9 +8,12 @@ const char* memory_space_name(MemorySpace m) { return m == MemorySpace::kHost ? 
 
 const char* dtype_name(DType d) {
   switch (d) {
-    case DType::kFloat32: return "float32";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat16: return "float16";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat16:
+      return "float16";
   }
   return "?";
 }
@@ -32,23 +35,27 @@ Result<DType> parse_dtype(const std::string& text) {
 
 Status check_registry(const std::vector<TensorBuffer>& tensors, const TensorLayout& layout) {
   if (static_cast<int>(tensors.size()) != layout.num_tensors()) {
-    return invalid_argument("the tensor registry has " + std::to_string(tensors.size()) + " tensors, the profile " +
-                            std::to_string(layout.num_tensors()));
+    return invalid_argument("the tensor registry has " + std::to_string(tensors.size()) +
+                            " tensors, the profile " + std::to_string(layout.num_tensors()));
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const TensorBuffer& b = tensors[i];
     const TensorInfo& t = layout.tensor(static_cast<TensorId>(i));
     const std::string what = "tensor registry entry " + std::to_string(i);
-    if (b.id != t.id) return invalid_argument(what + " has id " + std::to_string(b.id) + " (entries go in id order)");
-    if (b.gradient == nullptr || b.sum == nullptr) return invalid_argument(what + ": a buffer is missing");
+    if (b.id != t.id)
+      return invalid_argument(what + " has id " + std::to_string(b.id) +
+                              " (entries go in id order)");
+    if (b.gradient == nullptr || b.sum == nullptr)
+      return invalid_argument(what + ": a buffer is missing");
     if (b.elements * 4 != t.bytes) {
-      return invalid_argument(what + " has " + std::to_string(b.elements) + " elements, the profile " +
-                              std::to_string(t.bytes / 4));
+      return invalid_argument(what + " has " + std::to_string(b.elements) +
+                              " elements, the profile " + std::to_string(t.bytes / 4));
     }
     if ((b.space != MemorySpace::kHost || b.dtype != DType::kFloat32) && !b.staged) {
-      return invalid_argument(what + " is " + dtype_name(b.dtype) + " in " + memory_space_name(b.space) +
-                              " memory: the transport reads host float32 only, so it must be staged (a host "
-                              "float32 buffer the source copies to and from)");
+      return invalid_argument(
+          what + " is " + dtype_name(b.dtype) + " in " + memory_space_name(b.space) +
+          " memory: the transport reads host float32 only, so it must be staged (a host "
+          "float32 buffer the source copies to and from)");
     }
     if (i > 0 && b.priority <= tensors[i - 1].priority) {
       return invalid_argument(what + ": priorities must increase with the id (the forward order)");
@@ -57,7 +64,8 @@ Status check_registry(const std::vector<TensorBuffer>& tensors, const TensorLayo
   return Status::ok();
 }
 
-KnownContent::KnownContent(const Profile& profile, int worker, int workers, bool verify, transport::WireDType wire)
+KnownContent::KnownContent(const Profile& profile, int worker, int workers, bool verify,
+                           transport::WireDType wire)
     : layout_(profile), worker_(worker), workers_(workers), verify_(verify), wire_(wire) {
   std::size_t floats = 0;
   for (const TensorInfo& t : layout_.tensors()) {
@@ -80,16 +88,16 @@ std::vector<TensorBuffer> KnownContent::tensors() {
 void KnownContent::on_backward(int layer, std::int64_t iteration) {
   if (!verify_) return;
   for (TensorId t = layout_.first_tensor(layer); t < layout_.end_tensor(layer); ++t) {
-    fill_gradient(gradients_.data() + base_[static_cast<std::size_t>(t)], layout_.tensor(t).bytes / 4, 0, worker_,
-                  iteration, t);
+    fill_gradient(gradients_.data() + base_[static_cast<std::size_t>(t)],
+                  layout_.tensor(t).bytes / 4, 0, worker_, iteration, t);
   }
 }
 
 Status KnownContent::on_layer_ready(int layer, std::int64_t iteration) {
   if (!verify_) return Status::ok();
   for (TensorId t = layout_.first_tensor(layer); t < layout_.end_tensor(layer); ++t) {
-    QS_RETURN_IF_ERROR(check_sum(sums_.data() + base_[static_cast<std::size_t>(t)], layout_.tensor(t).bytes / 4, 0,
-                                 workers_, iteration, t, wire_));
+    QS_RETURN_IF_ERROR(check_sum(sums_.data() + base_[static_cast<std::size_t>(t)],
+                                 layout_.tensor(t).bytes / 4, 0, workers_, iteration, t, wire_));
   }
   ++layers_checked_;
   return Status::ok();

@@ -24,7 +24,6 @@ using transport::Header;
 using transport::HeaderField;
 using transport::PayloadTarget;
 
-
 // The worker's Exchange is the TCP transport: Impl implements it, and the frame handler
 // that feeds its acknowledgements and pulls back to the loop.
 struct Worker::Impl final : transport::FrameHandler, Exchange {
@@ -57,10 +56,12 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
                               std::to_string(job.servers) + " servers");
     }
     if (!(opts.compute_factor >= 0)) return invalid_argument("compute factor must be >= 0");
-    QS_ASSIGN_OR_RETURN(policy, make_ps_policy(job.policy, job.policy_options, jl.context(job, opts.compute_factor)));
+    QS_ASSIGN_OR_RETURN(policy, make_ps_policy(job.policy, job.policy_options,
+                                               jl.context(job, opts.compute_factor)));
     QS_ASSIGN_OR_RETURN(loop, transport::EventLoop::create());
     const int priorities = jl.layout.num_tensors() + 1;
-    sender = std::make_unique<transport::Sender>(send_order(policy->discipline()), priorities, *loop);
+    sender =
+        std::make_unique<transport::Sender>(send_order(policy->discipline()), priorities, *loop);
     sender->set_batch_bytes(sender_batch_bytes(job));
     // Queueing delays after the warm-up (the last iteration counts when there is nothing
     // else), in reservoirs: a fixed memory whatever the run's length.
@@ -77,7 +78,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     // The tensors: the caller's, or synthetic ones with known content.
     source = opts.tensors;
     if (source == nullptr) {
-      known = std::make_unique<KnownContent>(job.profile, opts.worker_id, job.workers, opts.verify, job.wire_dtype);
+      known = std::make_unique<KnownContent>(job.profile, opts.worker_id, job.workers, opts.verify,
+                                             job.wire_dtype);
       source = known.get();
     }
     buffers = source->tensors();
@@ -111,9 +113,12 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     lo.before_backward = [this](std::int64_t it) { return before_backward(it); };
     lo.iteration_ended = [this](std::int64_t it) { iteration_ended(it); };
     lo.finished = [this] { say_bye(); };
-    lo.layer_ready = [this](int layer, std::int64_t it) { return source->on_layer_ready(layer, it); };
+    lo.layer_ready = [this](int layer, std::int64_t it) {
+      return source->on_layer_ready(layer, it);
+    };
     lo.failed = [this](const Status& s) { loop->fail(s.with_context(name())); };
-    training = std::make_unique<TrainingLoop>(job.profile, jl.layout, *policy, *timer, *gpu, *this, std::move(lo));
+    training = std::make_unique<TrainingLoop>(job.profile, jl.layout, *policy, *timer, *gpu, *this,
+                                              std::move(lo));
     return Status::ok();
   }
 
@@ -142,16 +147,19 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       if (!fd.is_ok()) return fd.status().with_context(name() + " -> " + server_name(s));
       if (opts.secret) {
         // Before the first frame: the server proves it is the job's, and we that we are.
-        QS_RETURN_IF_ERROR(transport::authenticate(fd->get(), *opts.secret, transport::AuthRole::kConnector,
-                                                   kPsAuthContext, std::max<TimeNs>(deadline - loop->now(), kNsPerMs))
+        QS_RETURN_IF_ERROR(transport::authenticate(
+                               fd->get(), *opts.secret, transport::AuthRole::kConnector,
+                               kPsAuthContext, std::max<TimeNs>(deadline - loop->now(), kNsPerMs))
                                .with_context(name() + " -> " + server_name(s)));
       }
-      QS_RETURN_IF_ERROR(transport::configure_socket(fd->get(), socket_options(job)).with_context(name()));
+      QS_RETURN_IF_ERROR(
+          transport::configure_socket(fd->get(), socket_options(job)).with_context(name()));
       if (congestion.empty()) {
         auto cc = transport::congestion_of(fd->get());
         if (cc.is_ok()) congestion = *cc;
       }
-      conns.push_back(std::make_unique<Connection>(*loop, std::move(*fd), *this, server_name(s), s));
+      conns.push_back(
+          std::make_unique<Connection>(*loop, std::move(*fd), *this, server_name(s), s));
       conns.back()->set_payload_checksums(job.payload_checksums);
       // Where the kernel offers them, transmit timestamps date when a push left the host
       // (check_drained; without them it falls back on acknowledgements).
@@ -170,7 +178,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     liveness.assign(conns.size(), Liveness());
     auto hello_timer = loop->schedule_at(deadline, [this] {
       loop->fail(unavailable(name() + ": only " + std::to_string(hellos) + " of " +
-                             std::to_string(opts.job.servers) + " servers answered hello before the deadline"));
+                             std::to_string(opts.job.servers) +
+                             " servers answered hello before the deadline"));
     });
     QS_RETURN_IF_ERROR(loop->run([this] { return hellos == opts.job.servers; }));
     loop->cancel(hello_timer);
@@ -208,7 +217,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       const TimeNs now = loop->now();
       std::vector<int> silent, quiet_too;
       for (std::size_t s = 0; s < conns.size(); ++s) {
-        const TimeNs quiet = liveness[s].tick(*conns[s], now, static_cast<std::uint16_t>(opts.worker_id));
+        const TimeNs quiet =
+            liveness[s].tick(*conns[s], now, static_cast<std::uint16_t>(opts.worker_id));
         if (started && quiet > opts.job.peer_timeout) silent.push_back(static_cast<int>(s));
         // Two heartbeats missed: once one server is lost, this one is taken as lost too
         // (a link that went down silences every server within one heartbeat period of
@@ -216,7 +226,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
         if (started && quiet > opts.job.peer_timeout / 2) quiet_too.push_back(static_cast<int>(s));
       }
       if (!silent.empty()) {
-        loop->fail(unavailable(silence_message(quiet_too.size() == conns.size() ? quiet_too : silent)));
+        loop->fail(
+            unavailable(silence_message(quiet_too.size() == conns.size() ? quiet_too : silent)));
         return;
       }
       const bool waiting = started && (training->blocked() || !outstanding.empty());
@@ -225,12 +236,14 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
         for (const auto& [key, o] : outstanding) owing.insert(o.unit.server);
         std::string list;
         for (int s : owing) list += (list.empty() ? "" : ", ") + std::to_string(s);
-        loop->fail(unavailable(name() + ": waited " + format_time(now - last_progress) + " in iteration " +
-                               std::to_string(training->iteration()) + " for " + std::to_string(outstanding.size()) +
-                               " units from servers {" + list + "}" +
-                               (training->blocked() ? " (forward of layer " + std::to_string(training->layer() + 1) + " waits)"
-                                                    : "") +
-                               ", whose connections are alive (heartbeats): stuck?"));
+        loop->fail(unavailable(
+            name() + ": waited " + format_time(now - last_progress) + " in iteration " +
+            std::to_string(training->iteration()) + " for " + std::to_string(outstanding.size()) +
+            " units from servers {" + list + "}" +
+            (training->blocked()
+                 ? " (forward of layer " + std::to_string(training->layer() + 1) + " waits)"
+                 : "") +
+            ", whose connections are alive (heartbeats): stuck?"));
         return;
       }
       schedule_watchdog();
@@ -256,7 +269,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   bool before_backward(std::int64_t it) {
     iteration = it;
     if (it != opts.die_at_iteration) return true;
-    loop->fail(unavailable(name() + " died at iteration " + std::to_string(it) + " (fault injection)"));
+    loop->fail(
+        unavailable(name() + " died at iteration " + std::to_string(it) + " (fault injection)"));
     for (auto& c : conns) c->close(unavailable("fault injection"), false, /*abort=*/true);
     return false;
   }
@@ -282,7 +296,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       Header bye;
       bye.kind = FrameKind::kBye;
       bye.sender = static_cast<std::uint16_t>(opts.worker_id);
-      bye.iteration = static_cast<std::uint32_t>(std::max<std::int64_t>(training->iterations_done() - 1, 0));
+      bye.iteration =
+          static_cast<std::uint32_t>(std::max<std::int64_t>(training->iterations_done() - 1, 0));
       c->send_control(bye);
       c->shutdown_when_flushed();
       Status s = c->flush();
@@ -302,7 +317,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     // What the wire adds: a 32-bit length, whole float32 elements.
     if (u.chunk.length > 0xffffffffll || u.chunk.length % 4 != 0 || u.chunk.offset % 4 != 0) {
       return internal_error("bad unit: tensor " + std::to_string(u.chunk.tensor) + " offset " +
-                            std::to_string(u.chunk.offset) + " length " + std::to_string(u.chunk.length));
+                            std::to_string(u.chunk.offset) + " length " +
+                            std::to_string(u.chunk.length));
     }
     return Status::ok();
   }
@@ -310,8 +326,9 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   void push(const PushUnit& u) override {
     const Key key{u.chunk.tensor, static_cast<std::uint64_t>(u.chunk.offset)};
     if (!outstanding.emplace(key, Outstanding{u}).second) {
-      loop->fail(internal_error(name() + ": policy pushed tensor " + std::to_string(u.chunk.tensor) + " offset " +
-                                std::to_string(u.chunk.offset) + " twice in iteration " + std::to_string(iteration)));
+      loop->fail(internal_error(
+          name() + ": policy pushed tensor " + std::to_string(u.chunk.tensor) + " offset " +
+          std::to_string(u.chunk.offset) + " twice in iteration " + std::to_string(iteration)));
       return;
     }
     Header h;
@@ -326,8 +343,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     const auto* payload = reinterpret_cast<const std::byte*>(buffers[ti].gradient) + u.chunk.offset;
     if (wire_scale > 1) {  // rounded into the wire's dtype as it goes
       std::byte* w = wire_buf[ti].data() + u.chunk.offset / wire_scale;
-      encode_floats(buffers[ti].gradient + u.chunk.offset / 4, static_cast<std::size_t>(u.chunk.length / 4),
-                    opts.job.wire_dtype, w);
+      encode_floats(buffers[ti].gradient + u.chunk.offset / 4,
+                    static_cast<std::size_t>(u.chunk.length / 4), opts.job.wire_dtype, w);
       payload = w;
       h.offset /= static_cast<std::uint64_t>(wire_scale);
       h.length /= static_cast<std::uint32_t>(wire_scale);
@@ -335,11 +352,13 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     if (transport_since < 0) transport_since = loop->now();
     last_progress = loop->now();  // a wait begins with what was pushed
     if (opts.record_trace) {
-      if (first_push.empty()) first_push.assign(buffers.size(), -1), last_pull.assign(buffers.size(), -1);
+      if (first_push.empty())
+        first_push.assign(buffers.size(), -1), last_pull.assign(buffers.size(), -1);
       TimeNs& f = first_push[static_cast<std::size_t>(u.chunk.tensor)];
       if (f < 0) f = loop->now();
     }
-    sender->enqueue(u.server, h, payload, tag_of(u.chunk.tensor, static_cast<std::uint64_t>(u.chunk.offset)));
+    sender->enqueue(u.server, h, payload,
+                    tag_of(u.chunk.tensor, static_cast<std::uint64_t>(u.chunk.offset)));
     bytes_pushed += u.chunk.length;
     ++units_pushed;
   }
@@ -356,9 +375,10 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     for (std::size_t t = 0; t < first_push.size(); ++t) {
       if (first_push[t] < 0) continue;
       const TensorInfo& info = jl.layout.tensor(static_cast<TensorId>(t));
-      trace.push_back(TraceSpan{opts.worker_id, 3, first_push[t], last_pull[t] < 0 ? now : last_pull[t],
-                                "grad " + std::to_string(t) + " " + std::to_string(info.bytes) + "B " +
-                                    opts.job.profile.layers[static_cast<std::size_t>(info.layer)].name});
+      trace.push_back(
+          TraceSpan{opts.worker_id, 3, first_push[t], last_pull[t] < 0 ? now : last_pull[t],
+                    "grad " + std::to_string(t) + " " + std::to_string(info.bytes) + "B " +
+                        opts.job.profile.layers[static_cast<std::size_t>(info.layer)].name});
       first_push[t] = last_pull[t] = -1;
     }
     if (transport_since >= 0) transport_total += now - transport_since;
@@ -432,7 +452,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       case FrameKind::kHello:
       case FrameKind::kError:
       case FrameKind::kBye:
-      case FrameKind::kHeartbeat: return PayloadTarget::buffer();
+      case FrameKind::kHeartbeat:
+        return PayloadTarget::buffer();
       case FrameKind::kAck:
       case FrameKind::kPull: {
         rules.kind = h.kind;
@@ -443,12 +464,13 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
         if (it == outstanding.end() || it->second.unit.server != s ||
             it->second.unit.chunk.length != static_cast<Bytes>(h.length * wire_scale) ||
             (h.kind == FrameKind::kAck ? it->second.acked : it->second.pulled)) {
-          return transport::header_error(
-              HeaderField::kOffset, std::string(transport::frame_kind_name(h.kind)) + " of tensor " +
-                                        std::to_string(h.tensor) + " bytes [" + std::to_string(h.offset) + ", " +
-                                        std::to_string(h.offset + h.length) +
-                                        ") matches no unit this worker pushed to server " + std::to_string(s) +
-                                        " and awaits");
+          return transport::header_error(HeaderField::kOffset,
+                                         std::string(transport::frame_kind_name(h.kind)) +
+                                             " of tensor " + std::to_string(h.tensor) + " bytes [" +
+                                             std::to_string(h.offset) + ", " +
+                                             std::to_string(h.offset + h.length) +
+                                             ") matches no unit this worker pushed to server " +
+                                             std::to_string(s) + " and awaits");
         }
         last_progress = loop->now();
         if (h.kind == FrameKind::kAck) return PayloadTarget::buffer();  // no payload
@@ -456,7 +478,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
         if (wire_scale > 1) return PayloadTarget::to(wire_buf[h.tensor].data() + h.offset);
         return PayloadTarget::to(reinterpret_cast<std::byte*>(buffers[h.tensor].sum) + h.offset);
       }
-      case FrameKind::kPush: break;
+      case FrameKind::kPush:
+        break;
     }
     return transport::header_error(HeaderField::kKind, "a server may not send a push");
   }
@@ -466,11 +489,14 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     switch (h.kind) {
       case FrameKind::kHello: {
         auto body = c.small_payload();
-        const std::string diff = hello_mismatch(hello_body(opts.job), transport::decode_hello(body.data()));
-        if (!diff.empty()) return invalid_argument(name() + ": " + server_name(s) + " disagrees: " + diff);
+        const std::string diff =
+            hello_mismatch(hello_body(opts.job), transport::decode_hello(body.data()));
+        if (!diff.empty())
+          return invalid_argument(name() + ": " + server_name(s) + " disagrees: " + diff);
         if (h.sender != s) {
-          return transport::header_error(HeaderField::kSender,
-                                         server_name(s) + " says it is server " + std::to_string(h.sender));
+          return transport::header_error(
+              HeaderField::kSender,
+              server_name(s) + " says it is server " + std::to_string(h.sender));
         }
         ++hellos;
         return Status::ok();
@@ -481,11 +507,13 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
                            std::string(reinterpret_cast<const char*>(text.data()), text.size()));
       }
       case FrameKind::kBye:
-      case FrameKind::kHeartbeat: return Status::ok();
+      case FrameKind::kHeartbeat:
+        return Status::ok();
       case FrameKind::kAck: {
         auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset * wire_scale});
         it->second.acked = true;
-        if (it->second.in_kernel >= 0 && (iteration >= opts.warmup || iteration + 1 == opts.job.iterations)) {
+        if (it->second.in_kernel >= 0 &&
+            (iteration >= opts.warmup || iteration + 1 == opts.job.iterations)) {
           ack_rtts.add(loop->now() - it->second.in_kernel);
         }
         const PushUnit u = it->second.unit;
@@ -495,16 +523,17 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       }
       case FrameKind::kPull: {
         if (wire_scale > 1) {  // the sum, rounded by the server, widened into the model's buffer
-          decode_floats(wire_buf[h.tensor].data() + h.offset, h.length / static_cast<std::size_t>(4 / wire_scale),
-                        opts.job.wire_dtype, buffers[h.tensor].sum + h.offset * wire_scale / 4);
+          decode_floats(wire_buf[h.tensor].data() + h.offset,
+                        h.length / static_cast<std::size_t>(4 / wire_scale), opts.job.wire_dtype,
+                        buffers[h.tensor].sum + h.offset * wire_scale / 4);
         }
         auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset * wire_scale});
         it->second.pulled = true;
         const PushUnit u = it->second.unit;
         if (it->second.acked) outstanding.erase(it);
         if (opts.record_trace) {
-          trace.push_back(TraceSpan{opts.worker_id, 2, pull_header_at[static_cast<std::size_t>(s)], loop->now(),
-                                    "pull " + std::to_string(h.tensor)});
+          trace.push_back(TraceSpan{opts.worker_id, 2, pull_header_at[static_cast<std::size_t>(s)],
+                                    loop->now(), "pull " + std::to_string(h.tensor)});
           if (h.tensor < last_pull.size()) last_pull[h.tensor] = loop->now();
         }
         // The tensor constructor: the loop counts the layer's bytes and releases a
@@ -512,7 +541,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
         training->on_pulled(u, loop->now());
         return Status::ok();
       }
-      case FrameKind::kPush: break;
+      case FrameKind::kPush:
+        break;
     }
     return internal_error("unreachable");
   }
@@ -525,8 +555,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
 
   void on_closed(Connection& c, const Status& why) override {
     if (finished || why.is_ok()) return;
-    loop->fail(unavailable(name() + ": lost " + c.peer() + " in iteration " + std::to_string(iteration) + ": " +
-                           why.to_string()));
+    loop->fail(unavailable(name() + ": lost " + c.peer() + " in iteration " +
+                           std::to_string(iteration) + ": " + why.to_string()));
   }
 
   WorkerReport make_report() {
@@ -534,7 +564,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
     r.worker_id = opts.worker_id;
     r.policy = opts.job.policy;
     r.congestion_control = congestion;
-    const bool timestamps = std::all_of(conns.begin(), conns.end(), [](const auto& c) { return c->wire_timestamps(); });
+    const bool timestamps =
+        std::all_of(conns.begin(), conns.end(), [](const auto& c) { return c->wire_timestamps(); });
     r.push_end = timestamps ? "transmit timestamps" : "acknowledgements";
     std::vector<double> gbps;
     for (const IterationRecord& rec : training->records()) {
@@ -547,7 +578,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
       r.units_per_iteration = training->records().back().traffic.messages;
     }
     r.uplink_gbps = steady_median(gbps, opts.warmup);
-    if (opts.nic_rate.bits_per_second > 0) r.uplink_utilisation = r.uplink_gbps / opts.nic_rate.gbps_value();
+    if (opts.nic_rate.bits_per_second > 0)
+      r.uplink_utilisation = r.uplink_gbps / opts.nic_rate.gbps_value();
     r.queue_delay_p50 = delays.percentile(50);
     r.queue_delay_p99 = delays.percentile(99);
     r.queue_delay_max = delays.percentile(100);
@@ -585,7 +617,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   std::vector<TensorBuffer> buffers;  // by tensor id
   // Compression (JobOptions::wire_dtype): float32 bytes per wire byte (1: none), and each
   // tensor's bytes on the wire.
-  std::uint64_t wire_scale = 4 / static_cast<std::uint64_t>(transport::wire_dtype_size(opts.job.wire_dtype));
+  std::uint64_t wire_scale =
+      4 / static_cast<std::uint64_t>(transport::wire_dtype_size(opts.job.wire_dtype));
   std::vector<std::vector<std::byte>> wire_buf;
   // The loop and its seams (the exchange is this Impl).
   std::unique_ptr<LoopTimer> timer;
@@ -595,10 +628,10 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   std::unique_ptr<TrainingLoop> training;
   std::int64_t iteration = 0;  // the loop's iteration, as stamped on the wire
   bool finished = false;
-  std::vector<Liveness> liveness;  // by server
-  TimeNs last_progress = 0;        // the last push, ack or pull header
-  std::vector<TimeNs> pull_header_at;  // by server: when the pull being read began
-  std::vector<TraceSpan> trace;        // absolute times until make_report()
+  std::vector<Liveness> liveness;             // by server
+  TimeNs last_progress = 0;                   // the last push, ack or pull header
+  std::vector<TimeNs> pull_header_at;         // by server: when the pull being read began
+  std::vector<TraceSpan> trace;               // absolute times until make_report()
   std::vector<TimeNs> first_push, last_pull;  // per tensor, this iteration (record_trace)
   static constexpr TimeNs kDrainPoll = 100 * kNsPerUs;
   // Since when the transport holds undelivered bytes (-1: none), and this iteration's
@@ -611,8 +644,8 @@ struct Worker::Impl final : transport::FrameHandler, Exchange {
   std::uint64_t bytes_at_start = 0;
   Bytes bytes_pushed = 0;
   std::int64_t units_pushed = 0;
-  Reservoir delays, urgent_delays;  // sending-buffer queueing delays (bounded)
-  Reservoir ack_rtts;                // acknowledgement round trips (bounded)
+  Reservoir delays, urgent_delays;                  // sending-buffer queueing delays (bounded)
+  Reservoir ack_rtts;                               // acknowledgement round trips (bounded)
   transport::RepairCounter repairs_counter;         // what TCP repaired since the last look
   std::vector<std::int64_t> retransmits, timeouts;  // per iteration
 };

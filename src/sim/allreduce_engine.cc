@@ -36,11 +36,14 @@ TableII table_ii(AllReduceAlgorithm algo, int n) {
   const double N = n;
   const double lg = n > 1 ? std::ceil(std::log2(N) - 1e-12) : 0.0;
   switch (algo) {
-    case AllReduceAlgorithm::kTree: return {2 * lg, 2 * lg, lg};
-    case AllReduceAlgorithm::kRecursiveDoubling: return {lg, lg, lg};
+    case AllReduceAlgorithm::kTree:
+      return {2 * lg, 2 * lg, lg};
+    case AllReduceAlgorithm::kRecursiveDoubling:
+      return {lg, lg, lg};
     case AllReduceAlgorithm::kRecursiveHalvingDoubling:
       return {n > 1 ? 2 * lg : 0.0, n > 1 ? 2 - 2 / N : 0.0, n > 1 ? 1 - 1 / N : 0.0};
-    case AllReduceAlgorithm::kRing: break;
+    case AllReduceAlgorithm::kRing:
+      break;
   }
   return {2 * (N - 1), 2 * (N - 1) / N, (N - 1) / N};
 }
@@ -56,7 +59,8 @@ struct LinkModel {
 
   TimeNs finish(TimeNs start, Bytes m) const {
     if (!schedule) return start + cost.time(m);
-    const TimeNs t0 = start + a + static_cast<TimeNs>(fixed_ns_per_byte * static_cast<double>(m) + 0.5);
+    const TimeNs t0 =
+        start + a + static_cast<TimeNs>(fixed_ns_per_byte * static_cast<double>(m) + 0.5);
     const Bytes wire = static_cast<Bytes>(wire_per_byte * static_cast<double>(m) + 0.5);
     return wire > 0 ? schedule->finish_time(t0, wire) : t0;
   }
@@ -69,7 +73,8 @@ LinkModel link_model(const ClusterConfig& c, double slowdown) {
   // whole bucket (twice: before and after) and of every partial sum (once per element,
   // the reduction) add their cost per float32 byte.
   const double wire_share = static_cast<double>(c.wire_element_bytes) / 4.0;
-  const double convert_per_byte = c.wire_element_bytes == 4 ? 0.0 : 3 * c.convert_ns_per_element / 4.0;
+  const double convert_per_byte =
+      c.wire_element_bytes == 4 ? 0.0 : 3 * c.convert_ns_per_element / 4.0;
   base.b_ns_per_byte = base.b_ns_per_byte * wire_share + convert_per_byte;
   m.cost = AllReduceCost{static_cast<TimeNs>(static_cast<double>(base.a) * slowdown + 0.5),
                          base.b_ns_per_byte * slowdown};
@@ -78,10 +83,12 @@ LinkModel link_model(const ClusterConfig& c, double slowdown) {
   const double bps = c.schedule->rate_at(0).bytes_per_second();
   m.a = m.cost.a;
   if (c.allreduce_b_ns_per_byte) {
-    m.wire_per_byte = *c.allreduce_b_ns_per_byte * bps / 1e9 * wire_share;  // all of b scales with the rate
+    m.wire_per_byte =
+        *c.allreduce_b_ns_per_byte * bps / 1e9 * wire_share;  // all of b scales with the rate
   } else {
     m.wire_per_byte = t.b_beta * wire_share;
-    m.fixed_ns_per_byte = c.reduction_rate ? t.b_gamma * 1e9 / c.reduction_rate->bytes_per_second() : 0.0;
+    m.fixed_ns_per_byte =
+        c.reduction_rate ? t.b_gamma * 1e9 / c.reduction_rate->bytes_per_second() : 0.0;
   }
   m.fixed_ns_per_byte += convert_per_byte;
   m.fixed_ns_per_byte *= slowdown;
@@ -97,7 +104,8 @@ class AllReduceLinks final : public Exchange {
   AllReduceLinks(SimClock& clock, const ClusterConfig& cluster, LinkDiscipline discipline)
       : clock_(clock), discipline_(discipline) {
     links_.emplace_back().model = link_model(cluster, 1.0);
-    if (cluster.second_link_slowdown >= 1.0) links_.emplace_back().model = link_model(cluster, cluster.second_link_slowdown);
+    if (cluster.second_link_slowdown >= 1.0)
+      links_.emplace_back().model = link_model(cluster, cluster.second_link_slowdown);
   }
   std::vector<AllReduceCost> costs() const {
     std::vector<AllReduceCost> c;
@@ -107,7 +115,8 @@ class AllReduceLinks final : public Exchange {
   void set_listener(ExchangeListener* l) { listener_ = l; }
   void record(std::vector<TraceSpan>* trace) {
     record_ = true;
-    for (std::size_t i = 0; i < links_.size(); ++i) links_[i].rec = SpanRecorder(trace, 0, static_cast<int>(i) + 1, false);
+    for (std::size_t i = 0; i < links_.size(); ++i)
+      links_[i].rec = SpanRecorder(trace, 0, static_cast<int>(i) + 1, false);
   }
   void set_discipline(LinkDiscipline d) { discipline_ = d; }
 
@@ -123,13 +132,12 @@ class AllReduceLinks final : public Exchange {
   }
   Status check(const CollectiveBucket& b) const override {
     if (b.link < 0 || b.link >= static_cast<int>(links_.size())) {
-      return internal_error("policy used link " + std::to_string(b.link) + " of " + std::to_string(links_.size()));
+      return internal_error("policy used link " + std::to_string(b.link) + " of " +
+                            std::to_string(links_.size()));
     }
     return Status::ok();
   }
-  Traffic take_traffic(TimeNs) override {
-    return meter_.take();
-  }
+  Traffic take_traffic(TimeNs) override { return meter_.take(); }
 
   void dispatch(const SimEvent& e) {
     links_[static_cast<std::size_t>(e.index)].busy = false;
@@ -143,7 +151,9 @@ class AllReduceLinks final : public Exchange {
     std::uint64_t seq;
     std::size_t bucket;
     // Min-heap by (priority, seq): seq is unique, a strict ordering without ties.
-    bool operator<(const Queued& o) const { return priority != o.priority ? priority > o.priority : seq > o.seq; }
+    bool operator<(const Queued& o) const {
+      return priority != o.priority ? priority > o.priority : seq > o.seq;
+    }
   };
   struct Link {
     LinkModel model;
@@ -164,12 +174,16 @@ class AllReduceLinks final : public Exchange {
     const TimeNs end = link.model.finish(now, m);
     meter_.add(li, now, end, m);
     if (record_) {
-      link.rec.add(now, end, "ar #" + std::to_string(cb.id) + " it " + std::to_string(cb.first_iteration) +
-                                 (cb.last_iteration != cb.first_iteration ? "-" + std::to_string(cb.last_iteration) : "") +
-                                 " " + format_size(m));
+      link.rec.add(
+          now, end,
+          "ar #" + std::to_string(cb.id) + " it " + std::to_string(cb.first_iteration) +
+              (cb.last_iteration != cb.first_iteration ? "-" + std::to_string(cb.last_iteration)
+                                                       : "") +
+              " " + format_size(m));
     }
     QS_CHECK(b <= UINT32_MAX);
-    clock_.schedule_event(end, kCollectiveDone, li, static_cast<std::uint32_t>(b));  // the bucket's index
+    clock_.schedule_event(end, kCollectiveDone, li,
+                          static_cast<std::uint32_t>(b));  // the bucket's index
   }
 
   SimClock& clock_;
@@ -191,7 +205,8 @@ AllReduceCost allreduce_cost(const ClusterConfig& c) {
   const double gamma = c.reduction_rate ? 1e9 / c.reduction_rate->bytes_per_second() : 0.0;
   AllReduceCost cost;
   cost.a = c.allreduce_a ? *c.allreduce_a : static_cast<TimeNs>(t.a_alpha * alpha + 0.5);
-  cost.b_ns_per_byte = c.allreduce_b_ns_per_byte ? *c.allreduce_b_ns_per_byte : t.b_beta * beta + t.b_gamma * gamma;
+  cost.b_ns_per_byte =
+      c.allreduce_b_ns_per_byte ? *c.allreduce_b_ns_per_byte : t.b_beta * beta + t.b_gamma * gamma;
   return cost;
 }
 
@@ -240,7 +255,9 @@ Result<SimResult> simulate_allreduce(const Profile& profile, const std::string& 
   SimResult result;
   result.policy = name;
   if (opts.record_trace) links.record(&result.trace);
-  EmulatedCompute gpu(profile, factor, clock, opts.record_trace ? SpanRecorder(&result.trace, 0, 0, false) : SpanRecorder());
+  EmulatedCompute gpu(
+      profile, factor, clock,
+      opts.record_trace ? SpanRecorder(&result.trace, 0, 0, false) : SpanRecorder());
   LoopOptions lo;
   lo.iterations = opts.iterations;
   lo.verify_bytes = opts.verify_bytes;
@@ -254,8 +271,9 @@ Result<SimResult> simulate_allreduce(const Profile& profile, const std::string& 
     if (!loop.error().is_ok()) return loop.error().with_context(name);
   }
   if (!loop.finished()) {
-    return internal_error(name + ": simulation stalled in iteration " + std::to_string(loop.iterations_done()) +
-                          " of " + std::to_string(opts.iterations) +
+    return internal_error(name + ": simulation stalled in iteration " +
+                          std::to_string(loop.iterations_done()) + " of " +
+                          std::to_string(opts.iterations) +
                           " (the policy never reduced some gradient, or its gate never opened)");
   }
   if (Status s = loop.check_complete(); !s.is_ok()) return s.with_context(name);

@@ -21,8 +21,10 @@ struct PsJobInput {
   std::string policy;
   const PolicyOptions* options = nullptr;
 };
-Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& jobs, const ClusterConfig& cluster,
-                                                const SimOptions& options, const SharingOptions& sharing);
+Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& jobs,
+                                                const ClusterConfig& cluster,
+                                                const SimOptions& options,
+                                                const SharingOptions& sharing);
 
 // All-reduce engine (allreduce_engine.cc). Preconditions: cluster validated, all-reduce.
 Result<SimResult> simulate_allreduce(const Profile& profile, const std::string& policy,

@@ -119,7 +119,8 @@ struct Link {
   TimeNs serialise(TimeNs start, Bytes bytes) {
     if (burst <= 0) return finish_time(start, bytes);
     const std::int64_t bps = schedule->rate_at(start).bits_per_second;
-    const __int128 refill = static_cast<__int128>(std::max<TimeNs>(0, start - tokens_at_)) * bps / 8'000'000'000;
+    const __int128 refill =
+        static_cast<__int128>(std::max<TimeNs>(0, start - tokens_at_)) * bps / 8'000'000'000;
     const Bytes held = static_cast<Bytes>(std::min<__int128>(burst, tokens_ + refill));
     if (held >= bytes) {
       tokens_ = held - bytes;
@@ -145,7 +146,7 @@ struct Link {
  private:
   Bytes memo_bytes_ = -1;
   TimeNs memo_time_ = 0;
-  Bytes tokens_ = 0;      // burst: the bucket's bytes at tokens_at_ (it starts full: see serialise)
+  Bytes tokens_ = 0;  // burst: the bucket's bytes at tokens_at_ (it starts full: see serialise)
   TimeNs tokens_at_ = INT64_MIN / 2;
 };
 
@@ -264,14 +265,17 @@ class FluidLinks {
 
   // Link i's rates follow *schedules[i] (not owned).
   explicit FluidLinks(std::vector<const BandwidthSchedule*> schedules)
-      : schedules_(std::move(schedules)), cap_(schedules_.size(), 0), count_(schedules_.size(), 0) {}
+      : schedules_(std::move(schedules)),
+        cap_(schedules_.size(), 0),
+        count_(schedules_.size(), 0) {}
   bool empty() const { return flows_.empty(); }
   // Every flow's progress up to `now` at its current rate.
   void advance(TimeNs now) {
     const TimeNs dt = now - last_;
     last_ = now;
     if (dt <= 0) return;
-    for (Flow& f : flows_) f.left = std::max<__int128>(0, f.left - static_cast<__int128>(f.rate) * dt);
+    for (Flow& f : flows_)
+      f.left = std::max<__int128>(0, f.left - static_cast<__int128>(f.rate) * dt);
   }
   // Starts `f` (advance() to its start first): `bytes` to send.
   void add(Flow f, Bytes bytes) {
@@ -298,7 +302,8 @@ class FluidLinks {
         if (l < 0) continue;
         if (count_[static_cast<std::size_t>(l)]++ == 0) {
           links_.push_back(l);
-          cap_[static_cast<std::size_t>(l)] = schedules_[static_cast<std::size_t>(l)]->rate_at(now).bits_per_second;
+          cap_[static_cast<std::size_t>(l)] =
+              schedules_[static_cast<std::size_t>(l)]->rate_at(now).bits_per_second;
         }
       }
       f.rate = -1;  // not fixed yet
@@ -330,12 +335,14 @@ class FluidLinks {
     TimeNs next = kNever;
     for (const Flow& f : flows_) {
       const __int128 wait = (f.left + f.rate - 1) / f.rate;
-      next = std::min<TimeNs>(next, add_saturated(now, static_cast<TimeNs>(std::min<__int128>(wait, kNever))));
+      next = std::min<TimeNs>(
+          next, add_saturated(now, static_cast<TimeNs>(std::min<__int128>(wait, kNever))));
     }
     for (const int l : links_) {
       const auto& segs = schedules_[static_cast<std::size_t>(l)]->segments();
-      const auto k = std::upper_bound(segs.begin(), segs.end(), now,
-                                      [](TimeNs t, const BandwidthSchedule::Segment& g) { return t < g.start; });
+      const auto k = std::upper_bound(
+          segs.begin(), segs.end(), now,
+          [](TimeNs t, const BandwidthSchedule::Segment& g) { return t < g.start; });
       if (k != segs.end()) next = std::min(next, k->start);
     }
     return next;
@@ -343,7 +350,7 @@ class FluidLinks {
 
  private:
   std::vector<const BandwidthSchedule*> schedules_;
-  std::vector<Flow> flows_;  // in the order they started
+  std::vector<Flow> flows_;        // in the order they started
   std::vector<std::int64_t> cap_;  // reshare(): per link, capacity not yet given (bit/s)
   std::vector<int> count_;         // reshare(): per link, its flows not yet fixed
   std::vector<int> links_;         // reshare(): the links with flows
@@ -388,10 +395,14 @@ class PsNetwork {
   class Port final : public Exchange {
    public:
     Port(PsNetwork& net, int job, int worker, QueueDiscipline d)
-        : net_(net), job_(job), id_(worker), tx_(d, net.jobs_[static_cast<std::size_t>(job)].layout->num_tensors() + 1),
+        : net_(net),
+          job_(job),
+          id_(worker),
+          tx_(d, net.jobs_[static_cast<std::size_t>(job)].layout->num_tensors() + 1),
           ack_lane_(net.jobs_[static_cast<std::size_t>(job)].acks ? net.clock_.add_lane() : -1),
           peer_busy_(static_cast<std::size_t>(net.cluster_.servers), 0) {
-      const auto layers = static_cast<std::size_t>(net.jobs_[static_cast<std::size_t>(job)].layout->num_layers());
+      const auto layers =
+          static_cast<std::size_t>(net.jobs_[static_cast<std::size_t>(job)].layout->num_layers());
       pulls_sent_.assign(layers, 0);
       queued_.assign(layers, 0);
       handed_at_.assign(layers, 0);
@@ -410,7 +421,8 @@ class PsNetwork {
       if (net_.sharing_ == JobSharing::kDeadline && net_.jobs_.size() > 1) {
         // The layer's units entered the queue when its first one did (its gradient was
         // ready): the same deadline for all.
-        const auto l = static_cast<std::size_t>(net_.jobs_[static_cast<std::size_t>(job_)].layout->tensor(u.chunk.tensor).layer);
+        const auto l = static_cast<std::size_t>(
+            net_.jobs_[static_cast<std::size_t>(job_)].layout->tensor(u.chunk.tensor).layer);
         if (queued_[l]++ == 0) handed_at_[l] = net_.clock_.now();
       }
       tx_.push(u.priority, u);
@@ -423,7 +435,8 @@ class PsNetwork {
     Traffic take_traffic(TimeNs) override {
       // The wire's bytes: compression halves them (ClusterConfig::wire_element_bytes).
       const int element = net_.cluster_.wire_element_bytes;
-      Traffic t{bytes_, units_, static_cast<std::uint64_t>(net_.cluster_.wire_payload(bytes_)), busy_, 0};
+      Traffic t{bytes_, units_, static_cast<std::uint64_t>(net_.cluster_.wire_payload(bytes_)),
+                busy_, 0};
       t.float32_per_wire_byte = 4.0 / element;
       bytes_ = busy_ = 0;
       units_ = 0;
@@ -437,13 +450,14 @@ class PsNetwork {
     int id_;  // the worker
     ExchangeListener* listener_ = nullptr;
     TxQueue<PushUnit> tx_;
-    int ack_lane_;   // acknowledgements for this worker (mostly in time order), if any
+    int ack_lane_;  // acknowledgements for this worker (mostly in time order), if any
     // Shared links (fluid_on_): per server, whether a push of this port to it is in flight;
     // the pushes in flight and since when the port has had one (its busy time).
     std::vector<char> peer_busy_;
     int in_flight_ = 0;
     TimeNs busy_since_ = 0;
-    std::vector<Bytes> pulls_sent_;  // per layer, this iteration's pulls sent so far (try_send_server)
+    std::vector<Bytes>
+        pulls_sent_;  // per layer, this iteration's pulls sent so far (try_send_server)
     // JobSharing::kDeadline: per layer, units queued and when the first of them was.
     std::vector<int> queued_;
     std::vector<TimeNs> handed_at_;
@@ -453,8 +467,12 @@ class PsNetwork {
     SpanRecorder rec_up_, rec_down_;
   };
 
-  PsNetwork(SimClock& clock, const ClusterConfig& cluster, std::vector<NetJob> jobs, JobSharing sharing)
-      : clock_(clock), cluster_(cluster), jobs_(std::move(jobs)), sharing_(sharing),
+  PsNetwork(SimClock& clock, const ClusterConfig& cluster, std::vector<NetJob> jobs,
+            JobSharing sharing)
+      : clock_(clock),
+        cluster_(cluster),
+        jobs_(std::move(jobs)),
+        sharing_(sharing),
         schedule_(cluster.link_schedule()) {
     bool acks = false;
     for (const NetJob& j : jobs_) acks |= j.acks;
@@ -475,22 +493,28 @@ class PsNetwork {
       srv.in.schedule = srv.out.schedule = host_schedule(cluster.server_bandwidth, s);
       srv.in.frame_cpu = srv.out.frame_cpu = cluster.frame_cpu;
       srv.in.burst = srv.out.burst = cluster.link_burst;
-      for (const NetJob& j : jobs_) srv.jobs.emplace_back(j.server_discipline, j.layout->num_tensors() + 1);
+      for (const NetJob& j : jobs_)
+        srv.jobs.emplace_back(j.server_discipline, j.layout->num_tensors() + 1);
       srv.fair.finish.assign(jobs_.size(), 0);
     }
-    fluid_on_ = jobs_.size() == 1 ? cluster.link_sharing == LinkSharing::kFair && !jobs_[0].per_message
-                                  : sharing == JobSharing::kFlows;
-    for (const NetJob& j : jobs_) serial_.push_back(j.per_message || cluster.link_sharing != LinkSharing::kFair);
+    fluid_on_ = jobs_.size() == 1
+                    ? cluster.link_sharing == LinkSharing::kFair && !jobs_[0].per_message
+                    : sharing == JobSharing::kFlows;
+    for (const NetJob& j : jobs_)
+      serial_.push_back(j.per_message || cluster.link_sharing != LinkSharing::kFair);
     if (fluid_on_) {
       // Links: worker w's uplink 2w and downlink 2w + 1, then server s's 2(N + s), 2(N + s) + 1.
       std::vector<const BandwidthSchedule*> schedules;
-      for (const auto& n : nics_) schedules.insert(schedules.end(), {n->up.schedule, n->down.schedule});
-      for (const auto& srv : servers_) schedules.insert(schedules.end(), {srv->in.schedule, srv->out.schedule});
+      for (const auto& n : nics_)
+        schedules.insert(schedules.end(), {n->up.schedule, n->down.schedule});
+      for (const auto& srv : servers_)
+        schedules.insert(schedules.end(), {srv->in.schedule, srv->out.schedule});
       down_q_.resize(jobs_.size() * schedules.size());
       down_busy_.assign(down_q_.size(), 0);
       fluid_ = std::make_unique<FluidLinks>(std::move(schedules));
       for (auto& srv : servers_) {
-        for (ServerJob& sj : srv->jobs) sj.peer_busy.assign(static_cast<std::size_t>(cluster.workers), 0);
+        for (ServerJob& sj : srv->jobs)
+          sj.peer_busy.assign(static_cast<std::size_t>(cluster.workers), 0);
       }
     }
   }
@@ -503,7 +527,8 @@ class PsNetwork {
     QS_CHECK(worker < cluster_.workers);
     ports_.back() = std::make_unique<Port>(*this, job, worker, d);
     ports_by_job_[static_cast<std::size_t>(job)].push_back(ports_.back().get());
-    nics_[static_cast<std::size_t>(worker)]->ports[static_cast<std::size_t>(job)] = ports_.back().get();
+    nics_[static_cast<std::size_t>(worker)]->ports[static_cast<std::size_t>(job)] =
+        ports_.back().get();
     return *ports_.back();
   }
   // Host i's NIC: its own rate from `rates` (ClusterConfig::worker_bandwidth,
@@ -519,8 +544,12 @@ class PsNetwork {
 
   void dispatch(const SimEvent& e) {
     switch (e.kind) {
-      case kUplinkFree: on_uplink_free(e.index); break;
-      case kServerArrive: on_server_arrive(e.index, e.ref); break;
+      case kUplinkFree:
+        on_uplink_free(e.index);
+        break;
+      case kServerArrive:
+        on_server_arrive(e.index, e.ref);
+        break;
       case kAck: {
         const PushUnit u = units_.get(e.ref);
         const int job = units_.job(e.ref);
@@ -528,8 +557,12 @@ class PsNetwork {
         port(job, e.index).listener_->on_push_acked(u);
         break;
       }
-      case kServerOutFree: try_send_server(e.index); break;
-      case kFlowWake: on_flow_wake(e.ref); break;
+      case kServerOutFree:
+        try_send_server(e.index);
+        break;
+      case kFlowWake:
+        on_flow_wake(e.ref);
+        break;
       case kPushArrive: {
         const PushUnit u = units_.get(e.ref);
         const int job = units_.job(e.ref);
@@ -557,10 +590,10 @@ class PsNetwork {
   // A worker's NIC: one uplink and one downlink for all its jobs.
   struct Nic {
     Link up, down;
-    int up_lane = -1;       // up's end of serialisation (one at a time)
+    int up_lane = -1;          // up's end of serialisation (one at a time)
     std::vector<Port*> ports;  // by job
-    int sending = -1;       // the job whose unit the uplink carries (or last carried)
-    FairShare fair;         // the uplink's
+    int sending = -1;          // the job whose unit the uplink carries (or last carried)
+    FairShare fair;            // the uplink's
   };
   // A complete sum waiting on a server's uplink: its pulls to workers next..N-1 (one entry
   // for all N pulls, sent in worker order: exactly N consecutive entries of one FIFO).
@@ -597,7 +630,9 @@ class PsNetwork {
     FairShare fair;  // the uplink's
   };
 
-  Port& port(int job, int w) { return *ports_by_job_[static_cast<std::size_t>(job)][static_cast<std::size_t>(w)]; }
+  Port& port(int job, int w) {
+    return *ports_by_job_[static_cast<std::size_t>(job)][static_cast<std::size_t>(w)];
+  }
   static std::uint64_t key(const Chunk& c) {
     return (static_cast<std::uint64_t>(c.tensor) << 40) ^ static_cast<std::uint64_t>(c.offset);
   }
@@ -634,9 +669,10 @@ class PsNetwork {
       // jobs): earliest deadline first. Within one job the deadlines follow Mercury's order
       // (a layer's deadline is its next forward's start), so each job's own scheduler still
       // decides among its units. Ties: the lower job.
-      const std::int64_t key = sharing_ == JobSharing::kFair
-                             ? std::max(fair.virtual_time, fair.finish[static_cast<std::size_t>(j)])
-                             : deadline(j);
+      const std::int64_t key =
+          sharing_ == JobSharing::kFair
+              ? std::max(fair.virtual_time, fair.finish[static_cast<std::size_t>(j)])
+              : deadline(j);
       if (best < 0 || key < best_key) {
         best = j;
         best_key = key;
@@ -671,8 +707,9 @@ class PsNetwork {
       --w.queued_[static_cast<std::size_t>(nj.layout->tensor(u.chunk.tensor).layer)];
     }
     Server& s = *servers_[static_cast<std::size_t>(u.server)];
-    const auto [fin1, fin2] = n.up.transfer(now, cluster_.wire_payload(u.chunk.length) + cluster_.frame_header, s.in,
-                                            cluster_.convert_time(u.chunk.length));
+    const auto [fin1, fin2] =
+        n.up.transfer(now, cluster_.wire_payload(u.chunk.length) + cluster_.frame_header, s.in,
+                      cluster_.convert_time(u.chunk.length));
     w.busy_ += fin1 - now;
     w.bytes_ += u.chunk.length;
     ++w.units_;
@@ -697,12 +734,12 @@ class PsNetwork {
       s.jobs[static_cast<std::size_t>(job)].agg.erase(a);
     }
     s.arriving.push(Arrival{job, worker, u, due});
-    clock_.schedule_event_on(s.in_lane, add_saturated(fin2, cluster_.latency), kServerArrive, worker,
-                             static_cast<std::uint32_t>(u.server));
+    clock_.schedule_event_on(s.in_lane, add_saturated(fin2, cluster_.latency), kServerArrive,
+                             worker, static_cast<std::uint32_t>(u.server));
   }
   static Status mismatch(const PushUnit& u) {
-    return internal_error("workers cut different units: tensor " + std::to_string(u.chunk.tensor) + " offset " +
-                          std::to_string(u.chunk.offset));
+    return internal_error("workers cut different units: tensor " + std::to_string(u.chunk.tensor) +
+                          " offset " + std::to_string(u.chunk.offset));
   }
 
   // The uplink finished a unit: with nothing queued, everything its job handed over is on
@@ -757,7 +794,8 @@ class PsNetwork {
       const std::uint32_t sum = units_.add(u, cluster_.workers, job);
       for (int w = 0; w < cluster_.workers; ++w) {
         const TimeNs fin =
-            std::max(from_server, nics_[static_cast<std::size_t>(w)]->down.finish_time(now, bytes) + convert) +
+            std::max(from_server,
+                     nics_[static_cast<std::size_t>(w)]->down.finish_time(now, bytes) + convert) +
             cluster_.frame_cpu;
         if (port(job, w).rec_down_.enabled()) {
           port(job, w).rec_down_.add(now, fin, "pull " + std::to_string(u.chunk.tensor));
@@ -777,7 +815,8 @@ class PsNetwork {
     const TimeNs now = clock_.now();
     if (cluster_.ack_queue <= 0) return now;
     const TimeNs server_backlog = std::max<TimeNs>(0, s.out.busy_until - now);
-    const TimeNs worker_backlog = std::max<TimeNs>(0, nics_[static_cast<std::size_t>(worker)]->down.busy_until - now);
+    const TimeNs worker_backlog =
+        std::max<TimeNs>(0, nics_[static_cast<std::size_t>(worker)]->down.busy_until - now);
     return now + std::min(cluster_.ack_queue, std::max(server_backlog, worker_backlog));
   }
 
@@ -799,9 +838,11 @@ class PsNetwork {
     Port& w = port(job, wid);
     Nic& n = *nics_[static_cast<std::size_t>(wid)];
     const TimeNs start2 = std::max(now, n.down.busy_until);
-    const auto [fin1, fin2] = s.out.transfer(now, cluster_.wire_payload(u.chunk.length) + cluster_.frame_header, n.down,
-                                             cluster_.convert_time(u.chunk.length));
-    if (w.rec_down_.enabled()) w.rec_down_.add(start2, fin2, "pull " + std::to_string(u.chunk.tensor));
+    const auto [fin1, fin2] =
+        s.out.transfer(now, cluster_.wire_payload(u.chunk.length) + cluster_.frame_header, n.down,
+                       cluster_.convert_time(u.chunk.length));
+    if (w.rec_down_.enabled())
+      w.rec_down_.add(start2, fin2, "pull " + std::to_string(u.chunk.tensor));
     clock_.schedule_event_on(s.out_lane, fin1, kServerOutFree, server, 0);
     const TimeNs at = add_saturated(fin2, cluster_.latency);
     // A pull that does not complete its layer only adds to the layer's count in the
@@ -830,15 +871,17 @@ class PsNetwork {
     const TimeNs now = clock_.now();
     for (std::size_t j = 0; j < jobs_.size(); ++j) {
       Port& w = *n.ports[j];
-      while (!w.tx_.empty() && (serial_[j] ? w.in_flight_ == 0 : !w.peer_busy_[static_cast<std::size_t>(w.tx_.front().server)])) {
+      while (!w.tx_.empty() &&
+             (serial_[j] ? w.in_flight_ == 0
+                         : !w.peer_busy_[static_cast<std::size_t>(w.tx_.front().server)])) {
         const PushUnit u = w.tx_.pop();
         w.peer_busy_[static_cast<std::size_t>(u.server)] = 1;
         if (w.in_flight_++ == 0) w.busy_since_ = now;
         w.bytes_ += u.chunk.length;
         ++w.units_;
         send(static_cast<int>(j),
-             FluidLinks::Flow{2 * worker, 2 * (cluster_.workers + u.server) + 1, kPushArrive, worker, u.server,
-                              units_.add(u, 1, static_cast<int>(j)), now},
+             FluidLinks::Flow{2 * worker, 2 * (cluster_.workers + u.server) + 1, kPushArrive,
+                              worker, u.server, units_.add(u, 1, static_cast<int>(j)), now},
              u.chunk.length);
       }
     }
@@ -851,7 +894,8 @@ class PsNetwork {
     for (std::size_t j = 0; j < jobs_.size(); ++j) {
       ServerJob& sj = s.jobs[j];
       while (!sj.out_q.empty() &&
-             (serial_[j] ? sj.in_flight == 0 : !sj.peer_busy[static_cast<std::size_t>(sj.out_q.front().next)])) {
+             (serial_[j] ? sj.in_flight == 0
+                         : !sj.peer_busy[static_cast<std::size_t>(sj.out_q.front().next)])) {
         Pull& next = sj.out_q.front();
         const int wid = next.next++;
         const PushUnit u = next.unit;
@@ -859,8 +903,8 @@ class PsNetwork {
         sj.peer_busy[static_cast<std::size_t>(wid)] = 1;
         ++sj.in_flight;
         send(static_cast<int>(j),
-             FluidLinks::Flow{2 * (cluster_.workers + server), 2 * wid + 1, kPullArrive, server, wid,
-                              units_.add(u, 1, static_cast<int>(j)), now},
+             FluidLinks::Flow{2 * (cluster_.workers + server), 2 * wid + 1, kPullArrive, server,
+                              wid, units_.add(u, 1, static_cast<int>(j)), now},
              u.chunk.length);
       }
     }
@@ -881,7 +925,8 @@ class PsNetwork {
     down.up = -1;
     down.part = kReceiverPart;
     start_flow(up, payload);
-    const std::size_t q = static_cast<std::size_t>(job) * 2 * static_cast<std::size_t>(cluster_.workers + cluster_.servers) +
+    const std::size_t q = static_cast<std::size_t>(job) * 2 *
+                              static_cast<std::size_t>(cluster_.workers + cluster_.servers) +
                           static_cast<std::size_t>(f.down);
     if (down_busy_[q]) {
       down_q_[q].push_back(DownPart{down, payload});
@@ -931,7 +976,8 @@ class PsNetwork {
     in_wake_ = false;
     wake_at_ = fluid_->reshare(now);
     ++wake_generation_;
-    if (wake_at_ != FluidLinks::kNever) clock_.schedule_event(wake_at_, kFlowWake, 0, wake_generation_);
+    if (wake_at_ != FluidLinks::kNever)
+      clock_.schedule_event(wake_at_, kFlowWake, 0, wake_generation_);
   }
 
   // Flow `f` of job `job` left its sender (its sender's link carried it): the sender may
@@ -942,11 +988,13 @@ class PsNetwork {
       Port& w = port(job, f.from);
       w.peer_busy_[static_cast<std::size_t>(f.to)] = 0;
       if (--w.in_flight_ == 0) w.busy_ += now - w.busy_since_;
-      if (w.rec_up_.enabled()) w.rec_up_.add(f.start, now, "push " + std::to_string(units_.get(f.unit).chunk.tensor));
+      if (w.rec_up_.enabled())
+        w.rec_up_.add(f.start, now, "push " + std::to_string(units_.get(f.unit).chunk.tensor));
       if (w.in_flight_ == 0 && w.tx_.empty()) w.listener_->on_drained(now);
       try_send_fluid(f.from);
     } else {
-      ServerJob& sj = servers_[static_cast<std::size_t>(f.from)]->jobs[static_cast<std::size_t>(job)];
+      ServerJob& sj =
+          servers_[static_cast<std::size_t>(f.from)]->jobs[static_cast<std::size_t>(job)];
       sj.peer_busy[static_cast<std::size_t>(f.to)] = 0;
       --sj.in_flight;
       try_send_server_fluid(f.from);
@@ -960,7 +1008,8 @@ class PsNetwork {
       clock_.schedule_event(at, kPushArrive, f.from, f.unit);
     } else {
       Port& w = port(job, f.to);
-      if (w.rec_down_.enabled()) w.rec_down_.add(f.start, now, "pull " + std::to_string(units_.get(f.unit).chunk.tensor));
+      if (w.rec_down_.enabled())
+        w.rec_down_.add(f.start, now, "pull " + std::to_string(units_.get(f.unit).chunk.tensor));
       clock_.schedule_event(at, kPullArrive, f.to, f.unit);
     }
   }
@@ -971,7 +1020,7 @@ class PsNetwork {
   JobSharing sharing_;
   BandwidthSchedule schedule_;
   std::deque<BandwidthSchedule> host_schedules_;  // per-host rates (stable addresses)
-  std::vector<std::unique_ptr<Nic>> nics_;           // by worker
+  std::vector<std::unique_ptr<Nic>> nics_;        // by worker
   std::vector<std::unique_ptr<Port>> ports_;
   std::vector<std::vector<Port*>> ports_by_job_ = std::vector<std::vector<Port*>>(jobs_.size());
   std::vector<std::unique_ptr<Server>> servers_;
@@ -1027,7 +1076,8 @@ class SharedGpu {
     const TimeNs now = timer_.now();
     if (!active_.empty()) {
       const __int128 per_ns = kScale / static_cast<__int128>(active_.size());
-      for (Step& s : active_) s.remaining = std::max<__int128>(0, s.remaining - (now - last_) * per_ns);
+      for (Step& s : active_)
+        s.remaining = std::max<__int128>(0, s.remaining - (now - last_) * per_ns);
     }
     last_ = now;
   }
@@ -1064,8 +1114,12 @@ class SharedGpu {
 // device other jobs use too.
 class SharedGpuCompute final : public Compute {
  public:
-  SharedGpuCompute(const Profile& profile, double factor, Timer& timer, SharedGpu& gpu, SpanRecorder recorder)
-      : durations_(profile, factor, timer), profile_(profile), timer_(timer), gpu_(gpu),
+  SharedGpuCompute(const Profile& profile, double factor, Timer& timer, SharedGpu& gpu,
+                   SpanRecorder recorder)
+      : durations_(profile, factor, timer),
+        profile_(profile),
+        timer_(timer),
+        gpu_(gpu),
         recorder_(std::move(recorder)) {}
   void run(const ComputeStep& step, TimeNs earliest, Done done) override {
     done_ = std::move(done);
@@ -1081,8 +1135,9 @@ class SharedGpuCompute final : public Compute {
     const TimeNs start = timer_.now();
     gpu_.start(durations_.duration(step), [this, step, start](TimeNs end) {
       if (recorder_.enabled()) {
-        recorder_.add(start, end, (step.pass == Pass::kBackward ? "bp " : "fp ") +
-                                      profile_.layers[static_cast<std::size_t>(step.layer)].name);
+        recorder_.add(start, end,
+                      (step.pass == Pass::kBackward ? "bp " : "fp ") +
+                          profile_.layers[static_cast<std::size_t>(step.layer)].name);
       }
       Done d = std::move(done_);
       d(end);
@@ -1107,14 +1162,17 @@ std::vector<TimeNs> slacks(const Profile& profile, const TensorLayout& layout) {
     t += l.backward + l.update + l.forward;
   }
   std::vector<TimeNs> out;
-  for (const TensorInfo& ti : layout.tensors()) out.push_back(at_layer[static_cast<std::size_t>(ti.layer)]);
+  for (const TensorInfo& ti : layout.tensors())
+    out.push_back(at_layer[static_cast<std::size_t>(ti.layer)]);
   return out;
 }
 
 }  // namespace
 
-Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& inputs, const ClusterConfig& cluster,
-                                                const SimOptions& opts, const SharingOptions& sharing) {
+Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& inputs,
+                                                const ClusterConfig& cluster,
+                                                const SimOptions& opts,
+                                                const SharingOptions& sharing) {
   const bool shared = inputs.size() > 1;
   struct JobRun {
     std::unique_ptr<TensorLayout> layout;
@@ -1126,7 +1184,8 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
     SimResult result;
   };
   auto factor_of = [&](int w) {
-    return cluster.compute_factor.empty() ? 1.0 : cluster.compute_factor[static_cast<std::size_t>(w)];
+    return cluster.compute_factor.empty() ? 1.0
+                                          : cluster.compute_factor[static_cast<std::size_t>(w)];
   };
   std::vector<JobRun> runs(inputs.size());
   std::vector<NetJob> net_jobs;
@@ -1134,36 +1193,40 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
     const PsJobInput& in = inputs[j];
     JobRun& run = runs[j];
     run.layout = std::make_unique<TensorLayout>(*in.profile);
-    run.placement = std::make_unique<Placement>(*run.layout, cluster.servers, in.options->split_threshold,
-                                                cluster.server_shares);
+    run.placement = std::make_unique<Placement>(*run.layout, cluster.servers,
+                                                in.options->split_threshold, cluster.server_shares);
     for (int w = 0; w < cluster.workers; ++w) {
-      const PsContext ctx{in.profile, run.layout.get(), run.placement.get(), cluster.workers, cluster.servers,
-                          cluster.worker_rate(w), cluster.latency, factor_of(w)};
+      const PsContext ctx{in.profile,      run.layout.get(), run.placement.get(),
+                          cluster.workers, cluster.servers,  cluster.worker_rate(w),
+                          cluster.latency, factor_of(w)};
       auto p = make_ps_policy(in.policy, *in.options, ctx);
       if (!p) return shared ? p.status().with_context("job " + std::to_string(j)) : p.status();
       run.policies.push_back(std::move(*p));
     }
     run.result.policy = in.policy;
-    net_jobs.push_back(NetJob{run.layout.get(), run.placement.get(), run.policies[0]->server_discipline(),
-                              run.policies[0]->wants_acks(),
+    net_jobs.push_back(NetJob{run.layout.get(), run.placement.get(),
+                              run.policies[0]->server_discipline(), run.policies[0]->wants_acks(),
                               run.policies[0]->packet_level() || run.policies[0]->stop_and_wait(),
                               slacks(*in.profile, *run.layout)});
   }
   SimClock clock;
   PsNetwork net(clock, cluster, std::move(net_jobs), sharing.sharing);
-  std::vector<std::unique_ptr<LaneTimer>> timers;  // per job and worker: its GPU's and its loop's callbacks
+  std::vector<std::unique_ptr<LaneTimer>>
+      timers;  // per job and worker: its GPU's and its loop's callbacks
   std::vector<std::unique_ptr<LaneTimer>> gpu_timers;  // per worker host: its shared GPU's
   std::vector<std::unique_ptr<SharedGpu>> host_gpus;
   if (shared && sharing.share_gpus) {
     for (int w = 0; w < cluster.workers; ++w) {
-      host_gpus.push_back(std::make_unique<SharedGpu>(*gpu_timers.emplace_back(std::make_unique<LaneTimer>(clock))));
+      host_gpus.push_back(std::make_unique<SharedGpu>(
+          *gpu_timers.emplace_back(std::make_unique<LaneTimer>(clock))));
     }
   }
-  bool any_failed = false;  // some loop failed: look for the first error (not O(N) per event)
+  bool any_failed = false;    // some loop failed: look for the first error (not O(N) per event)
   std::size_t jobs_done = 0;  // shared runs: jobs whose every worker completed opts.iterations
   // A shared run keeps every job training until all have completed opts.iterations (a job
   // that finished early would stop competing for the links), then stops.
-  const int loop_iterations = shared ? std::min(1'000'000, opts.iterations * 100 + 100) : opts.iterations;
+  const int loop_iterations =
+      shared ? std::min(1'000'000, opts.iterations * 100 + 100) : opts.iterations;
   for (std::size_t j = 0; j < runs.size(); ++j) {
     JobRun& run = runs[j];
     const Profile& profile = *inputs[j].profile;
@@ -1174,10 +1237,11 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
       const int pid = static_cast<int>(j) * cluster.workers + w;
       if (opts.record_trace) port.record(&run.result.trace);
       LaneTimer& timer = *timers.emplace_back(std::make_unique<LaneTimer>(clock));
-      SpanRecorder rec = opts.record_trace ? SpanRecorder(&run.result.trace, pid, 0, true) : SpanRecorder();
+      SpanRecorder rec =
+          opts.record_trace ? SpanRecorder(&run.result.trace, pid, 0, true) : SpanRecorder();
       if (shared && sharing.share_gpus) {
-        run.gpus.push_back(std::make_unique<SharedGpuCompute>(profile, factor, timer,
-                                                              *host_gpus[static_cast<std::size_t>(w)], rec));
+        run.gpus.push_back(std::make_unique<SharedGpuCompute>(
+            profile, factor, timer, *host_gpus[static_cast<std::size_t>(w)], rec));
       } else {
         run.gpus.push_back(std::make_unique<EmulatedCompute>(profile, factor, timer, rec));
       }
@@ -1190,8 +1254,8 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
           if (it + 1 == opts.iterations && ++run.workers_done == cluster.workers) ++jobs_done;
         };
       }
-      run.loops.push_back(
-          std::make_unique<TrainingLoop>(profile, *run.layout, policy, timer, *run.gpus.back(), port, std::move(lo)));
+      run.loops.push_back(std::make_unique<TrainingLoop>(profile, *run.layout, policy, timer,
+                                                         *run.gpus.back(), port, std::move(lo)));
       port.set_listener(run.loops.back().get());
     }
   }
@@ -1200,7 +1264,8 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
     for (std::size_t j = 0; j < runs.size(); ++j) {
       for (std::size_t w = 0; w < runs[j].loops.size(); ++w) {
         if (!runs[j].loops[w]->error().is_ok()) {
-          const std::string where = (shared ? "job " + std::to_string(j) + " " : "") + "worker " + std::to_string(w);
+          const std::string where =
+              (shared ? "job " + std::to_string(j) + " " : "") + "worker " + std::to_string(w);
           return runs[j].loops[w]->error().with_context(where);
         }
       }
@@ -1222,10 +1287,11 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
     JobRun& run = runs[j];
     for (std::size_t w = 0; w < run.loops.size(); ++w) {
       if (run.loops[w]->iterations_done() < opts.iterations) {
-        return internal_error("simulation stalled: " + (shared ? "job " + std::to_string(j) + " " : std::string()) +
-                              "worker " + std::to_string(w) + " finished " +
-                              std::to_string(run.loops[w]->iterations_done()) + " of " +
-                              std::to_string(opts.iterations) + " iterations (a policy never pushed some gradient?)");
+        return internal_error(
+            "simulation stalled: " + (shared ? "job " + std::to_string(j) + " " : std::string()) +
+            "worker " + std::to_string(w) + " finished " +
+            std::to_string(run.loops[w]->iterations_done()) + " of " +
+            std::to_string(opts.iterations) + " iterations (a policy never pushed some gradient?)");
       }
     }
     // Iteration k of the cluster ends when its slowest worker's does (with an oracle or
@@ -1255,8 +1321,8 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
 Result<SimResult> simulate_ps(const Profile& profile, const std::string& policy_name,
                               const PolicyOptions& popts, const ClusterConfig& cluster,
                               const SimOptions& opts) {
-  QS_ASSIGN_OR_RETURN(auto results, simulate_ps_jobs({PsJobInput{&profile, policy_name, &popts}}, cluster, opts,
-                                                     SharingOptions{}));
+  QS_ASSIGN_OR_RETURN(auto results, simulate_ps_jobs({PsJobInput{&profile, policy_name, &popts}},
+                                                     cluster, opts, SharingOptions{}));
   return std::move(results.front());
 }
 

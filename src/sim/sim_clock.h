@@ -27,7 +27,9 @@ struct SimEvent {
 class SimClock final : public Timer {
  public:
   TimeNs now() const override { return q_.now(); }
-  void schedule_at(TimeNs when, Callback fn) override { schedule_callback(when, std::move(fn), -1); }
+  void schedule_at(TimeNs when, Callback fn) override {
+    schedule_callback(when, std::move(fn), -1);
+  }
   // A callback on `lane` (-1: none): LaneTimer.
   void schedule_callback(TimeNs when, Callback fn, int lane) {
     int slot;
@@ -86,7 +88,9 @@ class LaneTimer final : public Timer {
  public:
   explicit LaneTimer(SimClock& clock) : clock_(clock), lane_(clock.add_lane()) {}
   TimeNs now() const override { return clock_.now(); }
-  void schedule_at(TimeNs when, Callback fn) override { clock_.schedule_callback(when, std::move(fn), lane_); }
+  void schedule_at(TimeNs when, Callback fn) override {
+    clock_.schedule_callback(when, std::move(fn), lane_);
+  }
 
  private:
   SimClock& clock_;

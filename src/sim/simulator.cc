@@ -28,8 +28,8 @@ Result<SimResult> simulate(const Profile& profile, const std::string& policy,
     for (const auto& n : all_policy_names()) known += (known.empty() ? "" : ", ") + n;
     return invalid_argument("unknown policy '" + policy + "' (known: " + known + ")");
   }
-  QS_RETURN_IF_ERROR(check_unit_budget(profile, policy, cluster.architecture, policy_options, cluster.workers,
-                                       cluster.servers));
+  QS_RETURN_IF_ERROR(check_unit_budget(profile, policy, cluster.architecture, policy_options,
+                                       cluster.workers, cluster.servers));
   try {
     if (cluster.architecture == Architecture::kPs) {
       return simulate_ps(profile, policy, policy_options, cluster, options);
@@ -50,22 +50,29 @@ Result<JobSharing> parse_job_sharing(const std::string& s) {
 
 const char* job_sharing_name(JobSharing s) {
   switch (s) {
-    case JobSharing::kFair: return "fair";
-    case JobSharing::kStrict: return "strict";
-    case JobSharing::kDeadline: return "deadline";
-    case JobSharing::kFlows: return "flows";
+    case JobSharing::kFair:
+      return "fair";
+    case JobSharing::kStrict:
+      return "strict";
+    case JobSharing::kDeadline:
+      return "deadline";
+    case JobSharing::kFlows:
+      return "flows";
   }
   return "?";
 }
 
-Result<std::vector<SimResult>> simulate_shared(const std::vector<SharedJob>& jobs, const ClusterConfig& cluster,
-                                               const SimOptions& options, const SharingOptions& sharing) {
+Result<std::vector<SimResult>> simulate_shared(const std::vector<SharedJob>& jobs,
+                                               const ClusterConfig& cluster,
+                                               const SimOptions& options,
+                                               const SharingOptions& sharing) {
   if (jobs.empty() || static_cast<int>(jobs.size()) > kMaxSharedJobs) {
     return invalid_argument("--job: between 1 and " + std::to_string(kMaxSharedJobs) + " jobs");
   }
   QS_RETURN_IF_ERROR(cluster.validate());
   if (cluster.architecture != Architecture::kPs) {
-    return invalid_argument("jobs sharing a cluster: the parameter-server architecture only (--architecture ps)");
+    return invalid_argument(
+        "jobs sharing a cluster: the parameter-server architecture only (--architecture ps)");
   }
   if (options.iterations < 1 || options.iterations > 1'000'000) {
     return invalid_argument("--iterations must be in 1..1000000");
@@ -80,8 +87,8 @@ Result<std::vector<SimResult>> simulate_shared(const std::vector<SharedJob>& job
     if (std::find(ps.begin(), ps.end(), job.policy) == ps.end()) {
       return invalid_argument(where + ": '" + job.policy + "' is not a parameter-server policy");
     }
-    QS_RETURN_IF_ERROR(check_unit_budget(job.profile, job.policy, Architecture::kPs, job.policy_options,
-                                         cluster.workers, cluster.servers)
+    QS_RETURN_IF_ERROR(check_unit_budget(job.profile, job.policy, Architecture::kPs,
+                                         job.policy_options, cluster.workers, cluster.servers)
                            .with_context(where));
     inputs.push_back(PsJobInput{&job.profile, job.policy, &job.policy_options});
   }

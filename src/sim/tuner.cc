@@ -35,7 +35,11 @@ class Search {
  public:
   Search(const Profile& profile, const PolicyOptions& base, const ClusterConfig& cluster,
          const SimOptions& sim, bool p3, std::function<void(int)> on_simulation)
-      : profile_(profile), base_(base), cluster_(cluster), sim_(sim), p3_(p3),
+      : profile_(profile),
+        base_(base),
+        cluster_(cluster),
+        sim_(sim),
+        p3_(p3),
         on_simulation_(std::move(on_simulation)) {}
 
   // Simulates (part, credit) once; later calls hit the memo. Updates the best point.
@@ -44,7 +48,8 @@ class Search {
     const auto key = std::make_pair(part, credit);
     auto it = memo_.find(key);
     if (it != memo_.end()) return Point{part, credit, it->second};
-    auto r = simulate(profile_, p3_ ? "p3" : "bytescheduler", options(part, credit), cluster_, sim_);
+    auto r =
+        simulate(profile_, p3_ ? "p3" : "bytescheduler", options(part, credit), cluster_, sim_);
     if (!r) return r.status().with_context("tuning at partition " + format_size(part));
     memo_.emplace(key, r->iteration_time);
     if (on_simulation_) on_simulation_(static_cast<int>(memo_.size()));
@@ -86,19 +91,21 @@ class Search {
 }  // namespace
 
 Result<TuneResult> tune(const Profile& profile, const PolicyOptions& base,
-                        const ClusterConfig& cluster, const SimOptions& sim,
-                        const TuneOptions& t) {
+                        const ClusterConfig& cluster, const SimOptions& sim, const TuneOptions& t) {
   if (t.policy != "bytescheduler" && t.policy != "p3") {
-    return invalid_argument("tune: policy '" + t.policy + "' has no knobs to tune (bytescheduler, p3)");
+    return invalid_argument("tune: policy '" + t.policy +
+                            "' has no knobs to tune (bytescheduler, p3)");
   }
   if (t.min_size < 4 || t.max_size < t.min_size) {
     return invalid_argument("tune: the size range must satisfy 4B <= min <= max");
   }
   if (t.grid_points < 1 || t.credit_doublings < 0 || t.refine_rounds < 0 || t.starts < 0) {
-    return invalid_argument("tune: grid points must be >= 1; credit doublings, refine rounds and starts >= 0");
+    return invalid_argument(
+        "tune: grid points must be >= 1; credit doublings, refine rounds and starts >= 0");
   }
   if (t.credit_doublings > 20 || t.grid_points > 1000 || t.max_size > (Bytes{1} << 40)) {
-    return invalid_argument("tune: at most 20 credit doublings, 1000 grid points and a 1 TiB size range");
+    return invalid_argument(
+        "tune: at most 20 credit doublings, 1000 grid points and a 1 TiB size range");
   }
   const bool p3 = t.policy == "p3";
   Search s(profile, base, cluster, sim, p3, t.on_simulation);

@@ -6,7 +6,8 @@
 
 namespace qs::pytorch {
 
-HookedCompute::HookedCompute(Timer& timer, int layers, std::function<void(int, std::int64_t)> on_gate)
+HookedCompute::HookedCompute(Timer& timer, int layers,
+                             std::function<void(int, std::int64_t)> on_gate)
     : timer_(timer), on_gate_(std::move(on_gate)) {
   const auto n = static_cast<std::size_t>(layers);
   backwards_.assign(n, 0);
@@ -39,7 +40,8 @@ void HookedCompute::backward_done(int layer, TimeNs at) {
   const auto l = static_cast<std::size_t>(layer);
   ++backwards_[l];
   backward_at_[l] = at;
-  if (waiting_ && step_.pass == Pass::kBackward && step_.layer == layer && backwards_[l] > step_.iteration) {
+  if (waiting_ && step_.pass == Pass::kBackward && step_.layer == layer &&
+      backwards_[l] > step_.iteration) {
     complete(at);
   }
 }

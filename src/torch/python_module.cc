@@ -5,10 +5,9 @@
 // version (one build serves PyTorch 1.13 and 2.x), and compiles without torch's headers.
 // Errors become quicksilver.QuicksilverError (a RuntimeError) or ValueError, with the
 // message the library wrote; calls that wait release the GIL.
+#include <execinfo.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
-#include <execinfo.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -18,17 +17,16 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "quicksilver/policy/registry.h"
 #include "quicksilver/runtime/runtime.h"
 #include "quicksilver/runtime/store.h"
+#include "quicksilver/torch/session.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/crc32c.h"
-#include "quicksilver/torch/session.h"
-
-#include <thread>
 
 namespace py = pybind11;
 
@@ -57,7 +55,8 @@ qs::TimeNs seconds(double s) { return static_cast<qs::TimeNs>(s * 1e9); }
 std::shared_ptr<const qs::transport::Secret> secret_of(const py::bytes& b) {
   const std::string bytes = b;
   if (bytes.empty()) return nullptr;
-  return std::make_shared<const qs::transport::Secret>(take(qs::transport::Secret::from_bytes(bytes)));
+  return std::make_shared<const qs::transport::Secret>(
+      take(qs::transport::Secret::from_bytes(bytes)));
 }
 
 // A job and the server this process may host (created before the endpoints are known).
@@ -134,30 +133,37 @@ PYBIND11_MODULE(_quicksilver, m) {
   m.doc() = "Quicksilver's runtime for PyTorch (see quicksilver.torch)";
   py::register_exception<QuicksilverError>(m, "QuicksilverError", PyExc_RuntimeError);
 
-  m.def("ps_policies", [] { return qs::policy_registry().names(qs::Architecture::kPs); },
-        "The parameter-server policies, by rank");
-  m.def("allreduce_policies", [] { return qs::policy_registry().names(qs::Architecture::kAllReduce); },
-        "The all-reduce policies (on gloo)");
+  m.def(
+      "ps_policies", [] { return qs::policy_registry().names(qs::Architecture::kPs); },
+      "The parameter-server policies, by rank");
+  m.def(
+      "allreduce_policies",
+      [] { return qs::policy_registry().names(qs::Architecture::kAllReduce); },
+      "The all-reduce policies (on gloo)");
   m.def("is_allreduce_policy", &qs::pytorch::is_allreduce_policy);
   m.def(
       "delays_updates",
       [](const std::string& policy) {
-        const qs::PolicySpec* spec = qs::policy_registry().find(policy, qs::Architecture::kAllReduce);
+        const qs::PolicySpec* spec =
+            qs::policy_registry().find(policy, qs::Architecture::kAllReduce);
         return spec != nullptr && spec->delays_updates;
       },
       "Whether the all-reduce policy applies its updates late (DeFT)");
   m.def(
-      "communicates", [](const std::string& policy) { return qs::policy_registry().communicates(policy); },
+      "communicates",
+      [](const std::string& policy) { return qs::policy_registry().communicates(policy); },
       "Whether the policy moves gradients (false for the oracle, the compute-only bound)");
   m.attr("AFTER_TRAINING") = qs::runtime::kAfterTraining;
   m.def(
       "digest",
       [](std::uintptr_t data, std::int64_t bytes) {
         if (bytes < 0) throw py::value_error("digest: a negative size");
-        return qs::transport::crc32c(0, reinterpret_cast<const void*>(data), static_cast<std::size_t>(bytes));
+        return qs::transport::crc32c(0, reinterpret_cast<const void*>(data),
+                                     static_cast<std::size_t>(bytes));
       },
       py::arg("data"), py::arg("bytes"), py::call_guard<py::gil_scoped_release>(),
-      "CRC32C of `bytes` bytes at address `data` (a tensor's data_ptr(), kept alive by the caller): the "
+      "CRC32C of `bytes` bytes at address `data` (a tensor's data_ptr(), kept alive by the "
+      "caller): the "
       "consistency check's digest of a parameter");
   m.def("knobs", [] {
     std::map<std::string, std::string> out;
@@ -168,8 +174,9 @@ PYBIND11_MODULE(_quicksilver, m) {
   py::class_<Job>(m, "Job")
       .def(py::init([](const std::string& profile_json, const std::string& policy,
                        const std::map<std::string, std::string>& knobs, int workers, int servers,
-                       const std::string& bandwidth, const std::string& congestion, double connect_timeout,
-                       double peer_timeout, const std::string& architecture, const std::string& compression) {
+                       const std::string& bandwidth, const std::string& congestion,
+                       double connect_timeout, double peer_timeout, const std::string& architecture,
+                       const std::string& compression) {
              qs::pytorch::JobSpec spec;
              spec.compression = compression;
              spec.profile_json = profile_json;
@@ -183,42 +190,50 @@ PYBIND11_MODULE(_quicksilver, m) {
              spec.connect_timeout = seconds(connect_timeout);
              spec.peer_timeout = seconds(peer_timeout);
              Job job{take(qs::pytorch::make_job(spec))};
-             job.allreduce = take(qs::pytorch::job_architecture(spec)) == qs::Architecture::kAllReduce;
+             job.allreduce =
+                 take(qs::pytorch::job_architecture(spec)) == qs::Architecture::kAllReduce;
              return job;
            }),
-           py::arg("profile_json"), py::arg("policy"), py::arg("knobs"), py::arg("workers"), py::arg("servers"),
-           py::arg("bandwidth") = "10Gbps", py::arg("congestion") = "cubic", py::arg("connect_timeout") = 120.0,
-           py::arg("peer_timeout") = 600.0, py::arg("architecture") = "", py::arg("compression") = "none")
-      .def_property_readonly("num_layers", [](const Job& j) { return j.options.profile.num_layers(); })
-      .def_property_readonly("num_tensors", [](const Job& j) { return j.options.profile.num_tensors(); })
+           py::arg("profile_json"), py::arg("policy"), py::arg("knobs"), py::arg("workers"),
+           py::arg("servers"), py::arg("bandwidth") = "10Gbps", py::arg("congestion") = "cubic",
+           py::arg("connect_timeout") = 120.0, py::arg("peer_timeout") = 600.0,
+           py::arg("architecture") = "", py::arg("compression") = "none")
+      .def_property_readonly("num_layers",
+                             [](const Job& j) { return j.options.profile.num_layers(); })
+      .def_property_readonly("num_tensors",
+                             [](const Job& j) { return j.options.profile.num_tensors(); })
       .def_property_readonly("allreduce", [](const Job& j) { return j.allreduce; });
 
   py::class_<HostedStore>(m, "Store")
-      .def(py::init([](int workers, const std::string& host, const py::bytes& secret) {
-             return std::make_unique<HostedStore>(take(qs::runtime::StoreServer::create(
-                 qs::runtime::Endpoint{host, 0}, workers, 600 * qs::kNsPerSec, secret_of(secret))));
-           }),
-           py::arg("workers"), py::arg("host") = "127.0.0.1", py::arg("secret") = py::bytes(),
-           "The all-reduce rendezvous store: listens at once (port known), serves on its own thread")
+      .def(
+          py::init([](int workers, const std::string& host, const py::bytes& secret) {
+            return std::make_unique<HostedStore>(take(qs::runtime::StoreServer::create(
+                qs::runtime::Endpoint{host, 0}, workers, 600 * qs::kNsPerSec, secret_of(secret))));
+          }),
+          py::arg("workers"), py::arg("host") = "127.0.0.1", py::arg("secret") = py::bytes(),
+          "The all-reduce rendezvous store: listens at once (port known), serves on its own thread")
       .def_property_readonly("port", &HostedStore::port);
 
   py::class_<HostedServer>(m, "Server")
-      .def(py::init([](const Job& job, int server_id, const std::string& host, const py::bytes& secret) {
-             qs::runtime::ServerOptions o;
-             o.job = job.options;
-             o.server_id = server_id;
-             o.listen = qs::runtime::Endpoint{host, 0};
-             o.secret = secret_of(secret);
-             return HostedServer{take(qs::runtime::Server::create(std::move(o)))};
-           }),
-           py::arg("job"), py::arg("server_id"), py::arg("host") = "127.0.0.1", py::arg("secret") = py::bytes(),
+      .def(py::init(
+               [](const Job& job, int server_id, const std::string& host, const py::bytes& secret) {
+                 qs::runtime::ServerOptions o;
+                 o.job = job.options;
+                 o.server_id = server_id;
+                 o.listen = qs::runtime::Endpoint{host, 0};
+                 o.secret = secret_of(secret);
+                 return HostedServer{take(qs::runtime::Server::create(std::move(o)))};
+               }),
+           py::arg("job"), py::arg("server_id"), py::arg("host") = "127.0.0.1",
+           py::arg("secret") = py::bytes(),
            "Listens at once (port known); serves once handed to a Session")
       .def_property_readonly("port", &HostedServer::port);
 
   py::class_<qs::pytorch::Session>(m, "Session")
-      .def(py::init([](const Job& job, int rank, const std::vector<std::tuple<std::string, int>>& servers,
-                       const std::vector<py::tuple>& tensors,
-                       HostedServer* hosted, const std::vector<std::string>& links, const std::string& algorithm,
+      .def(py::init([](const Job& job, int rank,
+                       const std::vector<std::tuple<std::string, int>>& servers,
+                       const std::vector<py::tuple>& tensors, HostedServer* hosted,
+                       const std::vector<std::string>& links, const std::string& algorithm,
                        const py::bytes& secret) {
              qs::pytorch::SessionOptions o;
              o.job = job.options;
@@ -226,13 +241,15 @@ PYBIND11_MODULE(_quicksilver, m) {
              o.secret = secret_of(secret);
              if (job.allreduce) {
                // servers: the one store; links: this host's address per link.
-               if (servers.size() != 1) throw py::value_error("an all-reduce session takes the store's address");
+               if (servers.size() != 1)
+                 throw py::value_error("an all-reduce session takes the store's address");
                o.make_worker = qs::pytorch::allreduce_worker(
                    qs::runtime::Endpoint{std::get<0>(servers[0]), std::get<1>(servers[0])},
                    links.empty() ? std::vector<std::string>{"127.0.0.1"} : links,
                    take(qs::runtime::parse_gloo_algorithm(algorithm)));
              } else {
-               for (const auto& [host, port] : servers) o.servers.push_back(qs::runtime::Endpoint{host, port});
+               for (const auto& [host, port] : servers)
+                 o.servers.push_back(qs::runtime::Endpoint{host, port});
              }
              // Each tensor: (address, elements) of host float32 used in place, or
              // (address, elements, space, dtype, staged) with the model tensor's memory space
@@ -240,12 +257,13 @@ PYBIND11_MODULE(_quicksilver, m) {
              for (std::size_t t = 0; t < tensors.size(); ++t) {
                const py::tuple& e = tensors[t];
                if (e.size() != 2 && e.size() != 5) {
-                 throw py::value_error("tensor " + std::to_string(t) +
-                                       ": give (address, elements) or (address, elements, space, dtype, staged)");
+                 throw py::value_error(
+                     "tensor " + std::to_string(t) +
+                     ": give (address, elements) or (address, elements, space, dtype, staged)");
                }
                auto* data = reinterpret_cast<float*>(e[0].cast<std::uintptr_t>());
-               qs::runtime::TensorBuffer b{static_cast<qs::TensorId>(t), data, data, e[1].cast<std::int64_t>(),
-                                           static_cast<int>(t)};
+               qs::runtime::TensorBuffer b{static_cast<qs::TensorId>(t), data, data,
+                                           e[1].cast<std::int64_t>(), static_cast<int>(t)};
                if (e.size() == 5) {
                  b.space = take(qs::runtime::parse_memory_space(e[2].cast<std::string>()));
                  b.dtype = take(qs::runtime::parse_dtype(e[3].cast<std::string>()));
@@ -255,14 +273,15 @@ PYBIND11_MODULE(_quicksilver, m) {
              }
              std::unique_ptr<qs::runtime::Server> server;
              if (hosted != nullptr) {
-               if (!hosted->server) throw py::value_error("this server was handed to a session already");
+               if (!hosted->server)
+                 throw py::value_error("this server was handed to a session already");
                server = std::move(hosted->server);
              }
              return take(qs::pytorch::Session::start(std::move(o), std::move(server)));
            }),
-           py::arg("job"), py::arg("rank"), py::arg("servers"), py::arg("tensors"), py::arg("server") = nullptr,
-           py::arg("links") = std::vector<std::string>{}, py::arg("algorithm") = "ring",
-           py::arg("secret") = py::bytes())
+           py::arg("job"), py::arg("rank"), py::arg("servers"), py::arg("tensors"),
+           py::arg("server") = nullptr, py::arg("links") = std::vector<std::string>{},
+           py::arg("algorithm") = "ring", py::arg("secret") = py::bytes())
       .def_property_readonly("num_layers", &qs::pytorch::Session::num_layers)
       .def("layer_of", &qs::pytorch::Session::layer_of)
       .def("gradient_ready", [](qs::pytorch::Session& s, int t) { check(s.gradient_ready(t)); })
@@ -271,7 +290,8 @@ PYBIND11_MODULE(_quicksilver, m) {
           py::call_guard<py::gil_scoped_release>())
       .def("leave_forward", [](qs::pytorch::Session& s) { check(s.leave_forward()); })
       .def(
-          "sum_ready", [](qs::pytorch::Session& s, int l, bool wait) { return take(s.sum_ready(l, wait)); },
+          "sum_ready",
+          [](qs::pytorch::Session& s, int l, bool wait) { return take(s.sum_ready(l, wait)); },
           py::arg("layer"), py::arg("wait") = false, py::call_guard<py::gil_scoped_release>())
       .def("backwards", &qs::pytorch::Session::backwards)
       .def_property_readonly("delayed_updates", &qs::pytorch::Session::delayed_updates)
@@ -281,11 +301,13 @@ PYBIND11_MODULE(_quicksilver, m) {
           "take_updates",
           [](qs::pytorch::Session& s, int l, std::int64_t before) {
             std::vector<std::tuple<std::int64_t, std::int64_t>> out;
-            for (const qs::runtime::LayerUpdate& u : take(s.take_updates(l, before))) out.emplace_back(u.first, u.last);
+            for (const qs::runtime::LayerUpdate& u : take(s.take_updates(l, before)))
+              out.emplace_back(u.first, u.last);
             return out;
           },
           py::arg("layer"), py::arg("before"), py::call_guard<py::gil_scoped_release>(),
-          "Layer's delayed updates due before the forward pass after `before` backward passes, once their sums "
+          "Layer's delayed updates due before the forward pass after `before` backward passes, "
+          "once their sums "
           "are in: [(first, last)]")
       .def(
           "load_update",
@@ -296,9 +318,12 @@ PYBIND11_MODULE(_quicksilver, m) {
           "Copies the sums of the update into the layer's gradient buffers")
       .def(
           "feedback",
-          [](qs::pytorch::Session& s, std::int64_t iteration, double loss, double grad_sq, double noise, double lr,
-             double batch) { s.feedback(qs::TrainingFeedback{iteration, loss, grad_sq, noise, lr, batch}); },
-          py::arg("iteration"), py::arg("loss"), py::arg("grad_sq"), py::arg("noise"), py::arg("lr"), py::arg("batch"))
+          [](qs::pytorch::Session& s, std::int64_t iteration, double loss, double grad_sq,
+             double noise, double lr, double batch) {
+            s.feedback(qs::TrainingFeedback{iteration, loss, grad_sq, noise, lr, batch});
+          },
+          py::arg("iteration"), py::arg("loss"), py::arg("grad_sq"), py::arg("noise"),
+          py::arg("lr"), py::arg("batch"))
       .def("finish",
            [](qs::pytorch::Session& s) {
              qs::Result<qs::runtime::WorkerReport> r = [&] {

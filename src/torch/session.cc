@@ -22,9 +22,11 @@ struct DelayedHooks {
 
 class Registered final : public runtime::TensorSource {
  public:
-  Registered(std::vector<runtime::TensorBuffer> tensors, std::function<void(int, std::int64_t)> on_ready,
-             DelayedHooks delayed)
-      : tensors_(std::move(tensors)), on_ready_(std::move(on_ready)), delayed_(std::move(delayed)) {}
+  Registered(std::vector<runtime::TensorBuffer> tensors,
+             std::function<void(int, std::int64_t)> on_ready, DelayedHooks delayed)
+      : tensors_(std::move(tensors)),
+        on_ready_(std::move(on_ready)),
+        delayed_(std::move(delayed)) {}
   std::vector<runtime::TensorBuffer> tensors() override { return tensors_; }
   Status on_layer_ready(int layer, std::int64_t iteration) override {
     on_ready_(layer, iteration);
@@ -83,7 +85,8 @@ bool is_allreduce_policy(const std::string& policy) {
 
 WorkerFactory allreduce_worker(runtime::Endpoint store, std::vector<std::string> links,
                                runtime::GlooAlgorithm algorithm) {
-  return [store, links, algorithm](runtime::WorkerOptions wo) -> Result<std::unique_ptr<TrainingWorker>> {
+  return [store, links,
+          algorithm](runtime::WorkerOptions wo) -> Result<std::unique_ptr<TrainingWorker>> {
     runtime::CollectiveOptions o;
     o.job = std::move(wo.job);
     o.rank = wo.worker_id;
@@ -108,7 +111,8 @@ Result<std::unique_ptr<TrainingWorker>> ps_worker(runtime::WorkerOptions options
 Result<Architecture> job_architecture(const JobSpec& spec) {
   const PolicyRegistry& registry = policy_registry();
   Architecture a = Architecture::kPs;
-  if (spec.architecture == "allreduce" || (spec.architecture.empty() && is_allreduce_policy(spec.policy))) {
+  if (spec.architecture == "allreduce" ||
+      (spec.architecture.empty() && is_allreduce_policy(spec.policy))) {
     a = Architecture::kAllReduce;
   } else if (!spec.architecture.empty() && spec.architecture != "ps") {
     return invalid_argument("architecture '" + spec.architecture + "': give 'ps' or 'allreduce'");
@@ -116,7 +120,8 @@ Result<Architecture> job_architecture(const JobSpec& spec) {
   if (registry.find(spec.policy, a) == nullptr) {
     std::string names;
     for (const std::string& n : registry.names(a)) names += (names.empty() ? "" : ", ") + n;
-    return invalid_argument("policy '" + spec.policy + "' is not a" + (a == Architecture::kPs ? " parameter-server" : "n all-reduce") +
+    return invalid_argument("policy '" + spec.policy + "' is not a" +
+                            (a == Architecture::kPs ? " parameter-server" : "n all-reduce") +
                             " policy; those are: " + names);
   }
   return a;
@@ -124,12 +129,14 @@ Result<Architecture> job_architecture(const JobSpec& spec) {
 
 Result<runtime::JobOptions> make_job(const JobSpec& spec) {
   runtime::JobOptions job;
-  QS_ASSIGN_OR_RETURN(job.profile, profile_from_json(spec.profile_json, "<model profile>", "model"));
+  QS_ASSIGN_OR_RETURN(job.profile,
+                      profile_from_json(spec.profile_json, "<model profile>", "model"));
   const PolicyRegistry& registry = policy_registry();
   QS_ASSIGN_OR_RETURN(const Architecture architecture, job_architecture(spec));
   const bool allreduce = architecture == Architecture::kAllReduce;
   if (registry.is_known(spec.policy) && !registry.communicates(spec.policy)) {
-    return invalid_argument("policy '" + spec.policy + "' moves no gradient (it is the simulator's compute-only "
+    return invalid_argument("policy '" + spec.policy +
+                            "' moves no gradient (it is the simulator's compute-only "
                             "bound): the workers would train apart");
   }
   job.policy = spec.policy;
@@ -145,7 +152,8 @@ Result<runtime::JobOptions> make_job(const JobSpec& spec) {
     }
     // A size given as a bare number (Python: packet_size=4096) is in bytes.
     const bool bare = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
-    QS_RETURN_IF_ERROR(knob->parse(bare && knob->type == KnobType::kBytes ? value + "B" : value, &job.policy_options));
+    QS_RETURN_IF_ERROR(knob->parse(bare && knob->type == KnobType::kBytes ? value + "B" : value,
+                                   &job.policy_options));
   }
   // Real training measures what DeFT's Preserver needs (IV-C's feedback loop): it judges
   // that instead of certifying a dry run with the closed-form model's constants.
@@ -158,11 +166,13 @@ Result<runtime::JobOptions> make_job(const JobSpec& spec) {
   QS_ASSIGN_OR_RETURN(job.wire_dtype, transport::parse_wire_dtype(spec.compression));
   job.connect_timeout = spec.connect_timeout;
   job.peer_timeout = spec.peer_timeout;
-  QS_RETURN_IF_ERROR(allreduce ? runtime::validate_collective_job(job) : runtime::validate_job(job));
+  QS_RETURN_IF_ERROR(allreduce ? runtime::validate_collective_job(job)
+                               : runtime::validate_job(job));
   return job;
 }
 
-Result<std::unique_ptr<Session>> Session::start(SessionOptions options, std::unique_ptr<runtime::Server> hosted) {
+Result<std::unique_ptr<Session>> Session::start(SessionOptions options,
+                                                std::unique_ptr<runtime::Server> hosted) {
   std::unique_ptr<Session> s(new Session());
   s->options_ = std::move(options);
   const Profile& profile = s->options_.job.profile;
@@ -199,10 +209,13 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options, std::uni
     hooks.on_updates = [self](std::int64_t before, const std::vector<runtime::LayerUpdate>& due) {
       return self->on_updates(before, due);
     };
-    hooks.on_update_ready = [self](const runtime::LayerUpdate& u) { return self->on_update_ready(u); };
+    hooks.on_update_ready = [self](const runtime::LayerUpdate& u) {
+      return self->on_update_ready(u);
+    };
   }
   s->source_ = std::make_unique<Registered>(
-      s->options_.tensors, [self](int l, std::int64_t it) { self->on_sums(l, it); }, std::move(hooks));
+      s->options_.tensors, [self](int l, std::int64_t it) { self->on_sums(l, it); },
+      std::move(hooks));
 
   runtime::WorkerOptions wo;
   wo.job = s->options_.job;
@@ -212,8 +225,8 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options, std::uni
   wo.tensors = s->source_.get();
   wo.verify = false;
   wo.compute = [self, layers](Timer& timer) -> std::unique_ptr<Compute> {
-    auto c = std::make_unique<HookedCompute>(timer, static_cast<int>(layers),
-                                             [self](int l, std::int64_t it) { self->on_gate(l, it); });
+    auto c = std::make_unique<HookedCompute>(
+        timer, static_cast<int>(layers), [self](int l, std::int64_t it) { self->on_gate(l, it); });
     self->compute_ = c.get();
     return c;
   };
@@ -283,10 +296,11 @@ Status Session::gradient_ready(TensorId tensor) {
   // the gradients were copied when their backward ended, the sums go elsewhere.)
   if (!delayed_ && sums_[li] < backwards_[li]) {
     const auto k = static_cast<std::size_t>(tensor - layer_tensors_[li][0]);
-    return invalid_argument("tensor '" + options_.job.profile.layers[li].tensors[k].name +
-                            "' (layer '" + options_.job.profile.layers[li].name +
-                            "') got a new gradient before the sums of its last backward arrived: run a "
-                            "forward pass (or optimizer.synchronize()) between two backward passes");
+    return invalid_argument(
+        "tensor '" + options_.job.profile.layers[li].tensors[k].name + "' (layer '" +
+        options_.job.profile.layers[li].name +
+        "') got a new gradient before the sums of its last backward arrived: run a "
+        "forward pass (or optimizer.synchronize()) between two backward passes");
   }
   if (++seen_[li] == static_cast<int>(layer_tensors_[li].size())) {
     seen_[li] = 0;
@@ -300,20 +314,22 @@ Status Session::enter_forward(int layer) {
   std::unique_lock<std::mutex> lock(mu_);
   QS_RETURN_IF_ERROR(error_locked());
   const auto li = static_cast<std::size_t>(layer);
-  if (layer == 0) next_forward_ = 0;  // a new forward pass
+  if (layer == 0) next_forward_ = 0;               // a new forward pass
   if (layer < next_forward_) return Status::ok();  // a layer used a second time
   if (layer > next_forward_) {
     const auto& layers = options_.job.profile.layers;
-    return invalid_argument("the forward pass entered layer '" + layers[li].name + "' before layer '" +
-                            layers[static_cast<std::size_t>(next_forward_)].name +
-                            "': every pass must use the layers with parameters in the order of the first one");
+    return invalid_argument(
+        "the forward pass entered layer '" + layers[li].name + "' before layer '" +
+        layers[static_cast<std::size_t>(next_forward_)].name +
+        "': every pass must use the layers with parameters in the order of the first one");
   }
   if (layer > 0) post(&HookedCompute::forward_done, layer - 1);
   next_forward_ = layer + 1;
   // Delayed updates: the updates due before this pass must be decided too (a worker other
   // than 0 learns them from worker 0's inputs, possibly after its own gate opened).
   cv_.wait(lock, [&] {
-    return (gates_[li] >= backwards_[li] && (!delayed_ || decided_ >= backwards_[li])) || !error_locked().is_ok();
+    return (gates_[li] >= backwards_[li] && (!delayed_ || decided_ >= backwards_[li])) ||
+           !error_locked().is_ok();
   });
   return error_locked();
 }
@@ -350,7 +366,8 @@ Result<runtime::WorkerReport> Session::finish() {
         lock.unlock();
         abort("finish() in the middle of a backward pass");
         return invalid_argument("finish() in the middle of a backward pass (layer '" +
-                                options_.job.profile.layers[l].name + "' has not all its gradients)");
+                                options_.job.profile.layers[l].name +
+                                "' has not all its gradients)");
       }
     }
     // Delayed updates: the sums still held back are reduced after training ends.
@@ -387,7 +404,8 @@ void Session::abort(const std::string& why) {
 Result<std::vector<runtime::LayerUpdate>> Session::take_updates(int layer, std::int64_t before) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!delayed_) return invalid_argument("take_updates: this job's policy does not delay updates");
-  if (layer < 0 || layer >= num_layers()) return invalid_argument("take_updates: no layer " + std::to_string(layer));
+  if (layer < 0 || layer >= num_layers())
+    return invalid_argument("take_updates: no layer " + std::to_string(layer));
   auto& q = updates_[static_cast<std::size_t>(layer)];
   // The due updates whose sums are still on the way (LayerUpdate::ready) are waited for.
   auto pending = [&] {
@@ -399,8 +417,9 @@ Result<std::vector<runtime::LayerUpdate>> Session::take_updates(int layer, std::
   cv_.wait(lock, [&] { return !pending() || !error_locked().is_ok() || worker_ended_; });
   if (pending()) {
     QS_RETURN_IF_ERROR(error_locked());
-    return internal_error("take_updates: the worker ended before the sums of a due update of layer '" +
-                          options_.job.profile.layers[static_cast<std::size_t>(layer)].name + "' arrived");
+    return internal_error(
+        "take_updates: the worker ended before the sums of a due update of layer '" +
+        options_.job.profile.layers[static_cast<std::size_t>(layer)].name + "' arrived");
   }
   // Due updates are applied even after a failure (their sums are in), as sum_ready does.
   std::vector<runtime::LayerUpdate> out;
@@ -413,7 +432,8 @@ Result<std::vector<runtime::LayerUpdate>> Session::take_updates(int layer, std::
 
 Status Session::load_update(const runtime::LayerUpdate& u) {
   if (!delayed_) return invalid_argument("load_update: this job's policy does not delay updates");
-  if (u.layer < 0 || u.layer >= num_layers()) return invalid_argument("load_update: no layer " + std::to_string(u.layer));
+  if (u.layer < 0 || u.layer >= num_layers())
+    return invalid_argument("load_update: no layer " + std::to_string(u.layer));
   std::lock_guard<std::mutex> lock(merged_mu_);
   auto m = merged_.find({u.layer, u.first, u.last});
   if (m == merged_.end()) {
@@ -432,7 +452,8 @@ Status Session::load_update(const runtime::LayerUpdate& u) {
   if (!spare) {
     spare = std::move(m->second);
   } else {
-    merged_bytes_ -= layer_elements_[static_cast<std::size_t>(u.layer)] * static_cast<std::int64_t>(sizeof(float));
+    merged_bytes_ -= layer_elements_[static_cast<std::size_t>(u.layer)] *
+                     static_cast<std::int64_t>(sizeof(float));
   }
   merged_.erase(m);
   return Status::ok();
@@ -465,7 +486,8 @@ std::int64_t Session::merged_bytes_max() const {
 
 Status Session::on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const runtime::LayerUpdate& u : due) updates_[static_cast<std::size_t>(u.layer)].emplace_back(before, u);
+  for (const runtime::LayerUpdate& u : due)
+    updates_[static_cast<std::size_t>(u.layer)].emplace_back(before, u);
   decided_ = std::max(decided_, before);
   cv_.notify_all();
   return Status::ok();
@@ -481,8 +503,9 @@ Status Session::on_update_ready(const runtime::LayerUpdate& u) {
     }
   }
   // Taken already would be a bug: it was taken while not ready.
-  return internal_error("on_update_ready: no pending update of layer " + std::to_string(u.layer) + " for iterations " +
-                        std::to_string(u.first) + ".." + std::to_string(u.last));
+  return internal_error("on_update_ready: no pending update of layer " + std::to_string(u.layer) +
+                        " for iterations " + std::to_string(u.first) + ".." +
+                        std::to_string(u.last));
 }
 
 // ---- the loop thread ----

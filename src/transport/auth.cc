@@ -36,8 +36,9 @@ const char* role_name(AuthRole r) { return r == AuthRole::kConnector ? "connecto
 
 Result<Secret> Secret::from_bytes(std::string_view bytes) {
   if (bytes.size() < kMinBytes || bytes.size() > kMaxBytes) {
-    return invalid_argument("a secret must be " + std::to_string(kMinBytes) + " to " + std::to_string(kMaxBytes) +
-                            " bytes, not " + std::to_string(bytes.size()));
+    return invalid_argument("a secret must be " + std::to_string(kMinBytes) + " to " +
+                            std::to_string(kMaxBytes) + " bytes, not " +
+                            std::to_string(bytes.size()));
   }
   return Secret(std::vector<unsigned char>(bytes.begin(), bytes.end()));
 }
@@ -65,11 +66,13 @@ Result<Secret> Secret::from_file(const std::string& path) {
   }
   if (have < kMinBytes || have > kMaxBytes) {
     ::sodium_memzero(bytes.data(), bytes.size());
-    return invalid_argument("secret file '" + path + "' holds " + (have > kMaxBytes ? "more than " : "") +
-                            std::to_string(std::min(have, kMaxBytes)) + " bytes; a secret is its whole content, " +
-                            std::to_string(kMinBytes) + " to " + std::to_string(kMaxBytes) + " bytes");
+    return invalid_argument(
+        "secret file '" + path + "' holds " + (have > kMaxBytes ? "more than " : "") +
+        std::to_string(std::min(have, kMaxBytes)) + " bytes; a secret is its whole content, " +
+        std::to_string(kMinBytes) + " to " + std::to_string(kMaxBytes) + " bytes");
   }
-  Secret s{std::vector<unsigned char>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(have))};
+  Secret s{
+      std::vector<unsigned char>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(have))};
   ::sodium_memzero(bytes.data(), bytes.size());
   return s;
 }
@@ -83,7 +86,8 @@ Secret Secret::generate() {
 
 Status Secret::write_file(const std::string& path) const {
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  if (!fd.valid()) return io_error("cannot create secret file '" + path + "': " + std::strerror(errno));
+  if (!fd.valid())
+    return io_error("cannot create secret file '" + path + "': " + std::strerror(errno));
   std::size_t done = 0;
   while (done < bytes_.size()) {
     const ssize_t n = ::write(fd.get(), bytes_.data() + done, bytes_.size() - done);
@@ -154,10 +158,12 @@ void Handshake::proof(AuthRole role, unsigned char out[kProofBytes]) const {
 Result<Handshake::Want> Handshake::step(int fd) {
   while (true) {
     switch (stage_) {
-      case Stage::kDone: return Want::kDone;
+      case Stage::kDone:
+        return Want::kDone;
       case Stage::kSendNonce:
       case Stage::kSendProof: {
-        const ssize_t n = ::send(fd, out_.data() + sent_, out_.size() - sent_, MSG_DONTWAIT | MSG_NOSIGNAL);
+        const ssize_t n =
+            ::send(fd, out_.data() + sent_, out_.size() - sent_, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n < 0) {
           if (errno == EAGAIN || errno == EWOULDBLOCK) return Want::kWrite;
           if (errno == EINTR) continue;
@@ -188,8 +194,8 @@ Result<Handshake::Want> Handshake::step(int fd) {
           return errno_status("authentication: recv", errno);
         }
         if (n == 0) {
-          return unavailable("the peer closed the connection during authentication (" + std::to_string(got_) +
-                             " of " + std::to_string(in_.size()) + " bytes" +
+          return unavailable("the peer closed the connection during authentication (" +
+                             std::to_string(got_) + " of " + std::to_string(in_.size()) + " bytes" +
                              (role_ == AuthRole::kConnector && stage_ == Stage::kReadProof
                                   ? "; it refused our proof: a different secret?)"
                                   : ")"));
@@ -202,21 +208,28 @@ Result<Handshake::Want> Handshake::step(int fd) {
           proof(AuthRole::kAcceptor, want);
           const bool ok = ::sodium_memcmp(want, in_.data(), kProofBytes) == 0;
           ::sodium_memzero(want, sizeof want);
-          if (!ok) return protocol_error("authentication failed: the peer's proof is wrong (a different secret)");
+          if (!ok)
+            return protocol_error(
+                "authentication failed: the peer's proof is wrong (a different secret)");
           stage_ = Stage::kDone;
           break;
         }
         if (std::memcmp(in_.data(), kMagic, kMagicBytes) != 0) {
-          return protocol_error("authentication failed: the peer did not start a Quicksilver authentication "
-                                "(no secret configured there, or not a Quicksilver peer)");
+          return protocol_error(
+              "authentication failed: the peer did not start a Quicksilver authentication "
+              "(no secret configured there, or not a Quicksilver peer)");
         }
         std::memcpy(theirs_, in_.data() + kMagicBytes, kNonceBytes);
         if (role_ == AuthRole::kAcceptor) {
           unsigned char want[kProofBytes];
           proof(AuthRole::kConnector, want);
-          const bool ok = ::sodium_memcmp(want, in_.data() + kMagicBytes + kNonceBytes, kProofBytes) == 0;
+          const bool ok =
+              ::sodium_memcmp(want, in_.data() + kMagicBytes + kNonceBytes, kProofBytes) == 0;
           ::sodium_memzero(want, sizeof want);
-          if (!ok) return protocol_error("authentication failed: the peer's proof is wrong (a different secret, or a replay)");
+          if (!ok)
+            return protocol_error(
+                "authentication failed: the peer's proof is wrong (a different secret, or a "
+                "replay)");
           out_.assign(kProofBytes, 0);
           proof(AuthRole::kAcceptor, out_.data());
         } else {
@@ -233,7 +246,8 @@ Result<Handshake::Want> Handshake::step(int fd) {
   }
 }
 
-Status authenticate(int fd, const Secret& secret, AuthRole role, std::string_view context, TimeNs timeout) {
+Status authenticate(int fd, const Secret& secret, AuthRole role, std::string_view context,
+                    TimeNs timeout) {
   const Clock& clock = SteadyClock::instance();
   const TimeNs deadline = clock.now() + timeout;
   Handshake hs(secret, role, context);
@@ -243,7 +257,9 @@ Status authenticate(int fd, const Secret& secret, AuthRole role, std::string_vie
     const TimeNs left = deadline - clock.now();
     if (left <= 0) {
       return unavailable("authentication timed out after " + format_time(timeout) +
-                         (role == AuthRole::kConnector ? " (does the peer run with the same --secret-file?)" : ""));
+                         (role == AuthRole::kConnector
+                              ? " (does the peer run with the same --secret-file?)"
+                              : ""));
     }
     pollfd p{fd, static_cast<short>(want == Handshake::Want::kRead ? POLLIN : POLLOUT), 0};
     const int r = ::poll(&p, 1, static_cast<int>(std::min<TimeNs>(left / kNsPerMs + 1, 1000)));

@@ -62,7 +62,8 @@ void Connection::on_events(std::uint32_t events) {
     Status s = read_some();
     if (!s.is_ok()) {
       // The peer is told why, unless it is gone (connection loss: nobody listens).
-      close(s, /*tell_peer=*/s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kIoError);
+      close(s,
+            /*tell_peer=*/s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kIoError);
       return;
     }
     if (closed_) return;
@@ -80,8 +81,8 @@ Status Connection::read_some() {
     // Pull bytes from the socket when the read buffer is drained.
     if (rpos_ == rend_) {
       ssize_t r;
-      const bool direct = in_payload_ && target_.mode == PayloadTarget::Mode::kDirect &&
-                          want_ - got_ >= kDirectMin;
+      const bool direct =
+          in_payload_ && target_.mode == PayloadTarget::Mode::kDirect && want_ - got_ >= kDirectMin;
       if (direct) {
         r = ::recv(fd_.get(), target_.direct + got_, want_ - got_, MSG_DONTWAIT);
       } else {
@@ -97,13 +98,14 @@ Status Connection::read_some() {
       }
       if (r == 0) {
         if (in_payload_) {
-          return unavailable(peer_ + " closed the connection mid-frame: got " + std::to_string(got_) +
-                             " of " + std::to_string(want_) + " payload bytes of a " +
-                             frame_kind_name(cur_.kind) + " frame");
+          return unavailable(peer_ + " closed the connection mid-frame: got " +
+                             std::to_string(got_) + " of " + std::to_string(want_) +
+                             " payload bytes of a " + frame_kind_name(cur_.kind) + " frame");
         }
         if (hhave_ > 0) {
-          return unavailable(peer_ + " closed the connection mid-frame: got " + std::to_string(hhave_) +
-                             " of " + std::to_string(kHeaderSize) + " header bytes");
+          return unavailable(peer_ + " closed the connection mid-frame: got " +
+                             std::to_string(hhave_) + " of " + std::to_string(kHeaderSize) +
+                             " header bytes");
         }
         return unavailable(peer_ + " closed the connection");
       }
@@ -132,16 +134,18 @@ Status Connection::read_some() {
         cur_ = *decoded;
         want_ = wire_payload_length(cur_);
         if (want_ > 0 && !cur_.checksummed && checksums_) {
-          return protocol_error("a " + std::string(frame_kind_name(cur_.kind)) + " frame from " + peer_ +
-                                " carries no payload checksum, which this node requires (is --no-checksum "
-                                "given to some nodes of the job only?)");
+          return protocol_error(
+              "a " + std::string(frame_kind_name(cur_.kind)) + " frame from " + peer_ +
+              " carries no payload checksum, which this node requires (is --no-checksum "
+              "given to some nodes of the job only?)");
         }
         QS_ASSIGN_OR_RETURN(target_, handler_.on_header(*this, cur_));
         if (closed_) return Status::ok();
         got_ = 0;
         payload_crc_ = 0;
         small_.clear();
-        if (target_.mode == PayloadTarget::Mode::kDirect) QS_CHECK(target_.direct != nullptr || want_ == 0);
+        if (target_.mode == PayloadTarget::Mode::kDirect)
+          QS_CHECK(target_.direct != nullptr || want_ == 0);
         in_payload_ = true;
         if (want_ == 0) QS_RETURN_IF_ERROR(end_of_frame());
       } else {
@@ -160,8 +164,11 @@ Status Connection::read_some() {
 Status Connection::deliver(const std::byte* p, std::size_t n) {
   if (cur_.checksummed) payload_crc_ = crc32c(payload_crc_, p, n);
   switch (target_.mode) {
-    case PayloadTarget::Mode::kDirect: std::memcpy(target_.direct + got_, p, n); return Status::ok();
-    case PayloadTarget::Mode::kStream: return handler_.on_payload(*this, cur_, got_, p, n);
+    case PayloadTarget::Mode::kDirect:
+      std::memcpy(target_.direct + got_, p, n);
+      return Status::ok();
+    case PayloadTarget::Mode::kStream:
+      return handler_.on_payload(*this, cur_, got_, p, n);
     case PayloadTarget::Mode::kBuffer:
       QS_CHECK(small_.size() + n <= kMaxErrorText + kHelloBodySize);
       small_.insert(small_.end(), p, p + n);
@@ -177,12 +184,13 @@ Status Connection::end_of_frame() {
     char crcs[64];
     std::snprintf(crcs, sizeof crcs, "0x%08x, its header says 0x%08x", payload_crc_, h.payload_crc);
     const bool data = h.kind == FrameKind::kPush || h.kind == FrameKind::kPull;
-    return protocol_error(std::string("corrupted payload: the ") + frame_kind_name(h.kind) + " frame from " + peer_ +
-                          (data ? " (tensor " + std::to_string(h.tensor) + " bytes [" + std::to_string(h.offset) +
-                                      ", " + std::to_string(h.offset + h.length) + "), iteration " +
-                                      std::to_string(h.iteration) + ")"
-                                : std::string()) +
-                          " has payload CRC32C " + crcs + "; nothing of it was used");
+    return protocol_error(
+        std::string("corrupted payload: the ") + frame_kind_name(h.kind) + " frame from " + peer_ +
+        (data ? " (tensor " + std::to_string(h.tensor) + " bytes [" + std::to_string(h.offset) +
+                    ", " + std::to_string(h.offset + h.length) + "), iteration " +
+                    std::to_string(h.iteration) + ")"
+              : std::string()) +
+        " has payload CRC32C " + crcs + "; nothing of it was used");
   }
   return handler_.on_frame(*this, h);
 }
@@ -310,7 +318,8 @@ void Connection::close(const Status& why, bool tell_peer, bool abort) {
     msg.msg_iovlen = 2;
     // Best effort: only when no frame is half-written (else the peer could not parse it).
     const bool at_boundary = out_.empty() || out_.front().written == 0;
-    if (at_boundary) [[maybe_unused]] auto r = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (at_boundary) [[maybe_unused]]
+      auto r = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
   }
   if (abort) {
     linger lg{1, 0};

@@ -87,8 +87,9 @@ struct Shift {
 constexpr std::size_t kLong = 8192, kShort = 256;
 
 // Three streams of `block` bytes at a time, while n holds three blocks; advances p and n.
-__attribute__((target("sse4.2"))) std::uint64_t three_way(std::uint64_t c0, const unsigned char*& p, std::size_t& n,
-                                                          std::size_t block, const Shift& shift) {
+__attribute__((target("sse4.2"))) std::uint64_t three_way(std::uint64_t c0, const unsigned char*& p,
+                                                          std::size_t& n, std::size_t block,
+                                                          const Shift& shift) {
   while (n >= 3 * block) {
     std::uint64_t c1 = 0, c2 = 0;
     for (const unsigned char* end = p + block; p < end; p += 8) {

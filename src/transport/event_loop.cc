@@ -19,7 +19,8 @@ Result<std::unique_ptr<EventLoop>> EventLoop::create(const Clock& clock) {
   if (!tfd.valid()) return errno_status("timerfd_create", errno);
   Fd wfd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!wfd.valid()) return errno_status("eventfd", errno);
-  std::unique_ptr<EventLoop> loop(new EventLoop(clock, std::move(ep), std::move(tfd), std::move(wfd)));
+  std::unique_ptr<EventLoop> loop(
+      new EventLoop(clock, std::move(ep), std::move(tfd), std::move(wfd)));
   const int tf = loop->timer_fd_.get();
   QS_RETURN_IF_ERROR(loop->watch(tf, EPOLLIN, [l = loop.get(), tf](std::uint32_t) {
     std::uint64_t n;
@@ -39,7 +40,10 @@ Result<std::unique_ptr<EventLoop>> EventLoop::create(const Clock& clock) {
 }
 
 EventLoop::EventLoop(const Clock& clock, Fd epoll, Fd timer, Fd wake)
-    : clock_(clock), epoll_(std::move(epoll)), timer_fd_(std::move(timer)), wake_fd_(std::move(wake)) {}
+    : clock_(clock),
+      epoll_(std::move(epoll)),
+      timer_fd_(std::move(timer)),
+      wake_fd_(std::move(wake)) {}
 
 EventLoop::~EventLoop() = default;
 
@@ -48,7 +52,8 @@ Status EventLoop::watch(int fd, std::uint32_t events, IoCallback cb) {
   epoll_event ev{};
   ev.events = events;
   ev.data.fd = fd;
-  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return errno_status("epoll_ctl(ADD)", errno);
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
+    return errno_status("epoll_ctl(ADD)", errno);
   io_.emplace(fd, std::move(cb));
   return Status::ok();
 }
@@ -57,7 +62,8 @@ Status EventLoop::modify(int fd, std::uint32_t events) {
   epoll_event ev{};
   ev.events = events;
   ev.data.fd = fd;
-  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd, &ev) != 0) return errno_status("epoll_ctl(MOD)", errno);
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd, &ev) != 0)
+    return errno_status("epoll_ctl(MOD)", errno);
   return Status::ok();
 }
 
@@ -140,7 +146,8 @@ void EventLoop::request_stop(const std::string& why) {
 Status EventLoop::run(const std::function<bool()>& done) {
   std::vector<epoll_event> events(64);
   while (error_.is_ok()) {
-    if (stop_requested_.load(std::memory_order_acquire)) return unavailable("stopped: " + stop_reason_);
+    if (stop_requested_.load(std::memory_order_acquire))
+      return unavailable("stopped: " + stop_reason_);
     if (done()) return Status::ok();
     const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()),
                                deferred_.empty() ? -1 : 0);
@@ -154,7 +161,8 @@ Status EventLoop::run(const std::function<bool()>& done) {
       IoCallback cb = it->second;     // a copy: the callback may unwatch itself
       cb(events[static_cast<std::size_t>(i)].events);
     }
-    if (error_.is_ok() && !timers_.empty() && timers_.begin()->first.first <= clock_.now()) fire_timers();
+    if (error_.is_ok() && !timers_.empty() && timers_.begin()->first.first <= clock_.now())
+      fire_timers();
     if (error_.is_ok() && !deferred_.empty()) {
       std::vector<std::function<void()>> now;
       now.swap(deferred_);

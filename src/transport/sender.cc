@@ -8,7 +8,10 @@
 namespace qs::transport {
 
 Sender::Sender(SendOrder order, int num_priorities, EventLoop& loop)
-    : order_(order), loop_(loop), clock_(loop.clock()), queue_(order == SendOrder::kPriority ? num_priorities : 1) {
+    : order_(order),
+      loop_(loop),
+      clock_(loop.clock()),
+      queue_(order == SendOrder::kPriority ? num_priorities : 1) {
   QS_CHECK(num_priorities >= 1);
 }
 
@@ -99,7 +102,8 @@ Status Sender::pump() {
 }
 
 Status Sender::on_writable(int conn) {
-  if (conn >= 0 && static_cast<std::size_t>(conn) < conns_.size() && conns_[static_cast<std::size_t>(conn)]) {
+  if (conn >= 0 && static_cast<std::size_t>(conn) < conns_.size() &&
+      conns_[static_cast<std::size_t>(conn)]) {
     collect(*conns_[static_cast<std::size_t>(conn)]);
   }
   return pump();
@@ -125,15 +129,14 @@ void Sender::update_busy() {
   busy_ = b;
 }
 
-TimeNs Sender::busy_ns() const {
-  return busy_total_ + (busy_ ? clock_.now() - busy_since_ : 0);
-}
+TimeNs Sender::busy_ns() const { return busy_total_ + (busy_ ? clock_.now() - busy_since_ : 0); }
 
 TimeNs percentile(std::vector<TimeNs> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const double rank = std::ceil(p / 100.0 * static_cast<double>(v.size()));
-  const auto idx = static_cast<std::size_t>(std::clamp(rank, 1.0, static_cast<double>(v.size()))) - 1;
+  const auto idx =
+      static_cast<std::size_t>(std::clamp(rank, 1.0, static_cast<double>(v.size()))) - 1;
   return v[idx];
 }
 

@@ -41,13 +41,15 @@ namespace {
 
 Status set_int(int fd, int level, int opt, int value, const char* name) {
   if (::setsockopt(fd, level, opt, &value, sizeof value) != 0) {
-    return errno_status(std::string("setsockopt(") + name + "=" + std::to_string(value) + ")", errno);
+    return errno_status(std::string("setsockopt(") + name + "=" + std::to_string(value) + ")",
+                        errno);
   }
   return Status::ok();
 }
 
 Result<sockaddr_in> resolve(const std::string& host, int port) {
-  if (port < 0 || port > 65535) return invalid_argument("port " + std::to_string(port) + " out of range");
+  if (port < 0 || port > 65535)
+    return invalid_argument("port " + std::to_string(port) + " out of range");
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<std::uint16_t>(port));
@@ -88,10 +90,12 @@ Status configure_socket(int fd, const SocketOptions& o) {
                                static_cast<int>(o.notsent_lowat), "TCP_NOTSENT_LOWAT"));
   }
   if (o.send_buffer > 0) {
-    QS_RETURN_IF_ERROR(set_int(fd, SOL_SOCKET, SO_SNDBUF, static_cast<int>(o.send_buffer), "SO_SNDBUF"));
+    QS_RETURN_IF_ERROR(
+        set_int(fd, SOL_SOCKET, SO_SNDBUF, static_cast<int>(o.send_buffer), "SO_SNDBUF"));
   }
   if (o.receive_buffer > 0) {
-    QS_RETURN_IF_ERROR(set_int(fd, SOL_SOCKET, SO_RCVBUF, static_cast<int>(o.receive_buffer), "SO_RCVBUF"));
+    QS_RETURN_IF_ERROR(
+        set_int(fd, SOL_SOCKET, SO_RCVBUF, static_cast<int>(o.receive_buffer), "SO_RCVBUF"));
   }
   if (o.max_pacing_rate > 0) {
     const std::uint64_t rate = static_cast<std::uint64_t>(o.max_pacing_rate);
@@ -120,7 +124,8 @@ Status check_congestion_available(const std::string& name) {
   while (words >> word) {
     if (word == name) return Status::ok();
   }
-  return invalid_argument("congestion control '" + name + "' is not available on this kernel (available: " + list +
+  return invalid_argument("congestion control '" + name +
+                          "' is not available on this kernel (available: " + list +
                           "; a module such as tcp_" + name + " may need loading)");
 }
 
@@ -138,7 +143,8 @@ Result<TcpRepairs> tcp_repairs(int fd) {
   constexpr std::size_t kTotalRetrans = 100, kTotalRto = 240;
   unsigned char buf[512] = {};
   socklen_t len = sizeof buf;
-  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, buf, &len) != 0) return errno_status("getsockopt(TCP_INFO)", errno);
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, buf, &len) != 0)
+    return errno_status("getsockopt(TCP_INFO)", errno);
   TcpRepairs r;
   if (len >= kTotalRetrans + 4) {
     std::uint32_t v;
@@ -163,15 +169,16 @@ TcpRepairs RepairCounter::take(const std::vector<int>& fds) {
     if (r->timeouts < 0) timeouts = false;
     now.timeouts += std::max<std::int64_t>(r->timeouts, 0);
   }
-  const TcpRepairs delta{std::max<std::int64_t>(0, now.retransmitted_segments - seen_.retransmitted_segments),
-                         timeouts ? std::max<std::int64_t>(0, now.timeouts - seen_.timeouts) : -1};
+  const TcpRepairs delta{
+      std::max<std::int64_t>(0, now.retransmitted_segments - seen_.retransmitted_segments),
+      timeouts ? std::max<std::int64_t>(0, now.timeouts - seen_.timeouts) : -1};
   seen_ = now;
   return delta;
 }
 
 Status enable_tx_timestamps(int fd) {
-  const int flags = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_ID |
-                    SOF_TIMESTAMPING_OPT_TSONLY;
+  const int flags = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE |
+                    SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_TSONLY;
   return set_int(fd, SOL_SOCKET, SO_TIMESTAMPING, flags, "SO_TIMESTAMPING");
 }
 
@@ -211,7 +218,8 @@ Status drain_tx_timestamps(int fd, WireProgress* progress) {
     timespec mono{}, real{};
     clock_gettime(CLOCK_MONOTONIC, &mono);
     clock_gettime(CLOCK_REALTIME, &real);
-    const TimeNs offset = (mono.tv_sec - real.tv_sec) * 1'000'000'000LL + (mono.tv_nsec - real.tv_nsec);
+    const TimeNs offset =
+        (mono.tv_sec - real.tv_sec) * 1'000'000'000LL + (mono.tv_nsec - real.tv_nsec);
     progress->bytes = bytes;
     progress->at = ts->tv_sec * 1'000'000'000LL + ts->tv_nsec + offset;
   }
@@ -257,8 +265,8 @@ Result<Fd> connect_tcp(const std::string& host, int port, TimeNs deadline, TimeN
     std::this_thread::sleep_for(std::chrono::nanoseconds(retry_every));
   }
   return unavailable("connect " + host + ":" + std::to_string(port) + ": no listener before the " +
-                     "deadline (" + std::to_string(attempts) + " attempts, last: " +
-                     std::strerror(last_err) + ")");
+                     "deadline (" + std::to_string(attempts) +
+                     " attempts, last: " + std::strerror(last_err) + ")");
 }
 
 Result<Fd> accept_tcp(int listen_fd, std::string* peer) {
@@ -269,7 +277,8 @@ Result<Fd> accept_tcp(int listen_fd, std::string* peer) {
     const int err = errno;
     if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED) return Fd();
     if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
-      return unavailable(std::string("accept: ") + std::strerror(err) + " (out of descriptors or memory)");
+      return unavailable(std::string("accept: ") + std::strerror(err) +
+                         " (out of descriptors or memory)");
     }
     return errno_status("accept", err);
   }

@@ -29,29 +29,46 @@ std::string hex32(std::uint32_t v) {
 
 const char* frame_kind_name(FrameKind k) {
   switch (k) {
-    case FrameKind::kPush: return "push";
-    case FrameKind::kPull: return "pull";
-    case FrameKind::kAck: return "ack";
-    case FrameKind::kHello: return "hello";
-    case FrameKind::kBye: return "bye";
-    case FrameKind::kError: return "error";
-    case FrameKind::kHeartbeat: return "heartbeat";
+    case FrameKind::kPush:
+      return "push";
+    case FrameKind::kPull:
+      return "pull";
+    case FrameKind::kAck:
+      return "ack";
+    case FrameKind::kHello:
+      return "hello";
+    case FrameKind::kBye:
+      return "bye";
+    case FrameKind::kError:
+      return "error";
+    case FrameKind::kHeartbeat:
+      return "heartbeat";
   }
   return "?";
 }
 
 const char* header_field_name(HeaderField f) {
   switch (f) {
-    case HeaderField::kMagic: return "magic";
-    case HeaderField::kVersion: return "version";
-    case HeaderField::kKind: return "kind";
-    case HeaderField::kSender: return "sender";
-    case HeaderField::kTensor: return "tensor";
-    case HeaderField::kIteration: return "iteration";
-    case HeaderField::kLength: return "length";
-    case HeaderField::kOffset: return "offset";
-    case HeaderField::kPriority: return "priority";
-    case HeaderField::kChecksum: return "checksum";
+    case HeaderField::kMagic:
+      return "magic";
+    case HeaderField::kVersion:
+      return "version";
+    case HeaderField::kKind:
+      return "kind";
+    case HeaderField::kSender:
+      return "sender";
+    case HeaderField::kTensor:
+      return "tensor";
+    case HeaderField::kIteration:
+      return "iteration";
+    case HeaderField::kLength:
+      return "length";
+    case HeaderField::kOffset:
+      return "offset";
+    case HeaderField::kPriority:
+      return "priority";
+    case HeaderField::kChecksum:
+      return "checksum";
   }
   return "?";
 }
@@ -64,7 +81,8 @@ HeaderBytes encode_header(const Header& h) {
   QS_CHECK(h.offset <= kMaxOffset);
   HeaderBytes b{};
   b[0] = static_cast<std::byte>((kMagic << 4) | kVersion);
-  b[1] = static_cast<std::byte>(static_cast<std::uint8_t>(h.kind) | (h.checksummed ? kChecksummedBit : 0));
+  b[1] = static_cast<std::byte>(static_cast<std::uint8_t>(h.kind) |
+                                (h.checksummed ? kChecksummedBit : 0));
   put_le(&b[2], h.sender, 2);
   put_le(&b[4], h.tensor, 4);
   put_le(&b[8], h.iteration, 4);
@@ -80,10 +98,11 @@ Result<Header> decode_header(const std::byte* b) {
   // First: a header whose bytes changed in transit says nothing reliable (magic included).
   const auto want = static_cast<std::uint32_t>(get_le(&b[kCrcOffset], 4));
   if (const std::uint32_t got = crc32c(0, b, kCrcOffset); got != want) {
-    return header_error(HeaderField::kChecksum, "the header's CRC32C is " + hex32(got) + ", its checksum field says " +
-                                                    hex32(want) +
-                                                    ": corrupted in transit (or not a Quicksilver peer, or one "
-                                                    "that speaks another version)");
+    return header_error(HeaderField::kChecksum,
+                        "the header's CRC32C is " + hex32(got) + ", its checksum field says " +
+                            hex32(want) +
+                            ": corrupted in transit (or not a Quicksilver peer, or one "
+                            "that speaks another version)");
   }
   const auto mv = static_cast<std::uint8_t>(b[0]);
   if ((mv >> 4) != kMagic) {
@@ -112,7 +131,8 @@ Result<Header> decode_header(const std::byte* b) {
   h.checksummed = (static_cast<std::uint8_t>(b[1]) & kChecksummedBit) != 0;
   h.payload_crc = static_cast<std::uint32_t>(get_le(&b[24], 4));
   if (!h.checksummed && h.payload_crc != 0) {
-    return header_error(HeaderField::kChecksum, "a payload checksum without the flag that says it is one");
+    return header_error(HeaderField::kChecksum,
+                        "a payload checksum without the flag that says it is one");
   }
   const char* kn = frame_kind_name(h.kind);
   switch (h.kind) {
@@ -181,8 +201,8 @@ Status validate_data_header(const Header& h, const DataRules& r) {
                                                   std::to_string(r.tensor_bytes.size()) + ")");
   }
   const auto tbytes = static_cast<std::uint64_t>(r.tensor_bytes[h.tensor]);
-  const auto align = static_cast<std::uint64_t>(
-      r.element_size.empty() ? 1 : r.element_size[h.tensor]);
+  const auto align =
+      static_cast<std::uint64_t>(r.element_size.empty() ? 1 : r.element_size[h.tensor]);
   if (h.length == 0) return header_error(HeaderField::kLength, "empty data frame");
   if (r.max_length != 0 && h.length > r.max_length) {
     return header_error(HeaderField::kLength, "length " + std::to_string(h.length) +
@@ -190,19 +210,17 @@ Status validate_data_header(const Header& h, const DataRules& r) {
                                                   std::to_string(r.max_length));
   }
   if (h.offset >= tbytes || h.offset % align != 0) {
-    return header_error(HeaderField::kOffset, "offset " + std::to_string(h.offset) +
-                                                  " outside tensor " + std::to_string(h.tensor) +
-                                                  " of " + std::to_string(tbytes) +
-                                                  " bytes or not aligned to " +
-                                                  std::to_string(align));
+    return header_error(HeaderField::kOffset,
+                        "offset " + std::to_string(h.offset) + " outside tensor " +
+                            std::to_string(h.tensor) + " of " + std::to_string(tbytes) +
+                            " bytes or not aligned to " + std::to_string(align));
   }
   if (h.length > tbytes - h.offset || h.length % align != 0) {
-    return header_error(HeaderField::kLength, "range [" + std::to_string(h.offset) + ", " +
-                                                  std::to_string(h.offset + h.length) +
-                                                  ") leaves tensor " + std::to_string(h.tensor) +
-                                                  " of " + std::to_string(tbytes) +
-                                                  " bytes or is not aligned to " +
-                                                  std::to_string(align));
+    return header_error(HeaderField::kLength,
+                        "range [" + std::to_string(h.offset) + ", " +
+                            std::to_string(h.offset + h.length) + ") leaves tensor " +
+                            std::to_string(h.tensor) + " of " + std::to_string(tbytes) +
+                            " bytes or is not aligned to " + std::to_string(align));
   }
   if (h.iteration < r.min_iteration || h.iteration > r.max_iteration) {
     return header_error(HeaderField::kIteration, "iteration " + std::to_string(h.iteration) +
@@ -232,9 +250,12 @@ std::uint64_t fnv1a64(std::string_view data, std::uint64_t h) {
 
 const char* wire_dtype_name(WireDType d) {
   switch (d) {
-    case WireDType::kFloat32: return "float32";
-    case WireDType::kBFloat16: return "bf16";
-    case WireDType::kFloat16: return "fp16";
+    case WireDType::kFloat32:
+      return "float32";
+    case WireDType::kBFloat16:
+      return "bf16";
+    case WireDType::kFloat16:
+      return "fp16";
   }
   return "?";
 }

@@ -18,12 +18,13 @@ class CheckFailure : public std::logic_error {
 
 }  // namespace qs
 
-#define QS_CHECK(cond)                                              \
-  do {                                                              \
+#define QS_CHECK(cond)                                                         \
+  do {                                                                         \
     if (!(cond)) ::qs::fail_check(__FILE__, __LINE__, "check failed: " #cond); \
   } while (0)
 
-#define QS_CHECK_MSG(cond, msg)                                              \
-  do {                                                                       \
-    if (!(cond)) ::qs::fail_check(__FILE__, __LINE__, std::string("check failed: " #cond ": ") + (msg)); \
+#define QS_CHECK_MSG(cond, msg)                                                               \
+  do {                                                                                        \
+    if (!(cond))                                                                              \
+      ::qs::fail_check(__FILE__, __LINE__, std::string("check failed: " #cond ": ") + (msg)); \
   } while (0)

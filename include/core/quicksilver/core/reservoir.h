@@ -25,7 +25,7 @@ class Reservoir {
   explicit Reservoir(std::size_t capacity = kDefaultCapacity, std::uint64_t seed = 1);
 
   void add(TimeNs v);
-  std::uint64_t count() const { return count_; }  // values seen
+  std::uint64_t count() const { return count_; }       // values seen
   std::size_t size() const { return sample_.size(); }  // values held: min(count, capacity)
   std::size_t capacity() const { return capacity_; }
   // Nearest-rank percentile (p in 0..100) of the sample; p >= 100 is the exact maximum.

@@ -58,8 +58,8 @@ inline Status internal_error(std::string msg) { return {StatusCode::kInternal, s
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}           // NOLINT(google-explicit-constructor)
-  Result(Status status) : v_(std::move(status)) {}    // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
 
   bool is_ok() const { return std::holds_alternative<T>(v_); }
   explicit operator bool() const { return is_ok(); }
@@ -102,9 +102,9 @@ T&& Result<T>::value() && {
 }  // namespace qs
 
 // Propagates a non-OK Status from an expression that yields Status.
-#define QS_RETURN_IF_ERROR(expr)          \
-  do {                                    \
-    ::qs::Status qs_status_ = (expr);     \
+#define QS_RETURN_IF_ERROR(expr)                \
+  do {                                          \
+    ::qs::Status qs_status_ = (expr);           \
     if (!qs_status_.is_ok()) return qs_status_; \
   } while (0)
 

@@ -20,8 +20,9 @@ struct TwoColumnLine {
 // The lines of `text` that hold two whitespace-separated fields. `#` starts a comment;
 // blank lines are skipped. A line with one field or more than two is an error
 // "source:line: expected <expected>" (expected names the form, quotes included).
-Result<std::vector<TwoColumnLine>> parse_two_columns(const std::string& text, const std::string& source,
-                                                      const std::string& expected);
+Result<std::vector<TwoColumnLine>> parse_two_columns(const std::string& text,
+                                                     const std::string& source,
+                                                     const std::string& expected);
 
 // True when `s` is well-formed UTF-8 (no overlong forms, surrogates or code points above
 // U+10FFFF). Names that reach JSON output must be: the JSON writer refuses anything else.

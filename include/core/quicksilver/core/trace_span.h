@@ -10,9 +10,9 @@
 namespace qs {
 
 struct TraceSpan {
-  int host = 0;    // worker index (servers: workers + server index)
-  int track = 0;   // 0 compute, 1 uplink, 2 downlink, 3 gradients (the PS runtime: a
-                   // tensor from its first push to its last pull, one span per iteration)
+  int host = 0;   // worker index (servers: workers + server index)
+  int track = 0;  // 0 compute, 1 uplink, 2 downlink, 3 gradients (the PS runtime: a
+                  // tensor from its first push to its last pull, one span per iteration)
   TimeNs start = 0;
   TimeNs end = 0;
   std::string name;

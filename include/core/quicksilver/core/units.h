@@ -27,7 +27,9 @@ inline constexpr Bytes kMiB = 1024 * kKiB;
 inline constexpr Bytes kGiB = 1024 * kMiB;
 
 // a + b, saturating at kTimeNever (times never wrap into the past). Precondition: b >= 0.
-constexpr TimeNs add_saturated(TimeNs a, TimeNs b) { return a > kTimeNever - b ? kTimeNever : a + b; }
+constexpr TimeNs add_saturated(TimeNs a, TimeNs b) {
+  return a > kTimeNever - b ? kTimeNever : a + b;
+}
 
 // `t` times a compute slowdown `factor`, rounded to the nearest ns. The one rounding rule
 // of the emulated GPU (engine/compute.h) and of every policy that plans with its times, so

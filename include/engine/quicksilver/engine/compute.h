@@ -18,8 +18,8 @@ enum class Pass : std::uint8_t { kBackward, kForward };
 
 struct ComputeStep {
   Pass pass = Pass::kBackward;
-  int layer = 0;                // index into Profile::layers
-  std::int64_t iteration = 0;   // the iteration whose backward (or next forward) this is
+  int layer = 0;               // index into Profile::layers
+  std::int64_t iteration = 0;  // the iteration whose backward (or next forward) this is
 };
 
 class Compute {

@@ -124,10 +124,12 @@ struct ClusterConfig {
   }
   // The NIC rate of worker `w` or server `s` at time 0 (worker_bandwidth, server_bandwidth).
   Rate worker_rate(int w) const {
-    return worker_bandwidth.empty() ? link_schedule().rate_at(0) : worker_bandwidth[static_cast<std::size_t>(w)];
+    return worker_bandwidth.empty() ? link_schedule().rate_at(0)
+                                    : worker_bandwidth[static_cast<std::size_t>(w)];
   }
   Rate server_rate(int s) const {
-    return server_bandwidth.empty() ? link_schedule().rate_at(0) : server_bandwidth[static_cast<std::size_t>(s)];
+    return server_bandwidth.empty() ? link_schedule().rate_at(0)
+                                    : server_bandwidth[static_cast<std::size_t>(s)];
   }
 };
 

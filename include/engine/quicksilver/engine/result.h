@@ -16,19 +16,20 @@ namespace qs {
 
 struct SimResult {
   std::string policy;
-  TimeNs iteration_time = 0;  // median (or mean: SimOptions::statistic) of the steady-state iterations
+  TimeNs iteration_time =
+      0;  // median (or mean: SimOptions::statistic) of the steady-state iterations
   std::vector<TimeNs> iteration_times;  // all iterations, warm-up included
   double samples_per_second = 0;        // global: workers * batch / iteration
-  double scaling_efficiency = 0;        // oracle iteration / iteration (Mercury's "normalised speed")
-  TimeNs compute_time = 0;              // the oracle's iteration time (worker 0)
-  TimeNs gpu_idle = 0;                  // iteration - compute, worker 0
+  double scaling_efficiency = 0;  // oracle iteration / iteration (Mercury's "normalised speed")
+  TimeNs compute_time = 0;        // the oracle's iteration time (worker 0)
+  TimeNs gpu_idle = 0;            // iteration - compute, worker 0
   // Uplink busy time over the time spent pushing: from a layer's gradients being ready
   // until every ready byte is on the wire (Mercury III-B, Fig. 6: throughput averaged over
   // the time push operations run). Compute gaps with nothing to send do not count; a
   // scheduler's own waits (credit, stop-and-wait, startup) do. Worker 0, median over
   // steady-state iterations.
   double link_utilisation = 0;
-  Bytes bytes_pushed_per_iteration = 0;  // worker 0
+  Bytes bytes_pushed_per_iteration = 0;     // worker 0
   std::int64_t messages_per_iteration = 0;  // units pushed by worker 0
   // Simulator: the events of the model (every push, arrival and pull, each compute step),
   // and how many of them went through the event queue (the PS engine reports an arrival
@@ -68,8 +69,8 @@ TimeNs steady_median(const std::vector<TimeNs>& v, int skip);
 // The same for doubles; 0 for an empty v.
 double steady_median(const std::vector<double>& v, int skip);
 
-// Fills iteration_time (SimOptions::statistic of the iterations after the warm-up), compute_time, gpu_idle,
-// samples_per_second and scaling_efficiency from r->iteration_times. Shared by the
+// Fills iteration_time (SimOptions::statistic of the iterations after the warm-up), compute_time,
+// gpu_idle, samples_per_second and scaling_efficiency from r->iteration_times. Shared by the
 // simulator and the runtime launcher so that both report the same way.
 void finish_result(const Profile& profile, const ClusterConfig& cluster, const SimOptions& options,
                    SimResult* r);

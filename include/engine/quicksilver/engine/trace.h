@@ -54,7 +54,8 @@ struct TraceWritten {
 
 // Writes a Chrome trace (chrome://tracing, Perfetto) with one process per host and
 // tracks compute/uplink/downlink.
-Result<TraceWritten> write_chrome_trace(const std::vector<SimResult>& results, const std::string& path,
+Result<TraceWritten> write_chrome_trace(const std::vector<SimResult>& results,
+                                        const std::string& path,
                                         TraceDetail detail = TraceDetail::kAuto);
 
 }  // namespace qs

@@ -65,13 +65,13 @@ struct LoopOptions {
 
 // What the loop measured of one iteration.
 struct IterationRecord {
-  TimeNs time = 0;       // from the start of bp^L to the end of the next fp^L (Mercury V)
-  TimeNs pushing = 0;    // PS: time some ready gradient was not yet on the wire
-  Traffic traffic;       // what the exchange sent
+  TimeNs time = 0;     // from the start of bp^L to the end of the next fp^L (Mercury V)
+  TimeNs pushing = 0;  // PS: time some ready gradient was not yet on the wire
+  Traffic traffic;     // what the exchange sent
   // Link utilisation: PS, traffic.busy / pushing (1 when nothing was pending; 0 for the
   // oracle); all-reduce, traffic.busy / traffic.window.
   double utilisation = 0;
-  double gbps = 0;       // PS: 8 * traffic.wire_bytes / pushing, in Gbit/s (0: no pushing)
+  double gbps = 0;  // PS: 8 * traffic.wire_bytes / pushing, in Gbit/s (0: no pushing)
 };
 
 class TrainingLoop final : public ExchangeListener {
@@ -80,8 +80,8 @@ class TrainingLoop final : public ExchangeListener {
   TrainingLoop(const Profile& profile, const TensorLayout& layout, PsPolicy& policy, Timer& timer,
                Compute& compute, Exchange& exchange, LoopOptions options);
   // The all-reduce loop (one stands for every worker).
-  TrainingLoop(const Profile& profile, const TensorLayout& layout, AllReducePolicy& policy, Timer& timer,
-               Compute& compute, Exchange& exchange, LoopOptions options);
+  TrainingLoop(const Profile& profile, const TensorLayout& layout, AllReducePolicy& policy,
+               Timer& timer, Compute& compute, Exchange& exchange, LoopOptions options);
   ~TrainingLoop() override;
   TrainingLoop(const TrainingLoop&) = delete;
   TrainingLoop& operator=(const TrainingLoop&) = delete;
@@ -161,7 +161,7 @@ class TrainingLoop final : public ExchangeListener {
 
   const Profile& profile_;
   const TensorLayout& layout_;
-  PsPolicy* ps_ = nullptr;              // exactly one of ps_ and ar_ is set
+  PsPolicy* ps_ = nullptr;  // exactly one of ps_ and ar_ is set
   AllReducePolicy* ar_ = nullptr;
   Timer& timer_;
   Compute& compute_;
@@ -180,8 +180,8 @@ class TrainingLoop final : public ExchangeListener {
   bool backward_held_ = false;     // ... and the gate was closed when first asked
   bool start_pending_ = false;     // start_on_first_gradient: on_iteration_start not yet called
   TimeNs iteration_start_ = 0, last_end_ = 0, first_backward_at_ = 0;
-  std::vector<Bytes> layer_got_;   // this iteration's bytes summed, per layer
-  std::vector<TimeNs> ready_at_;   // when each layer's parameters were complete (-1: not yet)
+  std::vector<Bytes> layer_got_;  // this iteration's bytes summed, per layer
+  std::vector<TimeNs> ready_at_;  // when each layer's parameters were complete (-1: not yet)
   Bytes got_total_ = 0;
 
   // "While pushing" (PS): gradient bytes made ready this iteration, handed to the exchange,
@@ -191,9 +191,9 @@ class TrainingLoop final : public ExchangeListener {
   Rate monitor_{0};  // the bandwidth monitor's last estimate (0: none yet)
 
   // Accounting and verification.
-  std::vector<Bytes> reduced_per_iteration_;        // all-reduce
-  std::vector<std::vector<Chunk>> covered_;         // all-reduce, with verify_bytes
-  std::vector<Chunk> pushed_, pulled_;              // PS, with verify_bytes
+  std::vector<Bytes> reduced_per_iteration_;  // all-reduce
+  std::vector<std::vector<Chunk>> covered_;   // all-reduce, with verify_bytes
+  std::vector<Chunk> pushed_, pulled_;        // PS, with verify_bytes
   std::vector<IterationRecord> records_;
 };
 

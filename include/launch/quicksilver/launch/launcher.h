@@ -108,8 +108,8 @@ struct ClusterRunResult {
   // Policies that failed, each with why (the run stops at the first unless keep_going).
   std::vector<std::pair<std::string, Status>> failures;
   double scale = 1;
-  TimeNs rto_min = 0;  // LaunchOptions::rto_min as run (0: the kernel's default)
-  bool quickack = false;  // LaunchOptions::quickack as run
+  TimeNs rto_min = 0;        // LaunchOptions::rto_min as run (0: the kernel's default)
+  bool quickack = false;     // LaunchOptions::quickack as run
   TimeNs switch_buffer = 0;  // LaunchOptions::switch_buffer as run (netns; 0: none)
   TimeNs host_queue = 0;     // LaunchOptions::host_queue as run (netns; 0: none)
   Bytes gso_max = 0;         // LaunchOptions::gso_max as run (netns; 0: the kernel's)

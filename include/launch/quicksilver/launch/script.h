@@ -1,8 +1,9 @@
 // `quicksilver run --script`: runs a user's training script (PyTorch with quicksilver.torch)
 // as N worker processes on this machine, each with the environment torchrun gives its
 // workers (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and
-// OMP_NUM_THREADS=1 unless set), so that the same script runs under either launcher. quicksilver.torch hosts one parameter
-// server in each process (N = M) unless the script names separate servers.
+// OMP_NUM_THREADS=1 unless set), so that the same script runs under either launcher.
+// quicksilver.torch hosts one parameter server in each process (N = M) unless the script names
+// separate servers.
 //
 // Exit is clean: when a worker fails, the others are expected to fail on their own within
 // moments (their peers' sockets close); whoever is still running after `grace` is
@@ -28,15 +29,15 @@ struct ScriptLaunchOptions {
   // The interpreter of a *.py script (choose_python, quicksilver/launch/python.h); required
   // for one, unused otherwise.
   std::string python;
-  std::vector<std::string> args;             // the script's own arguments
-  int workers = 2;                           // N, in 1..runtime::kMaxWorkers
+  std::vector<std::string> args;  // the script's own arguments
+  int workers = 2;                // N, in 1..runtime::kMaxWorkers
   // Prepended to the children's PYTHONPATH (where the quicksilver package is); may be empty.
   std::string python_path;
   // More environment for every process (`run --script --policy P`: QS_POLICY, QS_KNOBS,
   // ..., read by quicksilver.torch's DistributedOptimizer).
   std::vector<std::pair<std::string, std::string>> env;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;                       // 0: a free port of this machine
+  int master_port = 0;  // 0: a free port of this machine
   // One network namespace per worker (root), joined by tc-shaped links at `bandwidth` each
   // way (runtime/netns.h); MASTER_ADDR is worker 0's address and GLOO_SOCKET_IFNAME each
   // worker's interface, so torch.distributed (and DDP) use the shaped links too.
@@ -50,8 +51,8 @@ struct ScriptLaunchOptions {
   TimeNs switch_buffer = 2 * kNsPerMs;
   TimeNs host_queue = 20 * kNsPerMs;
   Bytes gso_max = 48 * 1024;
-  TimeNs timeout = 0;                        // 0: none
-  TimeNs grace = 15 * kNsPerSec;             // after the first failure (see above)
+  TimeNs timeout = 0;             // 0: none
+  TimeNs grace = 15 * kNsPerSec;  // after the first failure (see above)
   // SIGINT/SIGTERM/SIGHUP stop the run (above); the previous handlers come back at the end.
   bool catch_signals = true;
   // Progress messages ("worker 1 exited with status 1", "terminating ..."). May be empty.

@@ -52,8 +52,8 @@ struct Profile {
 // is rejected with an error that names the field and the layer.
 struct ProfileLimits {
   std::int64_t max_tensor_elements = std::int64_t{1} << 36;  // 64 Gi elements
-  Bytes max_total_bytes = Bytes{1} << 40;                      // 1 TiB of gradients
-  double max_layer_ms = 1e6;                                    // 1000 s per phase
+  Bytes max_total_bytes = Bytes{1} << 40;                    // 1 TiB of gradients
+  double max_layer_ms = 1e6;                                 // 1000 s per phase
   int max_layers = 1'000'000;
 };
 

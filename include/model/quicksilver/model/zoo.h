@@ -6,9 +6,9 @@
 // compiled into the binary, so nothing at run time needs Python.
 //
 // Device model (docs/zoo.md): forward time of a layer = max(batch * flops / sustained
-// rate, batch * 2 * activation bytes / memory bandwidth) + a fixed per-layer overhead; backward = kBackwardRatio * forward; update (SGD with
-// momentum, memory bound) = 5 * parameter bytes / memory bandwidth. It is an estimate:
-// right in proportion between layers and models, not a measurement.
+// rate, batch * 2 * activation bytes / memory bandwidth) + a fixed per-layer overhead; backward =
+// kBackwardRatio * forward; update (SGD with momentum, memory bound) = 5 * parameter bytes / memory
+// bandwidth. It is an estimate: right in proportion between layers and models, not a measurement.
 #pragma once
 
 #include <cstdint>
@@ -43,12 +43,12 @@ struct ZooModel {
 };
 
 struct Device {
-  std::string name;               // e.g. "rtx3090"
-  std::string display_name;       // e.g. "NVIDIA RTX 3090"
-  double sustained_tflops = 0;    // FP32 training throughput actually reached
-  double memory_gbps = 0;         // GB/s, for the optimizer step
-  TimeNs layer_overhead = 0;      // per layer and pass (kernel launches)
-  std::string basis;              // where the sustained figure comes from
+  std::string name;             // e.g. "rtx3090"
+  std::string display_name;     // e.g. "NVIDIA RTX 3090"
+  double sustained_tflops = 0;  // FP32 training throughput actually reached
+  double memory_gbps = 0;       // GB/s, for the optimizer step
+  TimeNs layer_overhead = 0;    // per layer and pass (kernel launches)
+  std::string basis;            // where the sustained figure comes from
 };
 
 inline constexpr double kBackwardRatio = 2.0;
@@ -64,7 +64,7 @@ Result<const Device*> find_device(const std::string& name);
 Profile make_zoo_profile(const ZooModel& model, const Device& device, int batch_size = 0);
 
 // "NAME" of the zoo, or a path to a profile JSON file. Zoo names win over files.
-Result<Profile> load_model(const std::string& name_or_path, const std::string& device = kDefaultDevice,
-                           int batch_size = 0);
+Result<Profile> load_model(const std::string& name_or_path,
+                           const std::string& device = kDefaultDevice, int batch_size = 0);
 
 }  // namespace qs

@@ -138,8 +138,8 @@ class AllReducePolicy {
   // bucket carrying them will cover first_iteration = this .. some last >= iteration
   // (DeFT's future task queue); `iteration` itself where they merge with no older ones.
   // Decided by on_iteration_start(iteration) at the latest and asked between that call and
-  // the next on_iteration_start (a merging policy may answer -1 for any other). It lets an engine keep one
-  // running sum per range of iterations instead of a copy of each iteration's gradients.
+  // the next on_iteration_start (a merging policy may answer -1 for any other). It lets an engine
+  // keep one running sum per range of iterations instead of a copy of each iteration's gradients.
   virtual std::int64_t merged_from(std::int64_t iteration) const { return iteration; }
   // Real training's measurements of one iteration (TrainingFeedback). Workers apply the
   // same feedback at the same point of their inputs (worker 0's, replicated), so any

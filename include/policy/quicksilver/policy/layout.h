@@ -49,8 +49,12 @@ class TensorLayout {
   const TensorInfo& tensor(TensorId id) const { return tensors_[static_cast<std::size_t>(id)]; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   // Tensor ids of a layer, in declaration order (contiguous ids).
-  TensorId first_tensor(int layer) const { return layer_tensors_[static_cast<std::size_t>(layer)].first; }
-  TensorId end_tensor(int layer) const { return layer_tensors_[static_cast<std::size_t>(layer)].second; }
+  TensorId first_tensor(int layer) const {
+    return layer_tensors_[static_cast<std::size_t>(layer)].first;
+  }
+  TensorId end_tensor(int layer) const {
+    return layer_tensors_[static_cast<std::size_t>(layer)].second;
+  }
   Bytes layer_bytes(int layer) const { return layer_bytes_[static_cast<std::size_t>(layer)]; }
   Bytes total_bytes() const { return total_bytes_; }
 
@@ -78,7 +82,9 @@ class Placement {
 
   int num_servers() const { return servers_; }
   // The slices of a tensor, in offset order (one entry when the tensor is not split).
-  const std::vector<Slice>& slices(TensorId id) const { return slices_[static_cast<std::size_t>(id)]; }
+  const std::vector<Slice>& slices(TensorId id) const {
+    return slices_[static_cast<std::size_t>(id)];
+  }
   // Server owning byte `offset` of tensor `id`.
   int server_of(TensorId id, Bytes offset) const;
   // The slice of tensor `id` that `server` owns and that holds all of `c` (c.tensor ==

@@ -72,9 +72,10 @@ struct Knob {
   bool get_bool(const PolicyOptions& o) const;
 };
 
-using PsFactory = std::function<Result<std::unique_ptr<PsPolicy>>(const PolicyOptions&, const PsContext&)>;
-using AllReduceFactory =
-    std::function<Result<std::unique_ptr<AllReducePolicy>>(const PolicyOptions&, const AllReduceContext&)>;
+using PsFactory =
+    std::function<Result<std::unique_ptr<PsPolicy>>(const PolicyOptions&, const PsContext&)>;
+using AllReduceFactory = std::function<Result<std::unique_ptr<AllReducePolicy>>(
+    const PolicyOptions&, const AllReduceContext&)>;
 
 // One policy on one architecture (a name may exist on both: wfbp, bytescheduler, oracle).
 struct PolicySpec {
@@ -92,7 +93,7 @@ struct PolicySpec {
   // policy object's communicates() says the same). What the runtimes, the launcher and the
   // integrations ask instead of a name.
   bool communicates = true;
-  PsFactory make_ps;               // set for kPs
+  PsFactory make_ps;                // set for kPs
   AllReduceFactory make_allreduce;  // set for kAllReduce
 };
 
@@ -144,8 +145,9 @@ Status register_policy(std::vector<PolicySpec> policies, std::vector<Knob> knobs
 // scale"): VGG-16 with 32 KiB packets on 1024 workers and 1024 servers is 26.3 Mi units,
 // one iteration in about 7 s and 650 MB on 2 cores; the bound, 32 Mi, about 1.3 times that.
 // (Before issue 14 the bound was 4 Mi: 16 Mi took 28 s and 1.4 GB for two iterations.)
-inline constexpr std::int64_t kMaxUnitsPerIteration = std::int64_t{1} << 20;           // 1,048,576
-inline constexpr std::int64_t kMaxUnitsPerIterationAllWorkers = std::int64_t{1} << 25;  // 33,554,432
+inline constexpr std::int64_t kMaxUnitsPerIteration = std::int64_t{1} << 20;  // 1,048,576
+inline constexpr std::int64_t kMaxUnitsPerIterationAllWorkers = std::int64_t{1}
+                                                                << 25;  // 33,554,432
 // Checks `policy` (on `architecture`) with `options` on `profile` and `workers` against
 // those bounds, counting the units of every knob the policy reads that `cuts`: on PS, per
 // server's slice of each tensor as the placement makes them over `servers` (a unit never

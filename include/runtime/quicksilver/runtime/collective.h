@@ -32,10 +32,9 @@
 #include <string>
 #include <vector>
 
+#include "quicksilver/core/status.h"
 #include "quicksilver/engine/compute.h"
 #include "quicksilver/engine/timer.h"
-
-#include "quicksilver/core/status.h"
 #include "quicksilver/policy/allreduce_policy.h"
 #include "quicksilver/runtime/runtime.h"
 #include "quicksilver/transport/auth.h"

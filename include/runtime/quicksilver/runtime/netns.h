@@ -150,8 +150,8 @@ class NetnsCluster {
                   std::vector<std::unique_ptr<TbfLink>>* shapers);
 
   NetnsOptions options_;
-  std::vector<std::string> namespaces_;  // created so far, for teardown
-  std::vector<std::unique_ptr<TbfLink>> shapers_;  // host h: [2h] uplink, [2h + 1] downlink
+  std::vector<std::string> namespaces_;                   // created so far, for teardown
+  std::vector<std::unique_ptr<TbfLink>> shapers_;         // host h: [2h] uplink, [2h + 1] downlink
   std::vector<std::unique_ptr<TbfLink>> second_shapers_;  // the same on the second link
   bool bridge_made_ = false, second_bridge_made_ = false;
   bool torn_down_ = false;
@@ -171,9 +171,9 @@ CpuTicks cpu_ticks();
 double idle_share(const CpuTicks& before, const CpuTicks& after);
 
 // Every link loaded at once: of the hosts from `first_host` on, each sends to the next
-// (the last to the first) with iperf3 for `seconds`, so every uplink and every downlink of link 0 carries one flow, as a job's
-// traffic loads them all together. What one link alone carries says little on a machine
-// whose cores emulate all of them (issue 16).
+// (the last to the first) with iperf3 for `seconds`, so every uplink and every downlink of link 0
+// carries one flow, as a job's traffic loads them all together. What one link alone carries says
+// little on a machine whose cores emulate all of them (issue 16).
 struct ClusterGoodput {
   std::vector<Rate> flows;  // flow h: from host h
   Rate median{0}, min{0};

@@ -66,11 +66,13 @@ class Coordinator {
   Counters counters() const;
 
  private:
-  Coordinator(CoordinatorOptions options, int fd, int port) : options_(std::move(options)), fd_(fd), port_(port) {}
+  Coordinator(CoordinatorOptions options, int fd, int port)
+      : options_(std::move(options)), fd_(fd), port_(port) {}
   CoordinatorOptions options_;
   int fd_;
   int port_;
-  std::atomic<std::int64_t> accepted_{0}, refused_{0}, accept_failures_{0}, polls_{0};  // run() writes
+  std::atomic<std::int64_t> accepted_{0}, refused_{0}, accept_failures_{0},
+      polls_{0};  // run() writes
   std::atomic<int> pending_{0};
 };
 
@@ -97,7 +99,8 @@ Status register_server(const Endpoint& coordinator, int id, int port, TimeNs tim
                        const transport::Secret* secret = nullptr);
 // Asks the coordinator for the servers' addresses (waits until all have registered or
 // `timeout` passes). `secret` as in register_server.
-Result<std::vector<Endpoint>> lookup_servers(const Endpoint& coordinator, int worker_id, TimeNs timeout,
+Result<std::vector<Endpoint>> lookup_servers(const Endpoint& coordinator, int worker_id,
+                                             TimeNs timeout,
                                              const transport::Secret* secret = nullptr);
 
 }  // namespace qs::runtime

@@ -19,10 +19,10 @@
 // at once on a closed socket; a peer or link that stalls within 1.25 x `peer_timeout`
 // (every connection carries a heartbeat when idle, so silence is a fault, never a pause);
 // a peer that is alive but makes no progress within 2.25 x `peer_timeout` (a server whose
-// sums wait; a worker that waits notices after 3 x, the servers' verdict coming first). A server that
-// loses a worker closes all its connections, so the others fail fast too. Every frame
-// carries CRC32C checksums (transport/wire.h): a corrupted frame fails the job, naming the
-// peer, and is never summed (docs/reliability.md).
+// sums wait; a worker that waits notices after 3 x, the servers' verdict coming first). A server
+// that loses a worker closes all its connections, so the others fail fast too. Every frame carries
+// CRC32C checksums (transport/wire.h): a corrupted frame fails the job, naming the peer, and is
+// never summed (docs/reliability.md).
 #pragma once
 
 #include <atomic>
@@ -66,13 +66,13 @@ struct JobOptions {
   Profile profile;
   std::string policy = "mercury";
   PolicyOptions policy_options;
-  int workers = 2;    // N
-  int servers = 1;    // M
+  int workers = 2;  // N
+  int servers = 1;  // M
   int iterations = 5;
   // The nominal NIC rate, given to policies that plan with it (prophet) until their
   // bandwidth monitor has a measurement.
   Rate bandwidth = Rate::gbps(10);
-  transport::SocketOptions socket;          // congestion control, buffers
+  transport::SocketOptions socket;  // congestion control, buffers
   // Gradient elements on the wire (transport/wire.h): float32, or bf16/fp16 with float32
   // sums (the servers'; the all-reduce's partial sums, rounded at each hop).
   transport::WireDType wire_dtype = transport::WireDType::kFloat32;
@@ -155,13 +155,13 @@ struct WorkerReport {
   std::string policy;
   std::string congestion_control;  // what the kernel reports on the data sockets
   std::vector<TimeNs> iteration_times;
-  TimeNs median_iteration = 0;     // over iterations after the warm-up
+  TimeNs median_iteration = 0;  // over iterations after the warm-up
   Bytes bytes_pushed_per_iteration = 0;
   std::int64_t units_per_iteration = 0;
   // Uplink while pushing: bytes handed to the kernel (headers included) over the time the
   // sender had backlog, per iteration; median after warm-up.
   double uplink_gbps = 0;
-  double uplink_utilisation = 0;   // uplink_gbps / nic_rate (0 when nic_rate is unknown)
+  double uplink_utilisation = 0;  // uplink_gbps / nic_rate (0 when nic_rate is unknown)
   // How a push period's end was dated: "transmit timestamps" (the last byte left the host)
   // or "acknowledgements" (the servers' TCP acknowledged it; the kernel gave no timestamps).
   std::string push_end;
@@ -175,7 +175,7 @@ struct WorkerReport {
   // server's acknowledgement arriving (serialisation, the path both ways, and both
   // processes' wake-ups), percentiles 10 and 50 over the same units; 0 when none.
   TimeNs ack_rtt_p10 = 0, ack_rtt_p50 = 0;
-  int iterations_verified = 0;     // iterations whose every pulled element was checked
+  int iterations_verified = 0;  // iterations whose every pulled element was checked
   // What TCP repaired on this worker's connections (its pushes), per iteration:
   // retransmitted segments, and retransmission timeouts (empty on kernels before 6.7).
   std::vector<std::int64_t> retransmits, timeouts;

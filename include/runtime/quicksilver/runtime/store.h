@@ -12,9 +12,9 @@
 // that did not. With a cluster secret every client authenticates first, both ways
 // (transport/auth.h, context "quicksilver-store"): a stranger reads nothing and writes
 // nothing; a client not authenticated within AcceptLimits::handshake_timeout is closed,
-// and at most AcceptLimits::max_pending wait at once (the oldest goes). Everything a stranger can make it hold is bounded: the keys
-// (kMaxStoreKeys, kMaxStoreBytes), each value, each line, the connections
-// (kMaxStoreClients).
+// and at most AcceptLimits::max_pending wait at once (the oldest goes). Everything a stranger can
+// make it hold is bounded: the keys (kMaxStoreKeys, kMaxStoreBytes), each value, each line, the
+// connections (kMaxStoreClients).
 #pragma once
 
 #include <cstdint>
@@ -41,9 +41,10 @@ class StoreServer {
  public:
   // Listens on `listen` (port 0: ephemeral) for a job of `ranks` ranks; `secret` null: no
   // authentication (a trusted network only).
-  static Result<std::unique_ptr<StoreServer>> create(const Endpoint& listen, int ranks, TimeNs timeout,
-                                                     std::shared_ptr<const transport::Secret> secret = nullptr,
-                                                     transport::AcceptLimits limits = {});
+  static Result<std::unique_ptr<StoreServer>> create(
+      const Endpoint& listen, int ranks, TimeNs timeout,
+      std::shared_ptr<const transport::Secret> secret = nullptr,
+      transport::AcceptLimits limits = {});
   ~StoreServer();
   int port() const { return port_; }
   // Serves until every rank said done (OK) or the deadline. Blocking.

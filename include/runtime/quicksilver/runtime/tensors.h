@@ -45,10 +45,10 @@ Result<DType> parse_dtype(const std::string& text);
 // The dtype on the wire is the job's (JobOptions::wire_dtype: float32, bf16 or fp16; see
 // transport/wire.h), independent of `dtype`: sums are float32 whatever the model's dtype.
 struct TensorBuffer {
-  TensorId id = 0;                    // the profile's tensor id (forward order)
-  const float* gradient = nullptr;    // this worker's gradient: read while it is pushed
-  float* sum = nullptr;               // the pulled sum lands here (may equal gradient)
-  std::int64_t elements = 0;          // must equal the profile's element count
+  TensorId id = 0;                  // the profile's tensor id (forward order)
+  const float* gradient = nullptr;  // this worker's gradient: read while it is pushed
+  float* sum = nullptr;             // the pulled sum lands here (may equal gradient)
+  std::int64_t elements = 0;        // must equal the profile's element count
   // Smaller is more urgent. The policies take priorities from the profile's order, so the
   // registry must list tensors with strictly increasing priority by id (the forward order
   // in which a model uses its parameters); the default is the id itself.

@@ -58,7 +58,8 @@ class Ring {
  private:
   void grow() {
     std::vector<T> bigger(std::max<std::size_t>(8, buf_.size() * 2));
-    for (std::size_t i = 0; i < size_; ++i) bigger[i] = std::move(buf_[(head_ + i) & (buf_.size() - 1)]);
+    for (std::size_t i = 0; i < size_; ++i)
+      bigger[i] = std::move(buf_[(head_ + i) & (buf_.size() - 1)]);
     buf_.swap(bigger);
     head_ = 0;
   }
@@ -167,7 +168,8 @@ class EventQueue {
     for (std::size_t j = 0; j < padded; ++j) {
       const std::size_t i = first_leaf_ + j;
       keys_tree_[(i - 1) / 4].key[(i - 1) % 4] = j < keys_.size() ? keys_[j] : kEmptyKey;
-      leaves_tree_[(i - 1) / 4].leaf[(i - 1) % 4] = static_cast<std::uint32_t>(std::min(j, keys_.size() - 1));
+      leaves_tree_[(i - 1) / 4].leaf[(i - 1) % 4] =
+          static_cast<std::uint32_t>(std::min(j, keys_.size() - 1));
     }
     for (std::size_t p = first_leaf_; p-- > 0;) {
       std::uint32_t w;
@@ -251,8 +253,8 @@ class EventQueue {
   using Lane = Ring<Event>;
   std::vector<Lane> lanes_;
   std::vector<Key> keys_ = {kEmptyKey};  // per leaf: its earliest event's key
-  std::vector<Group> keys_tree_;      // by parent: its children's keys
-  std::vector<Winners> leaves_tree_;  // by parent: its children's winning leaves
+  std::vector<Group> keys_tree_;         // by parent: its children's keys
+  std::vector<Winners> leaves_tree_;     // by parent: its children's winning leaves
   std::size_t first_leaf_ = 0;
   std::uint32_t root_ = 0;
   bool tree_stale_ = true;

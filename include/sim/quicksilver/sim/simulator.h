@@ -78,8 +78,10 @@ struct SharedJob {
 inline constexpr int kMaxSharedJobs = 16;
 // Errors: fewer than 1 or more than kMaxSharedJobs jobs, an invalid profile, cluster or
 // policy (prefixed "job J"), a policy that is not a PS policy, the unit budget of any job.
-Result<std::vector<SimResult>> simulate_shared(const std::vector<SharedJob>& jobs, const ClusterConfig& cluster,
-                                               const SimOptions& options, const SharingOptions& sharing = {});
+Result<std::vector<SimResult>> simulate_shared(const std::vector<SharedJob>& jobs,
+                                               const ClusterConfig& cluster,
+                                               const SimOptions& options,
+                                               const SharingOptions& sharing = {});
 // Least-squares fit of a and b to measured "SIZE TIME" lines (units allowed: "4MiB 3.2ms").
 Result<AllReduceCost> fit_allreduce_cost(const std::string& path);
 

@@ -44,12 +44,12 @@ struct TuneOptions {
 };
 
 struct TuneResult {
-  PolicyOptions options;        // `base` with the best knobs set
-  Bytes partition_size = 0;     // bytescheduler: partition; p3: slice
-  Bytes credit_size = 0;        // bytescheduler only (0 for p3)
-  TimeNs iteration_time = 0;    // steady-state median of the best
-  TimeNs default_time = 0;      // the same for `base`'s knobs
-  int simulations = 0;          // distinct (partition, credit) points simulated
+  PolicyOptions options;      // `base` with the best knobs set
+  Bytes partition_size = 0;   // bytescheduler: partition; p3: slice
+  Bytes credit_size = 0;      // bytescheduler only (0 for p3)
+  TimeNs iteration_time = 0;  // steady-state median of the best
+  TimeNs default_time = 0;    // the same for `base`'s knobs
+  int simulations = 0;        // distinct (partition, credit) points simulated
 };
 
 // Searches the knobs of options.policy for `profile` on `cluster`, simulating with `sim`

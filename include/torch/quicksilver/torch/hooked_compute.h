@@ -32,7 +32,8 @@ class HookedCompute final : public Compute {
  public:
   // `on_gate(layer, iteration)`: the loop let layer's forward of the pass after
   // `iteration`'s backward start (called on the loop thread).
-  HookedCompute(Timer& timer, int layers, std::function<void(int layer, std::int64_t iteration)> on_gate);
+  HookedCompute(Timer& timer, int layers,
+                std::function<void(int layer, std::int64_t iteration)> on_gate);
 
   void run(const ComputeStep& step, TimeNs earliest, Done done) override;
 

@@ -61,22 +61,25 @@ struct TrainerOptions {
     try {
       o.rank = std::stoi(get("RANK", "0"));
       o.size = std::stoi(get("WORLD_SIZE", "1"));
-      o.coordinator = runtime::Endpoint{get("MASTER_ADDR", "127.0.0.1"), std::stoi(get("MASTER_PORT", "0"))};
+      o.coordinator =
+          runtime::Endpoint{get("MASTER_ADDR", "127.0.0.1"), std::stoi(get("MASTER_PORT", "0"))};
     } catch (const std::exception&) {
       throw std::invalid_argument("quicksilver: RANK, WORLD_SIZE and MASTER_PORT must be integers");
     }
     if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
-      throw std::invalid_argument("quicksilver: RANK=" + std::to_string(o.rank) + " not in [0, WORLD_SIZE=" +
-                                  std::to_string(o.size) + ")");
+      throw std::invalid_argument("quicksilver: RANK=" + std::to_string(o.rank) +
+                                  " not in [0, WORLD_SIZE=" + std::to_string(o.size) + ")");
     }
-    if (o.size > 1 && o.coordinator.port == 0) throw std::invalid_argument("quicksilver: MASTER_PORT is not set");
+    if (o.size > 1 && o.coordinator.port == 0)
+      throw std::invalid_argument("quicksilver: MASTER_PORT is not set");
     return o;
   }
 };
 
 class DistributedTrainer {
  public:
-  DistributedTrainer(torch::nn::Sequential model, torch::optim::Optimizer& optimizer, TrainerOptions options)
+  DistributedTrainer(torch::nn::Sequential model, torch::optim::Optimizer& optimizer,
+                     TrainerOptions options)
       : model_(std::move(model)), optimizer_(optimizer), options_(std::move(options)) {
     for (const auto& item : model_->named_children()) {
       const std::string& name = item.key();
@@ -92,7 +95,8 @@ class DistributedTrainer {
       layer_of_child_.push_back(params.empty() ? -1 : static_cast<int>(layers_.size()));
       if (!params.empty()) layers_.push_back(Layer{name, params});
     }
-    if (layers_.empty()) throw std::invalid_argument("quicksilver: the model has no trainable parameter");
+    if (layers_.empty())
+      throw std::invalid_argument("quicksilver: the model has no trainable parameter");
     // Gradient hooks on each parameter's accumulator: they fire once its .grad holds this
     // backward's gradient. The accumulators are kept: a parameter holds its own weakly.
     int tensor = 0;
@@ -141,7 +145,8 @@ class DistributedTrainer {
   void step() {
     if (!session_) start();
     for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
-      if (applied_[static_cast<std::size_t>(l)] < session_->backwards(l) && ready(l, false)) apply(l);
+      if (applied_[static_cast<std::size_t>(l)] < session_->backwards(l) && ready(l, false))
+        apply(l);
     }
   }
 
@@ -176,7 +181,8 @@ class DistributedTrainer {
   };
 
   struct GradHook final : torch::autograd::FunctionPostHook {
-    GradHook(DistributedTrainer* t, std::size_t layer, int tensor) : t(t), layer(layer), tensor(tensor) {}
+    GradHook(DistributedTrainer* t, std::size_t layer, int tensor)
+        : t(t), layer(layer), tensor(tensor) {}
     torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                               const torch::autograd::variable_list&) override {
       if (t->session_) {
@@ -192,7 +198,8 @@ class DistributedTrainer {
   };
 
   static TimeNs now() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
         .count();
   }
   static void check(const Status& s) {
@@ -212,10 +219,12 @@ class DistributedTrainer {
       LayerSpec spec;
       spec.name = layers_[l].name;
       spec.forward = std::max<TimeNs>(forward_at_[l + 1] - forward_at_[l], 0);
-      spec.backward = std::max<TimeNs>(grad_at_[l] - (l + 1 < L ? grad_at_[l + 1] : forward_at_.back()), 0);
+      spec.backward =
+          std::max<TimeNs>(grad_at_[l] - (l + 1 < L ? grad_at_[l + 1] : forward_at_.back()), 0);
       int k = 0;
       for (auto& p : layers_[l].params) {
-        if (!p.grad().defined()) throw std::runtime_error("quicksilver: a parameter got no gradient");
+        if (!p.grad().defined())
+          throw std::runtime_error("quicksilver: a parameter got no gradient");
         spec.tensors.push_back(TensorSpec{spec.name + "." + std::to_string(k++), p.numel()});
       }
       profile_.layers.push_back(std::move(spec));
@@ -230,7 +239,8 @@ class DistributedTrainer {
     if (!job.is_ok()) check(job.status());
     auto architecture = job_architecture(js);
     if (architecture.is_ok() && *architecture == Architecture::kAllReduce) {
-      check(invalid_argument("policy '" + js.policy + "': the LibTorch API runs the parameter-server policies; the "
+      check(invalid_argument("policy '" + js.policy +
+                             "': the LibTorch API runs the parameter-server policies; the "
                              "all-reduce ones run from Python (quicksilver.torch)"));
     }
     runtime::ServerOptions so;
@@ -242,13 +252,14 @@ class DistributedTrainer {
     std::vector<runtime::Endpoint> endpoints{runtime::Endpoint{"127.0.0.1", (*server)->port()}};
     if (options_.size > 1) {
       if (options_.rank == 0) {
-        runtime::CoordinatorOptions co{runtime::Endpoint{"0.0.0.0", options_.coordinator.port}, options_.size,
-                                       options_.size, options_.timeout};
+        runtime::CoordinatorOptions co{runtime::Endpoint{"0.0.0.0", options_.coordinator.port},
+                                       options_.size, options_.size, options_.timeout};
         auto c = runtime::Coordinator::create(co);
         if (!c.is_ok()) check(c.status().with_context("coordinator at MASTER_PORT"));
         coordinator_thread_ = std::thread([c = std::move(*c)] { (void)c->run(); });
       }
-      check(runtime::register_server(options_.coordinator, options_.rank, (*server)->port(), options_.timeout));
+      check(runtime::register_server(options_.coordinator, options_.rank, (*server)->port(),
+                                     options_.timeout));
       auto list = runtime::lookup_servers(options_.coordinator, options_.rank, options_.timeout);
       if (!list.is_ok()) check(list.status());
       endpoints = *list;
@@ -265,7 +276,8 @@ class DistributedTrainer {
           p.mutable_grad() = g.contiguous();
           g = p.grad();
         }
-        o.tensors.push_back(runtime::TensorBuffer{id, g.data_ptr<float>(), g.data_ptr<float>(), g.numel(), id});
+        o.tensors.push_back(
+            runtime::TensorBuffer{id, g.data_ptr<float>(), g.data_ptr<float>(), g.numel(), id});
         ++id;
       }
     }
@@ -305,7 +317,7 @@ class DistributedTrainer {
   std::vector<int> layer_of_child_;  // by child of the Sequential: its layer, or -1
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<TimeNs> grad_at_, forward_at_;  // the first iteration's times
-  std::vector<std::int64_t> applied_;          // updates applied, per layer
+  std::vector<std::int64_t> applied_;         // updates applied, per layer
   Profile profile_;
   std::unique_ptr<Session> session_;
   std::thread coordinator_thread_;

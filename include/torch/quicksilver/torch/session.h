@@ -63,7 +63,7 @@ class HookedCompute;
 // What a binding knows of a job, as text: turned into runtime::JobOptions by make_job, the
 // one place that parses it (the Python module and the LibTorch API both call it).
 struct JobSpec {
-  std::string profile_json;   // DESIGN.md's profile format, layers in forward-use order
+  std::string profile_json;  // DESIGN.md's profile format, layers in forward-use order
   std::string policy = "mercury";
   // "ps" (TCP parameter servers), "allreduce" (gloo), or empty: the policy's own, and "ps"
   // for the names both architectures have (wfbp, bytescheduler).
@@ -112,7 +112,8 @@ class TrainingWorker {
   // Thread-safe: real training's measurements for the policy (all-reduce only).
   virtual void feedback(const TrainingFeedback& f) { (void)f; }
 };
-using WorkerFactory = std::function<Result<std::unique_ptr<TrainingWorker>>(runtime::WorkerOptions)>;
+using WorkerFactory =
+    std::function<Result<std::unique_ptr<TrainingWorker>>(runtime::WorkerOptions)>;
 // The parameter-server worker (runtime::Worker over TCP).
 Result<std::unique_ptr<TrainingWorker>> ps_worker(runtime::WorkerOptions options);
 // The all-reduce worker on gloo (runtime::CollectiveWorker), meeting the others through
@@ -132,8 +133,8 @@ struct SessionOptions {
   // the order the forward pass uses them, and its tensors in that order (their ids and
   // priorities). job.iterations is a bound: the user's loop decides, and finish() ends it.
   runtime::JobOptions job;
-  int rank = 0;                              // this worker's id, in [0, job.workers)
-  std::vector<runtime::Endpoint> servers;    // every server, server s at [s]
+  int rank = 0;                                // this worker's id, in [0, job.workers)
+  std::vector<runtime::Endpoint> servers;      // every server, server s at [s]
   std::vector<runtime::TensorBuffer> tensors;  // by tensor id (check_registry)
   // The job's secret (transport/auth.h): the worker authenticates to its servers or to
   // the all-reduce store with it. Null: no authentication.
@@ -192,10 +193,10 @@ class Session {
 
  private:
   Session() = default;
-  void fail(Status s);            // records the first failure, wakes waiters (mu_ held)
-  Status error_locked() const;    // the failure, or "ended" once the worker returned
-  void on_gate(int layer, std::int64_t iteration);            // loop thread
-  void on_sums(int layer, std::int64_t iteration);            // loop thread
+  void fail(Status s);          // records the first failure, wakes waiters (mu_ held)
+  Status error_locked() const;  // the failure, or "ended" once the worker returned
+  void on_gate(int layer, std::int64_t iteration);  // loop thread
+  void on_sums(int layer, std::int64_t iteration);  // loop thread
   // Delayed updates: the source's calls (link threads; loop thread).
   float* merged_sum(TensorId t, std::int64_t first, std::int64_t last);
   Status on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due);
@@ -203,12 +204,12 @@ class Session {
   void post(void (HookedCompute::*fn)(int, TimeNs), int layer);
 
   SessionOptions options_;
-  std::vector<int> tensor_layer_;            // by tensor id
+  std::vector<int> tensor_layer_;  // by tensor id
   std::vector<std::vector<TensorId>> layer_tensors_;
   std::unique_ptr<runtime::TensorSource> source_;
   std::unique_ptr<TrainingWorker> worker_;
   std::unique_ptr<runtime::Server> server_;
-  HookedCompute* compute_ = nullptr;         // owned by worker_; loop thread only
+  HookedCompute* compute_ = nullptr;  // owned by worker_; loop thread only
   std::thread worker_thread_, server_thread_;
 
   mutable std::mutex mu_;
@@ -217,10 +218,10 @@ class Session {
   // one seen, gates the loop opened, and sums complete (each a count of iterations).
   std::vector<std::int64_t> backwards_, gates_, sums_;
   std::vector<int> seen_;
-  int next_forward_ = 0;     // the layer the forward pass should enter next (mu_)
-  Status error_;             // the first failure (mu_)
+  int next_forward_ = 0;  // the layer the forward pass should enter next (mu_)
+  Status error_;          // the first failure (mu_)
   bool worker_ended_ = false, server_ended_ = false;  // (mu_)
-  bool finishing_ = false;   // (mu_)
+  bool finishing_ = false;                            // (mu_)
   // Delayed updates: per layer, the updates handed over and not yet taken, with their
   // `before`; the last `before` decided (mu_). The merged sums by (layer, first, last),
   // one buffer of the layer's size each, from the first sum scattered into it until

@@ -111,7 +111,7 @@ class Handshake {
   Stage stage_;
   std::vector<unsigned char> out_;  // the message being sent
   std::size_t sent_ = 0;
-  std::vector<unsigned char> in_;   // the message being received (exactly its size)
+  std::vector<unsigned char> in_;  // the message being received (exactly its size)
   std::size_t got_ = 0;
 };
 
@@ -124,6 +124,7 @@ Status step_for_poll(std::unique_ptr<Handshake>* auth, int fd, short* events);
 // kUnavailable "authentication timed out" once `timeout` has passed. Errors as
 // Handshake::step; on error the caller closes `fd`. For clients and simple servers
 // (rendezvous, a store); an event loop drives a Handshake itself instead.
-Status authenticate(int fd, const Secret& secret, AuthRole role, std::string_view context, TimeNs timeout);
+Status authenticate(int fd, const Secret& secret, AuthRole role, std::string_view context,
+                    TimeNs timeout);
 
 }  // namespace qs::transport

@@ -154,12 +154,15 @@ class Connection {
   // `abort` resets the connection (RST) instead of an orderly FIN.
   void close(const Status& why, bool tell_peer = false, bool abort = false);
   // Orderly end: shuts the write side down once output is flushed.
-  void shutdown_when_flushed() { shutdown_pending_ = true; maybe_shutdown(); }
+  void shutdown_when_flushed() {
+    shutdown_pending_ = true;
+    maybe_shutdown();
+  }
 
  private:
   struct OutFrame {
     HeaderBytes header{};
-    std::vector<std::byte> body;      // control frames
+    std::vector<std::byte> body;         // control frames
     const std::byte* payload = nullptr;  // data frames
     std::size_t payload_len = 0;
     std::size_t written = 0;
@@ -206,9 +209,9 @@ class Connection {
   WireProgress wire_;
 
   // Send state.
-  std::deque<OutFrame> out_;  // at most one data frame
-  std::size_t data_frames_ = 0;             // data frames in out_
-  std::uint64_t data_bytes_pending_ = 0;    // their bytes not yet written
+  std::deque<OutFrame> out_;              // at most one data frame
+  std::size_t data_frames_ = 0;           // data frames in out_
+  std::uint64_t data_bytes_pending_ = 0;  // their bytes not yet written
   std::vector<std::uint64_t> completed_;
   std::uint64_t bytes_written_ = 0;
 };

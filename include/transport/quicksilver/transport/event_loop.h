@@ -80,17 +80,17 @@ class EventLoop {
 
   const Clock& clock_;
   Fd epoll_, timer_fd_, wake_fd_;
-  std::unordered_map<int, IoCallback> io_;                         // loop thread only
+  std::unordered_map<int, IoCallback> io_;                              // loop thread only
   std::map<std::pair<TimeNs, TimerId>, std::function<void()>> timers_;  // loop thread only
-  std::unordered_map<TimerId, TimeNs> timer_when_;                 // loop thread only
-  std::vector<std::function<void()>> deferred_;                    // loop thread only
+  std::unordered_map<TimerId, TimeNs> timer_when_;                      // loop thread only
+  std::vector<std::function<void()>> deferred_;                         // loop thread only
   TimerId next_timer_ = 1;
   TimeNs armed_ = kTimeNever;
   Status error_;
   std::mutex posted_mu_;
   std::vector<std::function<void()>> posted_;  // guarded by posted_mu_ (any thread -> loop)
-  std::atomic<bool> stop_requested_{false};  // any thread -> loop
-  std::string stop_reason_;                  // written before stop_requested_ (release)
+  std::atomic<bool> stop_requested_{false};    // any thread -> loop
+  std::string stop_reason_;                    // written before stop_requested_ (release)
 };
 
 }  // namespace qs::transport

@@ -141,14 +141,14 @@ HelloBody decode_hello(const std::byte* bytes);
 
 // What a receiver knows about data frames (push or pull) it may accept.
 struct DataRules {
-  FrameKind kind = FrameKind::kPush;   // the only data kind accepted here
-  std::vector<Bytes> tensor_bytes;     // size of each known tensor, by id
-  std::vector<int> element_size;       // bytes per element, by id (alignment of offset/length)
-  std::uint32_t max_length = 0;        // largest payload accepted (0: no limit beyond tensor)
-  std::uint32_t min_iteration = 0;     // accepted iterations: [min_iteration, max_iteration]
+  FrameKind kind = FrameKind::kPush;  // the only data kind accepted here
+  std::vector<Bytes> tensor_bytes;    // size of each known tensor, by id
+  std::vector<int> element_size;      // bytes per element, by id (alignment of offset/length)
+  std::uint32_t max_length = 0;       // largest payload accepted (0: no limit beyond tensor)
+  std::uint32_t min_iteration = 0;    // accepted iterations: [min_iteration, max_iteration]
   std::uint32_t max_iteration = 0;
-  std::uint16_t expected_sender = 0;   // the peer this connection belongs to
-  std::uint16_t num_priorities = 0;    // priorities 0..num_priorities-1
+  std::uint16_t expected_sender = 0;  // the peer this connection belongs to
+  std::uint16_t num_priorities = 0;   // priorities 0..num_priorities-1
 };
 
 // Checks a decoded data header against `rules`: kind, sender, known tensor, offset and
