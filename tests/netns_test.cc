@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/tbf_netlink.h"
+#include "cluster/tbf_netlink.h"
 
 namespace qs::runtime {
 namespace {

@@ -14,7 +14,7 @@
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
-#include "runtime_internal.h"
+#include "../runtime_internal.h"
 
 namespace qs::runtime {
 

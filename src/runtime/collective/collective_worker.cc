@@ -36,7 +36,7 @@
 #include "quicksilver/runtime/store.h"
 #include "quicksilver/transport/clock.h"
 #include "quicksilver/transport/crc32c.h"
-#include "runtime_internal.h"
+#include "../runtime_internal.h"
 
 namespace qs::runtime {
 
