@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -63,7 +64,7 @@ class WholeTensors final : public PsPolicy {
 };
 
 // Records what it is handed; the test delivers acknowledgements and pulls.
-class ScriptExchange final : public Exchange {
+class ScriptExchange final : public PsExchange {
  public:
   explicit ScriptExchange(const Placement& p) : placement_(p) {}
   void push(const PushUnit& u) override { queued.push_back(u); }
@@ -112,6 +113,19 @@ struct Rig {
     return *loop;
   }
 };
+
+// One loop, typed on its exchange: a PS policy with an all-reduce exchange (or the
+// reverse) does not compile.
+static_assert(std::is_constructible_v<TrainingLoop, const Profile&, const TensorLayout&, PsPolicy&,
+                                      Timer&, Compute&, PsExchange&, LoopOptions>);
+static_assert(
+    std::is_constructible_v<TrainingLoop, const Profile&, const TensorLayout&, AllReducePolicy&,
+                            Timer&, Compute&, CollectiveExchange&, LoopOptions>);
+static_assert(!std::is_constructible_v<TrainingLoop, const Profile&, const TensorLayout&, PsPolicy&,
+                                       Timer&, Compute&, CollectiveExchange&, LoopOptions>);
+static_assert(
+    !std::is_constructible_v<TrainingLoop, const Profile&, const TensorLayout&, AllReducePolicy&,
+                             Timer&, Compute&, PsExchange&, LoopOptions>);
 
 TEST(TrainingLoop, ForwardOfALayerWaitsForItsOwnSumsAndStartsWhenTheyArrived) {
   Rig r;
@@ -223,7 +237,7 @@ class TwoBuckets final : public AllReducePolicy {
   std::uint64_t next_id_ = 0;
 };
 
-class ScriptCollectives final : public Exchange {
+class ScriptCollectives final : public CollectiveExchange {
  public:
   void all_reduce(const CollectiveBucket& b) override { issued.push_back(b); }
   void flush() override {}

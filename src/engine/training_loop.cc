@@ -44,17 +44,20 @@ TrainingLoop::TrainingLoop(const Profile& profile, const TensorLayout& layout, T
 }
 
 TrainingLoop::TrainingLoop(const Profile& profile, const TensorLayout& layout, PsPolicy& policy,
-                           Timer& timer, Compute& compute, Exchange& exchange, LoopOptions options)
+                           Timer& timer, Compute& compute, PsExchange& exchange,
+                           LoopOptions options)
     : TrainingLoop(profile, layout, timer, compute, exchange, std::move(options)) {
   ps_ = &policy;
+  ps_exchange_ = &exchange;
   ps_sink_ = std::make_unique<PsSink>(*this);
 }
 
 TrainingLoop::TrainingLoop(const Profile& profile, const TensorLayout& layout,
                            AllReducePolicy& policy, Timer& timer, Compute& compute,
-                           Exchange& exchange, LoopOptions options)
+                           CollectiveExchange& exchange, LoopOptions options)
     : TrainingLoop(profile, layout, timer, compute, exchange, std::move(options)) {
   ar_ = &policy;
+  ar_exchange_ = &exchange;
   ar_sink_ = std::make_unique<CollectiveSinkImpl>(*this);
   // Grown as iterations are reduced: an open-ended run (PyTorch) bounds iterations at 2^30.
 }
@@ -380,7 +383,7 @@ void TrainingLoop::end_pending(TimeNs end) {
 
 void TrainingLoop::push_decision(const PushUnit& unit, TimeNs delay) {
   if (!error_.is_ok()) return;
-  if (Status s = exchange_.check(unit); !s.is_ok())
+  if (Status s = ps_exchange_->check(unit); !s.is_ok())
     return fail(s.with_context(std::string(ps_->name())));
   if (delay <= 0) {
     hand_over(unit);  // flushed once the policy callback returns (units compete by priority)
@@ -396,26 +399,26 @@ void TrainingLoop::push_decision(const PushUnit& unit, TimeNs delay) {
 void TrainingLoop::hand_over(const PushUnit& unit) {
   handed_bytes_ += unit.chunk.length;
   if (options_.verify_bytes) pushed_.push_back(unit.chunk);
-  exchange_.push(unit);
+  ps_exchange_->push(unit);
 }
 
 void TrainingLoop::all_reduce_decision(const CollectiveBucket& bucket, TimeNs delay) {
   if (!error_.is_ok()) return;
   if (Status s = check_bucket(bucket); !s.is_ok()) return fail(std::move(s));
   if (delay <= 0) {
-    exchange_.all_reduce(bucket);
+    ar_exchange_->all_reduce(bucket);
     return;
   }
   timer_.schedule_at(timer_.now() + delay, [this, bucket] {
     if (!error_.is_ok()) return;
-    exchange_.all_reduce(bucket);
+    ar_exchange_->all_reduce(bucket);
     exchange_.flush();
   });
 }
 
 Status TrainingLoop::check_bucket(const CollectiveBucket& b) const {
   if (b.chunks.empty()) return internal_error("policy issued an empty collective");
-  QS_RETURN_IF_ERROR(exchange_.check(b));
+  QS_RETURN_IF_ERROR(ar_exchange_->check(b));
   if (b.first_iteration < 0 || b.first_iteration > b.last_iteration ||
       b.last_iteration >= options_.iterations || b.last_iteration > iteration_) {
     return internal_error(
@@ -452,18 +455,8 @@ Status TrainingLoop::check_complete() const {
 
 // ---- Exchange defaults and the emulated GPU ----
 
-void Exchange::push(const PushUnit&) {
-  QS_CHECK_MSG(false, "this exchange moves no parameter-server units");
-}
-void Exchange::all_reduce(const CollectiveBucket&) {
-  QS_CHECK_MSG(false, "this exchange runs no collectives");
-}
-Status Exchange::check(const PushUnit&) const {
-  return internal_error("this exchange moves no parameter-server units");
-}
-Status Exchange::check(const CollectiveBucket&) const {
-  return internal_error("this exchange runs no collectives");
-}
+Status PsExchange::check(const PushUnit&) const { return Status::ok(); }
+Status CollectiveExchange::check(const CollectiveBucket&) const { return Status::ok(); }
 
 EmulatedCompute::EmulatedCompute(const Profile& profile, double factor, Timer& timer,
                                  SpanRecorder recorder,

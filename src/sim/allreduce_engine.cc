@@ -97,7 +97,7 @@ LinkModel link_model(const ClusterConfig& c, double slowdown) {
 }
 
 // The simulated all-reduce links: the loop's Exchange.
-class AllReduceLinks final : public Exchange {
+class AllReduceLinks final : public CollectiveExchange {
  public:
   static constexpr std::uint8_t kCollectiveDone = 0;
 

@@ -392,7 +392,7 @@ class PsNetwork {
  public:
   // One job's side of one worker: its transport queue (under its policy's discipline) and
   // what it sent this iteration. The worker's NIC (Nic) is shared by its jobs.
-  class Port final : public Exchange {
+  class Port final : public PsExchange {
    public:
     Port(PsNetwork& net, int job, int worker, QueueDiscipline d)
         : net_(net),

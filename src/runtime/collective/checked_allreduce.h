@@ -35,6 +35,7 @@
 #include <string>
 
 #include "quicksilver/runtime/collective.h"
+#include "quicksilver/runtime/communicator.h"  // PeerError
 
 namespace qs::runtime {
 
@@ -46,17 +47,6 @@ void ignore_sigpipe();
 
 // gloo's reduce function type: c[i] = a[i] op b[i] for i < n elements (c may be a).
 using ReduceFn = void (*)(void* c, const void* a, const void* b, std::size_t n);
-
-// A collective failed because of one peer: its message was corrupted, it never came, or
-// its pair closed. `peer` is that peer's rank.
-class PeerError : public std::runtime_error {
- public:
-  PeerError(int peer, const std::string& what) : std::runtime_error(what), peer_(peer) {}
-  int peer() const { return peer_; }
-
- private:
-  int peer_;
-};
 
 struct CheckedAllreduceOptions {
   // The ranks' context (its pairs connected); one collective at a time on it, called by

@@ -1,5 +1,5 @@
-// What the all-reduce runtime offers in every build; the runtime itself is in
-// collective_worker.cc, built with QS_WITH_GLOO.
+// What the all-reduce runtime offers besides the worker (collective_worker.cc); its gloo
+// engine (gloo_communicator.cc) is built with QS_WITH_GLOO.
 #include "quicksilver/runtime/collective.h"
 
 #include <algorithm>
@@ -55,25 +55,6 @@ Status validate_collective_job(const JobOptions& job) {
 bool have_gloo() { return true; }
 #else
 bool have_gloo() { return false; }
-
-struct CollectiveWorker::Impl {};
-CollectiveWorker::CollectiveWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-CollectiveWorker::~CollectiveWorker() = default;
-Result<std::unique_ptr<CollectiveWorker> > CollectiveWorker::create(CollectiveOptions) {
-  return invalid_argument(
-      "this quicksilver was built without gloo (configure with -DQS_WITH_GLOO=ON; Debian: "
-      "libgloo-dev)");
-}
-Result<WorkerReport> CollectiveWorker::run() { return internal_error("built without gloo"); }
-void CollectiveWorker::post(std::function<void()>) {}
-void CollectiveWorker::finish(std::int64_t) {}
-void CollectiveWorker::request_stop(const std::string&) {}
-void CollectiveWorker::feedback(const TrainingFeedback&) {}
-
-Result<WorkerReport> run_collective_worker(const CollectiveOptions& options) {
-  QS_ASSIGN_OR_RETURN(auto w, CollectiveWorker::create(options));
-  return w->run();
-}
 #endif
 
 }  // namespace qs::runtime

@@ -7,11 +7,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "../runtime_internal.h"
 #include "quicksilver/core/check.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
-#include "../runtime_internal.h"
 
 namespace qs::runtime {
 

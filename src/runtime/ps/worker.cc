@@ -8,13 +8,13 @@
 #include <map>
 #include <set>
 
+#include "../runtime_internal.h"
 #include "quicksilver/core/check.h"
 #include "quicksilver/core/reservoir.h"
 #include "quicksilver/engine/training_loop.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
-#include "../runtime_internal.h"
 
 namespace qs::runtime {
 
@@ -26,7 +26,7 @@ using transport::PayloadTarget;
 
 // The worker's Exchange is the TCP transport: Impl implements it, and the frame handler
 // that feeds its acknowledgements and pulls back to the loop.
-struct Worker::Impl final : transport::FrameHandler, Exchange {
+struct Worker::Impl final : transport::FrameHandler, PsExchange {
   struct Outstanding {
     PushUnit unit;
     bool acked = false;

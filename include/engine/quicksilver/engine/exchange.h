@@ -4,6 +4,10 @@
 // simulated a+bM all-reduce links (sim/), the TCP parameter-server transport and gloo
 // collectives (runtime/: Worker::Impl, CollectiveWorker::Impl).
 //
+// Two interfaces, one per architecture (PsExchange, CollectiveExchange): the one
+// TrainingLoop is constructed with a PS policy and a PsExchange or an all-reduce policy
+// and a CollectiveExchange, so that mixing them does not compile.
+//
 // The loop calls push() (PS) or all_reduce() (all-reduce) for each of its policy's
 // decisions, once any user-level startup delay has passed, then flush() once the policy
 // callback that made them returned, so that units handed over in one callback compete by
@@ -92,21 +96,36 @@ class ExchangeListener {
   virtual void on_error(Status why) = 0;
 };
 
+// What both kinds of exchange offer the loop.
 class Exchange {
  public:
   virtual ~Exchange() = default;
-  // Queues `unit` for its server (PS exchanges). Precondition: check(unit) passed.
-  virtual void push(const PushUnit& unit);
-  // Queues `bucket` on its link (all-reduce exchanges); may start it at once.
-  virtual void all_reduce(const CollectiveBucket& bucket);
   // Starts sending what is queued, most urgent first, as far as the link allows.
   virtual void flush() = 0;
-  // What the exchange adds to the engine's checks of a policy's decision (e.g. the wire's
-  // 32-bit length field, the number of links).
-  virtual Status check(const PushUnit& unit) const;
-  virtual Status check(const CollectiveBucket& bucket) const;
   // This iteration's traffic (the counters restart); `now` ends any busy period still open.
   virtual Traffic take_traffic(TimeNs now) = 0;
+
+ protected:
+  Exchange() = default;
+};
+
+// A parameter-server exchange: units to their servers, sums pulled back.
+class PsExchange : public Exchange {
+ public:
+  // Queues `unit` for its server. Precondition: check(unit) passed.
+  virtual void push(const PushUnit& unit) = 0;
+  // What the exchange adds to the engine's checks of a policy's decision (e.g. the wire's
+  // 32-bit length field).
+  virtual Status check(const PushUnit& unit) const;
+};
+
+// An all-reduce exchange: buckets reduced on their links.
+class CollectiveExchange : public Exchange {
+ public:
+  // Queues `bucket` on its link; may start it at once.
+  virtual void all_reduce(const CollectiveBucket& bucket) = 0;
+  // What the exchange adds to the engine's checks of a bucket (e.g. the number of links).
+  virtual Status check(const CollectiveBucket& bucket) const;
 };
 
 }  // namespace qs

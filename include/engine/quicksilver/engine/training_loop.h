@@ -78,10 +78,10 @@ class TrainingLoop final : public ExchangeListener {
  public:
   // A parameter-server worker. The references must outlive the loop.
   TrainingLoop(const Profile& profile, const TensorLayout& layout, PsPolicy& policy, Timer& timer,
-               Compute& compute, Exchange& exchange, LoopOptions options);
+               Compute& compute, PsExchange& exchange, LoopOptions options);
   // The all-reduce loop (one stands for every worker).
   TrainingLoop(const Profile& profile, const TensorLayout& layout, AllReducePolicy& policy,
-               Timer& timer, Compute& compute, Exchange& exchange, LoopOptions options);
+               Timer& timer, Compute& compute, CollectiveExchange& exchange, LoopOptions options);
   ~TrainingLoop() override;
   TrainingLoop(const TrainingLoop&) = delete;
   TrainingLoop& operator=(const TrainingLoop&) = delete;
@@ -166,6 +166,8 @@ class TrainingLoop final : public ExchangeListener {
   Timer& timer_;
   Compute& compute_;
   Exchange& exchange_;
+  PsExchange* ps_exchange_ = nullptr;          // PS: exchange_
+  CollectiveExchange* ar_exchange_ = nullptr;  // all-reduce: exchange_
   LoopOptions options_;
   std::unique_ptr<PsSink> ps_sink_;
   std::unique_ptr<CollectiveSinkImpl> ar_sink_;

@@ -36,6 +36,7 @@
 #include "quicksilver/engine/compute.h"
 #include "quicksilver/engine/timer.h"
 #include "quicksilver/policy/allreduce_policy.h"
+#include "quicksilver/runtime/communicator.h"
 #include "quicksilver/runtime/runtime.h"
 #include "quicksilver/transport/auth.h"
 
@@ -97,6 +98,11 @@ struct CollectiveOptions {
   // the profile; else called once with the worker's Timer. A real compute (PyTorch)
   // reports from other threads through CollectiveWorker::post().
   std::function<std::unique_ptr<Compute>(Timer& timer)> compute;
+  // The collective engine (communicator.h): null, gloo over TCP (store, secret, links,
+  // algorithm, via and log above are its settings); else called once, on the thread that
+  // runs run(), for this rank's connected engine (its rank, size and number of links must
+  // be the job's: rank, job.workers, links.size()).
+  std::function<Result<std::unique_ptr<Communicator>>()> communicator;
 };
 
 // One all-reduce worker (the counterpart of runtime.h's Worker, with the same controls).

@@ -1,0 +1,239 @@
+#include "agreement.h"
+
+#include <algorithm>
+
+#include "quicksilver/transport/crc32c.h"
+
+namespace qs::runtime {
+
+namespace {
+
+constexpr std::size_t kControlCovered = 16;
+constexpr std::uint64_t kReportSlot = 1;
+constexpr std::uint64_t kDecisionSlot = 16;  // + link
+constexpr TimeNs kForever = 24 * 3600 * kNsPerSec;
+
+ControlMessage sealed(ControlMessage m, bool checksums) {
+  m.crc = checksums ? transport::crc32c(0, &m, kControlCovered) : 0;
+  return m;
+}
+
+// Throws naming `from` when `m` fails its checksum.
+void check_control(const ControlMessage& m, bool checksums, int from, const char* what) {
+  if (checksums && transport::crc32c(0, &m, kControlCovered) != m.crc) {
+    throw PeerError(from, "corrupted data from worker " + std::to_string(from) + ": " + what +
+                              " failed its CRC32C check; not used");
+  }
+}
+
+}  // namespace
+
+std::uint64_t bucket_key(const CollectiveBucket& b) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(static_cast<std::uint64_t>(b.first_iteration));
+  mix(static_cast<std::uint64_t>(b.last_iteration));
+  for (const Chunk& c : b.chunks) {
+    mix(static_cast<std::uint64_t>(c.tensor));
+    mix(static_cast<std::uint64_t>(c.offset));
+    mix(static_cast<std::uint64_t>(c.length));
+  }
+  return h;
+}
+
+BucketAgreement::BucketAgreement(Communicator& comm, bool checksums, TimeNs peer_timeout,
+                                 std::function<void(const Status&)> fail)
+    : comm_(comm),
+      checksums_(checksums),
+      peer_timeout_(peer_timeout),
+      fail_(std::move(fail)),
+      links_(static_cast<std::size_t>(comm.links())) {}
+
+void BucketAgreement::start() {
+  // The receive buffers exist before their threads start, so that stop can abort them.
+  const bool leader = comm_.rank() == 0;
+  for (Link& l : links_) {
+    if (!leader) l.decision_rx = comm_.control_buffer(&l.decision, sizeof l.decision);
+    if (leader && comm_.size() > 1) l.decision_tx = comm_.control_buffer(&l.out, sizeof l.out);
+  }
+  if (!leader) {
+    report_buf_ = comm_.control_buffer(&report_msg_, sizeof report_msg_);
+    report_thread_ = std::thread([this] { report_loop(); });
+  } else if (comm_.size() > 1) {
+    report_buf_ = comm_.control_buffer(&rx_msg_, sizeof rx_msg_);
+    report_thread_ = std::thread([this] { collect_loop(); });
+  }
+}
+
+void BucketAgreement::issued(const CollectiveBucket& b) {
+  const std::uint64_t key = bucket_key(b);
+  {
+    std::lock_guard lock(mu_);
+    links_[static_cast<std::size_t>(b.link)].queue.push_back(Entry{b, key});
+    // Queued for the report thread: a send completes only once worker 0 posted its
+    // receive, a round trip the loop (and the emulated GPU's timers) should not wait for.
+    if (comm_.rank() != 0) reports_out_.push_back(ControlMessage{key, b.link, 1});
+  }
+  cv_.notify_all();
+}
+
+std::optional<CollectiveBucket> BucketAgreement::next(int link) {
+  std::optional<Entry> e = comm_.rank() == 0 ? lead(link) : follow(link);
+  if (!e) return std::nullopt;
+  return std::move(e->bucket);
+}
+
+// Worker 0: the earliest bucket of this link every worker has issued, announced.
+std::optional<BucketAgreement::Entry> BucketAgreement::lead(int li) {
+  Link& link = links_[static_cast<std::size_t>(li)];
+  const int n = comm_.size();
+  std::unique_lock lock(mu_);
+  std::deque<Entry>::iterator pick;
+  cv_.wait(lock, [&] {
+    if (stopping_) return true;
+    pick = std::find_if(link.queue.begin(), link.queue.end(), [&](const Entry& q) {
+      auto r = reports_.find(q.key);
+      return n == 1 || (r != reports_.end() && r->second >= n - 1);
+    });
+    return pick != link.queue.end();
+  });
+  if (stopping_) return std::nullopt;
+  Entry e = std::move(*pick);
+  link.queue.erase(pick);
+  reports_.erase(e.key);
+  lock.unlock();
+  link.out = sealed(ControlMessage{e.key, li, 2}, checksums_);
+  for (int r = 1; r < n; ++r) {
+    try {
+      link.decision_tx->send(r, kDecisionSlot + static_cast<std::uint64_t>(li));
+      if (!link.decision_tx->wait_send(peer_timeout_)) return std::nullopt;  // aborted
+    } catch (const std::exception& ex) {
+      throw std::runtime_error("lost worker " + std::to_string(r) + ": " + ex.what());
+    }
+  }
+  return e;
+}
+
+// Workers 1..N-1: worker 0's next bucket of this link, found among this worker's own
+// (on any link: DeFT's choice of link may differ).
+std::optional<BucketAgreement::Entry> BucketAgreement::follow(int li) {
+  Link& link = links_[static_cast<std::size_t>(li)];
+  // No deadline here: a link may idle for a long compute phase; the worker's watchdog
+  // detects a stall, and a dead worker 0 closes the pair at once. The engine's error may
+  // name no peer (gloo: "Application timeout caused pair closure"): this one is worker 0's.
+  try {
+    link.decision_rx->recv({0}, kDecisionSlot + static_cast<std::uint64_t>(li));
+    if (!link.decision_rx->wait_recv(nullptr, kForever)) return std::nullopt;  // aborted
+  } catch (const std::exception& e) {
+    throw std::runtime_error(
+        std::string("lost worker 0 (its decisions of which bucket runs next): ") + e.what());
+  }
+  check_control(link.decision, checksums_, 0, "a decision of which bucket runs next");
+  const std::uint64_t key = link.decision.key;
+  std::unique_lock lock(mu_);
+  std::deque<Entry>::iterator pick;
+  std::deque<Entry>* from = nullptr;
+  const bool found = cv_.wait_for(lock, std::chrono::nanoseconds(peer_timeout_), [&] {
+    for (Link& other : links_) {
+      pick = std::find_if(other.queue.begin(), other.queue.end(),
+                          [&](const Entry& q) { return q.key == key; });
+      if (pick != other.queue.end()) {
+        from = &other.queue;
+        return true;
+      }
+    }
+    return stopping_.load();
+  });
+  if (stopping_) return std::nullopt;
+  if (!found) {
+    throw std::runtime_error(
+        "worker 0 runs a bucket this worker never issued within the peer timeout (the policy "
+        "cut different buckets on different workers)");
+  }
+  Entry e = std::move(*pick);
+  from->erase(pick);
+  return e;
+}
+
+void BucketAgreement::report_loop() {
+  try {
+    while (true) {
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_.load() || !reports_out_.empty(); });
+        if (stopping_) return;
+        report_msg_ = sealed(reports_out_.front(), checksums_);
+        reports_out_.pop_front();
+      }
+      report_buf_->send(0, kReportSlot);
+      if (!report_buf_->wait_send(peer_timeout_)) return;  // aborted: stopping
+    }
+  } catch (const std::exception& ex) {
+    failed(unavailable(std::string("lost worker 0 (reporting a bucket): ") + ex.what()));
+  }
+}
+
+void BucketAgreement::collect_loop() {
+  std::vector<int> others;
+  for (int r = 1; r < comm_.size(); ++r) others.push_back(r);
+  try {
+    while (true) {
+      report_buf_->recv(others, kReportSlot);
+      int from = -1;
+      if (!report_buf_->wait_recv(&from, kForever)) return;  // aborted: stopping
+      check_control(rx_msg_, checksums_, from, "a report of an issued bucket");
+      {
+        std::lock_guard lock(mu_);
+        ++reports_[rx_msg_.key];
+      }
+      cv_.notify_all();
+    }
+  } catch (const PeerError& ex) {
+    failed(unavailable(ex.what()));
+  } catch (const std::exception& ex) {
+    // The engine's error may name no peer: the ones this thread hears from are the
+    // candidates.
+    std::string who;
+    for (int r : others) who += (who.empty() ? "" : ", ") + std::to_string(r);
+    failed(unavailable(
+        (others.size() == 1 ? "lost worker " + who : "lost one of workers {" + who + "}") +
+        " (its reports of issued buckets): " + ex.what()));
+  }
+}
+
+void BucketAgreement::failed(const Status& s) {
+  if (!stopping_) fail_(s);
+}
+
+void BucketAgreement::request_stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+}
+
+void BucketAgreement::interrupt(int li) {
+  Link& l = links_[static_cast<std::size_t>(li)];
+  if (l.decision_rx) l.decision_rx->abort_recv();
+  if (l.decision_tx) l.decision_tx->abort_send();
+}
+
+void BucketAgreement::stop() {
+  request_stop();
+  while (report_thread_.joinable()) {
+    if (comm_.rank() == 0) {
+      report_buf_->abort_recv();
+    } else {
+      report_buf_->abort_send();
+    }
+    report_thread_.join();
+  }
+}
+
+}  // namespace qs::runtime

@@ -1,0 +1,251 @@
+// Replicating worker 0's all-reduce policy on the other workers, over any engine
+// (quicksilver/runtime/communicator.h): what is recorded, how it is replayed, and the
+// channel that carries it.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "quicksilver/core/status.h"
+#include "quicksilver/policy/allreduce_policy.h"
+#include "quicksilver/runtime/communicator.h"
+
+namespace qs::runtime {
+
+// ---- replicating a policy whose decisions depend on timing ----
+//
+// DeFT decides its knapsacks from the links' backlog at the moment, so two workers may
+// cut different buckets (one merges iteration i into i+1, the other does not), and
+// ByteScheduler fuses whatever was handed over since its last cycle; no agreement on
+// order can reconcile different buckets. Worker 0's policy therefore decides for all:
+// it records every input it receives (the callback, its arguments and worker 0's time),
+// and every other worker feeds the same inputs, in the same order and with the same
+// times, to a replica of the policy, each input once the worker has reached the same
+// point itself (its own backward of that layer, its own completion of that bucket). The
+// replicas make exactly worker 0's decisions (the policies are deterministic state
+// machines), and each worker's gates follow worker 0's schedule.
+
+enum RecordKind : std::int32_t {
+  kIterationStart = 1,
+  kGradientReady,
+  kForwardStart,
+  kCollectiveDone,
+  kTrainingEnd,
+  kEndOfStream,
+  kFeedback
+};
+struct PolicyRecord {
+  std::int32_t kind = 0;
+  std::int32_t layer = 0;
+  std::int64_t iteration = 0;
+  std::int64_t now = 0;
+  std::uint64_t id = 0;  // kCollectiveDone: the bucket's id (the same on every replica)
+  // kFeedback: TrainingFeedback's loss, grad_sq, noise, lr, batch (iteration above).
+  double values[5] = {0, 0, 0, 0, 0};
+};
+
+PolicyRecord feedback_record(const TrainingFeedback& f, TimeNs now);
+TrainingFeedback feedback_of(const PolicyRecord& r);
+
+// A batch of worker 0's inputs; `crc`: the CRC32C of `count` and the records it counts,
+// when the job has checksums.
+struct RecordBatch {
+  std::uint32_t crc = 0;
+  std::uint32_t reserved = 0;
+  std::int64_t count = 0;
+  PolicyRecord records[64];
+};
+static_assert(sizeof(PolicyRecord) == 72, "a record has no padding (its bytes are checksummed)");
+// The CRC32C of `count` and the records it counts.
+std::uint32_t batch_crc(const RecordBatch& b);
+constexpr std::uint64_t kReplicaSlot = 8;
+
+// Worker 0: its policy, every input recorded.
+class RecordingPolicy final : public AllReducePolicy {
+ public:
+  RecordingPolicy(std::unique_ptr<AllReducePolicy> real,
+                  std::function<void(const PolicyRecord&)> emit)
+      : real_(std::move(real)), emit_(std::move(emit)) {}
+  std::string_view name() const override { return real_->name(); }
+  bool communicates() const override { return real_->communicates(); }
+  ForwardGate forward_gate() const override { return real_->forward_gate(); }
+  LinkDiscipline discipline() const override { return real_->discipline(); }
+  void on_iteration_start(std::int64_t it, TimeNs now, CollectiveSink& out) override {
+    iteration_ = it;
+    emit_({kIterationStart, 0, it, now, 0});
+    real_->on_iteration_start(it, now, out);
+  }
+  void on_gradient_ready(int layer, TimeNs now, CollectiveSink& out) override {
+    emit_({kGradientReady, layer, iteration_, now, 0});
+    real_->on_gradient_ready(layer, now, out);
+  }
+  void on_forward_start(int layer, TimeNs now, CollectiveSink& out) override {
+    emit_({kForwardStart, layer, iteration_, now, 0});
+    real_->on_forward_start(layer, now, out);
+  }
+  void on_collective_done(const CollectiveBucket& b, TimeNs now, CollectiveSink& out) override {
+    emit_({kCollectiveDone, 0, 0, now, b.id});
+    real_->on_collective_done(b, now, out);
+  }
+  void on_feedback(const TrainingFeedback& f, TimeNs now, CollectiveSink& out) override {
+    emit_(feedback_record(f, now));
+    real_->on_feedback(f, now, out);
+  }
+  bool forward_ready(int layer) const override { return real_->forward_ready(layer); }
+  bool backward_ready() const override { return real_->backward_ready(); }
+  std::int64_t merged_from(std::int64_t iteration) const override {
+    return real_->merged_from(iteration);
+  }
+  void on_training_end(TimeNs now, CollectiveSink& out) override {
+    emit_({kTrainingEnd, 0, -1, now, 0});
+    real_->on_training_end(now, out);
+  }
+  std::vector<std::string> report() const override { return real_->report(); }
+
+ private:
+  std::unique_ptr<AllReducePolicy> real_;
+  std::function<void(const PolicyRecord&)> emit_;
+  std::int64_t iteration_ = 0;
+};
+
+// Workers 1..N-1: a replica fed worker 0's inputs. `observe` sees each input as it is
+// applied (in worker 0's order, as worker 0's RecordingPolicy emitted it).
+class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
+ public:
+  ReplicaPolicy(std::unique_ptr<AllReducePolicy> real, std::function<void()> changed,
+                std::function<void(const PolicyRecord&)> observe)
+      : real_(std::move(real)), changed_(std::move(changed)), observe_(std::move(observe)) {}
+  std::string_view name() const override { return real_->name(); }
+  bool communicates() const override { return real_->communicates(); }
+  ForwardGate forward_gate() const override { return real_->forward_gate(); }
+  LinkDiscipline discipline() const override { return real_->discipline(); }
+  // This worker's own inputs only say how far it has come.
+  void on_iteration_start(std::int64_t it, TimeNs, CollectiveSink& out) override {
+    sink_ = &out;
+    iteration_ = it;
+    started_ = true;
+    reached({kIterationStart, 0, it, 0, 0});
+  }
+  void on_gradient_ready(int layer, TimeNs, CollectiveSink&) override {
+    reached({kGradientReady, layer, iteration_, 0, 0});
+  }
+  void on_forward_start(int layer, TimeNs, CollectiveSink&) override {
+    reached({kForwardStart, layer, iteration_, 0, 0});
+  }
+  void on_collective_done(const CollectiveBucket& b, TimeNs, CollectiveSink&) override {
+    reached({kCollectiveDone, 0, 0, 0, b.id});
+  }
+  void on_training_end(TimeNs, CollectiveSink&) override { reached({kTrainingEnd, 0, -1, 0, 0}); }
+  bool forward_ready(int layer) const override { return real_->forward_ready(layer); }
+  // The range of an iteration whose start (worker 0's) was applied; -1 before. Asked in
+  // increasing order of iterations (the staging's), so an answer forgets older ones.
+  std::int64_t merged_from(std::int64_t iteration) const override {
+    auto r = ranges_.find(iteration);
+    if (r == ranges_.end()) return -1;
+    const std::int64_t first = r->second;
+    ranges_.erase(ranges_.begin(), r);
+    return first;
+  }
+  // The replica's state is worker 0's at the last input both have reached. When this
+  // worker is ahead of worker 0, that state is behind this worker's own, and its gate let
+  // this worker start backward pass after backward pass, each staging a copy of its
+  // gradients, with nothing to stop it (the soak grew a replica to 421 MB so:
+  // docs/reliability.md). So this worker starts an iteration only once worker 0 has
+  // started it (or ended its stream), and then asks the gate worker 0 asked; inputs the
+  // two saw in another order (a completion before or after an iteration start) wait for
+  // each other as before. deliver() reports a new iteration start of worker 0's.
+  bool backward_ready() const override {
+    const std::int64_t next = started_ ? iteration_ + 1 : 0;
+    return (ended_ || worker0_started_ >= next) && real_->backward_ready();
+  }
+  std::vector<std::string> report() const override { return real_->report(); }
+
+  // Worker 0's inputs, in its order (loop thread).
+  void deliver(const PolicyRecord& r);
+  // Worker 0 ended its stream and every input of it was applied.
+  bool complete() const { return ended_ && pending_.empty(); }
+
+ private:
+  using Key = std::tuple<std::int32_t, std::int32_t, std::int64_t, std::uint64_t>;
+  static Key key(const PolicyRecord& r) { return {r.kind, r.layer, r.iteration, r.id}; }
+
+  // The replica's decisions go to the loop, remembered by id for their completion.
+  void all_reduce(const CollectiveBucket& b, TimeNs delay) override {
+    issued_[b.id] = b;
+    sink_->all_reduce(b, delay);
+  }
+
+  void reached(const PolicyRecord& r) {
+    reached_.insert(key(r));
+    if (r.kind == kTrainingEnd) ended_locally_ = true;
+    drain();
+  }
+
+  // Applies what it can; true when it applied something (and told the loop).
+  bool drain();
+
+  void apply(const PolicyRecord& r);
+
+  std::unique_ptr<AllReducePolicy> real_;
+  std::function<void()> changed_;
+  std::function<void(const PolicyRecord&)> observe_;
+  CollectiveSink* sink_ = nullptr;  // the loop's (set by the first iteration start)
+  std::int64_t iteration_ = 0;
+  bool started_ = false;               // this worker began its first iteration
+  std::int64_t worker0_started_ = -1;  // the latest iteration worker 0 began (its stream)
+  std::deque<PolicyRecord> pending_;
+  std::multiset<Key> reached_;
+  std::unordered_map<std::uint64_t, CollectiveBucket> issued_;
+  // merged_from of the iterations started since the staging last asked (a few).
+  mutable std::map<std::int64_t, std::int64_t> ranges_;
+  bool ended_ = false;          // worker 0's stream ended
+  bool ended_locally_ = false;  // this worker's training ended
+};
+
+// Carries worker 0's records to the other workers, in batches of up to 64, on the control
+// channel, in order. Worker 0 sends (record, then end_stream), the others receive
+// (`deliver`, called on the channel's thread with each batch). Failures go to `fail`
+// (from the channel's thread); none once stop() began.
+class ReplicationChannel {
+ public:
+  ReplicationChannel(Communicator& comm, bool checksums, TimeNs peer_timeout,
+                     std::function<void(std::vector<PolicyRecord>)> deliver,
+                     std::function<void(const Status&)> fail);
+  ~ReplicationChannel() { stop(); }
+  void start();
+  // Worker 0: queues `r` for the others (any thread).
+  void record(const PolicyRecord& r);
+  // Worker 0: the end of the stream, and waits until it was sent.
+  void end_stream();
+  // Ends the thread (aborting a blocked send or receive).
+  void stop();
+
+ private:
+  void send_loop();
+  void receive_loop();
+
+  Communicator& comm_;
+  const bool checksums_;
+  const TimeNs peer_timeout_;
+  std::function<void(std::vector<PolicyRecord>)> deliver_;
+  std::function<void(const Status&)> fail_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;             // guarded by mu_
+  std::deque<PolicyRecord> records_;  // worker 0, guarded by mu_
+  RecordBatch batch_;                 // the send or receive buffer
+  std::unique_ptr<ControlBuffer> buf_;
+  std::thread thread_;
+};
+
+}  // namespace qs::runtime
