@@ -9,6 +9,8 @@ packages=(
   python3 python3-pytest python3-numpy python3-matplotlib
   iproute2 iperf3
   clang libclang-rt-14-dev
+  # The style gates (scripts/style.sh).
+  clang-format clang-tidy universal-ctags
   libgloo-dev
   # The PyTorch integration (quicksilver.torch; docs/pytorch.md) and its tests.
   python3-torch libtorch-dev pybind11-dev python3-dev python3-sklearn python3-torchvision

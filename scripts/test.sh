@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, stage by stage, each printing its runner's summary and a line
 # with its elapsed time ("test: STAGE took Ns"), then a table of the stages' times:
+#   style            scripts/style.sh: clang-format, clang-tidy's chosen checks, type and
+#                    function sizes (tools/spans.py)
 #   ctest            CTest (GoogleTest, the command-line and multi-process tests)
 #   pytest-system    the PyTorch tests (pytest) on the build's interpreter (Debian's torch)
 #   torch2-install   a venv with PyPI's current torch 2.x (scripts/torch2.sh; reused)
@@ -28,6 +30,7 @@ pytest_on() {  # pytest_on PYTHON: the PyTorch tests, the summary naming torch's
   echo "test: pytest on torch $version passed"
 }
 total=$SECONDS
+stage style bash scripts/style.sh
 stage ctest bash -c 'cd build && ctest --output-on-failure --timeout 600 -j 2 -E "^pytorch_test$"'
 if [ -d build/python/quicksilver ]; then
   # The build's interpreter unless QS_PYTHON names another (scripts/python.sh).

@@ -147,6 +147,7 @@ class Prophet final : public PsPolicy {
   struct Key {
     TensorId tensor;
     int index;
+    // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 misreads a defaulted <=>
     friend auto operator<=>(const Key&, const Key&) = default;
   };
 

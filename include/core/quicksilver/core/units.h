@@ -53,6 +53,7 @@ struct Rate {
   double bytes_per_second() const { return static_cast<double>(bits_per_second) / 8.0; }
   double gbps_value() const { return static_cast<double>(bits_per_second) / 1e9; }
   friend constexpr bool operator==(Rate a, Rate b) = default;
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 misreads a defaulted <=>
   friend constexpr auto operator<=>(Rate a, Rate b) = default;
 };
 
