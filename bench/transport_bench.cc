@@ -46,11 +46,11 @@
 #include <vector>
 
 #include "quicksilver/core/priority_fifo.h"
-#include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/crc32c.h"
 #include "quicksilver/transport/event_loop.h"
 #include "quicksilver/transport/sender.h"
 #include "quicksilver/transport/socket.h"
+#include "quicksilver/transport/tcp_connection.h"
 #include "quicksilver/transport/wire.h"
 
 extern char** environ;
@@ -181,7 +181,7 @@ ThroughputResult run_transport(std::uint32_t packet, std::size_t tensor_bytes, d
 
   std::thread receiver([&] {
     const double c0 = thread_cpu_seconds();
-    Connection conn(*rloop, std::move(server), sink, "sender", 0);
+    TcpConnection conn(*rloop, std::move(server), sink, "sender", 0);
     conn.set_payload_checksums(checksums);
     must(conn.start(), "receiver start");
     Status s = rloop->run([&] { return conn.closed(); });
@@ -196,7 +196,7 @@ ThroughputResult run_transport(std::uint32_t packet, std::size_t tensor_bytes, d
   std::thread sender_thread([&] {
     const double c0 = thread_cpu_seconds();
     SourceHandler src;
-    Connection conn(*sloop, std::move(client), src, "receiver", 0);
+    TcpConnection conn(*sloop, std::move(client), src, "receiver", 0);
     conn.set_payload_checksums(checksums);
     Sender sender(SendOrder::kPriority, 16, *sloop);
     src.sender = &sender;

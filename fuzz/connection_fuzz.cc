@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "quicksilver/core/check.h"
-#include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
+#include "quicksilver/transport/tcp_connection.h"
 #include "seal.h"
 
 using namespace qs;
@@ -103,7 +103,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* input, std::size_t siz
   QS_CHECK(loop.is_ok());
   Receiver r;
   {
-    Connection c(**loop, std::move(mine), r, "fuzz peer", 0);
+    TcpConnection c(**loop, std::move(mine), r, "fuzz peer", 0);
     QS_CHECK(c.start().is_ok());
     (*loop)->schedule_after(10 * kNsPerSec, [&] { (*loop)->fail(unavailable("fuzz deadline")); });
     const Status s = (*loop)->run([&] { return r.done; });

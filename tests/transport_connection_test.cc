@@ -11,10 +11,10 @@
 #include <thread>
 
 #include "quicksilver/core/rng.h"
-#include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/crc32c.h"
 #include "quicksilver/transport/sender.h"
 #include "quicksilver/transport/socket.h"
+#include "quicksilver/transport/tcp_connection.h"
 
 namespace qs::transport {
 namespace {
@@ -142,7 +142,7 @@ TEST(Connection, GarbageStreamClosesWithChecksumErrorAndWritesNothing) {
   ASSERT_TRUE(loop.is_ok());
   Pair p = make_pair();
   Receiver r;
-  Connection c(**loop, std::move(p.a), r, "peer 0", 0);
+  TcpConnection c(**loop, std::move(p.a), r, "peer 0", 0);
   ASSERT_TRUE(c.start().is_ok());
   Rng rng(7);
   std::vector<unsigned char> junk(100000);
@@ -174,7 +174,7 @@ TEST(Connection, AllocatesItsReadBufferOnFirstReadAndFreesItOnClose) {
   ASSERT_TRUE(loop.is_ok());
   Pair p = make_pair();
   Receiver r;
-  Connection c(**loop, std::move(p.a), r, "peer 0", 0);
+  TcpConnection c(**loop, std::move(p.a), r, "peer 0", 0);
   c.set_read_buffer_size(64);
   ASSERT_TRUE(c.start().is_ok());
   EXPECT_EQ(c.buffer_bytes(), 0u);
@@ -186,7 +186,7 @@ TEST(Connection, AllocatesItsReadBufferOnFirstReadAndFreesItOnClose) {
   // With the default size (a known peer's) too.
   Pair q = make_pair();
   Receiver r2;
-  Connection d(**loop, std::move(q.a), r2, "peer 1", 0);
+  TcpConnection d(**loop, std::move(q.a), r2, "peer 1", 0);
   ASSERT_TRUE(d.start().is_ok());
   write_all(q.b.get(), junk, sizeof junk);
   ASSERT_TRUE(run_until_closed(**loop, r2).is_ok());
@@ -239,7 +239,7 @@ TEST(Connection, EveryBadFieldClosesBeforeAnyPayloadByteIsWritten) {
     ASSERT_TRUE(loop.is_ok());
     Pair p = make_pair();
     Receiver r;
-    Connection c(**loop, std::move(p.a), r, "peer 0", 0);
+    TcpConnection c(**loop, std::move(p.a), r, "peer 0", 0);
     ASSERT_TRUE(c.start().is_ok());
     const auto frame = frame_bytes(k.h, std::vector<unsigned char>(k.h.length, 0xEE));
     write_all(p.b.get(), frame.data(), frame.size());
@@ -257,7 +257,7 @@ TEST(Connection, TruncatedHeaderOrPayloadClosesWithClearError) {
     ASSERT_TRUE(loop.is_ok());
     Pair p = make_pair();
     Receiver r;
-    Connection c(**loop, std::move(p.a), r, "peer 0", 0);
+    TcpConnection c(**loop, std::move(p.a), r, "peer 0", 0);
     ASSERT_TRUE(c.start().is_ok());
     Header h;
     h.kind = FrameKind::kPush;
@@ -296,7 +296,7 @@ TEST(Connection, CorruptedPayloadIsDetectedAndNeverDelivered) {
       ASSERT_TRUE(loop.is_ok());
       Pair p = make_pair();
       Receiver r;
-      Connection c(**loop, std::move(p.a), r, "worker 3", 0);
+      TcpConnection c(**loop, std::move(p.a), r, "worker 3", 0);
       ASSERT_TRUE(c.start().is_ok());
       auto frame = frame_bytes(h, payload);
       frame[kHeaderSize + at] ^= 0x10;  // one bit
@@ -321,7 +321,7 @@ TEST(Connection, CorruptedPayloadIsDetectedAndNeverDelivered) {
   ASSERT_TRUE(loop.is_ok());
   Pair p = make_pair();
   Receiver r;
-  Connection c(**loop, std::move(p.a), r, "worker 3", 0);
+  TcpConnection c(**loop, std::move(p.a), r, "worker 3", 0);
   ASSERT_TRUE(c.start().is_ok());
   const auto frame = frame_bytes(h, payload);
   write_all(p.b.get(), frame.data(), frame.size());
@@ -342,7 +342,7 @@ TEST(Connection, AFrameWithoutPayloadChecksumIsRefusedUnlessChecksumsAreOff) {
     ASSERT_TRUE(loop.is_ok());
     Pair p = make_pair();
     Receiver r;
-    Connection c(**loop, std::move(p.a), r, "worker 3", 0);
+    TcpConnection c(**loop, std::move(p.a), r, "worker 3", 0);
     c.set_payload_checksums(required);
     ASSERT_TRUE(c.start().is_ok());
     write_all(p.b.get(), frame.data(), frame.size());
@@ -364,7 +364,7 @@ TEST(Connection, PeerThatSaysNothingDoesNotHang) {
   ASSERT_TRUE(loop.is_ok());
   Pair p = make_pair();
   Receiver r;
-  Connection c(**loop, std::move(p.a), r, "peer 0", 0);
+  TcpConnection c(**loop, std::move(p.a), r, "peer 0", 0);
   ASSERT_TRUE(c.start().is_ok());
   (*loop)->schedule_after(200 * kNsPerMs,
                           [&] { (*loop)->fail(unavailable("no frame from peer 0 within 200ms")); });
@@ -388,8 +388,8 @@ class SmallBufferLink : public ::testing::Test {
     small.notsent_lowat = 4096;
     Pair p = make_pair(small);
     ASSERT_TRUE(configure_socket(p.b.get(), small).is_ok());
-    rx = std::make_unique<Connection>(*loop, std::move(p.a), r, "rx", 0);
-    tx = std::make_unique<Connection>(*loop, std::move(p.b), q, "tx", 0);
+    rx = std::make_unique<TcpConnection>(*loop, std::move(p.a), r, "rx", 0);
+    tx = std::make_unique<TcpConnection>(*loop, std::move(p.b), q, "tx", 0);
     sender = std::make_unique<Sender>(SendOrder::kFifo, 1, *loop);
     q.s = sender.get();
     sender->set_connections({tx.get()});
@@ -414,7 +414,7 @@ class SmallBufferLink : public ::testing::Test {
   std::unique_ptr<EventLoop> loop;  // declared first: outlives the connections
   Receiver r;
   Quiet q;
-  std::unique_ptr<Connection> rx, tx;
+  std::unique_ptr<TcpConnection> rx, tx;
   std::unique_ptr<Sender> sender;
 };
 
@@ -488,7 +488,7 @@ TEST(Sender, UrgentPacketOvertakesQueuedBulkOnTheWire) {
   auto loop = EventLoop::create();
   ASSERT_TRUE(loop.is_ok());
   Quiet q;
-  Connection tx(**loop, std::move(p.a), q, "tx", 0);
+  TcpConnection tx(**loop, std::move(p.a), q, "tx", 0);
   ASSERT_TRUE(tx.start().is_ok());
   Sender sender(SendOrder::kPriority, 8, **loop);
   q.s = &sender;
@@ -572,8 +572,8 @@ TEST(Sender, FifoOrderIgnoresPriority) {
     void on_closed(Connection&, const Status&) override {}
   } rec;
   Quiet q;
-  Connection rx(**loop, std::move(p.a), rec, "rx", 0);
-  Connection tx(**loop, std::move(p.b), q, "tx", 0);
+  TcpConnection rx(**loop, std::move(p.a), rec, "rx", 0);
+  TcpConnection tx(**loop, std::move(p.b), q, "tx", 0);
   ASSERT_TRUE(rx.start().is_ok());
   ASSERT_TRUE(tx.start().is_ok());
   for (SendOrder order : {SendOrder::kFifo, SendOrder::kPriority}) {

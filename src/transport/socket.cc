@@ -159,23 +159,6 @@ Result<TcpRepairs> tcp_repairs(int fd) {
   return r;
 }
 
-TcpRepairs RepairCounter::take(const std::vector<int>& fds) {
-  TcpRepairs now{0, 0};
-  bool timeouts = true;
-  for (int fd : fds) {
-    auto r = tcp_repairs(fd);
-    if (!r.is_ok()) continue;
-    now.retransmitted_segments += r->retransmitted_segments;
-    if (r->timeouts < 0) timeouts = false;
-    now.timeouts += std::max<std::int64_t>(r->timeouts, 0);
-  }
-  const TcpRepairs delta{
-      std::max<std::int64_t>(0, now.retransmitted_segments - seen_.retransmitted_segments),
-      timeouts ? std::max<std::int64_t>(0, now.timeouts - seen_.timeouts) : -1};
-  seen_ = now;
-  return delta;
-}
-
 Status enable_tx_timestamps(int fd) {
   const int flags = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE |
                     SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_TSONLY;

@@ -12,6 +12,7 @@
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
+#include "quicksilver/transport/tcp_connection.h"
 
 namespace qs::runtime {
 
@@ -129,13 +130,14 @@ struct Server::Impl final : transport::FrameHandler {
     return s;
   }
 
-  // Attributes what TCP repaired since the last call to `iteration` (< 0: nothing yet).
+  // Attributes what the transport (TCP) repaired since the last call to `iteration` (< 0:
+  // nothing yet).
   void note_repairs(std::int64_t iteration) {
-    std::vector<int> fds;
+    std::vector<const Connection*> open;
     for (const Peer& p : peers) {
-      if (p.conn && !p.conn->closed()) fds.push_back(p.conn->fd());
+      if (p.conn && !p.conn->closed()) open.push_back(p.conn.get());
     }
-    const transport::TcpRepairs d = repairs_counter.take(fds);
+    const transport::TcpRepairs d = repairs_counter.take(open);
     if (iteration < 0) return;
     const auto k = static_cast<std::size_t>(iteration);
     if (repairs.retransmits.size() <= k) repairs.retransmits.resize(k + 1, 0);
@@ -329,8 +331,8 @@ struct Server::Impl final : transport::FrameHandler {
 
   void start_connection(int idx, transport::Fd fd) {
     Pending& p = pending[idx];
-    p.conn = std::make_unique<Connection>(*loop, std::move(fd), *this,
-                                          "unidentified peer " + p.from + " of " + name(), idx);
+    p.conn = std::make_unique<transport::TcpConnection>(
+        *loop, std::move(fd), *this, "unidentified peer " + p.from + " of " + name(), idx);
     p.conn->set_read_buffer_size(transport::kHeaderSize +
                                  transport::kHelloBodySize);  // a hello, no more
     p.conn->set_payload_checksums(opts.job.payload_checksums);
@@ -695,8 +697,8 @@ struct Server::Impl final : transport::FrameHandler {
   int wire_scale = 4 / wire_size;
   std::map<std::pair<TensorId, std::uint64_t>, Unit> units[2];  // live units by parity
   std::int64_t slot_iteration[2] = {-1, -1};
-  Server::Repairs repairs;                   // per iteration (note_repairs)
-  transport::RepairCounter repairs_counter;  // what TCP repaired since the last note
+  Server::Repairs repairs;                 // per iteration (note_repairs)
+  transport::RepairTally repairs_counter;  // what the transport repaired since the last note
   std::int64_t live[2] = {0, 0};
   std::vector<Peer> peers;         // by worker id
   std::map<int, Pending> pending;  // before hello, by temporary index (the oldest first)

@@ -15,6 +15,7 @@
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
+#include "quicksilver/transport/tcp_connection.h"
 
 namespace qs::runtime {
 
@@ -143,23 +144,12 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
     // Rendezvous: connect to every server (retrying until the deadline), then hello.
     for (int s = 0; s < job.servers; ++s) {
       const Endpoint& e = opts.servers[static_cast<std::size_t>(s)];
-      auto fd = transport::connect_tcp(e.host, e.port, deadline);
-      if (!fd.is_ok()) return fd.status().with_context(name() + " -> " + server_name(s));
-      if (opts.secret) {
-        // Before the first frame: the server proves it is the job's, and we that we are.
-        QS_RETURN_IF_ERROR(transport::authenticate(
-                               fd->get(), *opts.secret, transport::AuthRole::kConnector,
-                               kPsAuthContext, std::max<TimeNs>(deadline - loop->now(), kNsPerMs))
-                               .with_context(name() + " -> " + server_name(s)));
-      }
-      QS_RETURN_IF_ERROR(
-          transport::configure_socket(fd->get(), socket_options(job)).with_context(name()));
-      if (congestion.empty()) {
-        auto cc = transport::congestion_of(fd->get());
-        if (cc.is_ok()) congestion = *cc;
-      }
-      conns.push_back(
-          std::make_unique<Connection>(*loop, std::move(*fd), *this, server_name(s), s));
+      auto conn = transport::connect_tcp_connection(*loop, e.host, e.port, deadline,
+                                                    opts.secret.get(), kPsAuthContext,
+                                                    socket_options(job), *this, server_name(s), s);
+      if (!conn.is_ok()) return conn.status().with_context(name() + " -> " + server_name(s));
+      if (congestion.empty()) congestion = (*conn)->congestion_control();
+      conns.push_back(std::move(*conn));
       conns.back()->set_payload_checksums(job.payload_checksums);
       // Where the kernel offers them, transmit timestamps date when a push left the host
       // (check_drained; without them it falls back on acknowledgements).
@@ -275,13 +265,13 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
     return false;
   }
 
-  // What TCP repaired on this worker's connections since the last call.
+  // What the transport (TCP) repaired on this worker's connections since the last call.
   transport::TcpRepairs take_repairs() {
-    std::vector<int> fds;
+    std::vector<const Connection*> open;
     for (const auto& c : conns) {
-      if (!c->closed()) fds.push_back(c->fd());
+      if (!c->closed()) open.push_back(c.get());
     }
-    return repairs_counter.take(fds);
+    return repairs_counter.take(open);
   }
 
   void iteration_ended(std::int64_t it) {
@@ -421,7 +411,7 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
     for (const auto& c : conns) {
       if (c->closed()) continue;
       c->poll_wire();
-      auto n = transport::unacknowledged_bytes(c->fd());
+      auto n = c->unconfirmed_bytes();
       const bool unacked = n.is_ok() && *n > 0;
       acked &= !unacked;
       if (c->wire_timestamps() && c->wire().bytes >= c->bytes_written()) {
@@ -644,9 +634,9 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
   std::uint64_t bytes_at_start = 0;
   Bytes bytes_pushed = 0;
   std::int64_t units_pushed = 0;
-  Reservoir delays, urgent_delays;                  // sending-buffer queueing delays (bounded)
-  Reservoir ack_rtts;                               // acknowledgement round trips (bounded)
-  transport::RepairCounter repairs_counter;         // what TCP repaired since the last look
+  Reservoir delays, urgent_delays;         // sending-buffer queueing delays (bounded)
+  Reservoir ack_rtts;                      // acknowledgement round trips (bounded)
+  transport::RepairTally repairs_counter;  // what the transport repaired since the last look
   std::vector<std::int64_t> retransmits, timeouts;  // per iteration
 };
 

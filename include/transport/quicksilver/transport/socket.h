@@ -77,18 +77,6 @@ struct TcpRepairs {
 };
 Result<TcpRepairs> tcp_repairs(int fd);
 
-// What a node's connections repaired since the last take(): the totals of `fds` (sockets
-// tcp_repairs cannot read are skipped) minus those seen last time, never negative;
-// timeouts -1 when some socket's kernel does not count them. The first take() sets the
-// baseline. One owner; not thread-safe.
-class RepairCounter {
- public:
-  TcpRepairs take(const std::vector<int>& fds);
-
- private:
-  TcpRepairs seen_{0, 0};
-};
-
 // Transmit timestamps: when written bytes left this host (the driver's software timestamp,
 // taken after the qdisc, so after any tc shaper's queue), as the simulator's "on the wire".
 // enable_tx_timestamps asks for one (SO_TIMESTAMPING: TX_SOFTWARE, OPT_ID, OPT_TSONLY) for

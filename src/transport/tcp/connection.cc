@@ -1,5 +1,4 @@
-#include "quicksilver/transport/connection.h"
-
+// TCP as the PS runtime's transport (quicksilver/transport/tcp_connection.h).
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -12,6 +11,7 @@
 
 #include "quicksilver/core/check.h"
 #include "quicksilver/transport/crc32c.h"
+#include "quicksilver/transport/tcp_connection.h"
 
 namespace qs::transport {
 namespace {
@@ -26,33 +26,34 @@ constexpr int kMaxIov = 64;
 
 }  // namespace
 
-Connection::Connection(EventLoop& loop, Fd fd, FrameHandler& handler, std::string peer, int index)
-    : loop_(loop), fd_(std::move(fd)), handler_(handler), peer_(std::move(peer)), index_(index) {}
+TcpConnection::TcpConnection(EventLoop& loop, Fd fd, FrameHandler& handler, std::string peer,
+                             int index)
+    : Connection(std::move(peer), index), loop_(loop), fd_(std::move(fd)), handler_(handler) {}
 
-Connection::~Connection() {
+TcpConnection::~TcpConnection() {
   if (started_ && !closed_) loop_.unwatch(fd_.get());
 }
 
-Status Connection::start() {
+Status TcpConnection::start() {
   QS_CHECK(!started_);
   started_ = true;
   return loop_.watch(fd_.get(), EPOLLIN, [this](std::uint32_t ev) { on_events(ev); });
 }
 
-Status Connection::enable_wire_timestamps() {
+Status TcpConnection::enable_wire_timestamps() {
   QS_CHECK(bytes_written_ == 0);
-  QS_RETURN_IF_ERROR(enable_tx_timestamps(fd_.get()).with_context(peer_));
+  QS_RETURN_IF_ERROR(enable_tx_timestamps(fd_.get()).with_context(peer()));
   wire_enabled_ = true;
   return Status::ok();
 }
 
-void Connection::poll_wire() {
+void TcpConnection::poll_wire() {
   if (!wire_enabled_ || closed_) return;
   Status s = drain_tx_timestamps(fd_.get(), &wire_);
-  if (!s.is_ok()) close(s.with_context(peer_));
+  if (!s.is_ok()) close(s.with_context(peer()));
 }
 
-void Connection::on_events(std::uint32_t events) {
+void TcpConnection::on_events(std::uint32_t events) {
   if (closed_) return;
   // Queued timestamps raise EPOLLERR until read (they are not a socket error: those the
   // read below reports).
@@ -75,7 +76,7 @@ void Connection::on_events(std::uint32_t events) {
   }
 }
 
-Status Connection::read_some() {
+Status TcpConnection::read_some() {
   std::uint64_t budget = kReadBudget;
   while (budget > 0 && !closed_) {
     // Pull bytes from the socket when the read buffer is drained.
@@ -94,20 +95,20 @@ Status Connection::read_some() {
       if (r < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::ok();
         if (errno == EINTR) continue;
-        return errno_status("recv from " + peer_, errno);
+        return errno_status("recv from " + peer(), errno);
       }
       if (r == 0) {
         if (in_payload_) {
-          return unavailable(peer_ + " closed the connection mid-frame: got " +
+          return unavailable(peer() + " closed the connection mid-frame: got " +
                              std::to_string(got_) + " of " + std::to_string(want_) +
                              " payload bytes of a " + frame_kind_name(cur_.kind) + " frame");
         }
         if (hhave_ > 0) {
-          return unavailable(peer_ + " closed the connection mid-frame: got " +
+          return unavailable(peer() + " closed the connection mid-frame: got " +
                              std::to_string(hhave_) + " of " + std::to_string(kHeaderSize) +
                              " header bytes");
         }
-        return unavailable(peer_ + " closed the connection");
+        return unavailable(peer() + " closed the connection");
       }
       bytes_read_ += static_cast<std::uint64_t>(r);
       budget -= std::min<std::uint64_t>(budget, static_cast<std::uint64_t>(r));
@@ -130,12 +131,12 @@ Status Connection::read_some() {
         if (hhave_ < kHeaderSize) break;
         hhave_ = 0;
         auto decoded = decode_header(hbuf_.data());
-        if (!decoded.is_ok()) return decoded.status().with_context("a frame from " + peer_);
+        if (!decoded.is_ok()) return decoded.status().with_context("a frame from " + peer());
         cur_ = *decoded;
         want_ = wire_payload_length(cur_);
-        if (want_ > 0 && !cur_.checksummed && checksums_) {
+        if (want_ > 0 && !cur_.checksummed && payload_checksums()) {
           return protocol_error(
-              "a " + std::string(frame_kind_name(cur_.kind)) + " frame from " + peer_ +
+              "a " + std::string(frame_kind_name(cur_.kind)) + " frame from " + peer() +
               " carries no payload checksum, which this node requires (is --no-checksum "
               "given to some nodes of the job only?)");
         }
@@ -161,7 +162,7 @@ Status Connection::read_some() {
   return Status::ok();
 }
 
-Status Connection::deliver(const std::byte* p, std::size_t n) {
+Status TcpConnection::deliver(const std::byte* p, std::size_t n) {
   if (cur_.checksummed) payload_crc_ = crc32c(payload_crc_, p, n);
   switch (target_.mode) {
     case PayloadTarget::Mode::kDirect:
@@ -177,7 +178,7 @@ Status Connection::deliver(const std::byte* p, std::size_t n) {
   return Status::ok();
 }
 
-Status Connection::end_of_frame() {
+Status TcpConnection::end_of_frame() {
   in_payload_ = false;
   const Header h = cur_;
   if (h.checksummed && want_ > 0 && payload_crc_ != h.payload_crc) {
@@ -185,7 +186,7 @@ Status Connection::end_of_frame() {
     std::snprintf(crcs, sizeof crcs, "0x%08x, its header says 0x%08x", payload_crc_, h.payload_crc);
     const bool data = h.kind == FrameKind::kPush || h.kind == FrameKind::kPull;
     return protocol_error(
-        std::string("corrupted payload: the ") + frame_kind_name(h.kind) + " frame from " + peer_ +
+        std::string("corrupted payload: the ") + frame_kind_name(h.kind) + " frame from " + peer() +
         (data ? " (tensor " + std::to_string(h.tensor) + " bytes [" + std::to_string(h.offset) +
                     ", " + std::to_string(h.offset + h.length) + "), iteration " +
                     std::to_string(h.iteration) + ")"
@@ -195,12 +196,12 @@ Status Connection::end_of_frame() {
   return handler_.on_frame(*this, h);
 }
 
-void Connection::stamp(Header& h, const void* payload, std::size_t n) const {
-  h.checksummed = checksums_;
-  h.payload_crc = checksums_ ? crc32c(0, payload, n) : 0;
+void TcpConnection::stamp(Header& h, const void* payload, std::size_t n) const {
+  h.checksummed = payload_checksums();
+  h.payload_crc = payload_checksums() ? crc32c(0, payload, n) : 0;
 }
 
-void Connection::send_control(const Header& header, std::span<const std::byte> body) {
+void TcpConnection::send_control(const Header& header, std::span<const std::byte> body) {
   QS_CHECK(body.size() == wire_payload_length(header));
   if (closed_) return;
   Header h = header;
@@ -215,7 +216,7 @@ void Connection::send_control(const Header& header, std::span<const std::byte> b
   out_.insert(pos, std::move(f));
 }
 
-void Connection::send_data(const Header& header, const std::byte* payload, std::uint64_t tag) {
+void TcpConnection::send_data(const Header& header, const std::byte* payload, std::uint64_t tag) {
   QS_CHECK(header.kind == FrameKind::kPush || header.kind == FrameKind::kPull);
   if (closed_) return;
   Header h = header;
@@ -231,8 +232,8 @@ void Connection::send_data(const Header& header, const std::byte* payload, std::
   data_bytes_pending_ += kHeaderSize + h.length;
 }
 
-Status Connection::flush() {
-  if (closed_) return unavailable(peer_ + ": connection closed");
+Status TcpConnection::flush() {
+  if (closed_) return unavailable(peer() + ": connection closed");
   while (!out_.empty()) {
     iovec iov[kMaxIov];
     int n = 0;
@@ -256,7 +257,7 @@ Status Connection::flush() {
         return Status::ok();
       }
       if (errno == EINTR) continue;
-      Status s = errno_status("send to " + peer_, errno);
+      Status s = errno_status("send to " + peer(), errno);
       close(s);
       return s;
     }
@@ -282,27 +283,27 @@ Status Connection::flush() {
   return Status::ok();
 }
 
-std::vector<std::uint64_t> Connection::take_completed() {
+std::vector<std::uint64_t> TcpConnection::take_completed() {
   std::vector<std::uint64_t> v;
   v.swap(completed_);
   return v;
 }
 
-void Connection::set_want_write(bool on) {
+void TcpConnection::set_want_write(bool on) {
   if (on == want_write_ || closed_) return;
   want_write_ = on;
   Status s = loop_.modify(fd_.get(), EPOLLIN | (on ? EPOLLOUT : 0u));
   if (!s.is_ok()) loop_.fail(s);
 }
 
-void Connection::maybe_shutdown() {
+void TcpConnection::maybe_shutdown() {
   if (shutdown_pending_ && !shut_down_ && out_.empty() && !closed_) {
     ::shutdown(fd_.get(), SHUT_WR);
     shut_down_ = true;
   }
 }
 
-void Connection::close(const Status& why, bool tell_peer, bool abort) {
+void TcpConnection::close(const Status& why, bool tell_peer, bool abort) {
   if (closed_) return;
   closed_ = true;
   if (tell_peer) {
@@ -336,6 +337,54 @@ void Connection::close(const Status& why, bool tell_peer, bool abort) {
   data_frames_ = 0;
   data_bytes_pending_ = 0;
   handler_.on_closed(*this, why);
+}
+
+Result<std::uint64_t> TcpConnection::unconfirmed_bytes() const {
+  QS_ASSIGN_OR_RETURN(std::int64_t n, unacknowledged_bytes(fd_.get()));
+  return static_cast<std::uint64_t>(std::max<std::int64_t>(n, 0));
+}
+
+std::optional<TcpRepairs> TcpConnection::repairs() const {
+  if (closed_) return std::nullopt;
+  auto r = tcp_repairs(fd_.get());
+  if (!r.is_ok()) return std::nullopt;
+  return *r;
+}
+
+std::string TcpConnection::congestion_control() const {
+  auto cc = congestion_of(fd_.get());
+  return cc.is_ok() ? *cc : std::string();
+}
+
+Result<std::unique_ptr<TcpConnection>> connect_tcp_connection(
+    EventLoop& loop, const std::string& host, int port, TimeNs deadline, const Secret* secret,
+    std::string_view auth_context, const SocketOptions& options, FrameHandler& handler,
+    std::string peer, int index) {
+  QS_ASSIGN_OR_RETURN(Fd fd, connect_tcp(host, port, deadline));
+  if (secret != nullptr) {
+    // Before the first frame: the acceptor proves it is the job's, and we that we are.
+    QS_RETURN_IF_ERROR(authenticate(fd.get(), *secret, AuthRole::kConnector, auth_context,
+                                    std::max<TimeNs>(deadline - loop.now(), kNsPerMs)));
+  }
+  QS_RETURN_IF_ERROR(configure_socket(fd.get(), options));
+  return std::make_unique<TcpConnection>(loop, std::move(fd), handler, std::move(peer), index);
+}
+
+TcpRepairs RepairTally::take(const std::vector<const Connection*>& conns) {
+  TcpRepairs now{0, 0};
+  bool timeouts = true;
+  for (const Connection* c : conns) {
+    std::optional<TcpRepairs> r = c->repairs();
+    if (!r) continue;
+    now.retransmitted_segments += r->retransmitted_segments;
+    if (r->timeouts < 0) timeouts = false;
+    now.timeouts += std::max<std::int64_t>(r->timeouts, 0);
+  }
+  const TcpRepairs delta{
+      std::max<std::int64_t>(0, now.retransmitted_segments - seen_.retransmitted_segments),
+      timeouts ? std::max<std::int64_t>(0, now.timeouts - seen_.timeouts) : -1};
+  seen_ = now;
+  return delta;
 }
 
 }  // namespace qs::transport
