@@ -64,8 +64,20 @@ struct Server::Impl final : transport::FrameHandler {
                                                     jl.context(opts.job, 1.0)));
     discipline = policy->server_discipline();
     QS_ASSIGN_OR_RETURN(loop, transport::EventLoop::create());
-    QS_ASSIGN_OR_RETURN(listener, transport::listen_tcp(opts.listen.host, opts.listen.port));
-    QS_ASSIGN_OR_RETURN(port, transport::local_port(listener.get()));
+    transport::TcpAcceptSettings as;
+    as.secret = opts.secret.get();
+    as.auth_context = kPsAuthContext;
+    as.socket = socket_options(opts.job);
+    as.payload_checksums = opts.job.payload_checksums;
+    as.limits = opts.limits;
+    as.first_frame_bytes = transport::kHeaderSize + transport::kHelloBodySize;  // a hello
+    as.owner = name();
+    as.first = "say hello";
+    as.log = opts.log;
+    as.on_change = [this] { publish(); };
+    QS_ASSIGN_OR_RETURN(acceptor, transport::make_tcp_acceptor(*loop, opts.listen.host,
+                                                               opts.listen.port, std::move(as)));
+    port = acceptor->port();
     // Owned byte ranges (Placement), packed into one float buffer per iteration parity:
     // the float index of each of this server's slices, keyed by the slice.
     std::size_t floats = 0;
@@ -100,8 +112,7 @@ struct Server::Impl final : transport::FrameHandler {
   std::string name() const { return "server " + std::to_string(opts.server_id); }
 
   Status run() {
-    QS_RETURN_IF_ERROR(
-        loop->watch(listener.get(), EPOLLIN, [this](std::uint32_t) { accept_all(); }));
+    QS_RETURN_IF_ERROR(acceptor->start(*this));
     const TimeNs start = loop->now();
     last_push = start;
     loop->schedule_at(start + opts.job.connect_timeout, [this] {
@@ -121,11 +132,7 @@ struct Server::Impl final : transport::FrameHandler {
     for (Peer& p : peers) {
       if (p.conn && !p.conn->closed()) p.conn->close(s.is_ok() ? Status::ok() : s, !s.is_ok());
     }
-    for (auto& [idx, p] : pending) {
-      if (p.fd.valid()) loop->unwatch(p.fd.get());
-    }
-    pending.clear();
-    retired.clear();
+    acceptor->stop();
     publish();
     return s;
   }
@@ -219,171 +226,26 @@ struct Server::Impl final : transport::FrameHandler {
     return list;
   }
 
-  // ---- accepting: strangers are bounded (docs/reliability.md) ----
-  // A peer is pending from accept until its hello is accepted: first the authentication
-  // (with a secret), then a Connection that expects hello. It is closed when
-  // limits.handshake_timeout passes, or when limits.max_pending others arrived after it.
-  struct Pending {
-    std::string from;                            // "address:port"
-    transport::Fd fd;                            // while authenticating
-    std::unique_ptr<transport::Handshake> auth;  // while authenticating
-    std::unique_ptr<Connection> conn;            // then, until hello
-    transport::EventLoop::TimerId deadline = 0;
-  };
-
   void log(const std::string& line) const {
     if (opts.log) opts.log(line);
   }
 
-  void accept_all() {
-    while (listening) {
-      std::string from;
-      auto fd = transport::accept_tcp(listener.get(), &from);
-      if (!fd.is_ok() && fd.status().code() == StatusCode::kUnavailable) {
-        pause_accepting(fd.status());
-        return;
-      }
-      if (!fd.is_ok()) {
-        loop->fail(fd.status().with_context(name()));
-        return;
-      }
-      if (!fd->valid()) return;
-      ++accepted;
-      Status s = transport::configure_socket(fd->get(), socket_options(opts.job));
-      if (!s.is_ok()) {
-        loop->fail(s.with_context(name()));
-        return;
-      }
-      while (static_cast<int>(pending.size()) >= opts.limits.max_pending) {
-        drop_pending(pending.begin()->first,
-                     "closed: " + std::to_string(pending.size()) +
-                         " connections already wait to say hello (the oldest goes)");
-      }
-      const int idx = kPendingBase + next_pending++;
-      Pending& p = pending[idx];
-      p.from = from;
-      p.deadline = loop->schedule_after(opts.limits.handshake_timeout, [this, idx] {
-        auto it = pending.find(idx);
-        if (it == pending.end()) return;
-        it->second.deadline = 0;
-        drop_pending(idx, "did not " + std::string(opts.secret ? "authenticate and " : "") +
-                              "say hello within " + format_time(opts.limits.handshake_timeout));
-      });
-      if (opts.secret) {
-        p.fd = std::move(*fd);
-        p.auth = std::make_unique<transport::Handshake>(
-            *opts.secret, transport::AuthRole::kAcceptor, kPsAuthContext);
-        s = loop->watch(p.fd.get(), EPOLLIN, [this, idx](std::uint32_t) { authenticate(idx); });
-        if (!s.is_ok()) {
-          loop->fail(s);
-          return;
-        }
-        authenticate(idx);  // sends our nonce
-      } else {
-        start_connection(idx, std::move(*fd));
-      }
-      publish();
-    }
-  }
-
-  // Out of descriptors or memory: the job goes on; accepting pauses (the listener is not
-  // watched, so the loop does not spin on it) and resumes after limits.backoff.
-  void pause_accepting(const Status& why) {
-    ++accept_failures;
-    if (accept_failures == 1 || accept_failures % 100 == 0) {
-      log(name() + ": " + why.message() + "; accepting paused for " +
-          format_time(opts.limits.backoff) + " (" + std::to_string(accept_failures) +
-          " times so far)");
-    }
-    loop->unwatch(listener.get());
-    listening = false;
-    loop->schedule_after(opts.limits.backoff, [this] {
-      Status s = loop->watch(listener.get(), EPOLLIN, [this](std::uint32_t) { accept_all(); });
-      if (!s.is_ok()) {
-        loop->fail(s.with_context(name()));
-        return;
-      }
-      listening = true;
-      accept_all();
-    });
-    publish();
-  }
-
-  void authenticate(int idx) {
-    auto it = pending.find(idx);
-    if (it == pending.end() || !it->second.auth) return;
-    Pending& p = it->second;
-    auto want = p.auth->step(p.fd.get());
-    if (!want.is_ok()) {
-      drop_pending(idx, want.status().message());
-      return;
-    }
-    if (*want == transport::Handshake::Want::kDone) {
-      loop->unwatch(p.fd.get());
-      p.auth.reset();
-      start_connection(idx, std::move(p.fd));
-      return;
-    }
-    Status s =
-        loop->modify(p.fd.get(), *want == transport::Handshake::Want::kRead ? EPOLLIN : EPOLLOUT);
-    if (!s.is_ok()) loop->fail(s);
-  }
-
-  void start_connection(int idx, transport::Fd fd) {
-    Pending& p = pending[idx];
-    p.conn = std::make_unique<transport::TcpConnection>(
-        *loop, std::move(fd), *this, "unidentified peer " + p.from + " of " + name(), idx);
-    p.conn->set_read_buffer_size(transport::kHeaderSize +
-                                 transport::kHelloBodySize);  // a hello, no more
-    p.conn->set_payload_checksums(opts.job.payload_checksums);
-    Status s = p.conn->start();
-    if (!s.is_ok()) loop->fail(s);
-  }
-
-  // Closes a pending peer with a log line. Before authentication it is told nothing; a
-  // Connection (authenticated, or no secret) is told why, as before.
-  void drop_pending(int idx, const std::string& why) {
-    auto it = pending.find(idx);
-    if (it == pending.end()) return;
-    if (it->second.conn) {
-      it->second.conn->close(unavailable(why), /*tell_peer=*/true);  // on_closed retires it
-      return;
-    }
-    log(name() + ": refused " + it->second.from + ": " + why);
-    ++refused;
-    if (it->second.deadline != 0) loop->cancel(it->second.deadline);
-    if (it->second.fd.valid()) loop->unwatch(it->second.fd.get());
-    retire(std::move(it->second));
-    pending.erase(it);
-    publish();
-  }
-
-  // Destroys a pending peer's state once the current callback returned (it may be running
-  // inside that peer's own callback).
-  void retire(Pending&& p) {
-    retired.push_back(std::move(p));
-    if (retired.size() == 1) {
-      loop->defer([this] {
-        retired.clear();
-        publish();
-      });
-    }
-  }
-
   // The counters another thread may read (Server::counters()).
   void publish() {
-    int held = static_cast<int>(pending.size() + retired.size());
+    if (!acceptor) return;
+    const transport::Acceptor::Counters a = acceptor->counters();
+    int held = a.held;
     for (const Peer& p : peers) held += p.conn ? 1 : 0;
-    counters.pending.store(static_cast<int>(pending.size()));
+    counters.pending.store(a.pending);
     counters.held.store(held);
-    counters.refused.store(refused);
-    counters.accepted.store(accepted);
-    counters.accept_failures.store(accept_failures);
+    counters.refused.store(a.refused);
+    counters.accepted.store(a.accepted);
+    counters.accept_failures.store(a.accept_failures);
   }
 
   // ---- FrameHandler ----
   Result<PayloadTarget> on_header(Connection& c, const Header& h) override {
-    if (c.index() >= kPendingBase) {
+    if (transport::Acceptor::is_pending(c)) {
       if (h.kind != FrameKind::kHello) {
         return transport::header_error(
             HeaderField::kKind,
@@ -536,7 +398,7 @@ struct Server::Impl final : transport::FrameHandler {
   }
 
   Status on_frame(Connection& c, const Header& h) override {
-    if (c.index() >= kPendingBase) return on_hello(c, h);
+    if (transport::Acceptor::is_pending(c)) return on_hello(c, h);
     const int w = c.index();
     Peer& p = peers[static_cast<std::size_t>(w)];
     switch (h.kind) {
@@ -621,13 +483,9 @@ struct Server::Impl final : transport::FrameHandler {
       return invalid_argument(name() + " refuses a second connection from worker " +
                               std::to_string(h.sender));
     }
-    auto node = pending.extract(c.index());
-    QS_CHECK(!node.empty() && node.mapped().conn.get() == &c);
-    if (node.mapped().deadline != 0) loop->cancel(node.mapped().deadline);
-    p.conn = std::move(node.mapped().conn);
+    p.conn = acceptor->admit(c);
     c.set_index(h.sender);
     c.set_peer("worker " + std::to_string(h.sender));
-    c.set_read_buffer_size(Connection::kDefaultReadBuffer);
     publish();
     std::vector<Connection*> conns;
     for (Peer& q : peers) conns.push_back(q.conn.get());
@@ -642,23 +500,14 @@ struct Server::Impl final : transport::FrameHandler {
   }
 
   void on_writable(Connection& c) override {
-    if (c.index() >= kPendingBase) return;
+    if (transport::Acceptor::is_pending(c)) return;
     Status s = sender->on_writable(c.index());
     if (!s.is_ok()) loop->fail(s);
   }
 
   void on_closed(Connection& c, const Status& why) override {
-    if (c.index() >= kPendingBase) {
-      // A refused or broken peer before its hello: it was told why; the server goes on,
-      // and frees it once this callback returned.
-      auto it = pending.find(c.index());
-      if (it == pending.end()) return;
-      log(name() + ": refused " + it->second.from + ": " + why.message());
-      ++refused;
-      if (it->second.deadline != 0) loop->cancel(it->second.deadline);
-      retire(std::move(it->second));
-      pending.erase(it);
-      publish();
+    if (transport::Acceptor::is_pending(c)) {
+      acceptor->closed(c, why);  // a refused or broken peer before its hello: it was told
       return;
     }
     Peer& p = peers[static_cast<std::size_t>(c.index())];
@@ -676,13 +525,11 @@ struct Server::Impl final : transport::FrameHandler {
     units[u.slot].erase(std::make_pair(u.tensor, u.offset));
   }
 
-  static constexpr int kPendingBase = 1 << 20;
-
   ServerOptions opts;
   JobLayout jl;
   QueueDiscipline discipline = QueueDiscipline::kPriority;
   std::unique_ptr<transport::EventLoop> loop;
-  transport::Fd listener;
+  std::unique_ptr<transport::Acceptor> acceptor;  // strangers until their hello
   int port = 0;
   std::unique_ptr<transport::Sender> sender;
   transport::DataRules rules;
@@ -700,17 +547,12 @@ struct Server::Impl final : transport::FrameHandler {
   Server::Repairs repairs;                 // per iteration (note_repairs)
   transport::RepairTally repairs_counter;  // what the transport repaired since the last note
   std::int64_t live[2] = {0, 0};
-  std::vector<Peer> peers;         // by worker id
-  std::map<int, Pending> pending;  // before hello, by temporary index (the oldest first)
-  std::vector<Pending> retired;    // closed, freed after the current callback
-  bool listening = true;           // the listener is watched (not paused)
-  std::int64_t accepted = 0, refused = 0, accept_failures = 0;
+  std::vector<Peer> peers;  // by worker id
   struct AtomicCounters {
     std::atomic<std::int64_t> accepted{0}, refused{0};
     std::atomic<int> pending{0}, held{0};
     std::atomic<std::int64_t> accept_failures{0};
-  } counters;  // published copies of the above, for other threads
-  int next_pending = 0;
+  } counters;            // published copies of the above, for other threads
   TimeNs last_push = 0;  // when a push last began to arrive from any worker
 };
 

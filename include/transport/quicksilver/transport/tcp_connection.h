@@ -6,6 +6,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -13,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "quicksilver/transport/acceptor.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/socket.h"
@@ -132,5 +134,25 @@ class RepairTally {
  private:
   TcpRepairs seen_{0, 0};
 };
+
+// How a TCP acceptor treats strangers.
+struct TcpAcceptSettings {
+  const Secret* secret = nullptr;  // authenticate every peer first (auth.h); null: none
+  std::string auth_context;        // names the protocol in the authentication
+  SocketOptions socket;            // applied to every accepted socket
+  bool payload_checksums = true;   // Connection::set_payload_checksums
+  AcceptLimits limits;
+  // A pending connection's read buffer: its first frame, no more (kDefaultReadBuffer once
+  // admitted).
+  std::size_t first_frame_bytes = Connection::kDefaultReadBuffer;
+  std::string owner;  // "server 0": in log lines and peer names
+  std::string first;  // what a peer must do before it is admitted ("say hello")
+  std::function<void(const std::string&)> log;  // refusals and pauses; null: none
+  std::function<void()> on_change;              // the counters changed; null: none
+};
+
+// Listens on host:port (0: any) on `loop`.
+Result<std::unique_ptr<Acceptor>> make_tcp_acceptor(EventLoop& loop, const std::string& host,
+                                                    int port, TcpAcceptSettings settings);
 
 }  // namespace qs::transport
