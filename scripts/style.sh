@@ -4,7 +4,9 @@
 #      (fix: clang-format -i FILE ...);
 #   2. clang-tidy: the checks below clean on every file of src/ (the build's
 #      compile_commands.json; needs build/ from scripts/build.sh);
-#   3. tools/spans.py: no type over 400 lines, no function over 120, except those listed
+#   3. tools/thread_safety.py: the files that use core/mutex.h's lock annotations compiled
+#      with clang's -Wthread-safety as errors (guarded state touched without its lock);
+#   4. tools/spans.py: no type over 400 lines, no function over 120, except those listed
 #      with their reason in tools/spans_allowed.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +33,7 @@ if grep -qE '(warning|error): ' build/clang-tidy.log; then
   echo "style: clang-tidy found the above"
   status=1
 fi
+python3 tools/thread_safety.py build || status=1
 python3 tools/spans.py || status=1
 if [ "$status" = 0 ]; then echo "style: clean"; fi
 exit "$status"

@@ -115,7 +115,7 @@ void EventLoop::fail(Status s) {
 
 void EventLoop::post(std::function<void()> fn) {
   {
-    std::lock_guard<std::mutex> lock(posted_mu_);
+    MutexLock lock(posted_mu_);
     posted_.push_back(std::move(fn));
   }
   const std::uint64_t one = 1;
@@ -125,7 +125,7 @@ void EventLoop::post(std::function<void()> fn) {
 void EventLoop::run_posted() {
   std::vector<std::function<void()>> now;
   {
-    std::lock_guard<std::mutex> lock(posted_mu_);
+    MutexLock lock(posted_mu_);
     now.swap(posted_);
   }
   for (auto& fn : now) {

@@ -52,7 +52,8 @@ BucketAgreement::BucketAgreement(Communicator& comm, bool checksums, TimeNs peer
       checksums_(checksums),
       peer_timeout_(peer_timeout),
       fail_(std::move(fail)),
-      links_(static_cast<std::size_t>(comm.links())) {}
+      links_(static_cast<std::size_t>(comm.links())),
+      queues_(links_.size()) {}
 
 void BucketAgreement::start() {
   // The receive buffers exist before their threads start, so that stop can abort them.
@@ -73,8 +74,8 @@ void BucketAgreement::start() {
 void BucketAgreement::issued(const CollectiveBucket& b) {
   const std::uint64_t key = bucket_key(b);
   {
-    std::lock_guard lock(mu_);
-    links_[static_cast<std::size_t>(b.link)].queue.push_back(Entry{b, key});
+    MutexLock lock(mu_);
+    queues_[static_cast<std::size_t>(b.link)].push_back(Entry{b, key});
     // Queued for the report thread: a send completes only once worker 0 posted its
     // receive, a round trip the loop (and the emulated GPU's timers) should not wait for.
     if (comm_.rank() != 0) reports_out_.push_back(ControlMessage{key, b.link, 1});
@@ -92,21 +93,17 @@ std::optional<CollectiveBucket> BucketAgreement::next(int link) {
 std::optional<BucketAgreement::Entry> BucketAgreement::lead(int li) {
   Link& link = links_[static_cast<std::size_t>(li)];
   const int n = comm_.size();
-  std::unique_lock lock(mu_);
-  std::deque<Entry>::iterator pick;
-  cv_.wait(lock, [&] {
-    if (stopping_) return true;
-    pick = std::find_if(link.queue.begin(), link.queue.end(), [&](const Entry& q) {
-      auto r = reports_.find(q.key);
-      return n == 1 || (r != reports_.end() && r->second >= n - 1);
-    });
-    return pick != link.queue.end();
-  });
-  if (stopping_) return std::nullopt;
-  Entry e = std::move(*pick);
-  link.queue.erase(pick);
-  reports_.erase(e.key);
-  lock.unlock();
+  Entry e;
+  {
+    MutexLock lock(mu_);
+    std::deque<Entry>& queue = queues_[static_cast<std::size_t>(li)];
+    std::deque<Entry>::iterator pick;
+    while (!stopping_ && (pick = first_reported_locked(queue, n)) == queue.end()) cv_.wait(mu_);
+    if (stopping_) return std::nullopt;
+    e = std::move(*pick);
+    queue.erase(pick);
+    reports_.erase(e.key);
+  }
   link.out = sealed(ControlMessage{e.key, li, 2}, checksums_);
   for (int r = 1; r < n; ++r) {
     try {
@@ -117,6 +114,29 @@ std::optional<BucketAgreement::Entry> BucketAgreement::lead(int li) {
     }
   }
   return e;
+}
+
+std::deque<BucketAgreement::Entry>::iterator BucketAgreement::first_reported_locked(
+    std::deque<Entry>& queue, int n) {
+  for (auto q = queue.begin(); q != queue.end(); ++q) {
+    if (n == 1) return q;
+    auto r = reports_.find(q->key);
+    if (r != reports_.end() && r->second >= n - 1) return q;
+  }
+  return queue.end();
+}
+
+std::optional<BucketAgreement::Entry> BucketAgreement::take_locked(std::uint64_t key) {
+  for (std::deque<Entry>& queue : queues_) {
+    auto pick =
+        std::find_if(queue.begin(), queue.end(), [&](const Entry& q) { return q.key == key; });
+    if (pick != queue.end()) {
+      Entry e = std::move(*pick);
+      queue.erase(pick);
+      return e;
+    }
+  }
+  return std::nullopt;
 }
 
 // Workers 1..N-1: worker 0's next bucket of this link, found among this worker's own
@@ -135,37 +155,26 @@ std::optional<BucketAgreement::Entry> BucketAgreement::follow(int li) {
   }
   check_control(link.decision, checksums_, 0, "a decision of which bucket runs next");
   const std::uint64_t key = link.decision.key;
-  std::unique_lock lock(mu_);
-  std::deque<Entry>::iterator pick;
-  std::deque<Entry>* from = nullptr;
-  const bool found = cv_.wait_for(lock, std::chrono::nanoseconds(peer_timeout_), [&] {
-    for (Link& other : links_) {
-      pick = std::find_if(other.queue.begin(), other.queue.end(),
-                          [&](const Entry& q) { return q.key == key; });
-      if (pick != other.queue.end()) {
-        from = &other.queue;
-        return true;
-      }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(peer_timeout_);
+  MutexLock lock(mu_);
+  while (true) {
+    if (stopping_) return std::nullopt;
+    if (std::optional<Entry> e = take_locked(key)) return e;
+    if (!cv_.wait_until(mu_, deadline) && !stopping_) {
+      if (std::optional<Entry> e = take_locked(key)) return e;
+      throw std::runtime_error(
+          "worker 0 runs a bucket this worker never issued within the peer timeout (the "
+          "policy cut different buckets on different workers)");
     }
-    return stopping_.load();
-  });
-  if (stopping_) return std::nullopt;
-  if (!found) {
-    throw std::runtime_error(
-        "worker 0 runs a bucket this worker never issued within the peer timeout (the policy "
-        "cut different buckets on different workers)");
   }
-  Entry e = std::move(*pick);
-  from->erase(pick);
-  return e;
 }
 
 void BucketAgreement::report_loop() {
   try {
     while (true) {
       {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stopping_.load() || !reports_out_.empty(); });
+        MutexLock lock(mu_);
+        while (!stopping_ && reports_out_.empty()) cv_.wait(mu_);
         if (stopping_) return;
         report_msg_ = sealed(reports_out_.front(), checksums_);
         reports_out_.pop_front();
@@ -188,7 +197,7 @@ void BucketAgreement::collect_loop() {
       if (!report_buf_->wait_recv(&from, kForever)) return;  // aborted: stopping
       check_control(rx_msg_, checksums_, from, "a report of an issued bucket");
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         ++reports_[rx_msg_.key];
       }
       cv_.notify_all();
@@ -212,7 +221,7 @@ void BucketAgreement::failed(const Status& s) {
 
 void BucketAgreement::request_stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();

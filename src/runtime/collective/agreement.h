@@ -6,17 +6,16 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "quicksilver/core/mutex.h"
 #include "quicksilver/core/status.h"
 #include "quicksilver/policy/allreduce_policy.h"
 #include "quicksilver/runtime/communicator.h"
@@ -67,13 +66,17 @@ class BucketAgreement {
     std::uint64_t key;
   };
   struct Link {
-    std::deque<Entry> queue;  // guarded by mu_
     ControlMessage decision{}, out{};
     std::unique_ptr<ControlBuffer> decision_rx;  // followers: worker 0's decisions
     std::unique_ptr<ControlBuffer> decision_tx;  // worker 0
   };
-  std::optional<Entry> lead(int link);
-  std::optional<Entry> follow(int link);
+  std::optional<Entry> lead(int link) QS_EXCLUDES(mu_);
+  std::optional<Entry> follow(int link) QS_EXCLUDES(mu_);
+  // The queued entry of `key` (on any link), taken; nullopt if none.
+  std::optional<Entry> take_locked(std::uint64_t key) QS_REQUIRES(mu_);
+  // The first entry of `queue` every one of `n` workers has issued.
+  std::deque<Entry>::iterator first_reported_locked(std::deque<Entry>& queue, int n)
+      QS_REQUIRES(mu_);
   void report_loop();   // followers: reports_out_ to worker 0
   void collect_loop();  // worker 0: the others' reports
   void failed(const Status& s);
@@ -83,11 +86,12 @@ class BucketAgreement {
   const TimeNs peer_timeout_;
   std::function<void(const Status&)> fail_;
   std::vector<Link> links_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<bool> stopping_{false};               // set under mu_
-  std::unordered_map<std::uint64_t, int> reports_;  // worker 0, guarded by mu_
-  std::deque<ControlMessage> reports_out_;          // followers, guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::atomic<bool> stopping_{false};  // set under mu_ (the waits read it there)
+  std::vector<std::deque<Entry>> queues_ QS_GUARDED_BY(mu_);           // per link
+  std::unordered_map<std::uint64_t, int> reports_ QS_GUARDED_BY(mu_);  // worker 0
+  std::deque<ControlMessage> reports_out_ QS_GUARDED_BY(mu_);          // followers
   ControlMessage report_msg_{}, rx_msg_{};
   std::unique_ptr<ControlBuffer> report_buf_;
   std::thread report_thread_;

@@ -19,7 +19,7 @@ GradientStaging::GradientStaging(const TensorLayout& layout,
 }
 
 GradientStaging::Buffer GradientStaging::take() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!spare_.empty()) {
     Buffer b = std::move(spare_.back());
     spare_.pop_back();
@@ -42,13 +42,13 @@ void GradientStaging::give_back_locked(Buffer b) {
 
 float* GradientStaging::range_sum(std::int64_t first) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto r = ranges_.find(first);
     if (r != ranges_.end()) return r->second.sums.get();
   }
   Buffer b = take();
   float* at = b.get();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ranges_[first].sums = std::move(b);
   return at;
 }
@@ -103,7 +103,7 @@ void GradientStaging::settle() {
         add_layer(to, a->second.gradients.get(), l, a->first, first);
     }
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       give_back_locked(std::move(a->second.gradients));
     }
     aside_.erase(a);
@@ -113,7 +113,7 @@ void GradientStaging::settle() {
 void GradientStaging::read(const CollectiveBucket& b, const Chunk& c, float* out) {
   const float* src;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto r = ranges_.find(b.first_iteration);
     if (r == ranges_.end()) {
       throw std::runtime_error("no gradients staged for iterations " +
@@ -127,7 +127,7 @@ void GradientStaging::read(const CollectiveBucket& b, const Chunk& c, float* out
 }
 
 void GradientStaging::consumed(const CollectiveBucket& b) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto r = ranges_.find(b.first_iteration);
   if (r != ranges_.end() && (r->second.read += b.bytes()) == layout_.total_bytes()) {
     give_back_locked(std::move(r->second.sums));
@@ -136,7 +136,7 @@ void GradientStaging::consumed(const CollectiveBucket& b) {
 }
 
 std::int64_t GradientStaging::buffers_max() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return allocated_max_;
 }
 

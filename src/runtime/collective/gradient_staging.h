@@ -17,9 +17,9 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "quicksilver/core/mutex.h"
 #include "quicksilver/engine/compute.h"
 #include "quicksilver/policy/allreduce_policy.h"
 #include "quicksilver/runtime/tensors.h"
@@ -54,20 +54,21 @@ class GradientStaging {
     Buffer gradients;
     std::vector<char> layers;
   };
-  Buffer take();
-  void give_back_locked(Buffer b);
+  Buffer take() QS_EXCLUDES(mu_);
+  void give_back_locked(Buffer b) QS_REQUIRES(mu_);
   float* range_sum(std::int64_t first);
   void add_layer(float* to, const float* from, int layer, std::int64_t it, std::int64_t first);
 
   const TensorLayout& layout_;
   const std::vector<TensorBuffer>& buffers_;
   std::function<std::int64_t(std::int64_t)> merged_from_;
-  std::vector<std::size_t> bases_;                  // each tensor's first element in a buffer
-  std::map<std::int64_t, Aside> aside_;             // loop thread only
-  mutable std::mutex mu_;                           // the link threads read the ranges
-  std::map<std::int64_t, Range> ranges_;            // by first iteration, guarded by mu_
-  std::vector<Buffer> spare_;                       // guarded by mu_
-  std::int64_t allocated_ = 0, allocated_max_ = 0;  // guarded by mu_
+  std::vector<std::size_t> bases_;       // each tensor's first element in a buffer
+  std::map<std::int64_t, Aside> aside_;  // loop thread only
+  mutable Mutex mu_;                     // the link threads read the ranges
+  std::map<std::int64_t, Range> ranges_ QS_GUARDED_BY(mu_);  // by first iteration
+  std::vector<Buffer> spare_ QS_GUARDED_BY(mu_);
+  std::int64_t allocated_ QS_GUARDED_BY(mu_) = 0;
+  std::int64_t allocated_max_ QS_GUARDED_BY(mu_) = 0;
 };
 
 // A Compute whose backward steps snapshot their layer into the staging when they end.

@@ -114,7 +114,7 @@ void ReplicationChannel::start() {
 
 void ReplicationChannel::record(const PolicyRecord& r) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     records_.push_back(r);
   }
   cv_.notify_all();
@@ -127,7 +127,7 @@ void ReplicationChannel::end_stream() {
 
 void ReplicationChannel::stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     stopping_ = true;
   }
@@ -148,8 +148,8 @@ void ReplicationChannel::send_loop() {
     while (true) {
       bool end = false;
       {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !records_.empty(); });
+        MutexLock lock(mu_);
+        while (!stopping_ && records_.empty()) cv_.wait(mu_);
         if (records_.empty()) return;  // stopping
         batch_.count = 0;
         while (!records_.empty() && batch_.count < 64) {
@@ -171,7 +171,7 @@ void ReplicationChannel::send_loop() {
     }
   } catch (const std::exception& ex) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return;
     }
     fail_(unavailable(std::string("replicating the policy: ") + ex.what()));
@@ -197,7 +197,7 @@ void ReplicationChannel::receive_loop() {
     }
   } catch (const std::exception& ex) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return;
     }
     const bool named = dynamic_cast<const PeerError*>(&ex) != nullptr;

@@ -3,19 +3,18 @@
 // channel that carries it.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
 
+#include "quicksilver/core/mutex.h"
 #include "quicksilver/core/status.h"
 #include "quicksilver/policy/allreduce_policy.h"
 #include "quicksilver/runtime/communicator.h"
@@ -239,11 +238,12 @@ class ReplicationChannel {
   const TimeNs peer_timeout_;
   std::function<void(std::vector<PolicyRecord>)> deliver_;
   std::function<void(const Status&)> fail_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;             // guarded by mu_
-  std::deque<PolicyRecord> records_;  // worker 0, guarded by mu_
-  RecordBatch batch_;                 // the send or receive buffer
+  Mutex mu_;
+  CondVar cv_;
+  bool stopping_ QS_GUARDED_BY(mu_) = false;
+  std::deque<PolicyRecord> records_ QS_GUARDED_BY(mu_);  // worker 0
+  // The send or receive buffer: the channel's thread fills (sender: under mu_) and reads it.
+  RecordBatch batch_;
   std::unique_ptr<ControlBuffer> buf_;
   std::thread thread_;
 };

@@ -13,12 +13,12 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "quicksilver/core/mutex.h"
 #include "quicksilver/core/status.h"
 #include "quicksilver/core/units.h"
 #include "quicksilver/transport/clock.h"
@@ -87,10 +87,10 @@ class EventLoop {
   TimerId next_timer_ = 1;
   TimeNs armed_ = kTimeNever;
   Status error_;
-  std::mutex posted_mu_;
-  std::vector<std::function<void()>> posted_;  // guarded by posted_mu_ (any thread -> loop)
-  std::atomic<bool> stop_requested_{false};    // any thread -> loop
-  std::string stop_reason_;                    // written before stop_requested_ (release)
+  Mutex posted_mu_;
+  std::vector<std::function<void()>> posted_ QS_GUARDED_BY(posted_mu_);  // any thread -> loop
+  std::atomic<bool> stop_requested_{false};                              // any thread -> loop
+  std::string stop_reason_;  // written before stop_requested_ (release)
 };
 
 }  // namespace qs::transport
