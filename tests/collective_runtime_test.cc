@@ -239,7 +239,7 @@ TEST(CollectiveDeft, MergedIterationsOnTwoLinksSumExactlyAndEveryWorkerFollowsWo
 // at each backward, merged sums in buffers of its own per range of iterations, and the
 // updates handed over, each checked exactly against the sum over its workers and
 // iterations when it is ready.
-class DelayedSource final : public TensorSource {
+class DelayedSource final : public TensorSource, public DelayedUpdateTarget {
  public:
   DelayedSource(const Profile& p, int worker, int workers)
       : layout_(p), worker_(worker), workers_(workers) {
@@ -271,7 +271,7 @@ class DelayedSource final : public TensorSource {
       }
     }
   }
-  bool applies_delayed_updates() const override { return true; }
+  DelayedUpdateTarget* delayed_updates() override { return this; }
   float* merged_sum(TensorId t, std::int64_t first, std::int64_t last) override {
     std::lock_guard lock(mu_);
     auto& m = merged_[{first, last}];

@@ -13,40 +13,24 @@ namespace qs::pytorch {
 namespace {
 
 // The model's own buffers, registered once; the loop says when a layer's sums are in.
-// Delayed updates: merged sums go to the Session's buffers, and the updates due to it.
-struct DelayedHooks {
-  std::function<float*(TensorId, std::int64_t, std::int64_t)> merged_sum;
-  std::function<Status(std::int64_t, const std::vector<runtime::LayerUpdate>&)> on_updates;
-  std::function<Status(const runtime::LayerUpdate&)> on_update_ready;
-};
-
+// Delayed updates: the Session's own target (merged sums in its buffers, the updates due
+// to it).
 class Registered final : public runtime::TensorSource {
  public:
   Registered(std::vector<runtime::TensorBuffer> tensors,
-             std::function<void(int, std::int64_t)> on_ready, DelayedHooks delayed)
-      : tensors_(std::move(tensors)),
-        on_ready_(std::move(on_ready)),
-        delayed_(std::move(delayed)) {}
+             std::function<void(int, std::int64_t)> on_ready, runtime::DelayedUpdateTarget* delayed)
+      : tensors_(std::move(tensors)), on_ready_(std::move(on_ready)), delayed_(delayed) {}
   std::vector<runtime::TensorBuffer> tensors() override { return tensors_; }
   Status on_layer_ready(int layer, std::int64_t iteration) override {
     on_ready_(layer, iteration);
     return Status::ok();
   }
-  bool applies_delayed_updates() const override { return static_cast<bool>(delayed_.merged_sum); }
-  float* merged_sum(TensorId t, std::int64_t first, std::int64_t last) override {
-    return delayed_.merged_sum ? delayed_.merged_sum(t, first, last) : nullptr;
-  }
-  Status on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due) override {
-    return delayed_.on_updates ? delayed_.on_updates(before, due) : Status::ok();
-  }
-  Status on_update_ready(const runtime::LayerUpdate& u) override {
-    return delayed_.on_update_ready ? delayed_.on_update_ready(u) : Status::ok();
-  }
+  runtime::DelayedUpdateTarget* delayed_updates() override { return delayed_; }
 
  private:
   std::vector<runtime::TensorBuffer> tensors_;
   std::function<void(int, std::int64_t)> on_ready_;
-  DelayedHooks delayed_;
+  runtime::DelayedUpdateTarget* delayed_;
 };
 
 TimeNs now() { return transport::SteadyClock::instance().now(); }
@@ -193,7 +177,6 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options,
   // Delayed updates: an all-reduce worker (make_worker) under a policy that delays them.
   const PolicySpec* spec = policy_registry().find(s->options_.job.policy, Architecture::kAllReduce);
   s->delayed_ = s->options_.make_worker && spec != nullptr && spec->delays_updates;
-  DelayedHooks hooks;
   if (s->delayed_) {
     s->updates_.resize(layers);
     s->layer_elements_.assign(layers, 0);
@@ -203,19 +186,10 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options,
       s->offsets_.push_back(at);
       at += s->options_.tensors[t].elements;
     }
-    hooks.merged_sum = [self](TensorId t, std::int64_t first, std::int64_t last) {
-      return self->merged_sum(t, first, last);
-    };
-    hooks.on_updates = [self](std::int64_t before, const std::vector<runtime::LayerUpdate>& due) {
-      return self->on_updates(before, due);
-    };
-    hooks.on_update_ready = [self](const runtime::LayerUpdate& u) {
-      return self->on_update_ready(u);
-    };
   }
   s->source_ = std::make_unique<Registered>(
       s->options_.tensors, [self](int l, std::int64_t it) { self->on_sums(l, it); },
-      std::move(hooks));
+      s->delayed_ ? static_cast<runtime::DelayedUpdateTarget*>(self) : nullptr);
 
   runtime::WorkerOptions wo;
   wo.job = s->options_.job;

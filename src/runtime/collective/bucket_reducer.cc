@@ -22,12 +22,12 @@ std::string describe(const CollectiveBucket& b) {
 
 BucketReducer::BucketReducer(Settings s, Communicator& comm,
                              const std::vector<TensorBuffer>& buffers, GradientStaging* staging,
-                             TensorSource& source, std::function<void(const Status&)> fail)
+                             DelayedUpdateTarget* delayed, std::function<void(const Status&)> fail)
     : s_(std::move(s)),
       comm_(comm),
       buffers_(buffers),
       staging_(staging),
-      source_(source),
+      delayed_(delayed),
       fail_(std::move(fail)),
       scratch_(static_cast<std::size_t>(s_.links)) {}
 
@@ -72,8 +72,9 @@ bool BucketReducer::run(int li, const CollectiveBucket& b, TimeNs* t0, TimeNs* t
     const Chunk& c = b.chunks[i];
     const std::size_t first = static_cast<std::size_t>(c.offset / 4),
                       count = static_cast<std::size_t>(c.length / 4);
-    float* to = s_.delayed ? source_.merged_sum(c.tensor, b.first_iteration, b.last_iteration)
-                           : buffers_[static_cast<std::size_t>(c.tensor)].sum;
+    float* to = delayed_ != nullptr
+                    ? delayed_->merged_sum(c.tensor, b.first_iteration, b.last_iteration)
+                    : buffers_[static_cast<std::size_t>(c.tensor)].sum;
     if (to == nullptr) throw std::runtime_error("no buffer for the merged sums of " + describe(b));
     std::memcpy(to + first, in, count * sizeof(float));
     in += count;

@@ -28,15 +28,14 @@ class BucketReducer {
     // The sums written back: not for staged known content, whose sums nobody reads (and
     // two buckets of one chunk may run at once on DeFT's two links).
     bool scatter = true;
-    // Delayed updates: the sums go to TensorSource::merged_sum, not TensorBuffer::sum.
-    bool delayed = false;
     // CollectiveOptions::tamper_received.
     std::function<void(int link, int from, std::byte* data, std::size_t bytes)> tamper;
   };
-  // `staging`: DeFT's (null: the registry's gradients are read in place). `fail`: the
-  // root cause of a collective's failure, as soon as it is known (any thread).
+  // `staging`: DeFT's (null: the registry's gradients are read in place). `delayed`: where
+  // delayed updates' sums go (null: TensorBuffer::sum). `fail`: the root cause of a
+  // collective's failure, as soon as it is known (any thread).
   BucketReducer(Settings s, Communicator& comm, const std::vector<TensorBuffer>& buffers,
-                GradientStaging* staging, TensorSource& source,
+                GradientStaging* staging, DelayedUpdateTarget* delayed,
                 std::function<void(const Status&)> fail);
   // Link thread: runs `b` on `link`; its start and end in `t0`, `t1`. False when a sum was
   // wrong (told to `fail`); throws when the engine fails, naming the bucket.
@@ -54,7 +53,7 @@ class BucketReducer {
   Communicator& comm_;
   const std::vector<TensorBuffer>& buffers_;
   GradientStaging* staging_;
-  TensorSource& source_;
+  DelayedUpdateTarget* delayed_;
   std::function<void(const Status&)> fail_;
   std::vector<Scratch> scratch_;  // per link, its thread's only
 };

@@ -133,10 +133,11 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
     ctx.links = fits;
     QS_ASSIGN_OR_RETURN(policy, make_allreduce_policy(job.policy, job.policy_options, ctx));
     staged = policy->forward_gate() == ForwardGate::kPolicy;
-    delayed = staged && source->applies_delayed_updates();
+    delayed = staged && source->delayed_updates() != nullptr;
     if (delayed) {
       updates = std::make_unique<DelayedUpdates>(
-          layout, *source, [this](const Status& s) { loop->fail(s.with_context(name())); });
+          layout, *source->delayed_updates(),
+          [this](const Status& s) { loop->fail(s.with_context(name())); });
     }
     replicate_policy();
     if (staged) {
@@ -150,9 +151,9 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
     rs.checksums = job.payload_checksums;
     rs.check = reducer_checks = opts.verify && opts.tensors == nullptr;
     rs.scatter = !(staged && source == known.get());
-    rs.delayed = delayed;
     rs.tamper = opts.tamper_received;
-    reducer = std::make_unique<BucketReducer>(std::move(rs), *comm, buffers, staging.get(), *source,
+    reducer = std::make_unique<BucketReducer>(std::move(rs), *comm, buffers, staging.get(),
+                                              delayed ? source->delayed_updates() : nullptr,
                                               [this](const Status& s) { fail_later(s); });
     agreement = std::make_unique<BucketAgreement>(*comm, job.payload_checksums, job.peer_timeout,
                                                   [this](const Status& s) { fail_later(s); });

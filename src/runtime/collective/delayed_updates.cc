@@ -27,7 +27,7 @@ void DelayedUpdates::track(const PolicyRecord& r) {
         const LayerUpdate u{l, range.first, range.second, true};
         if (!p.handed[li]) {
           due_.push_back(u);
-        } else if (Status s = source_.on_update_ready(u); !s.is_ok()) {
+        } else if (Status s = target_.on_update_ready(u); !s.is_ok()) {
           fail_(s);
         }
       }
@@ -73,7 +73,7 @@ DelayedUpdates::Progress& DelayedUpdates::progress_of(Range range) {
 }
 
 void DelayedUpdates::hand_over(std::int64_t before) {
-  Status s = source_.on_updates(before, due_);
+  Status s = target_.on_updates(before, due_);
   due_.clear();
   if (!s.is_ok()) fail_(s);
 }

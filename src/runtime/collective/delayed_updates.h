@@ -1,5 +1,5 @@
 // Delayed updates for a real model under DeFT: which sums update which layer when
-// (TensorSource::on_update_ready, on_updates), over any engine.
+// (DelayedUpdateTarget::on_update_ready, on_updates), over any engine.
 //
 // Fed worker 0's policy inputs in worker 0's order (its own RecordingPolicy, or the
 // replica applying them, each input before the policy acts on it), so every worker hands
@@ -26,9 +26,9 @@ namespace qs::runtime {
 class DelayedUpdates {
  public:
   // `fail`: the source refused an update (loop thread).
-  DelayedUpdates(const TensorLayout& layout, TensorSource& source,
+  DelayedUpdates(const TensorLayout& layout, DelayedUpdateTarget& target,
                  std::function<void(const Status&)> fail)
-      : layout_(layout), source_(source), fail_(std::move(fail)) {}
+      : layout_(layout), target_(target), fail_(std::move(fail)) {}
   // Loop thread: this worker issued `b`.
   void issued(const CollectiveBucket& b);
   // Loop thread: worker 0's input `r`, in worker 0's order.
@@ -45,7 +45,7 @@ class DelayedUpdates {
   void hand_over(std::int64_t before);
 
   const TensorLayout& layout_;
-  TensorSource& source_;
+  DelayedUpdateTarget& target_;
   std::function<void(const Status&)> fail_;
   std::unordered_map<std::uint64_t, CollectiveBucket> buckets_;  // issued, by id
   std::map<Range, Progress> progress_;                           // by range

@@ -73,6 +73,28 @@ struct LayerUpdate {
 // LayerUpdate's `before` when training has ended: applied after the last iteration.
 inline constexpr std::int64_t kAfterTraining = INT64_MAX;
 
+// What a model that applies delayed updates itself offers the runtime: the one interface
+// a delayed-update policy (PolicySpec::delays_updates: DeFT today) needs of it, and the
+// only one. The all-reduce worker scatters the sums of tensor t over iterations
+// first..last into merged_sum's buffer (instead of TensorBuffer::sum: a sum over several
+// iterations may land while the model is already computing the next), and hands the
+// updates over at points every worker agrees on (worker 0's: their parameters stay equal).
+class DelayedUpdateTarget {
+ public:
+  virtual ~DelayedUpdateTarget() = default;
+  // A buffer of tensor t's element count for its sums over first..last, valid until its
+  // update was handed over (on_updates) and used. Called from the worker's link threads.
+  virtual float* merged_sum(TensorId t, std::int64_t first, std::int64_t last) = 0;
+  // `due` (possibly empty) must be applied before the forward pass that follows the
+  // backward pass number `before` (1 = the first), i.e. before the forward whose gate has
+  // opened for `before` backward passes; kAfterTraining: after the last iteration. Calls
+  // come in increasing `before`; an update is all reduced when handed over, unless it says
+  // it is not (LayerUpdate::ready).
+  virtual Status on_updates(std::int64_t before, const std::vector<LayerUpdate>& due) = 0;
+  // An update handed over not ready is now: its sums are in merged_sum's buffers.
+  virtual Status on_update_ready(const LayerUpdate& u) = 0;
+};
+
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
@@ -88,34 +110,10 @@ class TensorSource {
     (void)layer, (void)iteration;
     return Status::ok();
   }
-  // Delayed updates only. A source that applies them itself (a real model) gives, for the
-  // sums of tensor t over iterations first..last, a buffer of its element count that stays
-  // valid until its update was handed over (on_updates) and used; the all-reduce worker
-  // scatters those sums there instead of into TensorBuffer::sum, since a sum over several
-  // iterations may land while the model is already computing the next. Null (the default):
-  // TensorBuffer::sum, and no on_updates. applies_delayed_updates() says which; merged_sum
-  // is called from the worker's link threads.
-  virtual bool applies_delayed_updates() const { return false; }
-  virtual float* merged_sum(TensorId t, std::int64_t first, std::int64_t last) {
-    (void)t, (void)first, (void)last;
-    return nullptr;
-  }
-  // Delayed updates only: `due` (possibly empty) must be applied before the forward pass
-  // that follows the backward pass number `before` (1 = the first), i.e. before the
-  // forward whose gate has opened for `before` backward passes; kAfterTraining: after the
-  // last iteration. Every worker of the job is handed the same updates with the same
-  // `before` (worker 0 decides; the points are its), so their parameters stay equal. Calls
-  // come in increasing `before`; an update is all reduced when handed over, unless it says
-  // it is not (LayerUpdate::ready).
-  virtual Status on_updates(std::int64_t before, const std::vector<LayerUpdate>& due) {
-    (void)before, (void)due;
-    return Status::ok();
-  }
-  // An update handed over not ready is now: its sums are in merged_sum's buffers.
-  virtual Status on_update_ready(const LayerUpdate& u) {
-    (void)u;
-    return Status::ok();
-  }
+  // A source that applies delayed updates itself (a real model): its target; null (the
+  // default): the sums go to TensorBuffer::sum, and the worker's known-content checks or
+  // the caller apply them.
+  virtual DelayedUpdateTarget* delayed_updates() { return nullptr; }
 };
 
 // Checks a registry against the profile: one entry per tensor, in id order, non-null

@@ -144,7 +144,7 @@ struct SessionOptions {
   WorkerFactory make_worker;
 };
 
-class Session {
+class Session final : private runtime::DelayedUpdateTarget {
  public:
   // Validates `options`, starts the worker's thread (it connects to the servers, retrying
   // until job.connect_timeout) and `hosted`'s (when given, this process's server, already
@@ -153,7 +153,7 @@ class Session {
   static Result<std::unique_ptr<Session>> start(SessionOptions options,
                                                 std::unique_ptr<runtime::Server> hosted = nullptr);
   // Stops (as abort) and joins whatever still runs.
-  ~Session();
+  ~Session() override;
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -197,10 +197,11 @@ class Session {
   Status error_locked() const;  // the failure, or "ended" once the worker returned
   void on_gate(int layer, std::int64_t iteration);  // loop thread
   void on_sums(int layer, std::int64_t iteration);  // loop thread
-  // Delayed updates: the source's calls (link threads; loop thread).
-  float* merged_sum(TensorId t, std::int64_t first, std::int64_t last);
-  Status on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due);
-  Status on_update_ready(const runtime::LayerUpdate& u);
+  // Delayed updates (runtime::DelayedUpdateTarget): the worker's calls (link threads; loop
+  // thread).
+  float* merged_sum(TensorId t, std::int64_t first, std::int64_t last) override;
+  Status on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due) override;
+  Status on_update_ready(const runtime::LayerUpdate& u) override;
   void post(void (HookedCompute::*fn)(int, TimeNs), int layer);
 
   SessionOptions options_;
