@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "quicksilver/engine/compute.h"
 #include "quicksilver/engine/timer.h"
 #include "quicksilver/policy/layout.h"
 #include "quicksilver/policy/ps_policy.h"
@@ -30,6 +32,15 @@ class LoopTimer final : public Timer {
  private:
   transport::EventLoop& loop_;
 };
+
+// A worker's device (the loop's second seam), both runtimes alike: the caller's factory's
+// (a real model: its steps end when the model says so), else the GPU emulated from the
+// profile at `factor`, which lets `source` produce each backward's gradients and records
+// its steps on `trace` (null: none) as `rank`'s track 0.
+Result<std::unique_ptr<Compute>> make_compute(
+    const std::function<std::unique_ptr<Compute>(Timer&)>& factory, Timer& timer,
+    const Profile& profile, double factor, TensorSource& source, std::vector<TraceSpan>* trace,
+    int rank);
 
 // What a worker's and a server's authentication is for (transport::Handshake's context):
 // a proof made for another use (the rendezvous) is refused here.

@@ -107,4 +107,19 @@ int KnownContent::iterations_verified() const {
   return layout_.num_layers() > 0 ? static_cast<int>(layers_checked_ / layout_.num_layers()) : 0;
 }
 
+Result<std::unique_ptr<Compute>> make_compute(
+    const std::function<std::unique_ptr<Compute>(Timer&)>& factory, Timer& timer,
+    const Profile& profile, double factor, TensorSource& source, std::vector<TraceSpan>* trace,
+    int rank) {
+  if (factory) {
+    std::unique_ptr<Compute> c = factory(timer);
+    if (!c) return invalid_argument("the compute factory made no compute");
+    return c;
+  }
+  return std::unique_ptr<Compute>(std::make_unique<EmulatedCompute>(
+      profile, factor, timer,
+      trace != nullptr ? SpanRecorder(trace, rank, 0, false) : SpanRecorder(),
+      [&source](const ComputeStep& s) { source.on_backward(s.layer, s.iteration); }));
+}
+
 }  // namespace qs::runtime

@@ -196,15 +196,9 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
 
   Status build_loop() {
     const JobOptions& job = opts.job;
-    if (opts.compute) {
-      device = opts.compute(*timer);
-      if (!device) return invalid_argument("the compute factory made no compute");
-    } else {
-      device = std::make_unique<EmulatedCompute>(
-          job.profile, opts.compute_factor, *timer,
-          opts.record_trace ? SpanRecorder(&trace, opts.rank, 0, false) : SpanRecorder(),
-          [this](const ComputeStep& s) { source->on_backward(s.layer, s.iteration); });
-    }
+    QS_ASSIGN_OR_RETURN(
+        device, make_compute(opts.compute, *timer, job.profile, opts.compute_factor, *source,
+                             opts.record_trace ? &trace : nullptr, opts.rank));
     if (staged) staging_compute = std::make_unique<StagingCompute>(*staging, *device);
     LoopOptions lo;
     lo.iterations = job.iterations;

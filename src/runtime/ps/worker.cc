@@ -98,16 +98,9 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
     urgent_end = jl.layout.end_tensor(0);
     // The loop and its seams.
     timer = std::make_unique<LoopTimer>(*loop);
-    if (opts.compute) {
-      // A real device (PyTorch's hooks): its steps end when the model says so.
-      gpu = opts.compute(*timer);
-      if (!gpu) return invalid_argument("the compute factory made no compute");
-    } else {
-      gpu = std::make_unique<EmulatedCompute>(
-          job.profile, opts.compute_factor, *timer,
-          opts.record_trace ? SpanRecorder(&trace, opts.worker_id, 0, false) : SpanRecorder(),
-          [this](const ComputeStep& s) { source->on_backward(s.layer, s.iteration); });
-    }
+    QS_ASSIGN_OR_RETURN(
+        gpu, make_compute(opts.compute, *timer, job.profile, opts.compute_factor, *source,
+                          opts.record_trace ? &trace : nullptr, opts.worker_id));
     LoopOptions lo;
     lo.iterations = job.iterations;
     if (opts.record_trace) lo.pushing = SpanRecorder(&trace, opts.worker_id, 1, false);
