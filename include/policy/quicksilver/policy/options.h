@@ -21,6 +21,8 @@ namespace qs {
 struct PlacementOptions {
   // Tensors of at least this many bytes are split over all servers.
   Bytes split_threshold = 1 * kMiB;
+
+  friend bool operator==(const PlacementOptions&, const PlacementOptions&) = default;
 };
 
 // User-level schedulers (p3, bytescheduler, usbyte, prophet; table: src/policy/ps_policies.cc).
@@ -30,6 +32,8 @@ struct StartupOptions {
   // library pre-processing; "less than 1 ms"). The message-level acknowledgement delay is
   // not part of it: the engines model acknowledgements as messages that take the latency.
   TimeNs startup_time = 200 * kNsPerUs;
+
+  friend bool operator==(const StartupOptions&, const StartupOptions&) = default;
 };
 
 // mercury / mercury-nopreempt (table: src/policy/ps_policies.cc).
@@ -39,6 +43,8 @@ struct MercuryOptions {
   // mercury: the servers send summed packets in the order their sums completed (the
   // paper's plain Ready Queue, IV-C) instead of by priority (our default, a deviation).
   bool mercury_server_fifo = false;
+
+  friend bool operator==(const MercuryOptions&, const MercuryOptions&) = default;
 };
 
 // bytescheduler (both architectures) and usbyte (table: src/policy/ps_policies.cc).
@@ -52,12 +58,16 @@ struct ByteSchedulerOptions {
   // over since the library's last cycle are fused into collectives of at most this size.
   // 1 byte: no fusion (every partition its own collective).
   Bytes fusion_size = 64 * kMiB;
+
+  friend bool operator==(const ByteSchedulerOptions&, const ByteSchedulerOptions&) = default;
 };
 
 // p3 (table: src/policy/ps_policies.cc).
 struct P3Options {
   // Slice size. P3 (Jayarajan et al., SysML'19) slices at 50,000 parameters (fp32).
   Bytes slice_size = 200'000;
+
+  friend bool operator==(const P3Options&, const P3Options&) = default;
 };
 
 // prophet (Prophet, ICPP'21, Algorithm 1; docs/policies-ps.md; table: src/policy/prophet.cc).
@@ -75,6 +85,8 @@ struct ProphetOptions {
   // idles for want of a window that fits a whole partition, at the price of the last
   // partition of a block running into the next step by less than its own E.
   bool prophet_allow_overrun = false;
+
+  friend bool operator==(const ProphetOptions&, const ProphetOptions&) = default;
 };
 
 // ddp (table: src/policy/allreduce_policies.cc): PyTorch DistributedDataParallel
@@ -83,6 +95,8 @@ struct ProphetOptions {
 struct DdpOptions {
   Bytes ddp_bucket_size = 25 * kMiB;
   Bytes ddp_first_bucket_size = 1 * kMiB;
+
+  friend bool operator==(const DdpOptions&, const DdpOptions&) = default;
 };
 
 // deft (table: src/policy/deft.cc).
@@ -121,6 +135,8 @@ struct DeftOptions {
   // certifying a dry run with the constants above before training (the paper's feedback
   // loop, IV-C and Fig. 7). Set by the PyTorch integration; emulated compute has no loss.
   bool deft_loss_feedback = false;
+
+  friend bool operator==(const DeftOptions&, const DeftOptions&) = default;
 };
 
 // The aggregate every engine hands to a policy's factory: a policy reads its own struct's
@@ -137,6 +153,9 @@ struct PolicyOptions : PlacementOptions,
   // loss model's expectation in closed form and draws nothing. Not a knob: the job's
   // --seed sets it.
   std::uint64_t seed = 1;
+
+  // Every field equal (the knobs and the seed): what a job message carries round trips.
+  friend bool operator==(const PolicyOptions&, const PolicyOptions&) = default;
 };
 
 }  // namespace qs
