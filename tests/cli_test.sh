@@ -50,6 +50,19 @@ expect_exit2 "--peer-timeout" run --model vgg16 --policy mercury --peer-timeout 
 expect_exit2 "--peer-timeout must be > 0" server --server-id 0 --policy mercury --insecure --peer-timeout 0ms
 expect_exit2 "--peer-timeout" worker --worker-id 0 --policy mercury --insecure --connect 127.0.0.1:1 --peer-timeout -3s
 expect_exit2 "--bogus" cleanup --bogus
+# Issue 28 (item 5): a role's --job FILE (the launcher's job message) carries the whole job:
+# refused beside a job flag, as is another version's message or one of another role.
+expect_exit2 "--job carries the whole job; drop --policy" worker --job "$tmp/none.json" --policy mercury
+expect_exit2 "--job carries the whole job; drop --workers, --listen" server --job "$tmp/none.json" --workers 2 --listen 127.0.0.1:0
+expect_exit2 "--job carries the whole job; drop --timeout" coordinator --job "$tmp/none.json" --timeout 1s
+expect_exit2 "--job: cannot read '$tmp/none.json'" worker --job "$tmp/none.json"
+echo '{"version": 99, "role": "worker"}' > "$tmp/v99.json"
+expect_exit2 "version 99, this quicksilver reads version 1: the launcher and its children must be the same quicksilver build" worker --job "$tmp/v99.json"
+echo '{"version": 1, "role": "worker", "peer_timeout_ns": "20s"}' > "$tmp/bad-field.json"
+expect_exit2 "field 'peer_timeout_ns'" worker --job "$tmp/bad-field.json"
+echo '{"version": 1, "role": "worker"}' > "$tmp/worker.json"
+expect_exit2 "the job of a worker" server --job "$tmp/worker.json"
+expect_exit2 "--worker-id is required" worker --policy mercury --insecure --connect 127.0.0.1:1
 "$qs" cleanup --dry-run > "$tmp/out" 2> "$tmp/err"; rc=$?
 [ $rc -eq 0 ] && [ -s "$tmp/out" ] && ok || bad "cleanup --dry-run: exit $rc: $(cat "$tmp/err")"
 expect_error "congestion control 'nosuchcc' is not available" worker --worker-id 0 --servers 1 --connect 127.0.0.1:1 --policy mercury --congestion nosuchcc

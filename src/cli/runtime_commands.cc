@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "progress.h"
+#include "quicksilver/launch/job_message.h"
 #include "quicksilver/launch/launcher.h"
 #include "quicksilver/launch/python.h"
 #include "quicksilver/launch/script.h"
@@ -37,6 +38,13 @@ void add_commit_window_flag(CLI::App* app, std::string* window) {
                   "Bytes a connection may commit past the sending buffer, as a time at --bandwidth "
                   "(TCP_NOTSENT_LOWAT; 0 = 128 KiB fixed)")
       ->capture_default_str();
+}
+
+void add_job_file_flag(CLI::App* app, std::string* file) {
+  app->add_option("--job", *file,
+                  "The whole job as one file, the message `quicksilver run` writes for each of its "
+                  "children (include/launch/quicksilver/launch/job_message.h), instead of the job "
+                  "flags");
 }
 
 void add_secret_flags(CLI::App* app, std::string* file, bool* insecure) {
@@ -86,6 +94,8 @@ std::function<void(std::string_view)> stderr_log() {
 }
 
 void add_role_common(CLI::App* app, RoleFlags* f) {
+  f->app = app;
+  add_job_file_flag(app, &f->job_file);
   add_sim_flags(app, &f->sim);
   add_secret_flags(app, &f->secret_file, &f->insecure);
   app->add_option("--congestion", f->congestion, "TCP congestion control (TCP_CONGESTION)")
@@ -121,7 +131,51 @@ Result<runtime::Endpoint> parse_endpoint(const std::string& text, const char* fl
   return e;
 }
 
-Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
+bool given(const CLI::App* app, const char* flag) {
+  return app != nullptr && app->get_option_no_throw(flag) != nullptr &&
+         app->get_option(flag)->count() > 0;
+}
+
+// `--job FILE` of a role's command: the message a launcher wrote for `role`. Every other
+// flag of the command is refused beside it (the file carries the whole job: two sources
+// of one setting would disagree sooner or later).
+Result<JobMessage> job_file_message(const CLI::App* app, const std::string& file, ChildRole role) {
+  std::string others;
+  for (const CLI::Option* opt : app->get_options()) {
+    if (opt->count() == 0 || opt->get_lnames().empty()) continue;
+    const std::string name = "--" + opt->get_lnames()[0];
+    if (name != "--job") others += (others.empty() ? "" : ", ") + name;
+  }
+  if (!others.empty()) return invalid_argument("--job carries the whole job; drop " + others);
+  auto m = read_job_message(file);
+  if (!m) return m.status().with_context("--job");
+  if (m->role != role) {
+    return invalid_argument(std::string("--job ") + file + ": the job of a " +
+                            child_role_name(m->role) + " (run it with `quicksilver " +
+                            child_role_name(m->role) + " --job FILE`)");
+  }
+  return m;
+}
+
+Result<TimeNs> time_flag(const std::string& text, const char* flag) {
+  auto t = parse_time(text);  // refuses < 0
+  if (!t) return t.status().with_context(flag);
+  return *t;
+}
+
+Result<Rate> rate_flag(const std::string& text, const char* flag) {
+  if (text.empty()) return Rate{0};
+  auto r = parse_rate(text);
+  if (!r) return r.status().with_context(flag);
+  return *r;
+}
+
+// The flags of `server` or `worker` as the message a launcher would write for it: the job
+// flags checked as `simulate` checks them (make_job), then what the role adds. The
+// message's mapping (job_options, run_server_job, run_worker_job) does the rest.
+Result<JobMessage> role_message(const RoleFlags& f, ChildRole role) {
+  const char* id_flag = role == ChildRole::kServer ? "--server-id" : "--worker-id";
+  if (!given(f.app, id_flag)) return invalid_argument(std::string(id_flag) + " is required");
   QS_ASSIGN_OR_RETURN(Job job, make_job(f.sim));
   if (job.policies.size() != 1 || f.sim.policy == "all") {
     return invalid_argument("--policy: a server or worker runs exactly one policy");
@@ -131,53 +185,104 @@ Result<runtime::JobOptions> make_job_options(const RoleFlags& f) {
     return invalid_argument(
         "--worker-bandwidths, --server-bandwidths and --server-shares are the simulator's");
   }
-  runtime::JobOptions o;
-  o.profile = std::move(job.profile);
-  o.policy = job.policies[0];
-  o.policy_options = job.policy_options;
-  o.workers = job.cluster.workers;
-  o.servers = job.cluster.servers;
-  o.iterations = job.sim.iterations;
-  o.bandwidth = job.cluster.bandwidth;
-  o.socket.congestion = f.congestion;
-  QS_RETURN_IF_ERROR(
-      transport::check_congestion_available(f.congestion).with_context("--congestion"));
-  auto ct = parse_time(f.connect_timeout);
-  if (!ct) return ct.status().with_context("--connect-timeout");
-  o.connect_timeout = *ct;
-  auto pt = parse_time(f.peer_timeout);
-  if (!pt) return pt.status().with_context("--peer-timeout");
-  o.peer_timeout = *pt;
-  if (o.peer_timeout <= 0) return invalid_argument("--peer-timeout must be > 0");
-  o.payload_checksums = !f.no_checksum;
-  auto wire = transport::parse_wire_dtype(f.sim.compression);
-  if (!wire) return wire.status().with_context("--compression");
-  o.wire_dtype = *wire;
-  auto cw = parse_time(f.commit_window);
-  if (!cw) return cw.status().with_context("--commit-window");  // parse_time refuses < 0
-  o.commit_window = *cw;
-  if (!f.pacing_rate.empty()) {
-    auto r = parse_rate(f.pacing_rate);
-    if (!r) return r.status().with_context("--pacing-rate");
-    o.socket.max_pacing_rate = static_cast<std::int64_t>(r->bytes_per_second());
-  }
-  // Bad input is exit 2, before any socket.
-  QS_RETURN_IF_ERROR(job.cluster.architecture == Architecture::kPs
-                         ? runtime::validate_job(o)
-                         : runtime::validate_collective_job(o));
-  return o;
+  JobMessage m;
+  m.role = role;
+  m.model = f.sim.model;
+  m.device = f.sim.device;
+  m.batch_size = f.sim.batch_size;
+  m.policy = job.policies[0];
+  m.knobs = job.policy_options;
+  m.architecture = job.cluster.architecture;
+  m.workers = job.cluster.workers;
+  m.servers = job.cluster.servers;
+  m.iterations = job.sim.iterations;
+  m.warmup = f.sim.warmup;
+  m.bandwidth = job.cluster.bandwidth;
+  m.seed = job.sim.seed;
+  m.allreduce = job.cluster.allreduce;
+  m.gloo_algorithm = f.gloo_algorithm;
+  m.second_link = job.cluster.second_link_slowdown;
+  QS_ASSIGN_OR_RETURN(m.compression, transport::parse_wire_dtype(job.cluster.compression));
+  m.congestion = f.congestion;
+  QS_ASSIGN_OR_RETURN(m.commit_window, time_flag(f.commit_window, "--commit-window"));
+  QS_ASSIGN_OR_RETURN(m.connect_timeout, time_flag(f.connect_timeout, "--connect-timeout"));
+  QS_ASSIGN_OR_RETURN(m.peer_timeout, time_flag(f.peer_timeout, "--peer-timeout"));
+  m.payload_checksums = !f.no_checksum;
+  m.secret_file = f.secret_file;
+  m.insecure = f.insecure;
+  m.id = f.id;
+  m.listen = f.listen;
+  m.coordinator = f.coordinator;
+  std::stringstream ss(f.servers);
+  for (std::string item; std::getline(ss, item, ',');) m.connect.push_back(item);
+  m.links = f.links;
+  QS_ASSIGN_OR_RETURN(m.pacing_rate, rate_flag(f.pacing_rate, "--pacing-rate"));
+  QS_ASSIGN_OR_RETURN(m.nic_rate, rate_flag(f.nic_rate, "--nic-rate"));
+  m.slowdown = f.compute_factor;
+  m.die_at_iteration = f.die_at_iteration;
+  m.announce_start = f.announce_start;
+  m.verify = !f.no_verify;
+  m.gloo_via = f.gloo_via;
+  m.trace = f.sim.trace;
+  m.trace_detail = f.sim.trace_detail;
+  m.json = f.sim.json;
+  return m;
 }
 
-// The rendezvous deadline of a role (--connect-timeout), defaulting on a bad value (the
-// job's own validation reports it).
-TimeNs o_timeout(const RoleFlags& f) {
-  auto t = parse_time(f.connect_timeout);
-  return t ? *t : 20 * kNsPerSec;
+// A role's message: --job's file, else its flags.
+Result<JobMessage> role_job(const RoleFlags& f, ChildRole role) {
+  return f.job_file.empty() ? role_message(f, role) : job_file_message(f.app, f.job_file, role);
+}
+
+Result<JobMessage> coordinator_message(const CoordinatorFlags& f) {
+  if (!f.job_file.empty()) return job_file_message(f.app, f.job_file, ChildRole::kCoordinator);
+  JobMessage m;
+  m.role = ChildRole::kCoordinator;
+  if (f.architecture != "ps" && f.architecture != "allreduce") {
+    return invalid_argument("--architecture must be ps or allreduce");
+  }
+  QS_ASSIGN_OR_RETURN(m.architecture, parse_architecture(f.architecture));
+  m.listen = f.listen;
+  m.workers = f.workers;
+  m.servers = f.servers;
+  QS_ASSIGN_OR_RETURN(m.timeout, time_flag(f.timeout, "--timeout"));
+  m.secret_file = f.secret_file;
+  m.insecure = f.insecure;
+  return m;
+}
+
+int run_coordinator_job(const JobMessage& m) {
+  auto ep = parse_endpoint(m.listen, "--listen");
+  if (!ep) return fail("quicksilver coordinator", ep.status());
+  Status size = runtime::check_job_size(m.workers, m.servers);  // bad input first, the secret after
+  if (!size.is_ok()) return fail("quicksilver coordinator", size);
+  auto secret = load_secret(m.secret_file, m.insecure);
+  if (!secret) return fail("quicksilver coordinator", secret.status());
+  if (m.architecture == Architecture::kAllReduce) {
+    auto store = runtime::StoreServer::create(*ep, m.workers, m.timeout, *secret);
+    if (!store) return fail("quicksilver coordinator", store.status());
+    std::cout << "listening " << ep->host << ":" << (*store)->port() << std::endl;
+    Status s = (*store)->run();
+    if (!s.is_ok()) return fail("quicksilver", s, 1);
+    return 0;
+  }
+  runtime::CoordinatorOptions o{*ep, m.workers, m.servers, m.timeout};
+  o.secret = *secret;
+  o.log = stderr_log();
+  auto c = runtime::Coordinator::create(o);
+  if (!c) return fail("quicksilver coordinator", c.status());
+  std::cout << "listening " << ep->host << ":" << (*c)->port() << std::endl;
+  Status s = (*c)->run();
+  // The coordinator's messages begin with "coordinator".
+  if (!s.is_ok()) return fail("quicksilver", s, 1);
+  return 0;
 }
 
 }  // namespace
 
 void add_coordinator_flags(CLI::App* app, CoordinatorFlags* f) {
+  f->app = app;
+  add_job_file_flag(app, &f->job_file);
   app->add_option(
          "--architecture", f->architecture,
          "ps (servers register, workers look them up) or allreduce (the gloo rendezvous store)")
@@ -192,41 +297,14 @@ void add_coordinator_flags(CLI::App* app, CoordinatorFlags* f) {
 }
 
 int run_coordinator(const CoordinatorFlags& f) {
-  auto ep = parse_endpoint(f.listen, "--listen");
-  auto timeout = parse_time(f.timeout);
-  if (!ep) return fail("quicksilver coordinator", ep.status());
-  if (!timeout) return fail("quicksilver coordinator", timeout.status().with_context("--timeout"));
-  Status size = runtime::check_job_size(f.workers, f.servers);  // bad input first, the secret after
-  if (!size.is_ok()) return fail("quicksilver coordinator", size);
-  if (f.architecture != "ps" && f.architecture != "allreduce") {
-    return fail("quicksilver coordinator",
-                invalid_argument("--architecture must be ps or allreduce"));
-  }
-  auto secret = load_secret(f.secret_file, f.insecure);
-  if (!secret) return fail("quicksilver coordinator", secret.status());
-  if (f.architecture == "allreduce") {
-    auto store = runtime::StoreServer::create(*ep, f.workers, *timeout, *secret);
-    if (!store) return fail("quicksilver coordinator", store.status());
-    std::cout << "listening " << ep->host << ":" << (*store)->port() << std::endl;
-    Status s = (*store)->run();
-    if (!s.is_ok()) return fail("quicksilver", s, 1);
-    return 0;
-  }
-  runtime::CoordinatorOptions o{*ep, f.workers, f.servers, *timeout};
-  o.secret = *secret;
-  o.log = stderr_log();
-  auto c = runtime::Coordinator::create(o);
-  if (!c) return fail("quicksilver coordinator", c.status());
-  std::cout << "listening " << ep->host << ":" << (*c)->port() << std::endl;
-  Status s = (*c)->run();
-  // The coordinator's messages begin with "coordinator".
-  if (!s.is_ok()) return fail("quicksilver", s, 1);
-  return 0;
+  auto m = coordinator_message(f);
+  if (!m) return fail("quicksilver coordinator", m.status());
+  return run_coordinator_job(*m);
 }
 
 void add_server_flags(CLI::App* app, RoleFlags* f) {
   add_role_common(app, f);
-  app->add_option("--server-id", f->id, "This server's index, 0..M-1")->required();
+  app->add_option("--server-id", f->id, "This server's index, 0..M-1 (required unless --job)");
   app->add_option("--listen", f->listen,
                   "HOST:PORT to listen on (port 0: ephemeral; loopback by default, 0.0.0.0 for "
                   "every interface)")
@@ -237,7 +315,7 @@ void add_server_flags(CLI::App* app, RoleFlags* f) {
 
 void add_worker_flags(CLI::App* app, RoleFlags* f) {
   add_role_common(app, f);
-  app->add_option("--worker-id", f->id, "This worker's index, 0..N-1")->required();
+  app->add_option("--worker-id", f->id, "This worker's index, 0..N-1 (required unless --job)");
   auto* connect =
       app->add_option("--connect", f->servers, "Server addresses HOST:PORT,... in server-id order");
   app->add_option("--coordinator", f->coordinator,
@@ -273,25 +351,29 @@ namespace {
 
 // gloo's algorithm for a worker: --gloo-algorithm, else the simulator's --allreduce where
 // gloo has it.
-Result<runtime::GlooAlgorithm> gloo_algorithm(const RoleFlags& f) {
-  if (!f.gloo_algorithm.empty()) return runtime::parse_gloo_algorithm(f.gloo_algorithm);
-  if (f.sim.allreduce == "ring") return runtime::GlooAlgorithm::kRing;
-  if (f.sim.allreduce == "rhd") return runtime::GlooAlgorithm::kHalvingDoubling;
-  return invalid_argument("--allreduce " + f.sim.allreduce +
+Result<runtime::GlooAlgorithm> gloo_algorithm(const JobMessage& m) {
+  if (!m.gloo_algorithm.empty()) return runtime::parse_gloo_algorithm(m.gloo_algorithm);
+  if (m.allreduce == AllReduceAlgorithm::kRing) return runtime::GlooAlgorithm::kRing;
+  if (m.allreduce == AllReduceAlgorithm::kRecursiveHalvingDoubling)
+    return runtime::GlooAlgorithm::kHalvingDoubling;
+  return invalid_argument(std::string("--allreduce ") + allreduce_algorithm_name(m.allreduce) +
                           ": gloo has no such algorithm; use ring or rhd, or --gloo-algorithm");
 }
 
 // A worker's ending, either architecture: its measured timeline to --trace, its report
 // (--json: one line; else the text, then an all-reduce worker's fits and notes).
-int print_worker_report(const RoleFlags& f, const runtime::WorkerReport& report) {
-  if (!f.sim.trace.empty()) {
+int print_worker_report(const JobMessage& m, const runtime::WorkerReport& report) {
+  if (!m.trace.empty()) {
     SimResult measured;
     measured.policy = report.policy + " measured";
     measured.trace = report.trace;
-    Status s = write_trace({measured}, f.sim);
-    if (!s.is_ok()) return fail("quicksilver worker " + std::to_string(f.id), s, 1);
+    SimFlags trace;
+    trace.trace = m.trace;
+    trace.trace_detail = m.trace_detail;
+    Status s = write_trace({measured}, trace);
+    if (!s.is_ok()) return fail("quicksilver worker " + std::to_string(m.id), s, 1);
   }
-  if (f.sim.json) {
+  if (m.json) {
     std::cout << runtime::report_to_json(report) << std::endl;
     return 0;
   }
@@ -306,34 +388,34 @@ int print_worker_report(const RoleFlags& f, const runtime::WorkerReport& report)
   return 0;
 }
 
-int run_collective_role(const RoleFlags& f, runtime::JobOptions job,
-                        std::shared_ptr<const transport::Secret> secret) {
-  const std::string who = "quicksilver worker " + std::to_string(f.id);
+int run_collective_job(const JobMessage& m, runtime::JobOptions job,
+                       std::shared_ptr<const transport::Secret> secret) {
+  const std::string who = "quicksilver worker " + std::to_string(m.id);
   runtime::CollectiveOptions o;
   o.job = std::move(job);
-  o.rank = f.id;
-  o.compute_factor = f.compute_factor;
-  o.warmup = f.sim.warmup;
-  o.die_at_iteration = f.die_at_iteration;
-  o.verify = !f.no_verify;
-  o.record_trace = !f.sim.trace.empty();
-  auto algo = gloo_algorithm(f);
+  o.rank = m.id;
+  o.compute_factor = m.slowdown;
+  o.warmup = m.warmup;
+  o.die_at_iteration = m.die_at_iteration;
+  o.verify = m.verify;
+  o.record_trace = !m.trace.empty();
+  auto algo = gloo_algorithm(m);
   if (!algo) return fail("quicksilver worker", algo.status());
   o.algorithm = *algo;
-  if (f.coordinator.empty())
+  if (m.coordinator.empty())
     return fail("quicksilver worker", "--architecture allreduce needs --coordinator HOST:PORT");
-  if (!f.servers.empty())
+  if (!m.connect.empty())
     return fail("quicksilver worker", "--connect: an all-reduce job has no servers");
-  auto coord = parse_endpoint(f.coordinator, "--coordinator");
+  auto coord = parse_endpoint(m.coordinator, "--coordinator");
   if (!coord) return fail("quicksilver worker", coord.status());
   o.store = *coord;
   o.secret = std::move(secret);
-  const bool second = f.sim.second_link != 0;
-  if (f.links.empty()) {
+  const bool second = m.second_link != 0;
+  if (m.links.empty()) {
     o.links = {"127.0.0.1"};
     if (second) o.links.push_back("127.0.0.2");
   } else {
-    o.links = f.links;
+    o.links = m.links;
   }
   for (const std::string& a : o.links) {
     in_addr v4{};
@@ -349,16 +431,16 @@ int run_collective_role(const RoleFlags& f, runtime::JobOptions job,
         invalid_argument("--link: give " +
                          std::string(second ? "two addresses (--second-link)" : "one address")));
   }
-  if (!f.gloo_via.empty()) {
-    const auto eq = f.gloo_via.find('=');
+  if (!m.gloo_via.empty()) {
+    const auto eq = m.gloo_via.find('=');
     auto via =
-        parse_endpoint(eq == std::string::npos ? "" : f.gloo_via.substr(eq + 1), "--gloo-via");
+        parse_endpoint(eq == std::string::npos ? "" : m.gloo_via.substr(eq + 1), "--gloo-via");
     if (!via) return fail("quicksilver worker", via.status());
     try {
-      o.via_rank = std::stoi(f.gloo_via.substr(0, eq));
+      o.via_rank = std::stoi(m.gloo_via.substr(0, eq));
     } catch (const std::exception&) {
       return fail("quicksilver worker",
-                  invalid_argument("--gloo-via: '" + f.gloo_via + "' is not RANK=HOST:PORT"));
+                  invalid_argument("--gloo-via: '" + m.gloo_via + "' is not RANK=HOST:PORT"));
     }
     o.via = *via;
   }
@@ -367,29 +449,27 @@ int run_collective_role(const RoleFlags& f, runtime::JobOptions job,
     return fail("quicksilver worker", invalid_argument("this quicksilver was built without gloo"));
   auto report = runtime::run_collective_worker(o);
   if (!report) return fail(who, report.status(), 1);
-  return print_worker_report(f, *report);
+  return print_worker_report(m, *report);
 }
 
-}  // namespace
-
-int run_server_role(const RoleFlags& f) {
-  if (f.sim.architecture != "ps") {
+int run_server_job(const JobMessage& m) {
+  if (m.architecture != Architecture::kPs) {
     return fail("quicksilver server",
                 invalid_argument("--architecture: servers exist in the ps architecture only"));
   }
-  auto job = make_job_options(f);
+  auto job = job_options(m);
   if (!job) return fail("quicksilver server", job.status());
-  auto ep = parse_endpoint(f.listen, "--listen");
+  auto ep = parse_endpoint(m.listen, "--listen");
   if (!ep) return fail("quicksilver server", ep.status());
-  if (!f.sim.trace.empty()) {
+  if (!m.trace.empty()) {
     return fail("quicksilver server",
                 "--trace: a server records no timeline (give --trace to the workers)");
   }
-  auto secret = load_secret(f.secret_file, f.insecure);
+  auto secret = load_secret(m.secret_file, m.insecure);
   if (!secret) return fail("quicksilver server", secret.status());
   runtime::ServerOptions o;
   o.job = std::move(*job);
-  o.server_id = f.id;
+  o.server_id = m.id;
   o.listen = *ep;
   o.secret = *secret;
   o.log = stderr_log();
@@ -397,18 +477,18 @@ int run_server_role(const RoleFlags& f) {
   if (!server) return fail("quicksilver server", server.status());
   // The launcher reads this line to learn an ephemeral port.
   std::cout << "listening " << ep->host << ":" << (*server)->port() << std::endl;
-  if (!f.coordinator.empty()) {
-    auto coord = parse_endpoint(f.coordinator, "--coordinator");
-    Status reg = coord ? runtime::register_server(*coord, f.id, (*server)->port(), o_timeout(f),
-                                                  secret->get())
+  if (!m.coordinator.empty()) {
+    auto coord = parse_endpoint(m.coordinator, "--coordinator");
+    Status reg = coord ? runtime::register_server(*coord, m.id, (*server)->port(),
+                                                  m.connect_timeout, secret->get())
                        : coord.status();
-    if (!reg.is_ok()) return fail("quicksilver server " + std::to_string(f.id), reg);
+    if (!reg.is_ok()) return fail("quicksilver server " + std::to_string(m.id), reg);
   }
   Status s = (*server)->run();
-  if (!s.is_ok()) return fail("quicksilver server " + std::to_string(f.id), s, 1);
+  if (!s.is_ok()) return fail("quicksilver server " + std::to_string(m.id), s, 1);
   // The launcher reads this last line: what TCP repaired on this server's connections.
   const runtime::Server::Repairs& rep = (*server)->repairs();
-  std::cout << nlohmann::json{{"server", f.id},
+  std::cout << nlohmann::json{{"server", m.id},
                               {"retransmits", rep.retransmits},
                               {"timeouts", rep.timeouts}}
                    .dump()
@@ -416,48 +496,57 @@ int run_server_role(const RoleFlags& f) {
   return 0;
 }
 
-int run_worker_role(const RoleFlags& f) {
-  auto job = make_job_options(f);
+int run_worker_job(const JobMessage& m) {
+  auto job = job_options(m);
   if (!job) return fail("quicksilver worker", job.status());
-  auto secret = load_secret(f.secret_file, f.insecure);
+  auto secret = load_secret(m.secret_file, m.insecure);
   if (!secret) return fail("quicksilver worker", secret.status());
-  if (f.sim.architecture == "allreduce") return run_collective_role(f, std::move(*job), *secret);
+  if (m.architecture == Architecture::kAllReduce)
+    return run_collective_job(m, std::move(*job), *secret);
   runtime::WorkerOptions o;
   o.job = std::move(*job);
   o.secret = *secret;
-  o.worker_id = f.id;
-  o.compute_factor = f.compute_factor;
-  o.warmup = f.sim.warmup;
-  o.die_at_iteration = f.die_at_iteration;
-  o.verify = !f.no_verify;
-  o.record_trace = !f.sim.trace.empty();
-  if (f.announce_start) o.on_training_start = [] { std::cout << "training starts" << std::endl; };
-  if (f.servers.empty() && f.coordinator.empty()) {
+  o.worker_id = m.id;
+  o.compute_factor = m.slowdown;
+  o.warmup = m.warmup;
+  o.die_at_iteration = m.die_at_iteration;
+  o.verify = m.verify;
+  o.record_trace = !m.trace.empty();
+  if (m.announce_start) o.on_training_start = [] { std::cout << "training starts" << std::endl; };
+  if (m.connect.empty() && m.coordinator.empty()) {
     return fail("quicksilver worker", "give --connect HOST:PORT,... or --coordinator HOST:PORT");
   }
-  if (!f.coordinator.empty()) {
-    auto coord = parse_endpoint(f.coordinator, "--coordinator");
-    auto list = coord ? runtime::lookup_servers(*coord, f.id, o_timeout(f), secret->get())
+  if (!m.coordinator.empty()) {
+    auto coord = parse_endpoint(m.coordinator, "--coordinator");
+    auto list = coord ? runtime::lookup_servers(*coord, m.id, m.connect_timeout, secret->get())
                       : Result<std::vector<runtime::Endpoint>>(coord.status());
-    if (!list) return fail("quicksilver worker " + std::to_string(f.id), list.status());
+    if (!list) return fail("quicksilver worker " + std::to_string(m.id), list.status());
     o.servers = *list;
   }
-  std::stringstream ss(f.servers);
-  for (std::string item; std::getline(ss, item, ',');) {
+  for (const std::string& item : m.connect) {
     auto ep = parse_endpoint(item, "--connect");
     if (!ep) return fail("quicksilver worker", ep.status());
     o.servers.push_back(*ep);
   }
-  if (!f.nic_rate.empty()) {
-    auto r = parse_rate(f.nic_rate);
-    if (!r) return fail("quicksilver worker", r.status().with_context("--nic-rate"));
-    o.nic_rate = *r;
-  }
+  o.nic_rate = m.nic_rate;
   auto report = runtime::run_worker(o);
-  if (!report) return fail("quicksilver worker " + std::to_string(f.id), report.status(), 1);
-  return print_worker_report(f, *report);
+  if (!report) return fail("quicksilver worker " + std::to_string(m.id), report.status(), 1);
+  return print_worker_report(m, *report);
 }
 
+}  // namespace
+
+int run_server_role(const RoleFlags& f) {
+  auto m = role_job(f, ChildRole::kServer);
+  if (!m) return fail("quicksilver server", m.status());
+  return run_server_job(*m);
+}
+
+int run_worker_role(const RoleFlags& f) {
+  auto m = role_job(f, ChildRole::kWorker);
+  if (!m) return fail("quicksilver worker", m.status());
+  return run_worker_job(*m);
+}
 void add_run_flags(CLI::App* app, RunFlags* f) {
   f->app = app;
   add_sim_flags(app, &f->sim);

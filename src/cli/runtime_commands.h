@@ -9,7 +9,13 @@
 
 namespace qs::cli {
 
+// The flags of `server` and `worker`, which fill the same JobMessage a launcher writes
+// (quicksilver/launch/job_message.h): one mapping from there to the node's options.
 struct RoleFlags {
+  // --job FILE: the whole job (a JobMessage), refused beside any other flag.
+  std::string job_file;
+  // The command's option table (add_server_flags, add_worker_flags): which flags were given.
+  const CLI::App* app = nullptr;
   SimFlags sim;                        // model, policy (exactly one), workers, servers, knobs
   int id = 0;                          // --server-id / --worker-id
   std::string listen = "127.0.0.1:0";  // server: HOST:PORT (port 0 = ephemeral)
@@ -67,6 +73,8 @@ struct RunFlags {
 };
 
 struct CoordinatorFlags {
+  std::string job_file;           // --job FILE, as RoleFlags::job_file
+  const CLI::App* app = nullptr;  // add_coordinator_flags's
   // Loopback unless told otherwise: listening on every interface is a choice to make
   // explicitly (docs/reliability.md).
   std::string architecture = "ps";  // allreduce: serve the gloo rendezvous store
