@@ -41,8 +41,8 @@ leftovers_of() {  # what launcher $1 has: namespaces, links, directories (one wo
   ip -o link show | sed -n "s/^[0-9]*: \(qs$1\(br\|bs\|[vpwq][0-9]*\)\)[@:].*/\1/p"
   ls -d "${TMPDIR:-/tmp}"/qs-run-"$1"-* 2> /dev/null
 }
-running() {  # launcher $1 has its workers running
-  [ "$(pgrep -P "$1" -f " worker --worker-id" | wc -l)" -ge 2 ]
+running() {  # launcher $1 has its workers running (each `quicksilver worker --job FILE`)
+  [ "$(pgrep -P "$1" -f " worker --job " | wc -l)" -ge 2 ]
 }
 wait_running() {
   for _ in $(seq 300); do running "$1" && return 0; kill -0 "$1" 2> /dev/null || return 1; sleep 0.1; done

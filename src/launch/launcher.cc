@@ -17,12 +17,14 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 #include <thread>
 
+#include "quicksilver/launch/job_message.h"
 #include "quicksilver/policy/registry.h"
 #include "quicksilver/runtime/collective.h"
 #include "quicksilver/runtime/netns.h"
@@ -345,333 +347,355 @@ ClusterConfig at_goodput(ClusterConfig c, double goodput) {
 
 // The files a run's children share, in the run's private temporary directory (0700).
 struct RunFiles {
+  std::string dir;      // the directory: also each child's job message (<child>.job.json)
   std::string profile;  // the (scaled) job profile
   std::string secret;   // the run's cluster secret (0600), new for every run
 };
 
-// The arguments every child of one policy's run shares: the job, its knobs, the transport,
-// the secret.
-std::vector<std::string> job_args(const Job& job, const RunFiles& files, const std::string& policy,
-                                  const LaunchOptions& f) {
-  const std::string& profile_path = files.profile;
-  std::vector<std::string> args = {
-      "--model",         profile_path,
-      "--policy",        policy,
-      "--workers",       std::to_string(job.cluster.workers),
-      "--servers",       std::to_string(job.cluster.servers),
-      "--iterations",    std::to_string(job.sim.iterations),
-      "--warmup",        std::to_string(job.sim.warmup),
-      "--bandwidth",     std::to_string(job.cluster.bandwidth.bits_per_second) + "bps",
-      "--seed",          std::to_string(job.sim.seed),
-      "--congestion",    f.congestion,
-      "--commit-window", std::to_string(f.commit_window) + "ns",
-      "--peer-timeout",  std::to_string(f.peer_timeout) + "ns",
-      "--secret-file",   files.secret};
-  if (!f.payload_checksums) args.push_back("--no-checksum");
-  if (job.cluster.wire_element_bytes != 4)
-    args.insert(args.end(), {"--compression", job.cluster.compression});
-  if (job.cluster.architecture == Architecture::kAllReduce) {
-    args.insert(args.end(), {"--architecture", "allreduce"});
-    if (job.cluster.second_link_slowdown != 0) {
-      args.insert(args.end(), {"--second-link", std::to_string(job.cluster.second_link_slowdown)});
-    }
-    if (!f.gloo_algorithm.empty()) args.insert(args.end(), {"--gloo-algorithm", f.gloo_algorithm});
+// The message every child of one policy's run shares: the job, its knobs, the transport,
+// the secret. Each child adds its own part (start_servers, start_workers).
+Result<JobMessage> job_message(const Job& job, const RunFiles& files, const std::string& policy,
+                               const LaunchOptions& f) {
+  JobMessage m;
+  m.model = files.profile;
+  m.policy = policy;
+  m.knobs = job.policy_options;
+  m.architecture = job.cluster.architecture;
+  m.workers = job.cluster.workers;
+  m.servers = job.cluster.servers;
+  m.iterations = job.sim.iterations;
+  m.warmup = job.sim.warmup;
+  m.bandwidth = job.cluster.bandwidth;
+  m.seed = job.sim.seed;
+  if (job.cluster.wire_element_bytes != 4) {
+    QS_ASSIGN_OR_RETURN(m.compression, transport::parse_wire_dtype(job.cluster.compression));
   }
-  for (std::string& a : knob_arguments(job.policy_options)) args.push_back(std::move(a));
-  return args;
+  if (job.cluster.architecture == Architecture::kAllReduce) {
+    m.second_link = job.cluster.second_link_slowdown;
+    m.gloo_algorithm = f.gloo_algorithm;
+  }
+  m.congestion = f.congestion;
+  m.commit_window = f.commit_window;
+  m.peer_timeout = f.peer_timeout;
+  m.payload_checksums = f.payload_checksums;
+  m.secret_file = files.secret;
+  return m;
 }
 
-// Runs one policy on the local cluster; returns the measured row (with the prediction).
-// `shared_job`: this policy's job is that one of several sharing the cluster at once
-// (LaunchOptions::shared_jobs): its servers listen on a port of their own and its children
-// are named after it; -1 alone.
-Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const LaunchOptions& f,
-                             runtime::NetnsCluster* cluster, double goodput_ratio,
-                             const RunFiles& files, Logger& log, int shared_job = -1) {
-  const std::string who = shared_job >= 0 ? "job " + std::to_string(shared_job) + " " : "";
-  const std::string& profile_path = files.profile;
-  const std::string& exe = f.executable;
-  const TimeNs timeout = f.timeout;
-  const int n = job.cluster.workers;
-  const int m = job.cluster.architecture == Architecture::kAllReduce
-                    ? 1
-                    : job.cluster.servers;  // + the coordinator
-  std::vector<std::string> base = job_args(job, files, policy, f);
-  const runtime::CpuTicks cpu_before = runtime::cpu_ticks();
-  // What each link carried (netns: the bridge side's counters of every worker's veths).
-  auto link_bytes = [&](int link) -> std::uint64_t {
-    std::uint64_t sum = 0;
-    for (int w = 0; w < n; ++w) {
-      auto b = cluster->sent_bytes(
-          (job.cluster.architecture == Architecture::kAllReduce ? 1 : job.cluster.servers) + w,
-          link);
-      if (b) sum += *b;
-    }
-    return sum;
-  };
-  const int counted_links = cluster ? (cluster->has_second_link() ? 2 : 1) : 0;
-  std::vector<std::uint64_t> bytes_before;
-  for (int l = 0; l < counted_links; ++l) bytes_before.push_back(link_bytes(l));
-  // What the shapers' queues dropped, over every host (link 0): host queues, switch ports.
-  auto queue_drops = [&]() -> std::optional<runtime::NetnsCluster::Drops> {
-    if (!cluster) return std::nullopt;
-    runtime::NetnsCluster::Drops sum;
-    for (int h = 0; h < cluster->hosts(); ++h) {
-      auto d = cluster->drops(h);
-      if (!d) return std::nullopt;
-      sum.host_queue += d->host_queue;
-      sum.switch_port += d->switch_port;
-    }
-    return sum;
-  };
-  const auto drops_before = queue_drops();
+// One policy's run in progress on the local cluster: what its children share, and the
+// children: the servers (or the all-reduce job's coordinator) first, on hosts 0..M-1, then
+// the workers, on hosts M..M+N-1. Destroyed before the run's end (an error), it kills the
+// children still running.
+struct PolicyLaunch {
+  PolicyLaunch(const Job& the_job, const LaunchOptions& options, runtime::NetnsCluster* netns,
+               const RunFiles& run_files, int shared, JobMessage message)
+      : job(the_job),
+        f(options),
+        cluster(netns),
+        files(run_files),
+        shared_job(shared),
+        who(shared >= 0 ? "job " + std::to_string(shared) + " " : ""),
+        stem(shared >= 0 ? "job" + std::to_string(shared) + "-" : ""),
+        allreduce(the_job.cluster.architecture == Architecture::kAllReduce),
+        n(the_job.cluster.workers),
+        m(allreduce ? 1 : the_job.cluster.servers),
+        base(std::move(message)) {}
+  PolicyLaunch(const PolicyLaunch&) = delete;
+  PolicyLaunch& operator=(const PolicyLaunch&) = delete;
+  ~PolicyLaunch() { kill_all(children); }
+
+  const Job& job;
+  const LaunchOptions& f;
+  runtime::NetnsCluster* cluster;  // null: loopback
+  const RunFiles& files;
+  // This policy's job is that one of several sharing the cluster at once
+  // (LaunchOptions::shared_jobs): its servers listen on a port of their own, its children
+  // and their files are named after it. -1: alone.
+  const int shared_job;
+  const std::string who;   // "job J " before the children's names, or ""
+  const std::string stem;  // "jobJ-" before their files' names, or ""
+  const bool allreduce;
+  const int n;            // workers
+  const int m;            // servers, or 1: the coordinator
+  const JobMessage base;  // job_message()
   std::vector<Child> children;
-  auto cleanup = [&] { kill_all(children); };
-  const bool allreduce = job.cluster.architecture == Architecture::kAllReduce;
-  // Servers (hosts 0..M-1), or the all-reduce job's coordinator (host 0: the gloo
-  // rendezvous store; it leaves once every worker's contexts are connected).
-  std::vector<std::string> addrs;
-  for (int s = 0; s < m; ++s) {
-    std::vector<std::string> a;
-    const std::string host = cluster ? cluster->address(s) : "127.0.0.1";
-    if (allreduce) {
-      a = {"coordinator",   "--architecture",  "allreduce",
-           "--workers",     std::to_string(n), "--listen",
-           host + ":0",     "--timeout",       std::to_string(timeout) + "ns",
-           "--secret-file", files.secret};
-    } else {
-      a = {"server", "--server-id", std::to_string(s)};
-      a.insert(a.end(), base.begin(), base.end());
-      if (!cluster) {
-        // Loopback has no shaper: each server paces each of its N connections at B / N,
-        // each worker each of its M at B / M (SO_MAX_PACING_RATE), approximating a NIC.
-        a.push_back("--pacing-rate");
-        a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second / n) + "bps");
-      }
-      a.push_back("--listen");
-      a.push_back(host + (cluster ? ":" + std::to_string(7100 + std::max(0, shared_job)) : ":0"));
+  // The run's end at the latest: LaunchOptions::timeout after the servers' start.
+  std::chrono::steady_clock::time_point deadline;
+};
+
+// Writes the child's job message into the run's directory and starts `quicksilver ROLE
+// --job FILE` in `host`'s namespace (loopback: this one). `name`: the child's, in
+// messages ("server 0"); `file`: its message's ("server0").
+Status start_child(PolicyLaunch& run, const std::string& name, const std::string& file,
+                   const JobMessage& m, int host) {
+  const std::string path =
+      (std::filesystem::path(run.files.dir) / (run.stem + file + ".job.json")).string();
+  QS_RETURN_IF_ERROR(write_job_message(m, path));
+  auto c = spawn(run.who + name, run.f.executable, {child_role_name(m.role), "--job", path},
+                 run.cluster ? run.cluster->namespace_name(host) : "");
+  if (!c) return c.status();
+  run.children.push_back(std::move(*c));
+  return Status::ok();
+}
+
+// Servers (hosts 0..M-1), or the all-reduce job's coordinator (host 0: the gloo
+// rendezvous store; it leaves once every worker's contexts are connected).
+Status start_servers(PolicyLaunch& run) {
+  for (int s = 0; s < run.m; ++s) {
+    JobMessage c = run.base;
+    const std::string host = run.cluster ? run.cluster->address(s) : "127.0.0.1";
+    if (run.allreduce) {
+      c.role = ChildRole::kCoordinator;
+      c.listen = host + ":0";
+      c.timeout = run.f.timeout;
+      QS_RETURN_IF_ERROR(start_child(run, "coordinator", "coordinator", c, s));
+      continue;
     }
-    auto c = spawn(who + (allreduce ? "coordinator" : "server ") +
-                       (allreduce ? std::string() : std::to_string(s)),
-                   exe, a, cluster ? cluster->namespace_name(s) : "");
-    if (!c) {
-      cleanup();
-      return c.status();
+    c.role = ChildRole::kServer;
+    c.id = s;
+    if (!run.cluster) {
+      // Loopback has no shaper: each server paces each of its N connections at B / N,
+      // each worker each of its M at B / M (SO_MAX_PACING_RATE), approximating a NIC.
+      c.pacing_rate = Rate{run.job.cluster.bandwidth.bits_per_second / run.n};
     }
-    children.push_back(std::move(*c));
+    c.listen =
+        host + (run.cluster ? ":" + std::to_string(7100 + std::max(0, run.shared_job)) : ":0");
+    QS_RETURN_IF_ERROR(
+        start_child(run, "server " + std::to_string(s), "server" + std::to_string(s), c, s));
   }
-  // Learn each server's address from its first line.
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + std::chrono::nanoseconds(timeout);
-  for (int s = 0; s < m; ++s) {
-    while (children[static_cast<std::size_t>(s)].out_text.find('\n') == std::string::npos) {
-      pump(children, 50);
-      reap(children);
-      if (failed(children[static_cast<std::size_t>(s)]) ||
-          std::chrono::steady_clock::now() > deadline || g_interrupted) {
-        const Child& c = children[static_cast<std::size_t>(s)];
+  return Status::ok();
+}
+
+// Each server's address (the coordinator's), in server order, from its first line
+// ("listening HOST:PORT").
+Result<std::vector<std::string>> await_addresses(PolicyLaunch& run) {
+  std::vector<std::string> addrs;
+  for (int s = 0; s < run.m; ++s) {
+    const Child& c = run.children[static_cast<std::size_t>(s)];
+    while (c.out_text.find('\n') == std::string::npos) {
+      pump(run.children, 50);
+      reap(run.children);
+      if (failed(c) || std::chrono::steady_clock::now() > run.deadline || g_interrupted) {
         std::string why = g_interrupted ? "interrupted"
                           : c.running   ? "no address before the timeout"
                                         : describe_exit(c) + ": " + last_line(c.err_text);
-        cleanup();
         return unavailable(c.name + ": " + why);
       }
     }
-    const std::string& line = children[static_cast<std::size_t>(s)].out_text;
+    const std::string& line = c.out_text;
     addrs.push_back(line.substr(std::string("listening ").size(),
                                 line.find('\n') - std::string("listening ").size()));
   }
-  std::string connect;
-  for (const auto& a : addrs) connect += (connect.empty() ? "" : ",") + a;
-  // A time-varying trace starts when the first PS worker begins training (it says so on
-  // its output), so that every run, and every policy, meets the trace at the same point of
-  // its training whatever the rendezvous took; the all-reduce workers' trace starts when
-  // they are started.
-  const bool dynamic = cluster && job.cluster.schedule && !job.cluster.schedule->is_constant();
-  const bool trace_at_training = dynamic && !allreduce;
-  for (int w = 0; w < n; ++w) {
-    std::vector<std::string> a = {"worker", "--worker-id", std::to_string(w), "--json"};
-    if (allreduce) {
-      a.insert(a.end(), {"--coordinator", connect});
-      const std::string host = cluster ? cluster->address(m + w) : "127.0.0.1";
-      a.insert(a.end(), {"--link", host});
+  return addrs;
+}
+
+// The workers (hosts M..M+N-1), given the servers' addresses (the coordinator's).
+// `announce_start`: each PS worker says when it begins training (the shaper's cue).
+Status start_workers(PolicyLaunch& run, const std::vector<std::string>& addrs,
+                     bool announce_start) {
+  const Job& job = run.job;
+  for (int w = 0; w < run.n; ++w) {
+    const auto i = static_cast<std::size_t>(w);
+    const int host = run.m + w;
+    JobMessage c = run.base;
+    c.role = ChildRole::kWorker;
+    c.id = w;
+    c.json = true;
+    if (run.allreduce) {
+      c.coordinator = addrs.front();
+      c.links = {run.cluster ? run.cluster->address(host) : "127.0.0.1"};
       if (job.cluster.second_link_slowdown != 0) {
         // Loopback: a second address of its own (127.0.0.2), through the same kernel.
-        a.insert(a.end(), {"--link", cluster ? cluster->second_address(m + w) : "127.0.0.2"});
+        c.links.push_back(run.cluster ? run.cluster->second_address(host) : "127.0.0.2");
       }
     } else {
-      a.insert(a.end(), {"--connect", connect});
-      if (trace_at_training) a.push_back("--announce-start");
+      c.connect = addrs;
+      c.announce_start = announce_start;
     }
-    a.insert(a.end(), base.begin(), base.end());
-    const double factor = job.cluster.compute_factor.empty()
-                              ? 1.0
-                              : job.cluster.compute_factor[static_cast<std::size_t>(w)];
-    if (f.kill_worker >= 0 && f.kill_worker == w) {
-      a.push_back("--die-at-iteration");
-      a.push_back(std::to_string(f.kill_at_iteration));
-    }
-    a.push_back("--slowdown");
-    a.push_back(std::to_string(factor));
-    if (!cluster && !allreduce) {
-      a.push_back("--pacing-rate");
-      a.push_back(std::to_string(job.cluster.bandwidth.bits_per_second / m) + "bps");
-    }
-    a.push_back("--nic-rate");
-    a.push_back(
-        std::to_string(
-            job.cluster.worker_bandwidth.empty()
-                ? job.cluster.bandwidth.bits_per_second
-                : job.cluster.worker_bandwidth[static_cast<std::size_t>(w)].bits_per_second) +
-        "bps");
+    c.slowdown = job.cluster.compute_factor.empty() ? 1.0 : job.cluster.compute_factor[i];
+    if (run.f.kill_worker >= 0 && run.f.kill_worker == w)
+      c.die_at_iteration = run.f.kill_at_iteration;
+    if (!run.cluster && !run.allreduce)
+      c.pacing_rate = Rate{job.cluster.bandwidth.bits_per_second / run.m};
+    c.nic_rate = job.cluster.worker_bandwidth.empty() ? job.cluster.bandwidth
+                                                      : job.cluster.worker_bandwidth[i];
     if (job.sim.record_trace) {
       // The worker writes its own Chrome trace there too; the launcher takes the spans
       // from the report line.
-      a.push_back("--trace");
-      a.push_back((std::filesystem::path(profile_path).parent_path() /
-                   ((shared_job >= 0 ? "job" + std::to_string(shared_job) + "-" : std::string()) +
-                    "worker" + std::to_string(w) + ".trace.json"))
-                      .string());
+      c.trace = (std::filesystem::path(run.files.dir) /
+                 (run.stem + "worker" + std::to_string(w) + ".trace.json"))
+                    .string();
     }
-    auto c = spawn(who + "worker " + std::to_string(w), exe, a,
-                   cluster ? cluster->namespace_name(m + w) : "");
-    if (!c) {
-      cleanup();
-      return c.status();
-    }
-    children.push_back(std::move(*c));
+    QS_RETURN_IF_ERROR(
+        start_child(run, "worker " + std::to_string(w), "worker" + std::to_string(w), c, host));
   }
-  // Dynamic scenarios: apply the bandwidth schedule to every host's shaper over time,
-  // from its first rate. Time 0 is when the first PS worker begins training (above), or
-  // when the all-reduce workers start (their rendezvous, tens of milliseconds, comes
-  // first); the prediction is shifted by the difference to the first backward pass
-  // (below).
-  std::mutex shaper_mu;
-  std::condition_variable shaper_cv;
-  bool stop_shaper = false;  // guarded by shaper_mu
-  std::thread shaper;
-  TimeNs shaper_start = -1;  // steady clock (CLOCK_MONOTONIC), as the workers' reports
-  auto start_shaper = [&] {
-    const auto t_start = std::chrono::steady_clock::now();
-    shaper_start =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(t_start.time_since_epoch()).count();
-    shaper = std::thread([&, t0 = t_start] {
-      const auto& segs = job.cluster.schedule->segments();
-      std::unique_lock lock(shaper_mu);
+  return Status::ok();
+}
+
+// Dynamic scenarios: applies the bandwidth schedule to every host's shaper over time, on a
+// thread of its own from start() (the schedule's time 0) until destroyed. The first rate
+// is set before (run_policy).
+class Shaper {
+ public:
+  Shaper(runtime::NetnsCluster* cluster, const BandwidthSchedule* schedule, Logger& log)
+      : cluster_(cluster), schedule_(schedule), log_(log) {}
+  Shaper(const Shaper&) = delete;
+  Shaper& operator=(const Shaper&) = delete;
+  ~Shaper() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void start() {
+    const auto t0 = std::chrono::steady_clock::now();
+    start_ = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
+    thread_ = std::thread([this, t0] {
+      const auto& segs = schedule_->segments();
+      std::unique_lock lock(mu_);
       for (std::size_t i = 1; i < segs.size(); ++i) {
         // Wakes at the segment's start (or at once when the run ends).
-        if (shaper_cv.wait_until(lock, t0 + std::chrono::nanoseconds(segs[i].start),
-                                 [&] { return stop_shaper; }))
+        if (cv_.wait_until(lock, t0 + std::chrono::nanoseconds(segs[i].start),
+                           [&] { return stop_; }))
           break;
-        Status c = cluster->set_rate_all(segs[i].rate);
-        if (!c.is_ok()) log("changing the rate: " + c.message());
+        Status c = cluster_->set_rate_all(segs[i].rate);
+        if (!c.is_ok()) log_("changing the rate: " + c.message());
       }
     });
-  };
-  if (dynamic) {
-    Status st = cluster->set_rate_all(job.cluster.schedule->segments()[0].rate);
-    if (!st.is_ok()) {
-      cleanup();
-      return st.with_context("setting the trace's first rate");
-    }
-    if (!trace_at_training) start_shaper();
   }
-  struct JoinShaper {
-    std::mutex* mu;
-    std::condition_variable* cv;
-    bool* stop;
-    std::thread* t;
-    ~JoinShaper() {
-      {
-        std::lock_guard lock(*mu);
-        *stop = true;
-      }
-      cv->notify_all();
-      if (t->joinable()) t->join();
-    }
-  } join_shaper{&shaper_mu, &shaper_cv, &stop_shaper, &shaper};
-  // Wait for every process; the first failure stops the run. Once every worker has
-  // finished, the servers get a short grace period to leave on their own.
+  // When start() was called: steady clock (CLOCK_MONOTONIC) nanoseconds, as the workers'
+  // reports; -1 before.
+  TimeNs started_at() const { return start_; }
+
+ private:
+  runtime::NetnsCluster* cluster_;
+  const BandwidthSchedule* schedule_;
+  Logger& log_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::thread thread_;
+  TimeNs start_ = -1;
+};
+
+// The root cause among the failed children, once the peer it lost had a moment to exit
+// and say why (so that the cause is reported rather than its first victim): "NAME failed
+// (exit status 1): ...".
+std::string failure_message(std::vector<Child>& children) {
+  // A victim that does not name its peer (gloo's messages name an address) gets the same
+  // moment for the cause to show.
+  for (int i = 0; i < 20; ++i) {
+    const Child* root = root_failure(children);
+    const Child* lost = lost_peer(children, *root);
+    if (!victim(*root) || (lost != nullptr && !lost->running)) break;
+    pump(children, 50);
+    reap(children);
+  }
+  const Child* first = root_failure(children);
+  std::string msg =
+      first->name + " failed (" + describe_exit(*first) + "): " + last_line(first->err_text);
+  if (const Child* lost = lost_peer(children, *first); lost != nullptr && lost->running) {
+    msg += " (" + lost->name + " was still running)";
+  }
+  return msg;
+}
+
+// Waits for every child; the first failure stops the run. Once every worker has finished,
+// the servers get a short grace period to leave on their own. `trace_at_training`: the
+// shaper starts when the first PS worker says training starts.
+Status supervise(PolicyLaunch& run, Shaper& shaper, bool trace_at_training) {
+  std::vector<Child>& children = run.children;
+  const auto worker = [&](int w) -> const Child& {
+    return children[static_cast<std::size_t>(run.m + w)];
+  };
   std::optional<std::chrono::steady_clock::time_point> workers_done;
   while (true) {
     pump(children, 50);
     reap(children);
-    if (trace_at_training && shaper_start < 0) {
-      for (int w = 0; w < n; ++w) {
-        if (children[static_cast<std::size_t>(m + w)].out_text.find("training starts\n") !=
-            std::string::npos) {
-          start_shaper();
+    if (trace_at_training && shaper.started_at() < 0) {
+      for (int w = 0; w < run.n; ++w) {
+        if (worker(w).out_text.find("training starts\n") != std::string::npos) {
+          shaper.start();
           break;
         }
       }
     }
     bool workers_running = false;
-    for (int w = 0; w < n; ++w)
-      workers_running |= children[static_cast<std::size_t>(m + w)].running;
+    for (int w = 0; w < run.n; ++w) workers_running |= worker(w).running;
     if (!workers_running && !workers_done) workers_done = std::chrono::steady_clock::now();
     if (workers_done &&
         std::chrono::steady_clock::now() - *workers_done > std::chrono::seconds(10)) {
       std::string hung;
-      for (int s = 0; s < m; ++s) {
+      for (int s = 0; s < run.m; ++s) {
         if (children[static_cast<std::size_t>(s)].running)
           hung += (hung.empty() ? "" : ", ") + std::to_string(s);
       }
       if (!hung.empty()) {
-        cleanup();
         return unavailable("server(s) " + hung +
                            " did not exit within 10 s after every worker finished");
       }
     }
-    if (const Child* first = root_failure(children)) {
-      // The peer this failure lost may still be on its way out: a moment to let it exit
-      // and say why, so that the root cause is reported rather than its first victim.
-      // A victim that does not name its peer (gloo's messages name an address) gets the
-      // same moment for the cause to show.
-      for (int i = 0; i < 20; ++i) {
-        const Child* root = root_failure(children);
-        const Child* lost = lost_peer(children, *root);
-        if (!victim(*root) || (lost != nullptr && !lost->running)) break;
-        pump(children, 50);
-        reap(children);
-      }
-      first = root_failure(children);
-      std::string msg =
-          first->name + " failed (" + describe_exit(*first) + "): " + last_line(first->err_text);
-      if (const Child* lost = lost_peer(children, *first); lost != nullptr && lost->running) {
-        msg += " (" + lost->name + " was still running)";
-      }
-      cleanup();
-      return unavailable(msg);
-    }
+    if (root_failure(children) != nullptr) return unavailable(failure_message(children));
     bool all_done = true;
     for (const Child& c : children) all_done &= !c.running && c.out < 0 && c.err < 0;
-    if (all_done) break;
-    if (g_interrupted) {
-      cleanup();
-      return unavailable("interrupted");
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (all_done) return Status::ok();
+    if (g_interrupted) return unavailable("interrupted");
+    if (std::chrono::steady_clock::now() > run.deadline) {
       std::string who;
       for (const Child& c : children)
         if (c.running) who += (who.empty() ? "" : ", ") + c.name;
-      cleanup();
-      return unavailable("timed out after " + format_time(timeout) + " waiting for " + who);
+      return unavailable("timed out after " + format_time(run.f.timeout) + " waiting for " + who);
     }
   }
-  // Collect the workers' reports.
-  PolicyRun run;
-  SimResult& r = run.row.result;
+}
+
+// What TCP repaired, per iteration, summed into `sum`.
+void add_repairs(std::vector<std::int64_t>* sum, const std::vector<std::int64_t>& v) {
+  if (sum->size() < v.size()) sum->resize(v.size(), 0);
+  for (std::size_t k = 0; k < v.size(); ++k) (*sum)[k] += v[k];
+}
+
+// Each worker's line in the row's notes.
+void add_worker_notes(const PolicyLaunch& run, const std::vector<runtime::WorkerReport>& reports,
+                      SimResult* r) {
+  for (const runtime::WorkerReport& rep : reports) {
+    if (run.allreduce) {
+      r->notes.push_back("worker " + std::to_string(rep.worker_id) + ": " +
+                         std::to_string(rep.iterations_verified) + " iterations verified exact, " +
+                         rep.congestion_control);
+      continue;
+    }
+    r->notes.push_back(
+        "worker " + std::to_string(rep.worker_id) + ": " + std::to_string(rep.iterations_verified) +
+        " iterations verified exact, uplink " + std::to_string(rep.uplink_gbps).substr(0, 5) +
+        " Gbps, urgent-packet delay p50/p99 " + format_time(rep.urgent_delay_p50) + "/" +
+        format_time(rep.urgent_delay_p99) + ", acknowledgement round trip p10/p50 " +
+        format_time(rep.ack_rtt_p10) + "/" + format_time(rep.ack_rtt_p50) + ", " +
+        rep.congestion_control + ", push end by " + rep.push_end);
+  }
+}
+
+// The finished run's row from the children's last lines: each worker's report (iteration
+// k of the cluster ends when its slowest worker's does; the median worker's link
+// utilisation), what TCP repaired over every host (each server's last line too: one
+// missing or malformed adds nothing), each worker's note. `cpu_before`: at the start.
+Result<PolicyRun> collect_reports(const PolicyLaunch& run, const std::string& policy,
+                                  const runtime::CpuTicks& cpu_before) {
+  PolicyRun out;
+  SimResult& r = out.row.result;
   r.policy = policy;
   if (const double idle = runtime::idle_share(cpu_before, runtime::cpu_ticks()); idle >= 0)
     r.cpu_idle = idle;
-  std::vector<runtime::WorkerReport>& reports = run.workers;
-  for (int w = 0; w < n; ++w) {
-    const Child& c = children[static_cast<std::size_t>(m + w)];
+  std::vector<runtime::WorkerReport>& reports = out.workers;
+  for (int w = 0; w < run.n; ++w) {
+    const Child& c = run.children[static_cast<std::size_t>(run.m + w)];
     auto rep = runtime::report_from_json(last_line(c.out_text));
     if (!rep) return internal_error(c.name + " printed no report: " + last_line(c.out_text));
     reports.push_back(std::move(*rep));
   }
-  // Iteration k of the cluster ends when its slowest worker's does.
   for (const runtime::WorkerReport& rep : reports) {
     const auto& times = rep.iteration_times;
     if (r.iteration_times.empty()) r.iteration_times.assign(times.size(), 0);
@@ -679,12 +703,6 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
       r.iteration_times[k] = std::max(r.iteration_times[k], times[k]);
     }
   }
-  // What TCP repaired, per iteration, over every host: the workers' reports and each
-  // server's last line (a server whose line is missing or malformed adds nothing).
-  auto add_repairs = [](std::vector<std::int64_t>* sum, const std::vector<std::int64_t>& v) {
-    if (sum->size() < v.size()) sum->resize(v.size(), 0);
-    for (std::size_t k = 0; k < v.size(); ++k) (*sum)[k] += v[k];
-  };
   bool timeouts_known = true;
   for (const runtime::WorkerReport& rep : reports) {
     add_repairs(&r.retransmits, rep.retransmits);
@@ -692,10 +710,10 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
     add_repairs(&r.timeouts, rep.timeouts);
     timeouts_known &= !rep.timeouts.empty();
   }
-  for (int s = 0; s < m; ++s) {
+  for (int s = 0; s < run.m; ++s) {
     try {
       const auto j =
-          nlohmann::json::parse(last_line(children[static_cast<std::size_t>(s)].out_text));
+          nlohmann::json::parse(last_line(run.children[static_cast<std::size_t>(s)].out_text));
       add_repairs(&r.retransmits, j.at("retransmits").get<std::vector<std::int64_t>>());
       add_repairs(&r.timeouts, j.at("timeouts").get<std::vector<std::int64_t>>());
     } catch (const std::exception&) {
@@ -710,43 +728,114 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   r.link_utilisation = steady_median(util, 0);
   r.bytes_pushed_per_iteration = w0.bytes_pushed_per_iteration;
   r.messages_per_iteration = w0.units_per_iteration;
-  if (job.sim.record_trace) {
+  if (run.job.sim.record_trace) {
     for (const runtime::WorkerReport& rep : reports)
       r.trace.insert(r.trace.end(), rep.trace.begin(), rep.trace.end());
   }
-  for (const runtime::WorkerReport& rep : reports) {
-    if (allreduce) {
-      r.notes.push_back("worker " + std::to_string(rep.worker_id) + ": " +
-                        std::to_string(rep.iterations_verified) + " iterations verified exact, " +
-                        rep.congestion_control);
-      continue;
+  add_worker_notes(run, reports, &r);
+  return out;
+}
+
+// What the emulated network did, read before and after a run (netns only): what each link
+// carried (the bridge side's counters of every worker's veths) and what the shapers'
+// queues dropped over every host (link 0: host queues, switch ports).
+struct NetworkCounters {
+  std::vector<std::uint64_t> link_bytes;  // per link
+  std::optional<runtime::NetnsCluster::Drops> drops;
+};
+
+NetworkCounters read_network_counters(const PolicyLaunch& run) {
+  NetworkCounters out;
+  if (!run.cluster) return out;
+  const int links = run.cluster->has_second_link() ? 2 : 1;
+  for (int l = 0; l < links; ++l) {
+    std::uint64_t sum = 0;
+    for (int w = 0; w < run.n; ++w) {
+      auto b = run.cluster->sent_bytes(run.m + w, l);
+      if (b) sum += *b;
     }
-    r.notes.push_back(
-        "worker " + std::to_string(rep.worker_id) + ": " + std::to_string(rep.iterations_verified) +
-        " iterations verified exact, uplink " + std::to_string(rep.uplink_gbps).substr(0, 5) +
-        " Gbps, urgent-packet delay p50/p99 " + format_time(rep.urgent_delay_p50) + "/" +
-        format_time(rep.urgent_delay_p99) + ", acknowledgement round trip p10/p50 " +
-        format_time(rep.ack_rtt_p10) + "/" + format_time(rep.ack_rtt_p50) + ", " +
-        rep.congestion_control + ", push end by " + rep.push_end);
+    out.link_bytes.push_back(sum);
   }
-  if (const auto drops_after = queue_drops(); drops_before && drops_after) {
-    r.host_queue_drops =
-        static_cast<std::int64_t>(drops_after->host_queue - drops_before->host_queue);
-    r.switch_drops =
-        static_cast<std::int64_t>(drops_after->switch_port - drops_before->switch_port);
-    r.notes.push_back("the hosts' own queues dropped " + std::to_string(r.host_queue_drops) +
-                      " packets, the switch ports " + std::to_string(r.switch_drops) +
-                      (shared_job >= 0 ? " (every job's)" : ""));
+  runtime::NetnsCluster::Drops sum;
+  for (int h = 0; h < run.cluster->hosts(); ++h) {
+    auto d = run.cluster->drops(h);
+    if (!d) return out;
+    sum.host_queue += d->host_queue;
+    sum.switch_port += d->switch_port;
   }
-  for (int l = 0; l < counted_links; ++l) {
-    const std::uint64_t sent = link_bytes(l) - bytes_before[static_cast<std::size_t>(l)];
-    r.notes.push_back("link " + std::to_string(l) + " carried " +
-                      format_size(static_cast<Bytes>(sent / n)) +
-                      " per worker (its veth's byte counter, calibration included" +
-                      (shared_job >= 0 ? ", every job's" : "") + ")");
+  out.drops = sum;
+  return out;
+}
+
+// The network's notes of the run: what the queues dropped, what each link carried.
+void add_network_notes(const PolicyLaunch& run, const NetworkCounters& before, SimResult* r) {
+  const NetworkCounters after = read_network_counters(run);
+  if (before.drops && after.drops) {
+    r->host_queue_drops =
+        static_cast<std::int64_t>(after.drops->host_queue - before.drops->host_queue);
+    r->switch_drops =
+        static_cast<std::int64_t>(after.drops->switch_port - before.drops->switch_port);
+    r->notes.push_back("the hosts' own queues dropped " + std::to_string(r->host_queue_drops) +
+                       " packets, the switch ports " + std::to_string(r->switch_drops) +
+                       (run.shared_job >= 0 ? " (every job's)" : ""));
   }
-  if (allreduce) {
-    // The fit every worker measured at start-up (the same on all) and the policy's report.
+  for (std::size_t l = 0; l < before.link_bytes.size() && l < after.link_bytes.size(); ++l) {
+    const std::uint64_t sent = after.link_bytes[l] - before.link_bytes[l];
+    r->notes.push_back("link " + std::to_string(l) + " carried " +
+                       format_size(static_cast<Bytes>(sent / run.n)) +
+                       " per worker (its veth's byte counter, calibration included" +
+                       (run.shared_job >= 0 ? ", every job's" : "") + ")");
+  }
+}
+
+// The cluster the prediction simulates: the same (scaled) configuration, at the goodput
+// the links really offer (iperf3 on the same shaped link; tc's rate counts Ethernet
+// frames, of which TCP payload is about 1448 / 1514; loopback pacing counts payload
+// already); all-reduce: charged the collectives the runtime measured itself. A trace is
+// shifted to the simulator's time 0, the first backward pass (`shaper_start`: the trace's
+// start, steady clock; -1: none).
+ClusterConfig predicted_cluster(const PolicyLaunch& run, const PolicyRun& measured,
+                                double goodput_ratio, TimeNs shaper_start) {
+  const runtime::WorkerReport& w0 = measured.workers[0];
+  ClusterConfig predicted = run.job.cluster;
+  if (run.allreduce && !w0.allreduce_fit.empty()) {
+    // With compression, as compressed: the fit has it already, so the model must not again.
+    predicted.wire_element_bytes = 4;
+    predicted.convert_ns_per_element = 0;
+    predicted.allreduce_a = w0.allreduce_fit[0].a;
+    predicted.allreduce_b_ns_per_byte = w0.allreduce_fit[0].b_ns_per_byte;
+    if (w0.allreduce_fit.size() > 1) {
+      predicted.second_link_slowdown =
+          std::max(1.0, w0.allreduce_fit[1].b_ns_per_byte / w0.allreduce_fit[0].b_ns_per_byte);
+    }
+  } else if (run.cluster) {
+    predicted = at_goodput(run.job.cluster, goodput_ratio);
+  }
+  if (predicted.schedule && shaper_start >= 0) {
+    // The rate the first worker to start computing met then is the prediction's first rate.
+    TimeNs first = 0;
+    for (const runtime::WorkerReport& rep : measured.workers) {
+      const TimeNs t = rep.first_backward_at;
+      if (t > 0 && (first == 0 || t < first)) first = t;
+    }
+    // The trace may also have started after that (its cue travels through a pipe).
+    if (first > shaper_start) {
+      predicted.schedule = predicted.schedule->shifted(first - shaper_start);
+    } else if (first > 0) {
+      predicted.schedule = predicted.schedule->delayed(shaper_start - first);
+    }
+  }
+  return predicted;
+}
+
+// The row's end: the all-reduce fit every worker measured at start-up (the same on all)
+// and the policy's report as notes, the summary (finish_result), the utilisation relative
+// to the goodput, and the simulator's prediction beside it.
+Status finish_row(const PolicyLaunch& run, const std::string& policy, double goodput_ratio,
+                  TimeNs shaper_start, PolicyRun* out) {
+  SimResult& r = out->row.result;
+  const runtime::WorkerReport& w0 = out->workers[0];
+  if (run.allreduce) {
     for (std::size_t l = 0; l < w0.allreduce_fit.size(); ++l) {
       const AllReduceCost& c = w0.allreduce_fit[l];
       r.notes.push_back("link " + std::to_string(l) + " all-reduce fit: a = " + format_time(c.a) +
@@ -756,45 +845,47 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   }
   r.notes.insert(r.notes.end(), w0.notes.begin(), w0.notes.end());  // the policy's report
   if (r.iteration_times.empty()) return internal_error("the workers reported no iteration");
+  const Job& job = run.job;
   finish_result(job.profile, job.cluster, job.sim, &r);
-  // The prediction: the simulator on the same (scaled) configuration, at the goodput the
-  // links really offer (iperf3 on the same shaped link; tc's rate counts Ethernet frames,
-  // of which TCP payload is about 1448 / 1514). Loopback pacing counts payload already.
-  // The utilisation is likewise relative to that goodput.
-  if (cluster) r.link_utilisation /= goodput_ratio;
-  ClusterConfig predicted_cluster = job.cluster;
-  if (allreduce && !w0.allreduce_fit.empty()) {
-    // All-reduce: the simulator charges the collectives the runtime measured itself (with
-    // compression, as compressed: the fit has it already, so the model must not again).
-    predicted_cluster.wire_element_bytes = 4;
-    predicted_cluster.convert_ns_per_element = 0;
-    predicted_cluster.allreduce_a = w0.allreduce_fit[0].a;
-    predicted_cluster.allreduce_b_ns_per_byte = w0.allreduce_fit[0].b_ns_per_byte;
-    if (w0.allreduce_fit.size() > 1) {
-      predicted_cluster.second_link_slowdown =
-          std::max(1.0, w0.allreduce_fit[1].b_ns_per_byte / w0.allreduce_fit[0].b_ns_per_byte);
-    }
-  } else if (cluster) {
-    predicted_cluster = at_goodput(job.cluster, goodput_ratio);
+  if (run.cluster) r.link_utilisation /= goodput_ratio;
+  const ClusterConfig predicted = predicted_cluster(run, *out, goodput_ratio, shaper_start);
+  auto pred = simulate(job.profile, policy, job.policy_options, predicted, job.sim);
+  if (pred) out->row.predicted = std::move(*pred);
+  return Status::ok();
+}
+
+// Runs one policy on the local cluster; returns the measured row (with the prediction).
+// `shared_job`: this policy's job is that one of several sharing the cluster at once
+// (PolicyLaunch::shared_job); -1 alone.
+Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const LaunchOptions& f,
+                             runtime::NetnsCluster* cluster, double goodput_ratio,
+                             const RunFiles& files, Logger& log, int shared_job = -1) {
+  QS_ASSIGN_OR_RETURN(JobMessage base, job_message(job, files, policy, f));
+  PolicyLaunch run(job, f, cluster, files, shared_job, std::move(base));
+  const runtime::CpuTicks cpu_before = runtime::cpu_ticks();
+  const NetworkCounters before = read_network_counters(run);
+  QS_RETURN_IF_ERROR(start_servers(run));
+  run.deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(f.timeout);
+  QS_ASSIGN_OR_RETURN(std::vector<std::string> addrs, await_addresses(run));
+  // A time-varying trace starts when the first PS worker begins training (it says so on
+  // its output), so that every run, and every policy, meets the trace at the same point of
+  // its training whatever the rendezvous took; the all-reduce workers' trace starts when
+  // they are started (their rendezvous, tens of milliseconds, comes first). The prediction
+  // is shifted by the difference to the first backward pass (predicted_cluster).
+  const bool dynamic = cluster && job.cluster.schedule && !job.cluster.schedule->is_constant();
+  const bool trace_at_training = dynamic && !run.allreduce;
+  QS_RETURN_IF_ERROR(start_workers(run, addrs, trace_at_training));
+  Shaper shaper(cluster, dynamic ? &*job.cluster.schedule : nullptr, log);
+  if (dynamic) {
+    Status st = cluster->set_rate_all(job.cluster.schedule->segments()[0].rate);
+    if (!st.is_ok()) return st.with_context("setting the trace's first rate");
+    if (!trace_at_training) shaper.start();
   }
-  if (predicted_cluster.schedule && shaper_start >= 0) {
-    // The simulator's time 0 is the first backward pass: the rate the first worker to
-    // start computing met then is the prediction's first rate.
-    TimeNs first = 0;
-    for (const runtime::WorkerReport& rep : reports) {
-      const TimeNs t = rep.first_backward_at;
-      if (t > 0 && (first == 0 || t < first)) first = t;
-    }
-    // The trace may also have started after that (its cue travels through a pipe).
-    if (first > shaper_start) {
-      predicted_cluster.schedule = predicted_cluster.schedule->shifted(first - shaper_start);
-    } else if (first > 0) {
-      predicted_cluster.schedule = predicted_cluster.schedule->delayed(shaper_start - first);
-    }
-  }
-  auto pred = simulate(job.profile, policy, job.policy_options, predicted_cluster, job.sim);
-  if (pred) run.row.predicted = std::move(*pred);
-  return run;
+  QS_RETURN_IF_ERROR(supervise(run, shaper, trace_at_training));
+  QS_ASSIGN_OR_RETURN(PolicyRun out, collect_reports(run, policy, cpu_before));
+  add_network_notes(run, before, &out.row.result);
+  QS_RETURN_IF_ERROR(finish_row(run, policy, goodput_ratio, shaper.started_at(), &out));
+  return out;
 }
 
 // Several jobs at once on the emulated cluster (Mercury Fig. 20, LaunchOptions::shared_jobs):
@@ -860,6 +951,337 @@ Status run_shared_jobs(const Job& job, const std::vector<SharedJob>& jobs, const
   return Status::ok();
 }
 
+// run_cluster's checks of the job, before anything forks, creates namespaces or files:
+// the build, the executable, the cluster's size, the tensors, the policies.
+Status check_cluster_job(const Job& job, const LaunchOptions& f) {
+  const bool allreduce = job.cluster.architecture == Architecture::kAllReduce;
+  if (allreduce && !runtime::have_gloo()) {
+    return invalid_argument(
+        "--architecture allreduce: this quicksilver was built without gloo (libgloo-dev)");
+  }
+  if (f.executable.empty())
+    return invalid_argument("LaunchOptions::executable: no quicksilver executable given");
+  // Everything below forks, creates namespaces or files: bound the job first.
+  QS_RETURN_IF_ERROR(runtime::check_job_size(job.cluster.workers, job.cluster.servers));
+  if (job.cluster.workers + job.cluster.servers > kMaxLocalProcesses) {
+    return invalid_argument("--workers " + std::to_string(job.cluster.workers) + " and --servers " +
+                            std::to_string(job.cluster.servers) +
+                            ": a local cluster runs at most " + std::to_string(kMaxLocalProcesses) +
+                            " processes (workers + servers)");
+  }
+  if (allreduce) {
+    for (const LayerSpec& l : job.profile.layers) {
+      for (const TensorSpec& t : l.tensors) {
+        if (t.bytes_per_element != 4) {
+          return invalid_argument("layer '" + l.name + "' tensor '" + t.name +
+                                  "': the runtime sums float32, bytes_per_element must be 4");
+        }
+      }
+    }
+  }
+  for (const std::string& p : job.policies) {
+    if (allreduce) {
+      const auto names = allreduce_policy_names();
+      if (std::find(names.begin(), names.end(), p) == names.end()) {
+        return invalid_argument("--policy: '" + p + "' is not an all-reduce policy");
+      }
+    }
+    QS_RETURN_IF_ERROR(check_unit_budget(job.profile, p, job.cluster.architecture,
+                                         job.policy_options, job.cluster.workers,
+                                         job.cluster.servers)
+                           .with_context(p));
+  }
+  return Status::ok();
+}
+
+// run_cluster's checks of LaunchOptions::shared_jobs (none: nothing to check).
+Status check_shared_jobs(const Job& job, const LaunchOptions& f) {
+  if (f.shared_jobs.empty()) return Status::ok();
+  if (static_cast<int>(f.shared_jobs.size()) > kMaxSharedJobs) {
+    return invalid_argument("--job: at most " + std::to_string(kMaxSharedJobs) + " jobs");
+  }
+  if (!f.netns) {
+    return invalid_argument(
+        "--job needs --netns (on loopback each job would pace its own links: nothing is shared)");
+  }
+  if (job.cluster.architecture == Architecture::kAllReduce)
+    return invalid_argument("--job needs --architecture ps");
+  if (job.cluster.schedule && !job.cluster.schedule->is_constant()) {
+    return invalid_argument("--job cannot be combined with a time-varying --bandwidth-trace");
+  }
+  const std::size_t processes =
+      f.shared_jobs.size() * static_cast<std::size_t>(job.cluster.workers + job.cluster.servers);
+  if (processes > static_cast<std::size_t>(kMaxLocalProcesses)) {
+    return invalid_argument("--job: " + std::to_string(f.shared_jobs.size()) + " jobs of " +
+                            std::to_string(job.cluster.workers + job.cluster.servers) +
+                            " processes each; a local " + "cluster runs at most " +
+                            std::to_string(kMaxLocalProcesses));
+  }
+  for (std::size_t j = 0; j < f.shared_jobs.size(); ++j) {
+    const SharedJob& s = f.shared_jobs[j];
+    if (!policy_registry().communicates(s.policy)) {
+      return invalid_argument("--job " + std::to_string(j) + ": " + s.policy + " moves no byte");
+    }
+    QS_RETURN_IF_ERROR(check_unit_budget(s.profile, s.policy, job.cluster.architecture,
+                                         s.policy_options, job.cluster.workers, job.cluster.servers)
+                           .with_context("--job " + std::to_string(j)));
+  }
+  return Status::ok();
+}
+
+// run_cluster's checks of what the emulated network can do: per-host rates, the scale, the
+// transport's settings, routes and queues that need --netns, the bandwidth trace.
+Status check_network_options(const Job& job, const LaunchOptions& f) {
+  if (!job.cluster.server_shares.empty()) {
+    return invalid_argument(
+        "--server-shares is the simulator's: every runtime process builds the balanced placement "
+        "from the job");
+  }
+  if ((!job.cluster.worker_bandwidth.empty() || !job.cluster.server_bandwidth.empty()) &&
+      !f.netns) {
+    return invalid_argument(
+        "--worker-bandwidths and --server-bandwidths need --netns (on loopback every host is paced "
+        "at --bandwidth)");
+  }
+  // Written so that NaN fails too.
+  if (!(f.scale >= 0 && f.scale <= 1))
+    return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");
+  if (f.commit_window < 0) return invalid_argument("--commit-window must be >= 0");
+  if (f.peer_timeout <= 0) return invalid_argument("--peer-timeout must be > 0");
+  if (f.rto_min < 0 || f.rto_min > 60 * kNsPerSec)
+    return invalid_argument("--rto-min must be in 0..60s");
+  if (f.rto_min > 0 && !f.netns) {
+    return invalid_argument(
+        "--rto-min needs --netns (the routes of the machine itself are not changed)");
+  }
+  if (f.quickack && !f.netns) {
+    return invalid_argument(
+        "--quickack needs --netns (the routes of the machine itself are not changed)");
+  }
+  if (!f.netns && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
+    return invalid_argument("--bandwidth-trace needs --netns (loopback has no shaper to change)");
+  }
+  if (job.cluster.latency > 0) {
+    return invalid_argument("--latency: no delay emulation (this kernel has no netem); use 0");
+  }
+  QS_RETURN_IF_ERROR(
+      transport::check_congestion_available(f.congestion).with_context("--congestion"));
+  if (job.cluster.schedule) {
+    const auto& segs = job.cluster.schedule->segments();
+    for (std::size_t i = 1; i < segs.size(); ++i) {
+      // Each change reaches every shaper in microseconds (netlink), but the shapers hold
+      // 1 ms of burst and 2 ms of queue: a rate held for less than a few of those is not one.
+      if (segs[i].start - segs[i - 1].start < 10 * kNsPerMs) {
+        return invalid_argument(
+            "--bandwidth-trace: rate changes less than 10 ms apart are finer than the "
+            "shapers' 1 ms burst and 2 ms queue can follow");
+      }
+    }
+  }
+  if (job.cluster.bandwidth.bits_per_second < 1'000'000) {
+    return invalid_argument("--bandwidth " + format_rate(job.cluster.bandwidth) +
+                            ": a link needs at least 1Mbps");
+  }
+  for (const auto* rates : {&job.cluster.worker_bandwidth, &job.cluster.server_bandwidth}) {
+    for (Rate r : *rates) {
+      if (r.bits_per_second < 1'000'000) {
+        return invalid_argument(std::string(rates == &job.cluster.worker_bandwidth
+                                                ? "--worker-bandwidths"
+                                                : "--server-bandwidths") +
+                                ": " + format_rate(r) + ": a link needs at least 1Mbps");
+      }
+    }
+  }
+  if (f.scale > 0 && static_cast<double>(job.cluster.bandwidth.bits_per_second) * f.scale < 1e6) {
+    return invalid_argument(
+        "--scale " + std::to_string(f.scale) + " leaves the links " +
+        format_rate(Rate{std::llround(job.cluster.bandwidth.bits_per_second * f.scale)}) +
+        "; a scaled link needs at least 1Mbps");
+  }
+  QS_RETURN_IF_ERROR(runtime::check_netns_queues(f.switch_buffer, f.host_queue, f.gso_max));
+  if ((f.switch_buffer != 2 * kNsPerMs || f.host_queue != LaunchOptions{}.host_queue ||
+       f.gso_max != LaunchOptions{}.gso_max) &&
+      !f.netns) {
+    return invalid_argument(
+        "--switch-buffer, --host-queue and --host-gso need --netns (loopback has no switch)");
+  }
+  return Status::ok();
+}
+
+// The run's private temporary directory, qs-run-<pid>-XXXXXX (the pid says whose it is,
+// for cleanup_stale_runs()), removed with everything in it when this goes.
+class RunDirectory {
+ public:
+  RunDirectory() = default;
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
+  ~RunDirectory() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+
+  // Creates it (0700) and writes the run's cluster secret into it: every child
+  // authenticates its peers with it, so that a process outside this run that reaches a
+  // server's port (another user's, on loopback) cannot join.
+  Status create() {
+    std::string tmpl = (std::filesystem::temp_directory_path() /
+                        ("qs-run-" + std::to_string(getpid()) + "-XXXXXX"))
+                           .string();
+    if (mkdtemp(tmpl.data()) == nullptr) return io_error("cannot create a temporary directory");
+    path_ = tmpl;
+    return transport::Secret::generate().write_file(files().secret);
+  }
+  const std::filesystem::path& path() const { return path_; }
+  RunFiles files() const {
+    return RunFiles{path_.string(), (path_ / "profile.json").string(), (path_ / "secret").string()};
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// The network a run's children use and the factor its bandwidth and sizes are scaled by.
+struct Emulation {
+  std::unique_ptr<runtime::NetnsCluster> cluster;  // --netns; null: loopback
+  double scale = 1;
+  // The links' TCP goodput as a fraction of the nominal rate (netns: calibrated).
+  double goodput_ratio = 1448.0 / 1514.0;
+};
+
+// Chooses the scale and, with --netns, builds the namespaces and calibrates them (the
+// calibration in `out`). Hosts of their own rate (Mercury Fig. 21): the cluster is
+// calibrated at the fastest, and every rate is scaled with the same factor.
+Status build_network(const Job& job, const LaunchOptions& f, Logger& log, Emulation* net,
+                     ClusterRunResult* out) {
+  const bool allreduce = job.cluster.architecture == Architecture::kAllReduce;
+  double fastest = static_cast<double>(job.cluster.bandwidth.bits_per_second);
+  for (const auto* rates : {&job.cluster.worker_bandwidth, &job.cluster.server_bandwidth}) {
+    for (Rate r : *rates) fastest = std::max(fastest, static_cast<double>(r.bits_per_second));
+  }
+  const double nominal = fastest;
+  // Loopback, automatic: two cores move about 4 Gbit/s of paced loopback traffic in total.
+  net->scale =
+      f.scale > 0
+          ? f.scale
+          : std::min(1.0,
+                     4e9 / (job.cluster.workers + (allreduce ? 0 : job.cluster.servers)) / nominal);
+  if (!f.netns) return Status::ok();
+  runtime::NetnsOptions no;
+  no.hosts = job.cluster.workers + (allreduce ? 1 : job.cluster.servers);
+  // Automatic: the calibration's first candidate (below).
+  if (f.scale == 0)
+    net->scale = std::min(1.0, kCalibrationStart / (no.hosts - (allreduce ? 1 : 0)) / nominal);
+  no.rate = Rate{std::llround(nominal * net->scale)};
+  no.congestion = f.congestion;
+  no.rto_min = f.rto_min;
+  no.quickack = f.quickack;
+  no.switch_buffer = f.switch_buffer;
+  // A PS job's switch ports take a burst from every worker (toward a server) or every
+  // server (toward a worker) at once; an all-reduce host hears one peer at a time.
+  no.fan_in = allreduce ? 0 : std::max(job.cluster.workers, job.cluster.servers);
+  no.host_queue = f.host_queue;
+  no.gso_max = f.gso_max;
+  if (allreduce && job.cluster.second_link_slowdown != 0) {
+    // DeFT's second link: a veth of its own per host, `second_link_slowdown` times slower.
+    no.second_rate.bits_per_second = std::llround(static_cast<double>(no.rate.bits_per_second) /
+                                                  job.cluster.second_link_slowdown);
+  }
+  auto c = runtime::NetnsCluster::create(no);
+  if (!c) return c.status().with_context("--netns");
+  net->cluster = std::move(*c);
+  if (f.progress) f.progress("calibrating the emulated cluster");
+  auto calibrated =
+      calibrate_cluster(*net->cluster, allreduce ? 1 : 0, f.congestion, nominal, f.scale == 0, log);
+  if (calibrated) {
+    net->scale = calibrated->scale;
+    net->goodput_ratio = calibrated->goodput_fraction;
+    out->calibration = calibrated->describe;
+    out->calibration_cpu_idle = calibrated->cpu_idle;
+  } else {
+    log("no whole-cluster calibration (" + calibrated.status().message() +
+        "); assuming 1448/1514 of the rate");
+  }
+  out->goodput_fraction = net->goodput_ratio;
+  return Status::ok();
+}
+
+// Scales bandwidth and sizes together: every communication/compute ratio is kept, and so
+// are the counts of user-level units (partitions, slices, blocks: each pays its startup
+// time) and the placement. Mercury's packet size is a transport parameter and is kept as
+// it is (a 1.6 KB packet would measure per-packet overhead, not scheduling). With hosts of
+// their own rate, sets each host's.
+Status scale_job(Job* job, const Emulation& net) {
+  const double scale = net.scale;
+  job->profile = scale_profile(job->profile, scale);
+  scale_policy_options(&job->policy_options, scale);
+  job->cluster.bandwidth.bits_per_second =
+      std::llround(static_cast<double>(job->cluster.bandwidth.bits_per_second) * scale);
+  if (job->cluster.schedule) job->cluster.schedule = job->cluster.schedule->scaled(scale);
+  ClusterConfig& cc = job->cluster;
+  if (!net.cluster || (cc.worker_bandwidth.empty() && cc.server_bandwidth.empty()))
+    return Status::ok();
+  // Calibrated at the fastest rate; now each host at its own. Servers are hosts 0..M-1,
+  // workers M..M+N-1 (a host not named keeps --bandwidth).
+  const int m = cc.architecture == Architecture::kAllReduce ? 1 : cc.servers;
+  for (int h = 0; h < net.cluster->hosts(); ++h) {
+    const bool worker = h >= m;
+    std::vector<Rate>& own = worker ? cc.worker_bandwidth : cc.server_bandwidth;
+    Rate& r = own.empty() ? cc.bandwidth : own[static_cast<std::size_t>(worker ? h - m : h)];
+    if (&r != &cc.bandwidth)
+      r.bits_per_second = std::llround(static_cast<double>(r.bits_per_second) * scale);
+    QS_RETURN_IF_ERROR(
+        net.cluster->set_rate(h, r).with_context("--netns: host " + std::to_string(h)));
+  }
+  return Status::ok();
+}
+
+// LaunchOptions::shared_jobs, scaled as the job, at once (run_shared_jobs); then `job`
+// describes them (its own policies are not run).
+void run_scaled_shared_jobs(Job* job, const LaunchOptions& f, const Emulation& net,
+                            const RunDirectory& dir, Logger& log, ClusterRunResult* out) {
+  std::vector<SharedJob> shared = f.shared_jobs;
+  for (SharedJob& s : shared) {
+    s.profile = scale_profile(s.profile, net.scale);
+    scale_policy_options(&s.policy_options, net.scale);
+  }
+  Status st = run_shared_jobs(*job, shared, f, *net.cluster, net.goodput_ratio, dir.path(),
+                              dir.files(), log, out);
+  if (!st.is_ok()) {
+    log("the jobs: " + st.message());
+    out->failures.emplace_back("the jobs", st);
+  }
+  job->policies.clear();
+  std::string names;
+  for (const SharedJob& s : shared) {
+    names += (names.empty() ? "" : " + ") + s.profile.name + " batch " +
+             std::to_string(s.profile.batch_size);
+  }
+  job->profile.name = std::to_string(shared.size()) + " jobs sharing the cluster (" + names + ")";
+  job->profile.batch_size = 0;  // each job its own (config_line)
+}
+
+// Every policy of the (scaled) job, one after another, into `out`; the first failure
+// stops them unless LaunchOptions::keep_going, a signal always.
+void run_policies(const Job& job, const LaunchOptions& f, const Emulation& net,
+                  const RunFiles& files, Logger& log, ClusterRunResult* out) {
+  for (std::size_t i = 0; i < job.policies.size(); ++i) {
+    const std::string& p = job.policies[i];
+    if (g_interrupted) break;
+    if (f.progress) {
+      f.progress(p + " (policy " + std::to_string(i + 1) + " of " +
+                 std::to_string(job.policies.size()) + ")");
+    }
+    auto run = run_policy(job, p, f, net.cluster.get(), net.goodput_ratio, files, log);
+    if (!run) {
+      log(p + ": " + run.status().message());
+      out->failures.emplace_back(p, run.status());
+      if (!f.keep_going || g_interrupted) break;
+      continue;
+    }
+    out->rows.push_back(std::move(run->row));
+    out->workers.push_back(std::move(run->workers));
+  }
+}
 }  // namespace
 
 Profile scale_profile(const Profile& p, double scale) {
@@ -878,19 +1300,6 @@ void scale_policy_options(PolicyOptions* o, double scale) {
     const Bytes b = k->get_int(*o);
     k->set_int(o, std::max<Bytes>(4, std::llround(static_cast<double>(b) * scale) / 4 * 4));
   }
-}
-
-std::vector<std::string> knob_arguments(const PolicyOptions& o) {
-  std::vector<std::string> args;
-  for (const Knob* k : policy_registry().knobs()) {
-    if (k->type == KnobType::kBool) {
-      if (k->get_bool(o)) args.push_back(k->flag);
-    } else {
-      args.push_back(k->flag);
-      args.push_back(k->format(o));
-    }
-  }
-  return args;
 }
 
 std::string ClusterRunResult::describe() const {
@@ -959,149 +1368,11 @@ StaleCleanup cleanup_stale_runs(bool dry_run) {
 }
 
 Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
-  const bool allreduce = job.cluster.architecture == Architecture::kAllReduce;
-  if (allreduce && !runtime::have_gloo()) {
-    return invalid_argument(
-        "--architecture allreduce: this quicksilver was built without gloo (libgloo-dev)");
-  }
-  if (f.executable.empty())
-    return invalid_argument("LaunchOptions::executable: no quicksilver executable given");
-  // Everything below forks, creates namespaces or files: bound the job first.
-  QS_RETURN_IF_ERROR(runtime::check_job_size(job.cluster.workers, job.cluster.servers));
-  if (job.cluster.workers + job.cluster.servers > kMaxLocalProcesses) {
-    return invalid_argument("--workers " + std::to_string(job.cluster.workers) + " and --servers " +
-                            std::to_string(job.cluster.servers) +
-                            ": a local cluster runs at most " + std::to_string(kMaxLocalProcesses) +
-                            " processes (workers + servers)");
-  }
-  if (allreduce) {
-    for (const LayerSpec& l : job.profile.layers) {
-      for (const TensorSpec& t : l.tensors) {
-        if (t.bytes_per_element != 4) {
-          return invalid_argument("layer '" + l.name + "' tensor '" + t.name +
-                                  "': the runtime sums float32, bytes_per_element must be 4");
-        }
-      }
-    }
-  }
-  for (const std::string& p : job.policies) {
-    if (allreduce) {
-      const auto names = allreduce_policy_names();
-      if (std::find(names.begin(), names.end(), p) == names.end()) {
-        return invalid_argument("--policy: '" + p + "' is not an all-reduce policy");
-      }
-    }
-    QS_RETURN_IF_ERROR(check_unit_budget(job.profile, p, job.cluster.architecture,
-                                         job.policy_options, job.cluster.workers,
-                                         job.cluster.servers)
-                           .with_context(p));
-  }
-  if (!f.shared_jobs.empty()) {
-    if (static_cast<int>(f.shared_jobs.size()) > kMaxSharedJobs) {
-      return invalid_argument("--job: at most " + std::to_string(kMaxSharedJobs) + " jobs");
-    }
-    if (!f.netns) {
-      return invalid_argument(
-          "--job needs --netns (on loopback each job would pace its own links: nothing is shared)");
-    }
-    if (allreduce) return invalid_argument("--job needs --architecture ps");
-    if (job.cluster.schedule && !job.cluster.schedule->is_constant()) {
-      return invalid_argument("--job cannot be combined with a time-varying --bandwidth-trace");
-    }
-    const std::size_t processes =
-        f.shared_jobs.size() * static_cast<std::size_t>(job.cluster.workers + job.cluster.servers);
-    if (processes > static_cast<std::size_t>(kMaxLocalProcesses)) {
-      return invalid_argument("--job: " + std::to_string(f.shared_jobs.size()) + " jobs of " +
-                              std::to_string(job.cluster.workers + job.cluster.servers) +
-                              " processes each; a local " + "cluster runs at most " +
-                              std::to_string(kMaxLocalProcesses));
-    }
-    for (std::size_t j = 0; j < f.shared_jobs.size(); ++j) {
-      const SharedJob& s = f.shared_jobs[j];
-      if (!policy_registry().communicates(s.policy)) {
-        return invalid_argument("--job " + std::to_string(j) + ": " + s.policy + " moves no byte");
-      }
-      QS_RETURN_IF_ERROR(check_unit_budget(s.profile, s.policy, job.cluster.architecture,
-                                           s.policy_options, job.cluster.workers,
-                                           job.cluster.servers)
-                             .with_context("--job " + std::to_string(j)));
-    }
-  }
-  if (!job.cluster.server_shares.empty()) {
-    return invalid_argument(
-        "--server-shares is the simulator's: every runtime process builds the balanced placement "
-        "from the job");
-  }
-  if ((!job.cluster.worker_bandwidth.empty() || !job.cluster.server_bandwidth.empty()) &&
-      !f.netns) {
-    return invalid_argument(
-        "--worker-bandwidths and --server-bandwidths need --netns (on loopback every host is paced "
-        "at --bandwidth)");
-  }
-  // Written so that NaN fails too.
-  if (!(f.scale >= 0 && f.scale <= 1))
-    return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");
-  if (f.commit_window < 0) return invalid_argument("--commit-window must be >= 0");
-  if (f.peer_timeout <= 0) return invalid_argument("--peer-timeout must be > 0");
-  if (f.rto_min < 0 || f.rto_min > 60 * kNsPerSec)
-    return invalid_argument("--rto-min must be in 0..60s");
-  if (f.rto_min > 0 && !f.netns) {
-    return invalid_argument(
-        "--rto-min needs --netns (the routes of the machine itself are not changed)");
-  }
-  if (f.quickack && !f.netns) {
-    return invalid_argument(
-        "--quickack needs --netns (the routes of the machine itself are not changed)");
-  }
-  if (!f.netns && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
-    return invalid_argument("--bandwidth-trace needs --netns (loopback has no shaper to change)");
-  }
-  if (job.cluster.latency > 0) {
-    return invalid_argument("--latency: no delay emulation (this kernel has no netem); use 0");
-  }
-  QS_RETURN_IF_ERROR(
-      transport::check_congestion_available(f.congestion).with_context("--congestion"));
-  if (job.cluster.schedule) {
-    const auto& segs = job.cluster.schedule->segments();
-    for (std::size_t i = 1; i < segs.size(); ++i) {
-      // Each change reaches every shaper in microseconds (netlink), but the shapers hold
-      // 1 ms of burst and 2 ms of queue: a rate held for less than a few of those is not one.
-      if (segs[i].start - segs[i - 1].start < 10 * kNsPerMs) {
-        return invalid_argument(
-            "--bandwidth-trace: rate changes less than 10 ms apart are finer than the "
-            "shapers' 1 ms burst and 2 ms queue can follow");
-      }
-    }
-  }
+  QS_RETURN_IF_ERROR(check_cluster_job(job, f));
+  QS_RETURN_IF_ERROR(check_shared_jobs(job, f));
+  QS_RETURN_IF_ERROR(check_network_options(job, f));
   ClusterRunResult out;
   Logger log(f.log, &out.messages);
-  if (job.cluster.bandwidth.bits_per_second < 1'000'000) {
-    return invalid_argument("--bandwidth " + format_rate(job.cluster.bandwidth) +
-                            ": a link needs at least 1Mbps");
-  }
-  for (const auto* rates : {&job.cluster.worker_bandwidth, &job.cluster.server_bandwidth}) {
-    for (Rate r : *rates) {
-      if (r.bits_per_second < 1'000'000) {
-        return invalid_argument(std::string(rates == &job.cluster.worker_bandwidth
-                                                ? "--worker-bandwidths"
-                                                : "--server-bandwidths") +
-                                ": " + format_rate(r) + ": a link needs at least 1Mbps");
-      }
-    }
-  }
-  if (f.scale > 0 && static_cast<double>(job.cluster.bandwidth.bits_per_second) * f.scale < 1e6) {
-    return invalid_argument(
-        "--scale " + std::to_string(f.scale) + " leaves the links " +
-        format_rate(Rate{std::llround(job.cluster.bandwidth.bits_per_second * f.scale)}) +
-        "; a scaled link needs at least 1Mbps");
-  }
-  QS_RETURN_IF_ERROR(runtime::check_netns_queues(f.switch_buffer, f.host_queue, f.gso_max));
-  if ((f.switch_buffer != 2 * kNsPerMs || f.host_queue != LaunchOptions{}.host_queue ||
-       f.gso_max != LaunchOptions{}.gso_max) &&
-      !f.netns) {
-    return invalid_argument(
-        "--switch-buffer, --host-queue and --host-gso need --netns (loopback has no switch)");
-  }
   out.rto_min = f.netns ? f.rto_min : 0;
   out.quickack = f.netns && f.quickack;
   out.switch_buffer = f.netns ? f.switch_buffer : 0;
@@ -1110,154 +1381,30 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   // What launchers killed outright (SIGKILL) left in the temporary directory. (Their
   // namespaces go when a cluster is next built: NetnsCluster::create.)
   (void)cleanup_stale_run_dirs(false);
-  // qs-run-<pid>-XXXXXX: the pid says whose it is, for cleanup_stale_runs().
-  std::string tmpl =
-      (std::filesystem::temp_directory_path() / ("qs-run-" + std::to_string(getpid()) + "-XXXXXX"))
-          .string();
-  if (mkdtemp(tmpl.data()) == nullptr) return io_error("cannot create a temporary directory");
-  struct RemoveTmp {
-    std::filesystem::path path;
-    ~RemoveTmp() {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-  } remove_tmp{tmpl};
-  const RunFiles files{(remove_tmp.path / "profile.json").string(),
-                       (remove_tmp.path / "secret").string()};
-  // Every child authenticates its peers with it: a process outside this run that reaches a
-  // server's port (another user's, on loopback) cannot join.
-  QS_RETURN_IF_ERROR(transport::Secret::generate().write_file(files.secret));
+  RunDirectory dir;
+  QS_RETURN_IF_ERROR(dir.create());
+  const RunFiles files = dir.files();
   g_interrupted = 0;
   // SIGINT, SIGTERM and SIGHUP (a closed terminal) stop the run: children killed,
   // namespaces, bridge and temporary directory removed, the allowed congestion controls
   // put back. Only SIGKILL leaves them, for the next run or `quicksilver cleanup`.
   const runtime::StopSignals stop_signals(f.catch_signals, on_signal);
-  // Hosts of their own rate (Mercury Fig. 21): the cluster is calibrated at the fastest,
-  // and every rate is scaled with the same factor.
-  double fastest = static_cast<double>(job.cluster.bandwidth.bits_per_second);
-  for (const auto* rates : {&job.cluster.worker_bandwidth, &job.cluster.server_bandwidth}) {
-    for (Rate r : *rates) fastest = std::max(fastest, static_cast<double>(r.bits_per_second));
+  Emulation net;
+  QS_RETURN_IF_ERROR(build_network(job, f, log, &net, &out));
+  if (net.cluster && g_interrupted) {
+    out.interrupted = true;
+    (void)net.cluster->teardown();
+    out.job = std::move(job);
+    return out;
   }
-  const double nominal = fastest;
-  // Loopback, automatic: two cores move about 4 Gbit/s of paced loopback traffic in total.
-  double scale =
-      f.scale > 0
-          ? f.scale
-          : std::min(1.0,
-                     4e9 / (job.cluster.workers + (allreduce ? 0 : job.cluster.servers)) / nominal);
-  std::unique_ptr<runtime::NetnsCluster> cluster;
-  double goodput_ratio = 1448.0 / 1514.0;
-  if (f.netns) {
-    runtime::NetnsOptions no;
-    no.hosts = job.cluster.workers + (allreduce ? 1 : job.cluster.servers);
-    // Automatic: the calibration's first candidate (below).
-    if (f.scale == 0)
-      scale = std::min(1.0, kCalibrationStart / (no.hosts - (allreduce ? 1 : 0)) / nominal);
-    no.rate = Rate{std::llround(nominal * scale)};
-    no.congestion = f.congestion;
-    no.rto_min = f.rto_min;
-    no.quickack = f.quickack;
-    no.switch_buffer = f.switch_buffer;
-    // A PS job's switch ports take a burst from every worker (toward a server) or every
-    // server (toward a worker) at once; an all-reduce host hears one peer at a time.
-    no.fan_in = allreduce ? 0 : std::max(job.cluster.workers, job.cluster.servers);
-    no.host_queue = f.host_queue;
-    no.gso_max = f.gso_max;
-    if (allreduce && job.cluster.second_link_slowdown != 0) {
-      // DeFT's second link: a veth of its own per host, `second_link_slowdown` times slower.
-      no.second_rate.bits_per_second = std::llround(static_cast<double>(no.rate.bits_per_second) /
-                                                    job.cluster.second_link_slowdown);
-    }
-    auto c = runtime::NetnsCluster::create(no);
-    if (!c) return c.status().with_context("--netns");
-    cluster = std::move(*c);
-    if (f.progress) f.progress("calibrating the emulated cluster");
-    auto calibrated =
-        calibrate_cluster(*cluster, allreduce ? 1 : 0, f.congestion, nominal, f.scale == 0, log);
-    if (calibrated) {
-      scale = calibrated->scale;
-      goodput_ratio = calibrated->goodput_fraction;
-      out.calibration = calibrated->describe;
-      out.calibration_cpu_idle = calibrated->cpu_idle;
-    } else {
-      log("no whole-cluster calibration (" + calibrated.status().message() +
-          "); assuming 1448/1514 of the rate");
-    }
-    out.goodput_fraction = goodput_ratio;
-    if (g_interrupted) {
-      out.interrupted = true;
-      (void)cluster->teardown();
-      out.job = std::move(job);
-      return out;
-    }
-  }
-  // Scale bandwidth and sizes together: every communication/compute ratio is kept, and
-  // so are the counts of user-level units (partitions, slices, blocks: each pays its
-  // startup time) and the placement. Mercury's packet size is a transport parameter and
-  // is kept as it is (a 1.6 KB packet would measure per-packet overhead, not scheduling).
-  job.profile = scale_profile(job.profile, scale);
-  scale_policy_options(&job.policy_options, scale);
-  job.cluster.bandwidth.bits_per_second =
-      std::llround(static_cast<double>(job.cluster.bandwidth.bits_per_second) * scale);
-  if (job.cluster.schedule) job.cluster.schedule = job.cluster.schedule->scaled(scale);
-  out.scale = scale;
-  if (cluster && (!job.cluster.worker_bandwidth.empty() || !job.cluster.server_bandwidth.empty())) {
-    // Calibrated at the fastest rate; now each host at its own. Servers are hosts 0..M-1,
-    // workers M..M+N-1 (a host not named keeps --bandwidth).
-    const int m = allreduce ? 1 : job.cluster.servers;
-    for (int h = 0; h < cluster->hosts(); ++h) {
-      const bool worker = h >= m;
-      std::vector<Rate>& own = worker ? job.cluster.worker_bandwidth : job.cluster.server_bandwidth;
-      Rate& r =
-          own.empty() ? job.cluster.bandwidth : own[static_cast<std::size_t>(worker ? h - m : h)];
-      if (&r != &job.cluster.bandwidth)
-        r.bits_per_second = std::llround(static_cast<double>(r.bits_per_second) * scale);
-      QS_RETURN_IF_ERROR(
-          cluster->set_rate(h, r).with_context("--netns: host " + std::to_string(h)));
-    }
-  }
+  QS_RETURN_IF_ERROR(scale_job(&job, net));
+  out.scale = net.scale;
   QS_RETURN_IF_ERROR(save_profile(job.profile, files.profile));
-  if (!f.shared_jobs.empty()) {
-    std::vector<SharedJob> shared = f.shared_jobs;
-    for (SharedJob& s : shared) {
-      s.profile = scale_profile(s.profile, scale);
-      scale_policy_options(&s.policy_options, scale);
-    }
-    Status st =
-        run_shared_jobs(job, shared, f, *cluster, goodput_ratio, remove_tmp.path, files, log, &out);
-    if (!st.is_ok()) {
-      log("the jobs: " + st.message());
-      out.failures.emplace_back("the jobs", st);
-    }
-    job.policies.clear();
-    std::string names;
-    for (const SharedJob& s : shared) {
-      names += (names.empty() ? "" : " + ") + s.profile.name + " batch " +
-               std::to_string(s.profile.batch_size);
-    }
-    job.profile.name = std::to_string(shared.size()) + " jobs sharing the cluster (" + names + ")";
-    job.profile.batch_size = 0;  // each job its own (config_line)
-  }
-  for (std::size_t i = 0; i < job.policies.size(); ++i) {
-    const std::string& p = job.policies[i];
-    if (g_interrupted) break;
-    if (f.progress) {
-      f.progress(p + " (policy " + std::to_string(i + 1) + " of " +
-                 std::to_string(job.policies.size()) + ")");
-    }
-    auto run = run_policy(job, p, f, cluster.get(), goodput_ratio, files, log);
-    if (!run) {
-      log(p + ": " + run.status().message());
-      out.failures.emplace_back(p, run.status());
-      if (!f.keep_going || g_interrupted) break;
-      continue;
-    }
-    out.rows.push_back(std::move(run->row));
-    out.workers.push_back(std::move(run->workers));
-  }
+  if (!f.shared_jobs.empty()) run_scaled_shared_jobs(&job, f, net, dir, log, &out);
+  run_policies(job, f, net, files, log, &out);
   out.interrupted = g_interrupted != 0;
-  if (cluster) {
-    Status down = cluster->teardown();
+  if (net.cluster) {
+    Status down = net.cluster->teardown();
     if (!down.is_ok()) log("removing the namespaces: " + down.message());
   }
   out.job = std::move(job);

@@ -2,7 +2,9 @@
 // `quicksilver server` per parameter server, one `quicksilver worker` per worker, over
 // loopback or in network namespaces with tc-shaped links), collects each worker's report,
 // and puts the simulator's prediction of the same configuration beside each measurement.
-// The library call behind `quicksilver run`; the Python module calls it too.
+// The library call behind `quicksilver run`; the Python module calls it too. Each child
+// gets its job as one message (quicksilver/launch/job_message.h), a file in the run's
+// private directory: `quicksilver worker --job FILE`.
 //
 // Emulated clusters scale bandwidth and tensor sizes down by one factor (two cores cannot
 // move the paper's 10 Gbit/s per host), keeping every communication/compute ratio; the
@@ -39,7 +41,8 @@ inline constexpr int kMaxLocalProcesses = 128;
 inline constexpr TimeNs kDefaultRtoMin = 5 * kNsPerMs;
 
 struct LaunchOptions {
-  // The quicksilver executable the children run (`server`/`worker` subcommands).
+  // The quicksilver executable the children run (`coordinator`/`server`/`worker`
+  // subcommands, each with `--job FILE`): this build, which reads the messages it writes.
   // Required; the CLI passes "/proc/self/exe".
   std::string executable;
   // One network namespace per host, links shaped with tc (needs root); else loopback,
@@ -155,8 +158,5 @@ Profile scale_profile(const Profile& p, double scale);
 // Every byte knob the registry marks `scales`, scaled by `scale` (a multiple of 4 bytes,
 // at least 4).
 void scale_policy_options(PolicyOptions* o, double scale);
-// The knob arguments a child process gets: "--flag value" for every registered knob (a
-// bool knob: its flag alone, when set), exact (Knob::format).
-std::vector<std::string> knob_arguments(const PolicyOptions& o);
 
 }  // namespace qs
