@@ -372,7 +372,9 @@ Result<JobMessage> job_message(const Job& job, const RunFiles& files, const std:
   }
   if (job.cluster.architecture == Architecture::kAllReduce) {
     m.second_link = job.cluster.second_link_slowdown;
+    // gloo's algorithm: LaunchOptions::gloo_algorithm, else the job's (ring or rhd).
     m.gloo_algorithm = f.gloo_algorithm;
+    m.allreduce = job.cluster.allreduce;
   }
   m.congestion = f.congestion;
   m.commit_window = f.commit_window;
@@ -978,6 +980,12 @@ Status check_cluster_job(const Job& job, const LaunchOptions& f) {
         }
       }
     }
+  }
+  if (allreduce && f.gloo_algorithm.empty() && job.cluster.allreduce != AllReduceAlgorithm::kRing &&
+      job.cluster.allreduce != AllReduceAlgorithm::kRecursiveHalvingDoubling) {
+    return invalid_argument(std::string("--allreduce ") +
+                            allreduce_algorithm_name(job.cluster.allreduce) +
+                            ": gloo has no such algorithm; use ring or rhd, or --gloo-algorithm");
   }
   for (const std::string& p : job.policies) {
     if (allreduce) {
