@@ -6,7 +6,7 @@
 // Each struct's knob table (flag, unit, help, whether it scales on the emulated cluster,
 // whether it is hashed into the runtime's hello) is declared once, beside the policy that
 // reads it, and registered in include/policy/quicksilver/policy/registry.h; the CLI flags, the
-// launcher's child arguments and scaling, the configuration hash and the docs' knob tables
+// launcher's job messages and scaling, the configuration hash and the docs' knob tables
 // are generated from it. A field here without a table entry is a bug (a registry test
 // checks every field's default against its entry).
 #pragma once
