@@ -37,7 +37,7 @@ one() {  # one SIDE BUILD BENCH
   local side=$1 b=$2 bench=$3 log="$out/$1-$3.log"
   case $bench in
     transport)
-      "$b/bench/transport_bench" throughput --reps=1 --seconds=2 > "$log" 2>&1
+      "$b/bench/transport_bench" throughput --reps=1 --seconds=1 > "$log" 2>&1
       for size in "64 KiB" "1 MiB"; do
         row=$(grep -F "| $size |" "$log" | head -1)
         record "$side" "transport ${size// /} /iperf3" "$(echo "$row" | awk -F'|' '{gsub(/ /,"",$5); print $5}')"
