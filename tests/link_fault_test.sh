@@ -29,11 +29,17 @@ cp "$(dirname "$0")/data/small.json" "$tmp/small.json"
 #       within 1.25 x 2 s; the launcher names worker 1 ("lost every server") and ends
 #       everything within 6 s of the cut (its namespaces go with it; the link is set up
 #       again after, where it still exists).
+# Until the launcher's two workers run (their command line is `quicksilver worker --job
+# FILE`: launcher.cc); a test whose workers never appear fails rather than cutting nothing.
+await_workers() {
+  for _ in $(seq 300); do [ "$(pgrep -P "$1" -f " worker --job " | wc -l)" -ge 2 ] && return 0; sleep 0.1; done
+  bad "launcher $1: its two workers never appeared (pgrep ' worker --job ')"
+}
 cut_link() {  # launcher pid, seconds down; after the workers run
   local l=$1
-  for _ in $(seq 300); do [ "$(pgrep -P "$l" -f " worker --worker-id" | wc -l)" -ge 2 ] && break; sleep 0.1; done
+  await_workers "$l"
   sleep 0.5
-  ip link set dev "qs${l}p3" down || echo "cannot set qs${l}p3 down"
+  ip link set dev "qs${l}p3" down || bad "cannot set qs${l}p3 down: the link was never cut"
   sleep "$2"
   ip link set dev "qs${l}p3" up 2> /dev/null  # gone already when the run ended
 }
@@ -50,10 +56,10 @@ print('link down 1 s, masked: exact sums; slowest iteration %.0f ms, median %.1f
 "; then ok; else bad "link down 1 s: rc $rc: $(tail -3 "$tmp/link1.err")"; fi
 "$qs" run "${nj[@]}" --iterations 100000 --peer-timeout 2s > /dev/null 2> "$tmp/link2.err" & l=$!
 pids+=($l)
-for _ in $(seq 300); do [ "$(pgrep -P "$l" -f " worker --worker-id" | wc -l)" -ge 2 ] && break; sleep 0.1; done
+await_workers "$l"
 sleep 0.5
 down_at=$(date +%s.%N)
-ip link set dev "qs${l}p3" down || echo "cannot set qs${l}p3 down"
+ip link set dev "qs${l}p3" down || bad "cannot set qs${l}p3 down: the link was never cut"
 for _ in $(seq 200); do kill -0 $l 2> /dev/null || break; sleep 0.05; done
 took=$(echo "$(date +%s.%N) - $down_at" | bc | sed 's/^\./0./')
 ip link set dev "qs${l}p3" up 2> /dev/null  # restored: gone already if the run ended
@@ -81,9 +87,9 @@ if "$qs" run --architecture allreduce --model "$tmp/small.json" --policy wfbp --
 for attempt in 1 2; do
 "$qs" run "${aj[@]}" --iterations 150 --peer-timeout 5s > "$tmp/link3.out" 2> "$tmp/link3.err" & l=$!
 pids+=($l)
-for _ in $(seq 300); do [ "$(pgrep -P "$l" -f " worker --worker-id" | wc -l)" -ge 2 ] && break; sleep 0.1; done
+await_workers "$l"
 sleep 2  # past gloo's calibration sweep
-ip link set dev "qs${l}p2" down; sleep 1; ip link set dev "qs${l}p2" up 2> /dev/null
+ip link set dev "qs${l}p2" down || bad "cannot set qs${l}p2 down: the link was never cut"; sleep 1; ip link set dev "qs${l}p2" up 2> /dev/null
 wait $l; rc=$?
 [ $rc -eq 0 ] && break
 echo "all-reduce link down 1 s: attempt $attempt failed (rc $rc: $(tail -1 "$tmp/link3.err" | cut -c1-200))"
@@ -95,10 +101,10 @@ print('all-reduce, link down 1 s, masked: exact sums; slowest iteration %.0f ms,
 "; then ok; else bad "all-reduce link down 1 s: rc $rc: $(tail -3 "$tmp/link3.err")"; fi
 "$qs" run "${aj[@]}" --iterations 100000 --peer-timeout 2s > /dev/null 2> "$tmp/link4.err" & l=$!
 pids+=($l)
-for _ in $(seq 300); do [ "$(pgrep -P "$l" -f " worker --worker-id" | wc -l)" -ge 2 ] && break; sleep 0.1; done
+await_workers "$l"
 sleep 2
 down_at=$(date +%s.%N)
-ip link set dev "qs${l}p2" down || echo "cannot set qs${l}p2 down"
+ip link set dev "qs${l}p2" down || bad "cannot set qs${l}p2 down: the link was never cut"
 for _ in $(seq 200); do kill -0 $l 2> /dev/null || break; sleep 0.05; done
 took=$(echo "$(date +%s.%N) - $down_at" | bc | sed 's/^\./0./')
 ip link set dev "qs${l}p2" up 2> /dev/null
