@@ -49,8 +49,9 @@ sample() {
       rss=$(awk '/^VmRSS/{print $2}' "/proc/$p/status" 2> /dev/null) || continue
       fds=$(ls "/proc/$p/fd" 2> /dev/null | wc -l)
       case "$cmd" in
-        *" server --server-id "*) name="server $(echo "$cmd" | sed 's/.*--server-id \([0-9]*\).*/\1/')" ;;
-        *" worker --worker-id "*) name="worker $(echo "$cmd" | sed 's/.*--worker-id \([0-9]*\).*/\1/')" ;;
+        # The launcher's children: `quicksilver ROLE --job DIR/ROLE<id>.job.json`.
+        *" server --job "*) name="server $(echo "$cmd" | sed 's/.*server\([0-9]*\)\.job\.json.*/\1/')" ;;
+        *" worker --job "*) name="worker $(echo "$cmd" | sed 's/.*worker\([0-9]*\)\.job\.json.*/\1/')" ;;
         *" coordinator "*) name="coordinator" ;;
         *) name="launcher" ;;
       esac
