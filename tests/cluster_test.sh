@@ -106,7 +106,10 @@ start=$(date +%s)
 wait $w0; rc0=$?; wait $w1; rc1=$?
 took=$(( $(date +%s) - start ))
 kill $s0 2> /dev/null; wait $s0 2> /dev/null
-if [ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] && [ $took -lt 8 ] && grep -q "server 1" "$tmp/w0"; then ok
+# The first worker to notice names server 1; the other may instead name server 0, which
+# resets its connections once it lost that first worker (a cascade whose order the load
+# decides: seen in a CI run, worker 0 "lost server 0 ... Connection reset by peer").
+if [ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] && [ $took -lt 8 ] && grep -q "server 1" "$tmp/w0" "$tmp/w1"; then ok
 else bad "killed server: workers exited $rc0/$rc1 after ${took}s: $(cat "$tmp/w0" "$tmp/w1")"; fi
 
 if [ "$(id -u)" -eq 0 ] && command -v ip > /dev/null && command -v tc > /dev/null; then

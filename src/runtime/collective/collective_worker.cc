@@ -40,8 +40,6 @@
 
 namespace qs::runtime {
 
-namespace {}  // namespace
-
 struct CollectiveWorker::Impl final : CollectiveExchange {
   explicit Impl(CollectiveOptions o) : opts(std::move(o)), layout(opts.job.profile) {}
   ~Impl() override { stop_threads(); }
