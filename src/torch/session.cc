@@ -155,6 +155,19 @@ Result<runtime::JobOptions> make_job(const JobSpec& spec) {
   return job;
 }
 
+// The Session's delayed-update calls as the runtime's target.
+struct Session::DelayedTarget final : runtime::DelayedUpdateTarget {
+  explicit DelayedTarget(Session& s) : s(s) {}
+  float* merged_sum(TensorId t, std::int64_t first, std::int64_t last) override {
+    return s.merged_sum(t, first, last);
+  }
+  Status on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due) override {
+    return s.on_updates(before, due);
+  }
+  Status on_update_ready(const runtime::LayerUpdate& u) override { return s.on_update_ready(u); }
+  Session& s;
+};
+
 Result<std::unique_ptr<Session>> Session::start(SessionOptions options,
                                                 std::unique_ptr<runtime::Server> hosted) {
   std::unique_ptr<Session> s(new Session());
@@ -178,6 +191,7 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options,
   const PolicySpec* spec = policy_registry().find(s->options_.job.policy, Architecture::kAllReduce);
   s->delayed_ = s->options_.make_worker && spec != nullptr && spec->delays_updates;
   if (s->delayed_) {
+    s->delayed_target_ = std::make_unique<DelayedTarget>(*self);
     s->updates_.resize(layers);
     s->layer_elements_.assign(layers, 0);
     s->merged_spare_.resize(layers);
@@ -189,7 +203,7 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options,
   }
   s->source_ = std::make_unique<Registered>(
       s->options_.tensors, [self](int l, std::int64_t it) { self->on_sums(l, it); },
-      s->delayed_ ? static_cast<runtime::DelayedUpdateTarget*>(self) : nullptr);
+      s->delayed_target_.get());
 
   runtime::WorkerOptions wo;
   wo.job = s->options_.job;

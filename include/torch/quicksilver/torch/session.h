@@ -144,7 +144,7 @@ struct SessionOptions {
   WorkerFactory make_worker;
 };
 
-class Session final : private runtime::DelayedUpdateTarget {
+class Session {
  public:
   // Validates `options`, starts the worker's thread (it connects to the servers, retrying
   // until job.connect_timeout) and `hosted`'s (when given, this process's server, already
@@ -153,7 +153,7 @@ class Session final : private runtime::DelayedUpdateTarget {
   static Result<std::unique_ptr<Session>> start(SessionOptions options,
                                                 std::unique_ptr<runtime::Server> hosted = nullptr);
   // Stops (as abort) and joins whatever still runs.
-  ~Session() override;
+  ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -197,11 +197,13 @@ class Session final : private runtime::DelayedUpdateTarget {
   Status error_locked() const;  // the failure, or "ended" once the worker returned
   void on_gate(int layer, std::int64_t iteration);  // loop thread
   void on_sums(int layer, std::int64_t iteration);  // loop thread
-  // Delayed updates (runtime::DelayedUpdateTarget): the worker's calls (link threads; loop
-  // thread).
-  float* merged_sum(TensorId t, std::int64_t first, std::int64_t last) override;
-  Status on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due) override;
-  Status on_update_ready(const runtime::LayerUpdate& u) override;
+  // Delayed updates: the worker's calls (link threads; loop thread), through delayed_target_
+  // (a runtime::DelayedUpdateTarget; the Session itself stays a plain, non-polymorphic
+  // object).
+  struct DelayedTarget;
+  float* merged_sum(TensorId t, std::int64_t first, std::int64_t last);
+  Status on_updates(std::int64_t before, const std::vector<runtime::LayerUpdate>& due);
+  Status on_update_ready(const runtime::LayerUpdate& u);
   void post(void (HookedCompute::*fn)(int, TimeNs), int layer);
 
   SessionOptions options_;
@@ -229,6 +231,7 @@ class Session final : private runtime::DelayedUpdateTarget {
   // load_update, then kept as the layer's spare (one at most) or freed; the bytes
   // allocated, now and at most (merged_mu_: the link threads write into them).
   bool delayed_ = false;
+  std::unique_ptr<DelayedTarget> delayed_target_;  // when delayed_
   std::vector<std::vector<std::pair<std::int64_t, runtime::LayerUpdate>>> updates_;
   std::int64_t decided_ = 0;
   mutable std::mutex merged_mu_;
