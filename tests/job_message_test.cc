@@ -42,11 +42,11 @@ JobMessage populated() {
   m.gloo_algorithm = "bcube";
   m.second_link = 2.0 / 3.0 + 1;
   m.compression = transport::WireDType::kBFloat16;
-  m.congestion = "reno";
-  m.commit_window = 0;
-  m.connect_timeout = 3 * kNsPerSec + 1;
-  m.peer_timeout = 5 * kNsPerMs;
-  m.payload_checksums = false;
+  m.settings.congestion = "reno";
+  m.settings.commit_window = 0;
+  m.settings.connect_timeout = 3 * kNsPerSec + 1;
+  m.settings.peer_timeout = 5 * kNsPerMs;
+  m.settings.payload_checksums = false;
   m.secret_file = "/tmp/qs-run-1-abcdef/secret";
   m.insecure = true;
   m.id = 6;
@@ -184,7 +184,7 @@ TEST(JobMessage, MapsToTheRuntimeJob) {
   m.seed = 9;
   m.knobs.packet_size = 64 * kKiB;
   m.pacing_rate = Rate::gbps(8);
-  m.peer_timeout = 7 * kNsPerSec;
+  m.settings.peer_timeout = 7 * kNsPerSec;
   m.compression = transport::WireDType::kFloat16;
   auto o = job_options(m);
   ASSERT_TRUE(o.is_ok()) << o.status().to_string();
@@ -204,7 +204,7 @@ TEST(JobMessage, MapsToTheRuntimeJob) {
   ASSERT_FALSE(all.is_ok());
   EXPECT_NE(all.status().message().find("exactly one policy"), std::string::npos);
   m.policy = "mercury";
-  m.peer_timeout = 0;
+  m.settings.peer_timeout = 0;
   auto zero = job_options(m);
   ASSERT_FALSE(zero.is_ok());
   EXPECT_NE(zero.status().message().find("--peer-timeout must be > 0"), std::string::npos);

@@ -29,8 +29,8 @@ void train(const std::string& policy, int iterations, bool eval_pass) {
   spec.knobs = {{"packet_size", "4KiB"}, {"partition-size", "8KiB"}, {"credit_size", "16KiB"}};
   spec.workers = 2;
   spec.servers = 2;
-  spec.connect_timeout = 20 * kNsPerSec;
-  spec.peer_timeout = 20 * kNsPerSec;
+  spec.settings.connect_timeout = 20 * kNsPerSec;
+  spec.settings.peer_timeout = 20 * kNsPerSec;
   auto job = make_job(spec);
   ASSERT_TRUE(job.is_ok()) << job.status().to_string();
   std::vector<std::unique_ptr<runtime::Server>> servers;

@@ -434,8 +434,7 @@ class _Integration:
     synchronize() (which hands the averages over); a write without it is seen by the
     buffer's version counter and raises."""
 
-    def __init__(self, optimizer, model, policy, knobs, servers, bandwidth, congestion,
-                 connect_timeout, peer_timeout, architecture, options):
+    def __init__(self, optimizer, model, policy, knobs, servers, bandwidth, settings, architecture, options):
         self.opt = optimizer
         self.model = model
         self.policy = policy
@@ -444,9 +443,7 @@ class _Integration:
         self.servers = servers
         self.store = None  # rank 0 of an all-reduce job: the rendezvous store
         self.bandwidth = bandwidth
-        self.congestion = congestion
-        self.connect_timeout = connect_timeout
-        self.peer_timeout = peer_timeout
+        self.settings = settings  # the runtime's (_qs.Job checks them by their table's names)
         self.k = options["backward_passes_per_step"]
         self.average = options["op"] == Average
         self.find_unused = options["find_unused_parameters"]
@@ -517,8 +514,7 @@ class _Integration:
         # Validates the policy and the knobs before any training (a one-layer stand-in).
         _qs.Job(json.dumps({"name": "check", "layers": [{"name": "l", "forward_ms": 0, "backward_ms": 0,
                                                          "tensors": [{"name": "t", "elements": 1}]}]}),
-                policy, self.knobs, 1, 1, bandwidth, congestion, connect_timeout, peer_timeout, self.architecture,
-                compression=self.compression)
+                policy, self.knobs, 1, 1, bandwidth, settings, self.architecture, compression=self.compression)
 
         # Layers: the modules that own trainable parameters, in first-use order.
         self.handles += self.rec.hook(self._begin, self._pre_hook, self._end)
@@ -826,8 +822,7 @@ class _Integration:
             dist.broadcast_object_list(box, src=0)
             secret = box[0]
         job_args = (json.dumps(profile), self.policy, self.knobs, size)
-        probe = _qs.Job(*job_args, 1, self.bandwidth, self.congestion, self.connect_timeout, self.peer_timeout,
-                        self.architecture, compression=self.compression)
+        probe = _qs.Job(*job_args, 1, self.bandwidth, self.settings, self.architecture, compression=self.compression)
         if probe.allreduce:
             # All-reduce on gloo: rank 0 hosts the rendezvous store; every worker binds its
             # gloo context to the address it reaches MASTER_ADDR from.
@@ -842,8 +837,7 @@ class _Integration:
             endpoints = [box[0]]
             links = [me]
         elif servers is None:
-            job = _qs.Job(*job_args, size, self.bandwidth, self.congestion, self.connect_timeout, self.peer_timeout,
-                          compression=self.compression)
+            job = _qs.Job(*job_args, size, self.bandwidth, self.settings, compression=self.compression)
             host = _my_address(_env["master_addr"]) if size > 1 else "127.0.0.1"
             hosted = _qs.Server(job, rank, host, secret)
             me = (host, hosted.port)
@@ -853,8 +847,7 @@ class _Integration:
                 dist.all_gather_object(endpoints, me)
         else:
             endpoints = _parse_servers(servers)
-            job = _qs.Job(*job_args, len(endpoints), self.bandwidth, self.congestion, self.connect_timeout,
-                          self.peer_timeout, compression=self.compression)
+            job = _qs.Job(*job_args, len(endpoints), self.bandwidth, self.settings, compression=self.compression)
         # The registry: tensor ids in layer order, each parameter's own .grad.
         self.layer_params = [ps for _, ps in self.layers]
         self.all_params = [p for ps in self.layer_params for p in ps]
@@ -1554,8 +1547,8 @@ def DistributedOptimizer(optimizer, model=None, policy=None, named_parameters=No
     if not isinstance(check_consistency, int) or check_consistency < 0:
         raise ValueError("quicksilver.torch.DistributedOptimizer: check_consistency={!r} must be an integer >= 0 "
                          "(0: off; N: every N steps)".format(check_consistency))
-    integration = _Integration(optimizer, model, policy, knobs, servers, bandwidth, congestion,
-                               connect_timeout, peer_timeout, architecture,
+    settings = {"congestion": congestion, "connect_timeout": connect_timeout, "peer_timeout": peer_timeout}
+    integration = _Integration(optimizer, model, policy, knobs, servers, bandwidth, settings, architecture,
                                {"backward_passes_per_step": backward_passes_per_step, "op": op,
                                 "find_unused_parameters": bool(find_unused_parameters),
                                 "broadcast_buffers": bool(broadcast_buffers),

@@ -33,11 +33,33 @@
 namespace qs::cli {
 namespace {
 
-void add_commit_window_flag(CLI::App* app, std::string* window) {
-  app->add_option("--commit-window", *window,
-                  "Bytes a connection may commit past the sending buffer, as a time at --bandwidth "
-                  "(TCP_NOTSENT_LOWAT; 0 = 128 KiB fixed)")
-      ->capture_default_str();
+// One flag per runtime setting (runtime/settings.h), its default and help from the table.
+void add_settings_flags(CLI::App* app, SettingsFlags* f) {
+  const auto table = runtime::runtime_settings();
+  const runtime::RuntimeSettings defaults;
+  f->texts.assign(table.size(), "");
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const runtime::RuntimeSetting& s = table[i];
+    std::string* text = &f->texts[i];
+    if (s.kind == runtime::SettingKind::kSwitch) {  // its flag turns it off
+      app->add_flag_callback(
+          std::string(s.flag), [text] { *text = "false"; }, std::string(s.help));
+    } else {
+      app->add_option(std::string(s.flag), *text, std::string(s.help))
+          ->default_str(runtime::format_setting(defaults, s));
+    }
+  }
+}
+
+// The settings the flags give, each checked (errors name the flag).
+Result<runtime::RuntimeSettings> settings_from_flags(const SettingsFlags& f) {
+  const auto table = runtime::runtime_settings();
+  runtime::RuntimeSettings settings;
+  for (std::size_t i = 0; i < table.size() && i < f.texts.size(); ++i) {
+    if (!f.texts[i].empty())
+      QS_RETURN_IF_ERROR(runtime::set_setting(settings, table[i], f.texts[i]));
+  }
+  return settings;
 }
 
 void add_job_file_flag(CLI::App* app, std::string* file) {
@@ -98,19 +120,8 @@ void add_role_common(CLI::App* app, RoleFlags* f) {
   add_job_file_flag(app, &f->job_file);
   add_sim_flags(app, &f->sim);
   add_secret_flags(app, &f->secret_file, &f->insecure);
-  app->add_option("--congestion", f->congestion, "TCP congestion control (TCP_CONGESTION)")
-      ->capture_default_str();
-  app->add_option("--connect-timeout", f->connect_timeout, "Rendezvous deadline")
-      ->capture_default_str();
-  app->add_option(
-         "--peer-timeout", f->peer_timeout,
-         "Longest silence of a connection (idle ones carry heartbeats) before its peer is lost")
-      ->capture_default_str();
-  app->add_flag("--no-checksum", f->no_checksum,
-                "Frames without payload checksums (CRC32C; docs/reliability.md): every node of the "
-                "job or none");
+  add_settings_flags(app, &f->settings);
   app->add_option("--pacing-rate", f->pacing_rate, "SO_MAX_PACING_RATE per connection, e.g. 2Gbps");
-  add_commit_window_flag(app, &f->commit_window);
 }
 
 Result<runtime::Endpoint> parse_endpoint(const std::string& text, const char* flag) {
@@ -203,11 +214,7 @@ Result<JobMessage> role_message(const RoleFlags& f, ChildRole role) {
   m.gloo_algorithm = f.gloo_algorithm;
   m.second_link = job.cluster.second_link_slowdown;
   QS_ASSIGN_OR_RETURN(m.compression, transport::parse_wire_dtype(job.cluster.compression));
-  m.congestion = f.congestion;
-  QS_ASSIGN_OR_RETURN(m.commit_window, time_flag(f.commit_window, "--commit-window"));
-  QS_ASSIGN_OR_RETURN(m.connect_timeout, time_flag(f.connect_timeout, "--connect-timeout"));
-  QS_ASSIGN_OR_RETURN(m.peer_timeout, time_flag(f.peer_timeout, "--peer-timeout"));
-  m.payload_checksums = !f.no_checksum;
+  QS_ASSIGN_OR_RETURN(m.settings, settings_from_flags(f.settings));
   m.secret_file = f.secret_file;
   m.insecure = f.insecure;
   m.id = f.id;
@@ -480,7 +487,7 @@ int run_server_job(const JobMessage& m) {
   if (!m.coordinator.empty()) {
     auto coord = parse_endpoint(m.coordinator, "--coordinator");
     Status reg = coord ? runtime::register_server(*coord, m.id, (*server)->port(),
-                                                  m.connect_timeout, secret->get())
+                                                  m.settings.connect_timeout, secret->get())
                        : coord.status();
     if (!reg.is_ok()) return fail("quicksilver server " + std::to_string(m.id), reg);
   }
@@ -518,8 +525,9 @@ int run_worker_job(const JobMessage& m) {
   }
   if (!m.coordinator.empty()) {
     auto coord = parse_endpoint(m.coordinator, "--coordinator");
-    auto list = coord ? runtime::lookup_servers(*coord, m.id, m.connect_timeout, secret->get())
-                      : Result<std::vector<runtime::Endpoint>>(coord.status());
+    auto list =
+        coord ? runtime::lookup_servers(*coord, m.id, m.settings.connect_timeout, secret->get())
+              : Result<std::vector<runtime::Endpoint>>(coord.status());
     if (!list) return fail("quicksilver worker " + std::to_string(m.id), list.status());
     o.servers = *list;
   }
@@ -557,8 +565,7 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
       "--scale", f->scale,
       "Scale bandwidth and tensor sizes by this factor (0: automatic; --netns: calibrated with "
       "every link loaded at once)");
-  app->add_option("--congestion", f->congestion, "TCP congestion control")->capture_default_str();
-  add_commit_window_flag(app, &f->commit_window);
+  add_settings_flags(app, &f->settings);
   app->add_option(
       "--rto-min", f->rto_min,
       "--netns: every host route's minimum TCP retransmission timeout (default 5ms, as datacenters "
@@ -586,12 +593,6 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
                       "Give up on a policy's run after this long; a --script run is bounded "
                       "only when this is given")
           ->capture_default_str();
-  app->add_option("--peer-timeout", f->peer_timeout,
-                  "Every node's longest silence of a connection before its peer is lost (idle ones "
-                  "carry heartbeats)")
-      ->capture_default_str();
-  app->add_flag("--no-checksum", f->no_checksum,
-                "Frames without payload checksums (CRC32C; docs/reliability.md)");
   app->add_option(
       "--gloo-algorithm", f->gloo_algorithm,
       "--architecture allreduce: gloo's algorithm: ring, ring-chunked, halving-doubling, bcube "
@@ -636,26 +637,20 @@ Result<std::string> python_interpreter(const std::string& given) {
   return choose_python(search);
 }
 
-// --rto-min (default: 5ms with --netns, else none), --switch-buffer, --host-queue and
-// --host-gso.
-Status parse_network_flags(const RunFlags& f, TimeNs* rto_min, TimeNs* switch_buffer,
-                           TimeNs* host_queue, Bytes* gso_max) {
+// --rto-min (default: 5ms with --netns, else none), --switch-buffer, --host-queue,
+// --host-gso and --quickack.
+Status parse_network_flags(const RunFlags& f, runtime::LinkShaping* s) {
   if (f.rto_min.empty()) {
-    *rto_min = f.netns ? kDefaultRtoMin : 0;
+    s->rto_min = f.netns ? kDefaultRtoMin : 0;
   } else {
-    auto rto = parse_time(f.rto_min);
-    if (!rto) return rto.status().with_context("--rto-min");
-    *rto_min = *rto;
+    QS_ASSIGN_OR_RETURN(s->rto_min, time_flag(f.rto_min, "--rto-min"));
   }
-  auto sb = parse_time(f.switch_buffer);
-  if (!sb) return sb.status().with_context("--switch-buffer");
-  *switch_buffer = *sb;
-  auto hq = parse_time(f.host_queue);
-  if (!hq) return hq.status().with_context("--host-queue");
-  *host_queue = *hq;
+  QS_ASSIGN_OR_RETURN(s->switch_buffer, time_flag(f.switch_buffer, "--switch-buffer"));
+  QS_ASSIGN_OR_RETURN(s->host_queue, time_flag(f.host_queue, "--host-queue"));
   auto gso = parse_size(f.host_gso);
   if (!gso) return gso.status().with_context("--host-gso");
-  *gso_max = *gso;
+  s->gso_max = *gso;
+  s->quickack = f.quickack;
   return Status::ok();
 }
 
@@ -709,7 +704,10 @@ Status script_flags(const RunFlags& f, std::vector<std::pair<std::string, std::s
   if (given("--architecture")) env->emplace_back("QS_ARCHITECTURE", f.sim.architecture);
   // --netns's link rate (the nominal rate the policies plan with) and congestion control.
   if (given("--bandwidth")) env->emplace_back("QS_BANDWIDTH", f.sim.bandwidth);
-  if (given("--congestion")) env->emplace_back("QS_CONGESTION", f.congestion);
+  if (given("--congestion")) {
+    QS_ASSIGN_OR_RETURN(const runtime::RuntimeSettings settings, settings_from_flags(f.settings));
+    env->emplace_back("QS_CONGESTION", settings.congestion);
+  }
   if (given("--compression")) {
     auto wire = transport::parse_wire_dtype(f.sim.compression);
     if (!wire) return wire.status().with_context("--compression");
@@ -748,12 +746,10 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
   o.workers = f.sim.workers;
   o.python_path = package_dir(exe);
   o.netns = f.netns;
-  o.congestion = f.congestion;
-  o.quickack = f.quickack;
-  if (Status s = parse_network_flags(f, &o.rto_min, &o.switch_buffer, &o.host_queue, &o.gso_max);
-      !s.is_ok()) {
-    return fail("quicksilver", s);
-  }
+  auto settings = settings_from_flags(f.settings);
+  if (!settings) return fail("quicksilver run", settings.status());
+  o.congestion = settings->congestion;
+  if (Status s = parse_network_flags(f, &o.shaping); !s.is_ok()) return fail("quicksilver", s);
   if (f.netns) {
     auto rate = parse_rate(f.sim.bandwidth);
     if (!rate) return fail("quicksilver", rate.status().with_context("--bandwidth"));
@@ -858,26 +854,16 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
   o.executable = exe;
   o.netns = f.netns;
   o.scale = f.scale;
-  o.congestion = f.congestion;
   o.keep_going = f.keep_going;
   o.kill_worker = f.kill_worker;
   o.kill_at_iteration = f.kill_at_iteration;
   auto timeout = parse_time(f.timeout);
   if (!timeout) return fail("quicksilver", timeout.status().with_context("--timeout"));
   o.timeout = *timeout;
-  auto pt = parse_time(f.peer_timeout);
-  if (!pt) return fail("quicksilver", pt.status().with_context("--peer-timeout"));
-  if (*pt <= 0) return fail("quicksilver", invalid_argument("--peer-timeout must be > 0"));
-  o.peer_timeout = *pt;
-  o.payload_checksums = !f.no_checksum;
-  auto cw = parse_time(f.commit_window);  // refuses < 0
-  if (!cw) return fail("quicksilver", cw.status().with_context("--commit-window"));
-  o.commit_window = *cw;
-  if (Status s = parse_network_flags(f, &o.rto_min, &o.switch_buffer, &o.host_queue, &o.gso_max);
-      !s.is_ok()) {
-    return fail("quicksilver", s);
-  }
-  o.quickack = f.quickack;
+  auto settings = settings_from_flags(f.settings);
+  if (!settings) return fail("quicksilver", settings.status());
+  o.settings = *settings;
+  if (Status s = parse_network_flags(f, &o.shaping); !s.is_ok()) return fail("quicksilver", s);
   if (!f.gloo_algorithm.empty()) {
     auto a = runtime::parse_gloo_algorithm(f.gloo_algorithm);
     if (!a) return fail("quicksilver", a.status());

@@ -9,6 +9,12 @@
 
 namespace qs::cli {
 
+// The runtime's settings as flags, one per row of runtime/settings.h's table
+// (add_settings_flags; settings_from_flags reads them back).
+struct SettingsFlags {
+  std::vector<std::string> texts;  // by table row; empty: not given (the default)
+};
+
 // The flags of `server` and `worker`, which fill the same JobMessage a launcher writes
 // (quicksilver/launch/job_message.h): one mapping from there to the node's options.
 struct RoleFlags {
@@ -22,18 +28,14 @@ struct RoleFlags {
   std::string servers;                 // worker: HOST:PORT,HOST:PORT,... (server s at position s)
   std::string coordinator;      // HOST:PORT of a `quicksilver coordinator` (instead of servers)
   double compute_factor = 1.0;  // worker: compute slowdown
-  std::string congestion = "cubic";
-  std::string connect_timeout = "20s";
-  std::string peer_timeout = "20s";
+  SettingsFlags settings;  // --congestion, --commit-window, the timeouts, --no-checksum
   std::string nic_rate;                 // worker: for the utilisation figure
   std::string pacing_rate;              // SO_MAX_PACING_RATE per connection
-  std::string commit_window = "100us";  // JobOptions::commit_window
   int die_at_iteration = -1;            // worker: testing aid, exit abruptly at this iteration
   bool announce_start =
       false;  // worker: print "training starts" when training begins (the launcher's cue)
   std::string gloo_via;  // all-reduce worker: testing aid, RANK=HOST:PORT (CollectiveOptions::via)
   bool no_verify = false;    // worker: skip the exact check of every sum (benchmarks)
-  bool no_checksum = false;  // frames without payload checksums (JobOptions::payload_checksums)
   // All-reduce workers: this host's address on each link (one per link, in order), and
   // gloo's algorithm (default: from --allreduce).
   std::vector<std::string> links;
@@ -46,8 +48,7 @@ struct RunFlags {
   SimFlags sim;
   bool netns = false;
   double scale = 0;  // 0 = automatic (LaunchOptions::scale)
-  std::string congestion = "cubic";
-  std::string commit_window = "100us";
+  SettingsFlags settings;  // every child's runtime settings
   // --netns: every route's minimum retransmission timeout; empty: 5ms with --netns
   std::string rto_min;
   std::string switch_buffer = "2ms";  // --netns: each switch port's buffer
@@ -57,8 +58,6 @@ struct RunFlags {
   std::string timeout = "300s";
   // --timeout's option (add_run_flags): a --script run is bounded only when it was given.
   const CLI::Option* timeout_option = nullptr;
-  std::string peer_timeout = "20s";  // every child's --peer-timeout
-  bool no_checksum = false;          // every child's --no-checksum
   bool keep_going = false;
   int kill_worker = -1;        // testing: this worker dies abruptly...
   int kill_at_iteration = 1;   // ...at this iteration

@@ -406,6 +406,28 @@ Status check_netns_queues(TimeNs switch_buffer, TimeNs host_queue, Bytes gso_max
   return Status::ok();
 }
 
+Status check_link_shaping(const LinkShaping& s, bool netns) {
+  if (s.rto_min < 0 || s.rto_min > 60 * kNsPerSec)
+    return invalid_argument("--rto-min must be in 0..60s");
+  QS_RETURN_IF_ERROR(check_netns_queues(s.switch_buffer, s.host_queue, s.gso_max));
+  if (netns) return Status::ok();
+  if (s.rto_min > 0) {
+    return invalid_argument(
+        "--rto-min needs --netns (the routes of the machine itself are not changed)");
+  }
+  if (s.quickack) {
+    return invalid_argument(
+        "--quickack needs --netns (the routes of the machine itself are not changed)");
+  }
+  const LinkShaping defaults;
+  if (s.switch_buffer != defaults.switch_buffer || s.host_queue != defaults.host_queue ||
+      s.gso_max != defaults.gso_max) {
+    return invalid_argument(
+        "--switch-buffer, --host-queue and --host-gso need --netns (loopback has no switch)");
+  }
+  return Status::ok();
+}
+
 Result<NetnsCluster::Drops> NetnsCluster::drops(int host) const {
   if (host < 0 || host >= options_.hosts)
     return invalid_argument("no host " + std::to_string(host));

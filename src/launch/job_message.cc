@@ -182,11 +182,21 @@ void fields(Io& io, Message& m) {
   io.read("gloo_algorithm", &m.gloo_algorithm);
   io.read("second_link", &m.second_link);
   io.read("compression", &m.compression);
-  io.read("congestion", &m.congestion);
-  io.read_time("commit_window_ns", &m.commit_window);
-  io.read_time("connect_timeout_ns", &m.connect_timeout);
-  io.read_time("peer_timeout_ns", &m.peer_timeout);
-  io.read("payload_checksums", &m.payload_checksums);
+  // The runtime's settings, each under its table name (times: "<name>_ns").
+  for (const runtime::RuntimeSetting& s : runtime::runtime_settings()) {
+    const std::string name(s.name);
+    switch (s.kind) {
+      case runtime::SettingKind::kText:
+        io.read(name.c_str(), &(m.settings.*s.text));
+        break;
+      case runtime::SettingKind::kTime:
+        io.read_time((name + "_ns").c_str(), &(m.settings.*s.time));
+        break;
+      case runtime::SettingKind::kSwitch:
+        io.read(name.c_str(), &(m.settings.*s.on));
+        break;
+    }
+  }
   io.read("secret_file", &m.secret_file);
   io.read("insecure", &m.insecure);
   io.read("id", &m.id);
@@ -330,16 +340,9 @@ Result<runtime::JobOptions> job_options(const JobMessage& m) {
   o.servers = m.servers;
   o.iterations = m.iterations;
   o.bandwidth = m.bandwidth;
-  o.socket.congestion = m.congestion;
-  QS_RETURN_IF_ERROR(
-      transport::check_congestion_available(m.congestion).with_context("--congestion"));
-  o.connect_timeout = m.connect_timeout;
-  o.peer_timeout = m.peer_timeout;
-  if (o.peer_timeout <= 0) return invalid_argument("--peer-timeout must be > 0");
-  o.payload_checksums = m.payload_checksums;
+  QS_RETURN_IF_ERROR(runtime::check_settings(m.settings));
+  static_cast<runtime::RuntimeSettings&>(o) = m.settings;
   o.wire_dtype = m.compression;
-  if (m.commit_window < 0) return invalid_argument("--commit-window must be >= 0");
-  o.commit_window = m.commit_window;
   if (m.pacing_rate.bits_per_second > 0) {
     o.socket.max_pacing_rate = static_cast<std::int64_t>(m.pacing_rate.bytes_per_second());
   }

@@ -376,10 +376,7 @@ Result<JobMessage> job_message(const Job& job, const RunFiles& files, const std:
     m.gloo_algorithm = f.gloo_algorithm;
     m.allreduce = job.cluster.allreduce;
   }
-  m.congestion = f.congestion;
-  m.commit_window = f.commit_window;
-  m.peer_timeout = f.peer_timeout;
-  m.payload_checksums = f.payload_checksums;
+  m.settings = f.settings;
   m.secret_file = files.secret;
   return m;
 }
@@ -1054,26 +1051,14 @@ Status check_network_options(const Job& job, const LaunchOptions& f) {
   // Written so that NaN fails too.
   if (!(f.scale >= 0 && f.scale <= 1))
     return invalid_argument("--scale must be in (0, 1] (or 0 for automatic)");
-  if (f.commit_window < 0) return invalid_argument("--commit-window must be >= 0");
-  if (f.peer_timeout <= 0) return invalid_argument("--peer-timeout must be > 0");
-  if (f.rto_min < 0 || f.rto_min > 60 * kNsPerSec)
-    return invalid_argument("--rto-min must be in 0..60s");
-  if (f.rto_min > 0 && !f.netns) {
-    return invalid_argument(
-        "--rto-min needs --netns (the routes of the machine itself are not changed)");
-  }
-  if (f.quickack && !f.netns) {
-    return invalid_argument(
-        "--quickack needs --netns (the routes of the machine itself are not changed)");
-  }
+  QS_RETURN_IF_ERROR(runtime::check_settings(f.settings));
+  QS_RETURN_IF_ERROR(runtime::check_link_shaping(f.shaping, f.netns));
   if (!f.netns && job.cluster.schedule && !job.cluster.schedule->is_constant()) {
     return invalid_argument("--bandwidth-trace needs --netns (loopback has no shaper to change)");
   }
   if (job.cluster.latency > 0) {
     return invalid_argument("--latency: no delay emulation (this kernel has no netem); use 0");
   }
-  QS_RETURN_IF_ERROR(
-      transport::check_congestion_available(f.congestion).with_context("--congestion"));
   if (job.cluster.schedule) {
     const auto& segs = job.cluster.schedule->segments();
     for (std::size_t i = 1; i < segs.size(); ++i) {
@@ -1105,13 +1090,6 @@ Status check_network_options(const Job& job, const LaunchOptions& f) {
         "--scale " + std::to_string(f.scale) + " leaves the links " +
         format_rate(Rate{std::llround(job.cluster.bandwidth.bits_per_second * f.scale)}) +
         "; a scaled link needs at least 1Mbps");
-  }
-  QS_RETURN_IF_ERROR(runtime::check_netns_queues(f.switch_buffer, f.host_queue, f.gso_max));
-  if ((f.switch_buffer != 2 * kNsPerMs || f.host_queue != LaunchOptions{}.host_queue ||
-       f.gso_max != LaunchOptions{}.gso_max) &&
-      !f.netns) {
-    return invalid_argument(
-        "--switch-buffer, --host-queue and --host-gso need --netns (loopback has no switch)");
   }
   return Status::ok();
 }
@@ -1180,15 +1158,11 @@ Status build_network(const Job& job, const LaunchOptions& f, Logger& log, Emulat
   if (f.scale == 0)
     net->scale = std::min(1.0, kCalibrationStart / (no.hosts - (allreduce ? 1 : 0)) / nominal);
   no.rate = Rate{std::llround(nominal * net->scale)};
-  no.congestion = f.congestion;
-  no.rto_min = f.rto_min;
-  no.quickack = f.quickack;
-  no.switch_buffer = f.switch_buffer;
+  no.congestion = f.settings.congestion;
+  static_cast<runtime::LinkShaping&>(no) = f.shaping;
   // A PS job's switch ports take a burst from every worker (toward a server) or every
   // server (toward a worker) at once; an all-reduce host hears one peer at a time.
   no.fan_in = allreduce ? 0 : std::max(job.cluster.workers, job.cluster.servers);
-  no.host_queue = f.host_queue;
-  no.gso_max = f.gso_max;
   if (allreduce && job.cluster.second_link_slowdown != 0) {
     // DeFT's second link: a veth of its own per host, `second_link_slowdown` times slower.
     no.second_rate.bits_per_second = std::llround(static_cast<double>(no.rate.bits_per_second) /
@@ -1198,8 +1172,8 @@ Status build_network(const Job& job, const LaunchOptions& f, Logger& log, Emulat
   if (!c) return c.status().with_context("--netns");
   net->cluster = std::move(*c);
   if (f.progress) f.progress("calibrating the emulated cluster");
-  auto calibrated =
-      calibrate_cluster(*net->cluster, allreduce ? 1 : 0, f.congestion, nominal, f.scale == 0, log);
+  auto calibrated = calibrate_cluster(*net->cluster, allreduce ? 1 : 0, f.settings.congestion,
+                                      nominal, f.scale == 0, log);
   if (calibrated) {
     net->scale = calibrated->scale;
     net->goodput_ratio = calibrated->goodput_fraction;
@@ -1324,10 +1298,10 @@ std::string ClusterRunResult::describe() const {
          (switch_buffer > 0 && switch_buffer != 2 * kNsPerMs
               ? "; switch buffer " + format_time(switch_buffer)
               : std::string()) +
-         (host_queue > 0 && host_queue != LaunchOptions{}.host_queue
+         (host_queue > 0 && host_queue != runtime::LinkShaping{}.host_queue
               ? "; host queue " + format_time(host_queue)
               : std::string()) +
-         (host_queue > 0 && gso_max != LaunchOptions{}.gso_max
+         (host_queue > 0 && gso_max != runtime::LinkShaping{}.gso_max
               ? "; host GSO " + (gso_max > 0 ? format_size(gso_max) : std::string("the kernel's"))
               : std::string()) +
          "; bandwidth and tensor sizes scaled by " + std::to_string(scale).substr(0, 6) +
@@ -1381,11 +1355,11 @@ Result<ClusterRunResult> run_cluster(Job job, const LaunchOptions& f) {
   QS_RETURN_IF_ERROR(check_network_options(job, f));
   ClusterRunResult out;
   Logger log(f.log, &out.messages);
-  out.rto_min = f.netns ? f.rto_min : 0;
-  out.quickack = f.netns && f.quickack;
-  out.switch_buffer = f.netns ? f.switch_buffer : 0;
-  out.host_queue = f.netns ? f.host_queue : 0;
-  out.gso_max = f.netns ? f.gso_max : 0;
+  out.rto_min = f.netns ? f.shaping.rto_min : 0;
+  out.quickack = f.netns && f.shaping.quickack;
+  out.switch_buffer = f.netns ? f.shaping.switch_buffer : 0;
+  out.host_queue = f.netns ? f.shaping.host_queue : 0;
+  out.gso_max = f.netns ? f.shaping.gso_max : 0;
   // What launchers killed outright (SIGKILL) left in the temporary directory. (Their
   // namespaces go when a cluster is next built: NetnsCluster::create.)
   (void)cleanup_stale_run_dirs(false);

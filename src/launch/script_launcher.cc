@@ -66,15 +66,7 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
   if (o.workers < 1 || o.workers > runtime::kMaxWorkers) {
     return invalid_argument("--workers must be in 1.." + std::to_string(runtime::kMaxWorkers));
   }
-  if (!o.netns && (o.rto_min > 0 || o.quickack || o.switch_buffer != 2 * kNsPerMs ||
-                   o.host_queue != ScriptLaunchOptions{}.host_queue ||
-                   o.gso_max != ScriptLaunchOptions{}.gso_max)) {
-    return invalid_argument(
-        "--rto-min, --quickack, --switch-buffer, --host-queue and --host-gso need --netns");
-  }
-  QS_RETURN_IF_ERROR(runtime::check_netns_queues(o.switch_buffer, o.host_queue, o.gso_max));
-  if (o.rto_min < 0 || o.rto_min > 60 * kNsPerSec)
-    return invalid_argument("--rto-min must be in 0..60s");
+  QS_RETURN_IF_ERROR(runtime::check_link_shaping(o.shaping, o.netns));
   auto log = [&](const std::string& m) {
     if (o.log) o.log(m);
   };
@@ -89,11 +81,7 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
     no.hosts = o.workers;
     no.rate = o.bandwidth;
     no.congestion = o.congestion;
-    no.rto_min = o.rto_min;
-    no.quickack = o.quickack;
-    no.switch_buffer = o.switch_buffer;
-    no.host_queue = o.host_queue;
-    no.gso_max = o.gso_max;
+    static_cast<runtime::LinkShaping&>(no) = o.shaping;
     QS_ASSIGN_OR_RETURN(cluster, runtime::NetnsCluster::create(no));
     master_addr = cluster->address(0);
   }

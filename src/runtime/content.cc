@@ -60,6 +60,7 @@ Bytes commit_bytes(const JobOptions& job) {
 
 transport::SocketOptions socket_options(const JobOptions& job) {
   transport::SocketOptions o = job.socket;
+  o.congestion = job.congestion;
   if (job.commit_window > 0) o.notsent_lowat = commit_bytes(job);
   return o;
 }

@@ -23,6 +23,7 @@
 
 #include "quicksilver/policy/registry.h"
 #include "quicksilver/runtime/runtime.h"
+#include "quicksilver/runtime/settings.h"
 #include "quicksilver/runtime/store.h"
 #include "quicksilver/torch/session.h"
 #include "quicksilver/transport/auth.h"
@@ -50,6 +51,43 @@ T take(qs::Result<T> r) {
 }
 
 qs::TimeNs seconds(double s) { return static_cast<qs::TimeNs>(s * 1e9); }
+
+// Runtime settings from Python ({"peer_timeout": 600.0, "congestion": "cubic"}), by the
+// table's names: a time in seconds, a switch a bool, a word a str; None keeps the default.
+void set_settings(qs::runtime::RuntimeSettings& out, const py::dict& given) {
+  namespace rt = qs::runtime;
+  for (const auto& [key, value] : given) {
+    const std::string name = py::str(key);
+    const rt::RuntimeSetting& s = *take(rt::find_setting(name));
+    if (value.is_none()) continue;
+    const bool ok = s.kind == rt::SettingKind::kText ? py::isinstance<py::str>(value)
+                    : s.kind == rt::SettingKind::kSwitch
+                        ? py::isinstance<py::bool_>(value)
+                        : py::isinstance<py::float_>(value) || (py::isinstance<py::int_>(value) &&
+                                                                !py::isinstance<py::bool_>(value));
+    if (!ok) {
+      const char* want = s.kind == rt::SettingKind::kText     ? "a str"
+                         : s.kind == rt::SettingKind::kSwitch ? "True or False"
+                                                              : "a number of seconds";
+      throw py::type_error(name + "=" + std::string(py::repr(value)) + ": give " + want);
+    }
+    switch (s.kind) {
+      case rt::SettingKind::kText:
+        out.*s.text = value.cast<std::string>();
+        break;
+      case rt::SettingKind::kTime: {
+        const double v = value.cast<double>();
+        if (!(v >= 0 && v < 1e9)) throw py::value_error(name + " must be in [0, 1e9) seconds");
+        out.*s.time = seconds(v);
+        break;
+      }
+      case rt::SettingKind::kSwitch:
+        out.*s.on = value.cast<bool>();
+        break;
+    }
+    check(rt::check_setting(out, s));
+  }
+}
 
 // The job's secret from Python bytes (empty: none, no authentication).
 std::shared_ptr<const qs::transport::Secret> secret_of(const py::bytes& b) {
@@ -174,9 +212,8 @@ PYBIND11_MODULE(_quicksilver, m) {
   py::class_<Job>(m, "Job")
       .def(py::init([](const std::string& profile_json, const std::string& policy,
                        const std::map<std::string, std::string>& knobs, int workers, int servers,
-                       const std::string& bandwidth, const std::string& congestion,
-                       double connect_timeout, double peer_timeout, const std::string& architecture,
-                       const std::string& compression) {
+                       const std::string& bandwidth, const py::dict& settings,
+                       const std::string& architecture, const std::string& compression) {
              qs::pytorch::JobSpec spec;
              spec.compression = compression;
              spec.profile_json = profile_json;
@@ -186,17 +223,14 @@ PYBIND11_MODULE(_quicksilver, m) {
              spec.workers = workers;
              spec.servers = servers;
              spec.bandwidth = bandwidth;
-             spec.congestion = congestion;
-             spec.connect_timeout = seconds(connect_timeout);
-             spec.peer_timeout = seconds(peer_timeout);
+             set_settings(spec.settings, settings);
              Job job{take(qs::pytorch::make_job(spec))};
              job.allreduce =
                  take(qs::pytorch::job_architecture(spec)) == qs::Architecture::kAllReduce;
              return job;
            }),
            py::arg("profile_json"), py::arg("policy"), py::arg("knobs"), py::arg("workers"),
-           py::arg("servers"), py::arg("bandwidth") = "10Gbps", py::arg("congestion") = "cubic",
-           py::arg("connect_timeout") = 120.0, py::arg("peer_timeout") = 600.0,
+           py::arg("servers"), py::arg("bandwidth") = "10Gbps", py::arg("settings") = py::dict(),
            py::arg("architecture") = "", py::arg("compression") = "none")
       .def_property_readonly("num_layers",
                              [](const Job& j) { return j.options.profile.num_layers(); })

@@ -146,10 +146,9 @@ Result<runtime::JobOptions> make_job(const JobSpec& spec) {
   job.servers = spec.servers;
   job.iterations = kOpenEndedIterations;
   QS_ASSIGN_OR_RETURN(job.bandwidth, parse_rate(spec.bandwidth));
-  job.socket.congestion = spec.congestion;
   QS_ASSIGN_OR_RETURN(job.wire_dtype, transport::parse_wire_dtype(spec.compression));
-  job.connect_timeout = spec.connect_timeout;
-  job.peer_timeout = spec.peer_timeout;
+  QS_RETURN_IF_ERROR(runtime::check_settings(spec.settings));
+  static_cast<runtime::RuntimeSettings&>(job) = spec.settings;
   QS_RETURN_IF_ERROR(allreduce ? runtime::validate_collective_job(job)
                                : runtime::validate_job(job));
   return job;

@@ -274,6 +274,13 @@ def test_bad_policy_and_knob_raise():
         qs.DistributedOptimizer(opt, model, policy="wfbp", architecture="ring")
     with pytest.raises(ValueError, match="unknown knob"):
         qs.DistributedOptimizer(opt, model, policy="mercury", packet_sise="4KiB")
+    # The runtime's settings, checked by the one table the command line uses too.
+    with pytest.raises(TypeError, match="peer_timeout='10s': give a number of seconds"):
+        qs.DistributedOptimizer(opt, model, policy="mercury", peer_timeout="10s")
+    with pytest.raises(ValueError, match="--connect-timeout must be > 0"):
+        qs.DistributedOptimizer(opt, model, policy="mercury", connect_timeout=0)
+    with pytest.raises(ValueError, match="congestion control 'no-such-cc' is not available"):
+        qs.DistributedOptimizer(opt, model, policy="mercury", congestion="no-such-cc")
 
 
 def test_single_process_matches_plain_training():

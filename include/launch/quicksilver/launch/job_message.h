@@ -20,6 +20,7 @@
 #include "quicksilver/engine/job.h"
 #include "quicksilver/policy/options.h"
 #include "quicksilver/runtime/runtime.h"
+#include "quicksilver/runtime/settings.h"
 #include "quicksilver/transport/wire.h"
 
 namespace qs {
@@ -59,11 +60,9 @@ struct JobMessage {
   std::string gloo_algorithm;  // --gloo-algorithm (all-reduce workers)
   double second_link = 0;      // --second-link: DeFT's second link's slowdown (0: none)
   transport::WireDType compression = transport::WireDType::kFloat32;  // --compression
-  std::string congestion = "cubic";                                   // --congestion
-  TimeNs commit_window = 100 * kNsPerUs;                              // --commit-window
-  TimeNs connect_timeout = 20 * kNsPerSec;                            // --connect-timeout
-  TimeNs peer_timeout = 20 * kNsPerSec;                               // --peer-timeout
-  bool payload_checksums = true;                                      // not --no-checksum
+  // --congestion, --commit-window, --connect-timeout, --peer-timeout, --no-checksum
+  // (runtime/settings.h: each under its table name).
+  runtime::RuntimeSettings settings;
   // --secret-file (empty: the CLI reads $QUICKSILVER_SECRET_FILE), or --insecure.
   std::string secret_file;
   bool insecure = false;

@@ -53,28 +53,16 @@ struct LaunchOptions {
   // once, carries its goodput with the machine 60 % idle (a start-up calibration);
   // loopback, hosts at most 4 Gbit/s / (N + M).
   double scale = 0;
-  std::string congestion = "cubic";  // TCP congestion control of every data socket
-  // netns only: every host route's minimum retransmission timeout (NetnsOptions::rto_min;
-  // 0: the kernel's 200 ms). Whole milliseconds.
-  TimeNs rto_min = 0;
-  // netns only: every host route acknowledges at once (NetnsOptions::quickack).
-  bool quickack = false;
-  // netns only: each switch port's buffer (NetnsOptions::switch_buffer), 100us..1s.
-  TimeNs switch_buffer = 2 * kNsPerMs;
-  // netns only: each host's own queue (NetnsOptions::host_queue), 100us..1s, and the
-  // largest packet its TCP hands the link (NetnsOptions::gso_max; 0: the kernel's).
-  TimeNs host_queue = 20 * kNsPerMs;
-  Bytes gso_max = 48 * 1024;
+  // netns only: how the emulated links queue, retransmit and acknowledge (rto_min whole
+  // milliseconds); without netns, only the defaults (runtime::check_link_shaping).
+  runtime::LinkShaping shaping;
   // --architecture allreduce: gloo's algorithm for every worker (empty: from the job's
   // --allreduce, ring or rhd).
   std::string gloo_algorithm;
-  // runtime::JobOptions::commit_window of every node. Must be >= 0.
-  TimeNs commit_window = 100 * kNsPerUs;
   TimeNs timeout = 300 * kNsPerSec;  // per policy, from the first child's start
-  // Every node's runtime::JobOptions::peer_timeout (longest silence of a connection); > 0.
-  TimeNs peer_timeout = 20 * kNsPerSec;
-  // Every node's runtime::JobOptions::payload_checksums.
-  bool payload_checksums = true;
+  // Every node's runtime settings (congestion control, commit window, timeouts,
+  // checksums; runtime/settings.h). run_cluster checks them (check_settings).
+  runtime::RuntimeSettings settings;
   // Continue with the next policy when one fails (else stop at the first failure).
   bool keep_going = false;
   // Several jobs at once on one emulated cluster (Mercury Fig. 20; needs netns, PS): each

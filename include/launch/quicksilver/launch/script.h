@@ -20,6 +20,7 @@
 
 #include "quicksilver/core/status.h"
 #include "quicksilver/core/units.h"
+#include "quicksilver/runtime/netns.h"
 
 namespace qs {
 
@@ -44,13 +45,9 @@ struct ScriptLaunchOptions {
   bool netns = false;
   Rate bandwidth = Rate::gbps(1);
   std::string congestion = "cubic";  // allowed inside the namespaces (NetnsOptions)
-  // netns: NetnsOptions::rto_min, quickack, switch_buffer, host_queue and gso_max (the
-  // CLI gives rto_min kDefaultRtoMin unless told otherwise).
-  TimeNs rto_min = 0;
-  bool quickack = false;
-  TimeNs switch_buffer = 2 * kNsPerMs;
-  TimeNs host_queue = 20 * kNsPerMs;
-  Bytes gso_max = 48 * 1024;
+  // netns: how the links queue, retransmit and acknowledge (the CLI gives rto_min
+  // kDefaultRtoMin unless told otherwise); without netns, only the defaults.
+  runtime::LinkShaping shaping;
   TimeNs timeout = 0;             // 0: none
   TimeNs grace = 15 * kNsPerSec;  // after the first failure (see above)
   // SIGINT/SIGTERM/SIGHUP stop the run (above); the previous handlers come back at the end.

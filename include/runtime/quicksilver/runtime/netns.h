@@ -30,15 +30,9 @@ struct StaleCleanup {
   std::vector<std::string> live;     // left alone: clusters whose launcher still runs
 };
 
-struct NetnsOptions {
-  int hosts = 2;
-  Rate rate = Rate::gbps(1);  // each host's NIC, each direction
-  // Congestion control the processes will set with TCP_CONGESTION. Outside the root
-  // namespace only algorithms on net.ipv4.tcp_allowed_congestion_control may be chosen
-  // (MACHINE-NOTES.md): it is added to that list while any cluster lives; the original
-  // list is kept in /run/quicksilver-allowed-cc and put back by the last cluster to go, or
-  // by the next run's cleanup_stale() after a crash.
-  std::string congestion = "cubic";
+// How the emulated links queue, retransmit and acknowledge: what a launch (run_cluster,
+// run_script) takes from its flags and gives every host. Part of NetnsOptions.
+struct LinkShaping {
   // The minimum retransmission timeout of every host's route (the route metric rto_min,
   // as datacenters configure it; Linux's own floor is 200 ms). 0: the kernel's default.
   // A lost tail segment of a burst (incast at a shaper's queue) waits at least this long,
@@ -53,15 +47,6 @@ struct NetnsOptions {
   // downlink shaper's queue), as time at the nominal rate. Where several senders answer
   // one host at once (incast), this is what overflows.
   TimeNs switch_buffer = 2 * kNsPerMs;
-  // The most hosts that send to one host at once (a PS job: max(workers, servers); an
-  // all-reduce job 0: each host hears one peer at a time). Each switch port holds, beyond
-  // switch_buffer and its own burst, one shaper burst (68 KiB, a whole GSO packet) from
-  // each of them. Bursts are byte counts that do not shrink with the emulation's
-  // scaled rate, while the buffer does: 2 ms of a 10 Gbit/s port hold 2.5 MB, 36 such
-  // bursts, but 2 ms of the scaled 500 Mbit/s hold 125 KB, under two; without the floor,
-  // four workers' bursts to one server overflowed it where a real port would not
-  // (docs/runtime.md, "Incast and the scaled buffer"). 0: switch_buffer alone.
-  int fan_in = 0;
   // Each host's own queue (its uplink shaper's), as time at the nominal rate: the NIC's
   // queue, which on a real host TCP never overflows (TCP small queues hold each socket to
   // a few packets in it, and the qdisc holds 1000). A packet the sender's own queue drops
@@ -75,6 +60,33 @@ struct NetnsOptions {
   // the host's queue, so at the emulation's scaled-down rates a 64 KiB packet is a long
   // wait for the packets behind it; smaller ones cost CPU per byte.
   Bytes gso_max = 48 * 1024;
+
+  friend bool operator==(const LinkShaping&, const LinkShaping&) = default;
+};
+
+// Checks a launch's shaping, naming the flag: rto_min in 0..60s, the queues as
+// check_netns_queues; without network namespaces (`netns` false) nothing but the defaults
+// ("--rto-min needs --netns", ...).
+Status check_link_shaping(const LinkShaping& shaping, bool netns);
+
+struct NetnsOptions : LinkShaping {
+  int hosts = 2;
+  Rate rate = Rate::gbps(1);  // each host's NIC, each direction
+  // Congestion control the processes will set with TCP_CONGESTION. Outside the root
+  // namespace only algorithms on net.ipv4.tcp_allowed_congestion_control may be chosen
+  // (MACHINE-NOTES.md): it is added to that list while any cluster lives; the original
+  // list is kept in /run/quicksilver-allowed-cc and put back by the last cluster to go, or
+  // by the next run's cleanup_stale() after a crash.
+  std::string congestion = "cubic";
+  // The most hosts that send to one host at once (a PS job: max(workers, servers); an
+  // all-reduce job 0: each host hears one peer at a time). Each switch port holds, beyond
+  // switch_buffer and its own burst, one shaper burst (68 KiB, a whole GSO packet) from
+  // each of them. Bursts are byte counts that do not shrink with the emulation's
+  // scaled rate, while the buffer does: 2 ms of a 10 Gbit/s port hold 2.5 MB, 36 such
+  // bursts, but 2 ms of the scaled 500 Mbit/s hold 125 KB, under two; without the floor,
+  // four workers' bursts to one server overflowed it where a real port would not
+  // (docs/runtime.md, "Incast and the scaled buffer"). 0: switch_buffer alone.
+  int fan_in = 0;
   // DeFT's second link (its III-C): a second veth per host on a bridge and subnet of its
   // own (10.214.0.0/16), shaped at this rate both ways. 0: none.
   Rate second_rate{0};

@@ -41,6 +41,7 @@
 #include "quicksilver/model/profile.h"
 #include "quicksilver/policy/allreduce_policy.h"
 #include "quicksilver/policy/options.h"
+#include "quicksilver/runtime/settings.h"
 #include "quicksilver/runtime/tensors.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/socket.h"
@@ -61,8 +62,10 @@ inline constexpr int kMaxServers = 1024;
 // "--workers must be in 1..64" / "--servers must be in 1..1024", or OK.
 Status check_job_size(int workers, int servers);
 
-// What every node of a job must agree on (hashed into the hello).
-struct JobOptions {
+// The job as every node of it runs it, and what they must agree on (hashed into the
+// hello): its shape, its policy, and the runtime's settings (settings.h: congestion
+// control, commit window, timeouts, checksums).
+struct JobOptions : RuntimeSettings {
   Profile profile;
   std::string policy = "mercury";
   PolicyOptions policy_options;
@@ -72,27 +75,11 @@ struct JobOptions {
   // The nominal NIC rate, given to policies that plan with it (prophet) until their
   // bandwidth monitor has a measurement.
   Rate bandwidth = Rate::gbps(10);
-  transport::SocketOptions socket;  // congestion control, buffers
+  // Buffers, pacing; its congestion control is RuntimeSettings::congestion (socket_options).
+  transport::SocketOptions socket;
   // Gradient elements on the wire (transport/wire.h): float32, or bf16/fp16 with float32
   // sums (the servers'; the all-reduce's partial sums, rounded at each hop).
   transport::WireDType wire_dtype = transport::WireDType::kFloat32;
-  // How long an urgent unit may wait, at `bandwidth`, behind bytes a connection already
-  // committed past the sending buffer, where preemption cannot reach them: each socket's
-  // TCP_NOTSENT_LOWAT is the bytes the NIC sends in this time (at least 8 KiB), and the
-  // Sender commits at most twice that to one connection per write. A time, not a byte
-  // count, so that a scaled-down emulated cluster keeps the real one's behaviour
-  // (128 KiB at 10 Gbit/s is 6.5 KiB at 500 Mbit/s). 0: socket.notsent_lowat and a
-  // 256 KiB batch, as given.
-  TimeNs commit_window = 100 * kNsPerUs;
-  TimeNs connect_timeout = 10 * kNsPerSec;  // rendezvous deadline
-  // Longest silence of a connection (no byte, heartbeats included) before its peer is
-  // taken as lost. Twice this without a push reaching a server whose sums wait (three
-  // times without a pull or ack reaching a worker that waits) fails the job too, naming who
-  // is waited for: a peer alive but stuck.
-  TimeNs peer_timeout = 10 * kNsPerSec;
-  // Every frame's payload carries its CRC32C and every received one is checked
-  // (transport::Connection::set_payload_checksums). Must be the same on every node.
-  bool payload_checksums = true;
 };
 
 // Checks a job before any node starts: sizes (check_job_size), the profile (float32

@@ -234,7 +234,7 @@ class DistributedTrainer {
     js.policy = options_.policy;
     js.knobs = options_.knobs;
     js.workers = js.servers = options_.size;
-    js.connect_timeout = options_.timeout;
+    js.settings.connect_timeout = options_.timeout;
     auto job = make_job(js);
     if (!job.is_ok()) check(job.status());
     auto architecture = job_architecture(js);

@@ -75,16 +75,16 @@ struct JobSpec {
   int workers = 1;
   int servers = 1;
   std::string bandwidth = "10Gbps";  // the nominal NIC rate (JobOptions::bandwidth)
-  std::string congestion = "cubic";  // TCP congestion control of the data sockets
   // Gradient elements on the wire: "none" (float32), "bf16" or "fp16" (sums in float32;
   // runtime::JobOptions::wire_dtype).
   std::string compression = "none";
-  // Long enough for every process to reach its first optimizer step; a dead peer is seen
-  // at once (its sockets close) whatever these are.
-  TimeNs connect_timeout = 120 * kNsPerSec;
-  // A stalled (not dead) peer is given up after this silence. The user's loop may pause
-  // between iterations (evaluation, checkpoints), so it is long.
-  TimeNs peer_timeout = 600 * kNsPerSec;
+  // The runtime's settings (runtime/settings.h), the command line's but for two: the
+  // rendezvous waits long enough for every process to reach its first optimizer step, and
+  // a stalled (not dead) peer is given up only after a long silence, since the user's loop
+  // may pause between iterations (evaluation, checkpoints). A dead peer is seen at once
+  // (its sockets close) whatever these are.
+  runtime::RuntimeSettings settings{.connect_timeout = 120 * kNsPerSec,
+                                    .peer_timeout = 600 * kNsPerSec};
 };
 // The bound a PyTorch run gives job.iterations (the user's loop ends it: finish()).
 inline constexpr int kOpenEndedIterations = 1 << 30;
