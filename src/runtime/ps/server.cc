@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "../runtime_internal.h"
+#include "aggregator.h"
 #include "quicksilver/core/check.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/connection.h"
@@ -23,36 +24,22 @@ using transport::HeaderField;
 using transport::PayloadTarget;
 
 struct Server::Impl final : transport::FrameHandler {
-  // One unit being aggregated: all N workers push the same (tensor, offset, length).
-  struct Unit {
-    int slot = 0;
-    TensorId tensor = 0;
-    std::uint64_t offset = 0;
-    std::uint32_t length = 0;
-    std::uint16_t priority = 0;
-    std::uint32_t iteration = 0;
-    std::uint64_t mask = 0;  // workers whose push fully arrived
-    std::uint64_t open = 0;  // workers whose push is arriving now
-    int count = 0;
-    int pulls_left = 0;
-    float* sum = nullptr;       // into accum_[slot]
-    std::byte* wire = nullptr;  // compression: the sum in the wire's dtype (into wire_accum[slot])
-  };
   struct Peer {  // per worker connection state
     std::unique_ptr<Connection> conn;
     std::int64_t last_iteration = -1;  // highest iteration pushed so far
     bool bye = false;
     std::int64_t bye_iteration = -1;  // the last iteration it trained, from its bye
-    Unit* current = nullptr;          // the unit the frame being read adds to
-    unsigned char carry[4] = {};      // a wire element split between two reads
-    int carry_n = 0;
+    Aggregator::Stream push;          // the push being read
     // Its connection's liveness, watched from its first frame after the hello (the worker
     // heartbeats once its rendezvous with every server is done).
     Liveness liveness;
     bool watched = false;
   };
 
-  explicit Impl(ServerOptions o) : opts(std::move(o)), jl(opts.job) {}
+  explicit Impl(ServerOptions o)
+      : opts(std::move(o)),
+        jl(opts.job),
+        aggregator(jl, opts.server_id, opts.job.workers, opts.job.wire_dtype, name()) {}
 
   Status init() {
     QS_RETURN_IF_ERROR(validate_job(opts.job));
@@ -78,21 +65,6 @@ struct Server::Impl final : transport::FrameHandler {
     QS_ASSIGN_OR_RETURN(acceptor, transport::make_tcp_acceptor(*loop, opts.listen.host,
                                                                opts.listen.port, std::move(as)));
     port = acceptor->port();
-    // Owned byte ranges (Placement), packed into one float buffer per iteration parity:
-    // the float index of each of this server's slices, keyed by the slice.
-    std::size_t floats = 0;
-    for (const TensorInfo& t : jl.layout.tensors()) {
-      for (const Slice& s : jl.placement.slices(t.id)) {
-        if (s.server != opts.server_id) continue;
-        slice_base.emplace(&s, floats);
-        floats += static_cast<std::size_t>(s.chunk.length / 4);
-      }
-    }
-    for (auto& a : accum) a.assign(floats, 0.0f);
-    if (wire_size < 4) {
-      for (auto& a : wire_accum)
-        a.assign(floats * static_cast<std::size_t>(wire_size), std::byte{0});
-    }
     peers.resize(static_cast<std::size_t>(opts.job.workers));
     sender = std::make_unique<transport::Sender>(send_order(discipline),
                                                  jl.layout.num_tensors() + 1, *loop);
@@ -127,7 +99,7 @@ struct Server::Impl final : transport::FrameHandler {
     });
     schedule_watchdog();
     Status s = loop->run([this] { return finished(); });
-    note_repairs(std::max<std::int64_t>(slot_iteration[0], slot_iteration[1]));
+    note_repairs(aggregator.latest_iteration());
     // Closing every connection makes the remaining peers fail fast instead of waiting.
     for (Peer& p : peers) {
       if (p.conn && !p.conn->closed()) p.conn->close(s.is_ok() ? Status::ok() : s, !s.is_ok());
@@ -159,7 +131,7 @@ struct Server::Impl final : transport::FrameHandler {
     for (const Peer& p : peers) {
       if (!p.bye || !p.conn) return false;
     }
-    return sender->idle() && live[0] == 0 && live[1] == 0;
+    return sender->idle() && aggregator.live() == 0;
   }
 
   // Every tick: a heartbeat to each worker this server wrote nothing to; a worker whose
@@ -186,10 +158,10 @@ struct Server::Impl final : transport::FrameHandler {
       }
       bool all_connected = true;
       for (const Peer& p : peers) all_connected = all_connected && p.conn;
-      if (all_connected && live[0] + live[1] > 0 && now - last_push > 2 * opts.job.peer_timeout) {
+      if (all_connected && aggregator.live() > 0 && now - last_push > 2 * opts.job.peer_timeout) {
         loop->fail(unavailable(
             name() + ": no push from any worker for " + format_time(now - last_push) + " while " +
-            std::to_string(live[0] + live[1]) + " sums wait for workers {" + waited_for() +
+            std::to_string(aggregator.live()) + " sums wait for workers {" + waited_for() +
             "}, whose connections are alive (heartbeats): stuck outside the transport?"));
         return;
       }
@@ -215,10 +187,7 @@ struct Server::Impl final : transport::FrameHandler {
 
   // The workers some incomplete unit still lacks, "1, 2".
   std::string waited_for() const {
-    std::uint64_t missing = 0;
-    for (const auto& map : units) {
-      for (const auto& [key, u] : map) missing |= ~u.mask;
-    }
+    const std::uint64_t missing = aggregator.missing();
     std::string list;
     for (std::size_t w = 0; w < peers.size(); ++w) {
       if (missing & (std::uint64_t{1} << w)) list += (list.empty() ? "" : ", ") + std::to_string(w);
@@ -286,84 +255,11 @@ struct Server::Impl final : transport::FrameHandler {
                                        ended_apart(w, h.iteration, static_cast<int>(b)));
       }
     }
-    // The bytes must be this server's (Placement).
-    const Slice* own =
-        jl.placement.owning_slice(Chunk{static_cast<TensorId>(h.tensor),
-                                        static_cast<Bytes>(h.offset), static_cast<Bytes>(h.length)},
-                                  opts.server_id);
-    if (own == nullptr) {
-      return transport::header_error(HeaderField::kOffset,
-                                     "bytes [" + std::to_string(h.offset) + ", " +
-                                         std::to_string(h.offset + h.length) + ") of tensor " +
-                                         std::to_string(h.tensor) + " are not owned by " + name());
-    }
-    const int slot = static_cast<int>(h.iteration & 1);
-    if (slot_iteration[slot] != static_cast<std::int64_t>(h.iteration)) {
-      if (live[slot] != 0) {
-        return transport::header_error(
-            HeaderField::kIteration, "iteration " + std::to_string(h.iteration) + " from worker " +
-                                         std::to_string(w) + " while iteration " +
-                                         std::to_string(slot_iteration[slot]) + " is unfinished");
-      }
-      slot_iteration[slot] = h.iteration;
-      note_repairs(static_cast<std::int64_t>(h.iteration) - 1);
-    }
-    auto& map = units[slot];
-    const auto key = std::make_pair(static_cast<TensorId>(h.tensor), h.offset);
-    auto it = map.find(key);
-    if (it == map.end()) {
-      // A new unit must not overlap its neighbours (else bytes would be summed twice).
-      auto next = map.lower_bound(key);
-      if (next != map.end() && next->first.first == key.first &&
-          next->first.second < h.offset + h.length) {
-        return transport::header_error(
-            HeaderField::kLength,
-            "unit overlaps the unit at offset " + std::to_string(next->first.second));
-      }
-      if (next != map.begin()) {
-        auto prev = std::prev(next);
-        if (prev->first.first == key.first && prev->first.second + prev->second.length > h.offset) {
-          return transport::header_error(
-              HeaderField::kOffset,
-              "unit overlaps the unit at offset " + std::to_string(prev->first.second));
-        }
-      }
-      Unit u;
-      u.slot = slot;
-      u.tensor = key.first;
-      u.offset = h.offset;
-      u.length = h.length;
-      u.priority = h.priority;
-      u.iteration = h.iteration;
-      const std::size_t at =
-          slice_base.at(own) + (static_cast<Bytes>(h.offset) - own->chunk.offset) / 4;
-      u.sum = accum[slot].data() + at;
-      if (wire_size < 4)
-        u.wire = wire_accum[slot].data() + at * static_cast<std::size_t>(wire_size);
-      std::fill(u.sum, u.sum + h.length / 4, 0.0f);
-      it = map.emplace(key, u).first;
-      ++live[slot];
-    }
-    Unit& u = it->second;
-    const std::uint64_t bit = std::uint64_t{1} << w;
-    if (u.length != h.length) {
-      return transport::header_error(
-          HeaderField::kLength,
-          "worker " + std::to_string(w) + " cut tensor " + std::to_string(h.tensor) + " offset " +
-              std::to_string(h.offset) + " as " + std::to_string(h.length) + " bytes, others as " +
-              std::to_string(u.length) + " (workers must cut the same units)");
-    }
-    if ((u.mask | u.open) & bit) {
-      return transport::header_error(HeaderField::kOffset,
-                                     "worker " + std::to_string(w) + " pushed tensor " +
-                                         std::to_string(h.tensor) + " offset " +
-                                         std::to_string(h.offset) + " twice in iteration " +
-                                         std::to_string(h.iteration));
-    }
-    u.open |= bit;
+    bool new_iteration = false;
+    QS_ASSIGN_OR_RETURN(Aggregator::Unit * u, aggregator.begin_push(w, h, &new_iteration));
+    if (new_iteration) note_repairs(static_cast<std::int64_t>(h.iteration) - 1);
     last_push = loop->now();
-    p.current = &u;
-    p.carry_n = 0;
+    p.push = Aggregator::Stream{u};
     p.last_iteration = std::max<std::int64_t>(p.last_iteration, h.iteration);
     return PayloadTarget::stream();
   }
@@ -371,29 +267,7 @@ struct Server::Impl final : transport::FrameHandler {
   Status on_payload(Connection& c, const Header&, std::uint64_t at, const std::byte* data,
                     std::size_t n) override {
     last_push = loop->now();  // a long payload still streaming in is progress too
-    Peer& p = peers[static_cast<std::size_t>(c.index())];
-    Unit& u = *p.current;
-    // `at` counts wire bytes into the unit; each whole element is added as it arrives
-    // (Mercury's per-packet aggregation), converted to float32 first when compressed.
-    const auto ws = static_cast<std::size_t>(wire_size);
-    std::uint64_t pos = at;
-    if (p.carry_n > 0) {
-      const std::size_t take = std::min<std::size_t>(ws - static_cast<std::size_t>(p.carry_n), n);
-      std::memcpy(p.carry + p.carry_n, data, take);
-      p.carry_n += static_cast<int>(take);
-      data += take;
-      n -= take;
-      pos += take;
-      if (static_cast<std::size_t>(p.carry_n) < ws) return Status::ok();
-      add_wire(u.sum + (pos - ws) / ws, reinterpret_cast<const std::byte*>(p.carry), 1, wire_dtype);
-      p.carry_n = 0;
-    }
-    const std::size_t whole = n / ws;
-    add_wire(u.sum + pos / ws, data, whole, wire_dtype);
-    if (n % ws != 0) {
-      p.carry_n = static_cast<int>(n % ws);
-      std::memcpy(p.carry, data + whole * ws, n % ws);
-    }
+    aggregator.add(peers[static_cast<std::size_t>(c.index())].push, at, data, n);
     return Status::ok();
   }
 
@@ -403,29 +277,21 @@ struct Server::Impl final : transport::FrameHandler {
     Peer& p = peers[static_cast<std::size_t>(w)];
     switch (h.kind) {
       case FrameKind::kPush: {
-        Unit& u = *p.current;
-        p.current = nullptr;
-        const std::uint64_t bit = std::uint64_t{1} << w;
-        u.open &= ~bit;
-        u.mask |= bit;
-        ++u.count;
+        Aggregator::Unit& u = *p.push.unit;
+        p.push.unit = nullptr;
+        const bool ready = aggregator.end_push(u, w);
         Header ack = h;
         ack.kind = FrameKind::kAck;
         ack.sender = static_cast<std::uint16_t>(opts.server_id);
         c.send_control(ack);
         QS_RETURN_IF_ERROR(c.flush());
         QS_RETURN_IF_ERROR(sender->on_writable(c.index()));  // the flush may finish a pull
-        if (u.count == opts.job.workers) {
+        if (ready) {
           // Ready (Mercury IV-C "Ready Queue"): one pull per worker, in the server discipline.
-          u.pulls_left = opts.job.workers;
           Header pull = h;  // in wire bytes, as the push came
           pull.kind = FrameKind::kPull;
           pull.sender = static_cast<std::uint16_t>(opts.server_id);
-          const std::byte* payload = reinterpret_cast<const std::byte*>(u.sum);
-          if (u.wire != nullptr) {  // compression: the float32 sum rounded once, for every worker
-            encode_floats(u.sum, u.length / 4, wire_dtype, u.wire);
-            payload = u.wire;
-          }
+          const std::byte* payload = aggregator.pull_payload(u);
           for (int v = 0; v < opts.job.workers; ++v) {
             sender->enqueue(v, pull, payload, reinterpret_cast<std::uint64_t>(&u));
           }
@@ -519,10 +385,7 @@ struct Server::Impl final : transport::FrameHandler {
   }
 
   void on_pull_sent(std::uint64_t tag) {
-    Unit& u = *reinterpret_cast<Unit*>(tag);
-    if (--u.pulls_left > 0) return;
-    --live[u.slot];
-    units[u.slot].erase(std::make_pair(u.tensor, u.offset));
+    aggregator.pull_sent(*reinterpret_cast<Aggregator::Unit*>(tag));
   }
 
   ServerOptions opts;
@@ -533,21 +396,12 @@ struct Server::Impl final : transport::FrameHandler {
   int port = 0;
   std::unique_ptr<transport::Sender> sender;
   transport::DataRules rules;
-  std::unordered_map<const Slice*, std::size_t>
-      slice_base;               // this server's slices: first float in accum
-  std::vector<float> accum[2];  // by iteration parity
-  // Compression (JobOptions::wire_dtype): the pulls' bytes, beside accum; wire bytes per
-  // element, and float32 bytes per wire byte.
-  std::vector<std::byte> wire_accum[2];
-  transport::WireDType wire_dtype = opts.job.wire_dtype;
-  int wire_size = transport::wire_dtype_size(wire_dtype);
-  int wire_scale = 4 / wire_size;
-  std::map<std::pair<TensorId, std::uint64_t>, Unit> units[2];  // live units by parity
-  std::int64_t slot_iteration[2] = {-1, -1};
+  Aggregator aggregator;  // the sums (Mercury IV-C "Aggregator")
+  // Compression (JobOptions::wire_dtype): float32 bytes per wire byte.
+  int wire_scale = 4 / transport::wire_dtype_size(opts.job.wire_dtype);
   Server::Repairs repairs;                 // per iteration (note_repairs)
   transport::RepairTally repairs_counter;  // what the transport repaired since the last note
-  std::int64_t live[2] = {0, 0};
-  std::vector<Peer> peers;  // by worker id
+  std::vector<Peer> peers;                 // by worker id
   struct AtomicCounters {
     std::atomic<std::int64_t> accepted{0}, refused{0};
     std::atomic<int> pending{0}, held{0};
