@@ -1,21 +1,21 @@
 // The Mercury worker (Mercury IV-C "Mercury Worker"): the one training loop
 // (engine/training_loop.h) over three runtime seams: the node's event loop as its Timer,
-// the GPU emulated from the profile as its Compute, and the TCP parameter-server transport
-// as its Exchange (the sending buffer and its one sender across all server connections,
-// acknowledgements, and the tensor constructor that writes pulled sums into the caller's
-// buffers). One event-loop thread.
+// the GPU emulated from the profile as its Compute, and the parameter-server transport as
+// its Exchange (worker_exchange.h: the sending buffer and its one sender across all server
+// connections, acknowledgements, and the tensor constructor that writes pulled sums into
+// the caller's buffers). This file: the connections, the rendezvous, the watchdog and the
+// report. One event-loop thread.
 #include <algorithm>
-#include <map>
-#include <set>
 
 #include "../runtime_internal.h"
 #include "quicksilver/core/check.h"
-#include "quicksilver/core/reservoir.h"
 #include "quicksilver/engine/training_loop.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
 #include "quicksilver/transport/tcp_connection.h"
+#include "worker_exchange.h"
+#include "worker_parts.h"
 
 namespace qs::runtime {
 
@@ -25,26 +25,13 @@ using transport::Header;
 using transport::HeaderField;
 using transport::PayloadTarget;
 
-// The worker's Exchange is the TCP transport: Impl implements it, and the frame handler
-// that feeds its acknowledgements and pulls back to the loop.
-struct Worker::Impl final : transport::FrameHandler, PsExchange {
-  struct Outstanding {
-    PushUnit unit;
-    bool acked = false;
-    bool pulled = false;
-    TimeNs in_kernel = -1;  // when its last byte was handed to the kernel
-  };
-  using Key = std::pair<TensorId, std::uint64_t>;
-  // A unit's key as the Sender's tag (0: too large to pack; not measured).
-  static std::uint64_t tag_of(TensorId t, std::uint64_t offset) {
-    if (t < 0 || t >= (1 << 23) || offset >= (std::uint64_t{1} << 40)) return 0;
-    return (static_cast<std::uint64_t>(t) + 1) << 40 | offset;
-  }
-  static Key key_of(std::uint64_t tag) {
-    return Key{static_cast<TensorId>((tag >> 40) - 1), tag & ((std::uint64_t{1} << 40) - 1)};
-  }
-
-  explicit Impl(WorkerOptions o) : opts(std::move(o)), jl(opts.job) {}
+// The worker: its connections and their frames, the rendezvous, the watchdog and the
+// report; its Exchange (worker_exchange.h) moves the units.
+struct Worker::Impl final : transport::FrameHandler {
+  explicit Impl(WorkerOptions o)
+      : opts(std::move(o)),
+        jl(opts.job),
+        record(opts.worker_id, opts.record_trace, static_cast<int>(opts.servers.size())) {}
 
   Status init() {
     const JobOptions& job = opts.job;
@@ -60,22 +47,6 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
     QS_ASSIGN_OR_RETURN(policy, make_ps_policy(job.policy, job.policy_options,
                                                jl.context(job, opts.compute_factor)));
     QS_ASSIGN_OR_RETURN(loop, transport::EventLoop::create());
-    const int priorities = jl.layout.num_tensors() + 1;
-    sender =
-        std::make_unique<transport::Sender>(send_order(policy->discipline()), priorities, *loop);
-    sender->set_batch_bytes(sender_batch_bytes(job));
-    // Queueing delays after the warm-up (the last iteration counts when there is nothing
-    // else), in reservoirs: a fixed memory whatever the run's length.
-    sender->set_sample_callback([this](const transport::QueueSample& q) {
-      if (iteration < opts.warmup && iteration + 1 < opts.job.iterations) return;
-      delays.add(q.delay);
-      if (q.priority < urgent_end) urgent_delays.add(q.delay);
-    });
-    sender->set_sent_callback([this](int, std::uint64_t tag) {
-      if (tag == 0) return;
-      auto it = outstanding.find(key_of(tag));
-      if (it != outstanding.end()) it->second.in_kernel = loop->now();
-    });
     // The tensors: the caller's, or synthetic ones with known content.
     source = opts.tensors;
     if (source == nullptr) {
@@ -83,27 +54,17 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
                                              job.wire_dtype);
       source = known.get();
     }
-    buffers = source->tensors();
+    std::vector<TensorBuffer> buffers = source->tensors();
     QS_RETURN_IF_ERROR(check_registry(buffers, jl.layout));
-    pull_header_at.assign(static_cast<std::size_t>(job.servers), 0);
-    for (const TensorInfo& t : jl.layout.tensors()) {  // in wire bytes
-      rules.tensor_bytes.push_back(t.bytes / wire_scale);
-      rules.element_size.push_back(t.element_size / wire_scale);
-      // Compression: each tensor's gradient in the wire's dtype as it is pushed; its
-      // pulled sum lands there too (a range is pulled only after this worker's push of it
-      // was sent whole), then widens into TensorBuffer::sum.
-      if (wire_scale > 1) wire_buf.emplace_back(static_cast<std::size_t>(t.bytes / wire_scale));
-    }
-    rules.num_priorities = static_cast<std::uint16_t>(priorities);
-    urgent_end = jl.layout.end_tensor(0);
+    exchange = std::make_unique<WorkerExchange>(opts, jl, policy->discipline(), *loop,
+                                                std::move(buffers), record);
     // The loop and its seams.
     timer = std::make_unique<LoopTimer>(*loop);
-    QS_ASSIGN_OR_RETURN(
-        gpu, make_compute(opts.compute, *timer, job.profile, opts.compute_factor, *source,
-                          opts.record_trace ? &trace : nullptr, opts.worker_id));
+    QS_ASSIGN_OR_RETURN(gpu, make_compute(opts.compute, *timer, job.profile, opts.compute_factor,
+                                          *source, record.trace(), opts.worker_id));
     LoopOptions lo;
     lo.iterations = job.iterations;
-    if (opts.record_trace) lo.pushing = SpanRecorder(&trace, opts.worker_id, 1, false);
+    if (opts.record_trace) lo.pushing = SpanRecorder(record.trace(), opts.worker_id, 1, false);
     lo.before_backward = [this](std::int64_t it) { return before_backward(it); };
     lo.iteration_ended = [this](std::int64_t it) { iteration_ended(it); };
     lo.finished = [this] { say_bye(); };
@@ -111,8 +72,8 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
       return source->on_layer_ready(layer, it);
     };
     lo.failed = [this](const Status& s) { loop->fail(s.with_context(name())); };
-    training = std::make_unique<TrainingLoop>(job.profile, jl.layout, *policy, *timer, *gpu, *this,
-                                              std::move(lo));
+    training = std::make_unique<TrainingLoop>(job.profile, jl.layout, *policy, *timer, *gpu,
+                                              *exchange, std::move(lo));
     return Status::ok();
   }
 
@@ -157,7 +118,7 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
     }
     std::vector<Connection*> raw;
     for (auto& c : conns) raw.push_back(c.get());
-    sender->set_connections(raw);
+    exchange->set_connections(raw);
     liveness.assign(conns.size(), Liveness());
     auto hello_timer = loop->schedule_at(deadline, [this] {
       loop->fail(unavailable(name() + ": only " + std::to_string(hellos) + " of " +
@@ -167,8 +128,7 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
     QS_RETURN_IF_ERROR(loop->run([this] { return hellos == opts.job.servers; }));
     loop->cancel(hello_timer);
     // Training.
-    last_progress = loop->now();
-    bytes_at_start = bytes_written();
+    exchange->start(training.get());
     (void)take_repairs();  // the baseline: what the rendezvous needed does not count
     schedule_watchdog();
     started = true;
@@ -213,16 +173,14 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
             unavailable(silence_message(quiet_too.size() == conns.size() ? quiet_too : silent)));
         return;
       }
+      const OutstandingUnits& outstanding = exchange->outstanding();
+      const TimeNs last_progress = exchange->last_progress();
       const bool waiting = started && (training->blocked() || !outstanding.empty());
       if (waiting && now - last_progress > 3 * opts.job.peer_timeout) {
-        std::set<int> owing;
-        for (const auto& [key, o] : outstanding) owing.insert(o.unit.server);
-        std::string list;
-        for (int s : owing) list += (list.empty() ? "" : ", ") + std::to_string(s);
         loop->fail(unavailable(
             name() + ": waited " + format_time(now - last_progress) + " in iteration " +
             std::to_string(training->iteration()) + " for " + std::to_string(outstanding.size()) +
-            " units from servers {" + list + "}" +
+            " units from servers {" + outstanding.owing() + "}" +
             (training->blocked()
                  ? " (forward of layer " + std::to_string(training->layer() + 1) + " waits)"
                  : "") +
@@ -251,6 +209,7 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
   // ---- the loop's runtime hooks ----
   bool before_backward(std::int64_t it) {
     iteration = it;
+    exchange->set_iteration(it);
     if (it != opts.die_at_iteration) return true;
     loop->fail(
         unavailable(name() + " died at iteration " + std::to_string(it) + " (fault injection)"));
@@ -269,8 +228,7 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
 
   void iteration_ended(std::int64_t it) {
     const transport::TcpRepairs r = take_repairs();
-    retransmits.push_back(r.retransmitted_segments);
-    if (r.timeouts >= 0) timeouts.push_back(r.timeouts);
+    record.repairs(r.retransmitted_segments, r.timeouts);
   }
 
   void say_bye() {
@@ -288,146 +246,6 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
     }
   }
 
-  std::uint64_t bytes_written() const {
-    std::uint64_t b = 0;
-    for (const auto& c : conns) b += c->bytes_written();
-    return b;
-  }
-
-  // ---- Exchange: the policy's units onto the wire ----
-  Status check(const PushUnit& u) const override {
-    QS_RETURN_IF_ERROR(check_push_unit(u, jl.layout, jl.placement));
-    // What the wire adds: a 32-bit length, whole float32 elements.
-    if (u.chunk.length > 0xffffffffll || u.chunk.length % 4 != 0 || u.chunk.offset % 4 != 0) {
-      return internal_error("bad unit: tensor " + std::to_string(u.chunk.tensor) + " offset " +
-                            std::to_string(u.chunk.offset) + " length " +
-                            std::to_string(u.chunk.length));
-    }
-    return Status::ok();
-  }
-
-  void push(const PushUnit& u) override {
-    const Key key{u.chunk.tensor, static_cast<std::uint64_t>(u.chunk.offset)};
-    if (!outstanding.emplace(key, Outstanding{u}).second) {
-      loop->fail(internal_error(
-          name() + ": policy pushed tensor " + std::to_string(u.chunk.tensor) + " offset " +
-          std::to_string(u.chunk.offset) + " twice in iteration " + std::to_string(iteration)));
-      return;
-    }
-    Header h;
-    h.kind = FrameKind::kPush;
-    h.sender = static_cast<std::uint16_t>(opts.worker_id);
-    h.tensor = static_cast<std::uint32_t>(u.chunk.tensor);
-    h.iteration = static_cast<std::uint32_t>(iteration);
-    h.length = static_cast<std::uint32_t>(u.chunk.length);
-    h.offset = static_cast<std::uint64_t>(u.chunk.offset);
-    h.priority = static_cast<std::uint16_t>(u.priority);
-    const auto ti = static_cast<std::size_t>(u.chunk.tensor);
-    const auto* payload = reinterpret_cast<const std::byte*>(buffers[ti].gradient) + u.chunk.offset;
-    if (wire_scale > 1) {  // rounded into the wire's dtype as it goes
-      std::byte* w = wire_buf[ti].data() + u.chunk.offset / wire_scale;
-      encode_floats(buffers[ti].gradient + u.chunk.offset / 4,
-                    static_cast<std::size_t>(u.chunk.length / 4), opts.job.wire_dtype, w);
-      payload = w;
-      h.offset /= static_cast<std::uint64_t>(wire_scale);
-      h.length /= static_cast<std::uint32_t>(wire_scale);
-    }
-    if (transport_since < 0) transport_since = loop->now();
-    last_progress = loop->now();  // a wait begins with what was pushed
-    if (opts.record_trace) {
-      if (first_push.empty())
-        first_push.assign(buffers.size(), -1), last_pull.assign(buffers.size(), -1);
-      TimeNs& f = first_push[static_cast<std::size_t>(u.chunk.tensor)];
-      if (f < 0) f = loop->now();
-    }
-    sender->enqueue(u.server, h, payload,
-                    tag_of(u.chunk.tensor, static_cast<std::uint64_t>(u.chunk.offset)));
-    bytes_pushed += u.chunk.length;
-    ++units_pushed;
-  }
-
-  void flush() override {
-    Status s = sender->pump();
-    if (!s.is_ok()) loop->fail(s.with_context(name()));
-    check_drained();
-  }
-
-  Traffic take_traffic(TimeNs now) override {
-    // The iteration ended (every pull is in): each tensor's transfer, first push to last
-    // pull (Prophet Fig. 11's start and end of a gradient's transfer).
-    for (std::size_t t = 0; t < first_push.size(); ++t) {
-      if (first_push[t] < 0) continue;
-      const TensorInfo& info = jl.layout.tensor(static_cast<TensorId>(t));
-      trace.push_back(
-          TraceSpan{opts.worker_id, 3, first_push[t], last_pull[t] < 0 ? now : last_pull[t],
-                    "grad " + std::to_string(t) + " " + std::to_string(info.bytes) + "B " +
-                        opts.job.profile.layers[static_cast<std::size_t>(info.layer)].name});
-      first_push[t] = last_pull[t] = -1;
-    }
-    if (transport_since >= 0) transport_total += now - transport_since;
-    transport_since = -1;
-    if (drain_timer != 0) loop->cancel(drain_timer);
-    drain_timer = 0;
-    const std::uint64_t written = bytes_written();
-    Traffic t{bytes_pushed, units_pushed, written - bytes_at_start, transport_total, 0};
-    t.float32_per_wire_byte = static_cast<double>(wire_scale);
-    bytes_at_start = written;
-    transport_total = 0;
-    bytes_pushed = 0;
-    units_pushed = 0;
-    return t;
-  }
-
-  // "While pushing" (Mercury III-B, Fig. 6: the uplink's throughput averaged over the
-  // time push operations run), as the simulator counts it: from a layer's gradients being
-  // ready until every ready byte is on the wire (the loop keeps that period; this tells it
-  // when the wire has everything). Compute gaps in which every ready byte is on the wire
-  // do not count; a user-level scheduler's own waits (credit, stop-and-wait, startup
-  // time) do.
-  // "On the wire" is the transmit timestamp of the last byte written to each connection
-  // (taken by the driver, after the host's qdisc and any tc shaper queue). Where the kernel
-  // gives none, it is the servers' TCP acknowledgement instead (SIOCOUTQ = 0), one round
-  // trip later: on the emulated cluster that trip runs through two 2 ms shaper queues full
-  // of pulls, and cost 5-7 % of ResNet-50's push time.
-  // The transport's busy time (transport_since), which feeds the bandwidth monitor, ends
-  // at the acknowledgement in every case, as Prophet's monitor on BytePS times a push
-  // until the server answers (4.2). Either end is seen at most kDrainPoll late; the
-  // timestamp itself is exact.
-  void check_drained() {
-    const bool pushing = training->pushing();
-    if (transport_since < 0 && !pushing) return;
-    if (!sender->idle()) return;
-    const bool pushing_done = training->all_ready_handed();
-    if (transport_since < 0 && !pushing_done) return;  // only the policy holds bytes
-    bool acked = true, out = true;
-    TimeNs wire_end = -1;  // when the last byte left, where timestamps tell
-    for (const auto& c : conns) {
-      if (c->closed()) continue;
-      c->poll_wire();
-      auto n = c->unconfirmed_bytes();
-      const bool unacked = n.is_ok() && *n > 0;
-      acked &= !unacked;
-      if (c->wire_timestamps() && c->wire().bytes >= c->bytes_written()) {
-        wire_end = std::max(wire_end, c->wire().at);
-      } else {
-        out &= !unacked;
-      }
-    }
-    const TimeNs now = loop->now();
-    if (acked && transport_since >= 0) {
-      transport_total += now - transport_since;
-      transport_since = -1;
-    }
-    if (out && pushing_done) training->on_drained(wire_end < 0 ? now : std::min(wire_end, now));
-    const bool wait = transport_since >= 0 || (training->pushing() && pushing_done);
-    if (wait && drain_timer == 0) {
-      drain_timer = loop->schedule_after(kDrainPoll, [this] {
-        drain_timer = 0;
-        check_drained();
-      });
-    }
-  }
-
   // ---- FrameHandler: hello, acks and pulls from servers ----
   Result<PayloadTarget> on_header(Connection& c, const Header& h) override {
     const int s = c.index();
@@ -439,27 +257,7 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
         return PayloadTarget::buffer();
       case FrameKind::kAck:
       case FrameKind::kPull: {
-        rules.kind = h.kind;
-        rules.expected_sender = static_cast<std::uint16_t>(s);
-        rules.min_iteration = rules.max_iteration = static_cast<std::uint32_t>(iteration);
-        QS_RETURN_IF_ERROR(transport::validate_data_header(h, rules));
-        auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset * wire_scale});
-        if (it == outstanding.end() || it->second.unit.server != s ||
-            it->second.unit.chunk.length != static_cast<Bytes>(h.length * wire_scale) ||
-            (h.kind == FrameKind::kAck ? it->second.acked : it->second.pulled)) {
-          return transport::header_error(HeaderField::kOffset,
-                                         std::string(transport::frame_kind_name(h.kind)) +
-                                             " of tensor " + std::to_string(h.tensor) + " bytes [" +
-                                             std::to_string(h.offset) + ", " +
-                                             std::to_string(h.offset + h.length) +
-                                             ") matches no unit this worker pushed to server " +
-                                             std::to_string(s) + " and awaits");
-        }
-        last_progress = loop->now();
-        if (h.kind == FrameKind::kAck) return PayloadTarget::buffer();  // no payload
-        pull_header_at[static_cast<std::size_t>(s)] = loop->now();
-        if (wire_scale > 1) return PayloadTarget::to(wire_buf[h.tensor].data() + h.offset);
-        return PayloadTarget::to(reinterpret_cast<std::byte*>(buffers[h.tensor].sum) + h.offset);
+        return exchange->on_answer_header(h, s);
       }
       case FrameKind::kPush:
         break;
@@ -492,49 +290,16 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
       case FrameKind::kBye:
       case FrameKind::kHeartbeat:
         return Status::ok();
-      case FrameKind::kAck: {
-        auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset * wire_scale});
-        it->second.acked = true;
-        if (it->second.in_kernel >= 0 &&
-            (iteration >= opts.warmup || iteration + 1 == opts.job.iterations)) {
-          ack_rtts.add(loop->now() - it->second.in_kernel);
-        }
-        const PushUnit u = it->second.unit;
-        if (it->second.pulled) outstanding.erase(it);
-        training->on_push_acked(u);
-        return Status::ok();
-      }
-      case FrameKind::kPull: {
-        if (wire_scale > 1) {  // the sum, rounded by the server, widened into the model's buffer
-          decode_floats(wire_buf[h.tensor].data() + h.offset,
-                        h.length / static_cast<std::size_t>(4 / wire_scale), opts.job.wire_dtype,
-                        buffers[h.tensor].sum + h.offset * wire_scale / 4);
-        }
-        auto it = outstanding.find(Key{static_cast<TensorId>(h.tensor), h.offset * wire_scale});
-        it->second.pulled = true;
-        const PushUnit u = it->second.unit;
-        if (it->second.acked) outstanding.erase(it);
-        if (opts.record_trace) {
-          trace.push_back(TraceSpan{opts.worker_id, 2, pull_header_at[static_cast<std::size_t>(s)],
-                                    loop->now(), "pull " + std::to_string(h.tensor)});
-          if (h.tensor < last_pull.size()) last_pull[h.tensor] = loop->now();
-        }
-        // The tensor constructor: the loop counts the layer's bytes and releases a
-        // complete layer (after the tensor source checked it).
-        training->on_pulled(u, loop->now());
-        return Status::ok();
-      }
+      case FrameKind::kAck:
+      case FrameKind::kPull:
+        return exchange->on_answer(h, s);
       case FrameKind::kPush:
         break;
     }
     return internal_error("unreachable");
   }
 
-  void on_writable(Connection& c) override {
-    Status s = sender->on_writable(c.index());
-    if (!s.is_ok()) loop->fail(s.with_context(name()));
-    check_drained();
-  }
+  void on_writable(Connection& c) override { exchange->on_writable(c.index()); }
 
   void on_closed(Connection& c, const Status& why) override {
     if (finished || why.is_ok()) return;
@@ -563,25 +328,10 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
     r.uplink_gbps = steady_median(gbps, opts.warmup);
     if (opts.nic_rate.bits_per_second > 0)
       r.uplink_utilisation = r.uplink_gbps / opts.nic_rate.gbps_value();
-    r.queue_delay_p50 = delays.percentile(50);
-    r.queue_delay_p99 = delays.percentile(99);
-    r.queue_delay_max = delays.percentile(100);
-    r.urgent_delay_p50 = urgent_delays.percentile(50);
-    r.urgent_delay_p99 = urgent_delays.percentile(99);
-    r.urgent_delay_max = urgent_delays.percentile(100);
-    r.ack_rtt_p10 = ack_rtts.percentile(10);
-    r.ack_rtt_p50 = ack_rtts.percentile(50);
     r.iterations_verified = known ? known->iterations_verified() : 0;
-    r.retransmits = retransmits;
-    r.timeouts = timeouts;
     r.notes = policy->report();
-    // The measured timeline, time 0 = the first backward pass (as in the simulator).
     r.first_backward_at = training->first_backward_at();
-    for (TraceSpan& s : trace) {
-      s.start -= r.first_backward_at;
-      s.end -= r.first_backward_at;
-    }
-    r.trace = std::move(trace);
+    record.fill(r, r.first_backward_at);
     return r;
   }
 
@@ -589,21 +339,14 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
   JobLayout jl;
   std::unique_ptr<PsPolicy> policy;
   std::unique_ptr<transport::EventLoop> loop;
-  std::unique_ptr<transport::Sender> sender;
   std::vector<std::unique_ptr<Connection>> conns;  // by server id
-  transport::DataRules rules;
   std::string congestion;
   int hellos = 0;
   // The tensors: the caller's registry (or the known-content source this worker owns).
   TensorSource* source = nullptr;
   std::unique_ptr<KnownContent> known;
-  std::vector<TensorBuffer> buffers;  // by tensor id
-  // Compression (JobOptions::wire_dtype): float32 bytes per wire byte (1: none), and each
-  // tensor's bytes on the wire.
-  std::uint64_t wire_scale =
-      4 / static_cast<std::uint64_t>(transport::wire_dtype_size(opts.job.wire_dtype));
-  std::vector<std::vector<std::byte>> wire_buf;
-  // The loop and its seams (the exchange is this Impl).
+  std::unique_ptr<WorkerExchange> exchange;  // the units onto the wire and back
+  // The loop and its other seams.
   std::unique_ptr<LoopTimer> timer;
   std::unique_ptr<Compute> gpu;
   bool finish_requested = false;  // finish() came before training began
@@ -611,26 +354,9 @@ struct Worker::Impl final : transport::FrameHandler, PsExchange {
   std::unique_ptr<TrainingLoop> training;
   std::int64_t iteration = 0;  // the loop's iteration, as stamped on the wire
   bool finished = false;
-  std::vector<Liveness> liveness;             // by server
-  TimeNs last_progress = 0;                   // the last push, ack or pull header
-  std::vector<TimeNs> pull_header_at;         // by server: when the pull being read began
-  std::vector<TraceSpan> trace;               // absolute times until make_report()
-  std::vector<TimeNs> first_push, last_pull;  // per tensor, this iteration (record_trace)
-  static constexpr TimeNs kDrainPoll = 100 * kNsPerUs;
-  // Since when the transport holds undelivered bytes (-1: none), and this iteration's
-  // total of such time (the bandwidth monitor's busy time).
-  TimeNs transport_since = -1, transport_total = 0;
-  transport::EventLoop::TimerId drain_timer = 0;
-  std::map<Key, Outstanding> outstanding;  // pushed this iteration, not yet acked and pulled
-  TensorId urgent_end = 0;
-  // This iteration's traffic, and the queueing delays.
-  std::uint64_t bytes_at_start = 0;
-  Bytes bytes_pushed = 0;
-  std::int64_t units_pushed = 0;
-  Reservoir delays, urgent_delays;         // sending-buffer queueing delays (bounded)
-  Reservoir ack_rtts;                      // acknowledgement round trips (bounded)
+  std::vector<Liveness> liveness;          // by server
   transport::RepairTally repairs_counter;  // what the transport repaired since the last look
-  std::vector<std::int64_t> retransmits, timeouts;  // per iteration
+  WorkerRecord record;                     // delays, round trips, repairs, the trace
 };
 
 Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
