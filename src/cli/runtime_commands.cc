@@ -196,24 +196,12 @@ Result<JobMessage> role_message(const RoleFlags& f, ChildRole role) {
     return invalid_argument(
         "--worker-bandwidths, --server-bandwidths and --server-shares are the simulator's");
   }
-  JobMessage m;
+  QS_ASSIGN_OR_RETURN(JobMessage m, job_part(job, job.policies[0]));
   m.role = role;
   m.model = f.sim.model;
   m.device = f.sim.device;
   m.batch_size = f.sim.batch_size;
-  m.policy = job.policies[0];
-  m.knobs = job.policy_options;
-  m.architecture = job.cluster.architecture;
-  m.workers = job.cluster.workers;
-  m.servers = job.cluster.servers;
-  m.iterations = job.sim.iterations;
-  m.warmup = f.sim.warmup;
-  m.bandwidth = job.cluster.bandwidth;
-  m.seed = job.sim.seed;
-  m.allreduce = job.cluster.allreduce;
   m.gloo_algorithm = f.gloo_algorithm;
-  m.second_link = job.cluster.second_link_slowdown;
-  QS_ASSIGN_OR_RETURN(m.compression, transport::parse_wire_dtype(job.cluster.compression));
   QS_ASSIGN_OR_RETURN(m.settings, settings_from_flags(f.settings));
   m.secret_file = f.secret_file;
   m.insecure = f.insecure;

@@ -319,6 +319,28 @@ Result<JobMessage> read_job_message(const std::string& path) {
   return m;
 }
 
+Result<JobMessage> job_part(const Job& job, const std::string& policy) {
+  JobMessage m;
+  m.policy = policy;
+  m.knobs = job.policy_options;
+  m.architecture = job.cluster.architecture;
+  m.workers = job.cluster.workers;
+  m.servers = job.cluster.servers;
+  m.iterations = job.sim.iterations;
+  m.warmup = job.sim.warmup;
+  m.bandwidth = job.cluster.bandwidth;
+  m.seed = job.sim.seed;
+  QS_ASSIGN_OR_RETURN(m.compression, transport::parse_wire_dtype(job.cluster.compression));
+  if (job.cluster.architecture == Architecture::kAllReduce) {
+    m.second_link = job.cluster.second_link_slowdown;
+    m.allreduce = job.cluster.allreduce;
+  } else if (job.cluster.second_link_slowdown != 0) {
+    return invalid_argument(
+        "--second-link is DeFT's second link, an all-reduce one: give --architecture allreduce");
+  }
+  return m;
+}
+
 Result<runtime::JobOptions> job_options(const JobMessage& m) {
   auto profile = load_model(m.model, m.device, m.batch_size);
   if (!profile) return profile.status().with_context("--model");

@@ -356,26 +356,10 @@ struct RunFiles {
 // the secret. Each child adds its own part (start_servers, start_workers).
 Result<JobMessage> job_message(const Job& job, const RunFiles& files, const std::string& policy,
                                const LaunchOptions& f) {
-  JobMessage m;
+  QS_ASSIGN_OR_RETURN(JobMessage m, job_part(job, policy));
   m.model = files.profile;
-  m.policy = policy;
-  m.knobs = job.policy_options;
-  m.architecture = job.cluster.architecture;
-  m.workers = job.cluster.workers;
-  m.servers = job.cluster.servers;
-  m.iterations = job.sim.iterations;
-  m.warmup = job.sim.warmup;
-  m.bandwidth = job.cluster.bandwidth;
-  m.seed = job.sim.seed;
-  if (job.cluster.wire_element_bytes != 4) {
-    QS_ASSIGN_OR_RETURN(m.compression, transport::parse_wire_dtype(job.cluster.compression));
-  }
-  if (job.cluster.architecture == Architecture::kAllReduce) {
-    m.second_link = job.cluster.second_link_slowdown;
-    // gloo's algorithm: LaunchOptions::gloo_algorithm, else the job's (ring or rhd).
-    m.gloo_algorithm = f.gloo_algorithm;
-    m.allreduce = job.cluster.allreduce;
-  }
+  // gloo's algorithm: LaunchOptions::gloo_algorithm, else the job's (ring or rhd).
+  if (job.cluster.architecture == Architecture::kAllReduce) m.gloo_algorithm = f.gloo_algorithm;
   m.settings = f.settings;
   m.secret_file = files.secret;
   return m;

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "line_io.h"
+#include "quicksilver/transport/clock.h"
 #include "quicksilver/transport/socket.h"
 
 namespace qs::runtime {
@@ -20,52 +22,12 @@ namespace {
 
 constexpr std::size_t kMaxLine = 256;
 
-TimeNs steady_now() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+TimeNs steady_now() { return transport::SteadyClock::instance().now(); }
 
-Status send_line(int fd, const std::string& line) {
-  std::string s = line + "\n";
-  std::size_t done = 0;
-  while (done < s.size()) {
-    ssize_t n = ::send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 100);
-      continue;
-    }
-    if (n <= 0) return transport::errno_status("send to the coordinator's peer", errno);
-    done += static_cast<std::size_t>(n);
-  }
-  return Status::ok();
-}
-
-// Reads one line (without the newline) before `deadline`.
-Result<std::string> read_line(int fd, TimeNs deadline, std::string* buffer) {
-  while (true) {
-    if (auto nl = buffer->find('\n'); nl != std::string::npos) {
-      std::string line = buffer->substr(0, nl);
-      buffer->erase(0, nl + 1);
-      return line;
-    }
-    if (buffer->size() > kMaxLine)
-      return protocol_error("rendezvous line longer than " + std::to_string(kMaxLine));
-    const TimeNs left = deadline - steady_now();
-    if (left <= 0) return unavailable("rendezvous timed out");
-    pollfd p{fd, POLLIN, 0};
-    int r = ::poll(&p, 1, static_cast<int>(std::min<TimeNs>(left / kNsPerMs + 1, 1000)));
-    if (r < 0 && errno != EINTR) return transport::errno_status("poll", errno);
-    if (r <= 0) continue;
-    char buf[256];
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n < 0) return transport::errno_status("recv from the coordinator", errno);
-    if (n == 0) return unavailable("the coordinator closed the connection");
-    buffer->append(buf, static_cast<std::size_t>(n));
-  }
+// One line to a peer; the coordinator gives its own peers kReplyTime to take it.
+constexpr TimeNs kReplyTime = 5 * kNsPerSec;
+Status send_line(int fd, const std::string& line, TimeNs deadline = steady_now() + kReplyTime) {
+  return send_all(fd, line + "\n", deadline, "send to the coordinator's peer");
 }
 
 // One request/response exchange with the coordinator, authenticated first when there is
@@ -83,9 +45,10 @@ Result<std::string> ask(const Endpoint& coordinator, const std::string& request,
                                                std::max<TimeNs>(deadline - steady_now(), kNsPerMs))
                            .with_context(who));
   }
-  QS_RETURN_IF_ERROR(send_line(fd->get(), request));
+  QS_RETURN_IF_ERROR(send_line(fd->get(), request, deadline));
   std::string buffer;
-  QS_ASSIGN_OR_RETURN(std::string reply, read_line(fd->get(), deadline, &buffer));
+  QS_ASSIGN_OR_RETURN(std::string reply,
+                      read_line(fd->get(), deadline, &buffer, kMaxLine, "the coordinator"));
   if (reply.rfind("error ", 0) == 0) return invalid_argument("coordinator: " + reply.substr(6));
   return reply;
 }

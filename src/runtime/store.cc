@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <map>
 
+#include "line_io.h"
 #include "quicksilver/transport/clock.h"
 #include "quicksilver/transport/socket.h"
 
@@ -36,22 +37,8 @@ Status check_key(std::string_view key) {
   return Status::ok();
 }
 
-// Writes all of `s` to a non-blocking or blocking socket before `deadline`.
 Status write_all(int fd, const std::string& s, TimeNs deadline) {
-  std::size_t done = 0;
-  while (done < s.size()) {
-    ssize_t n = ::send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (steady_now() > deadline) return unavailable("store: send timed out");
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 100);
-      continue;
-    }
-    if (n <= 0) return transport::errno_status("store send", errno);
-    done += static_cast<std::size_t>(n);
-  }
-  return Status::ok();
+  return send_all(fd, s, deadline, "store send");
 }
 
 struct Client {
@@ -354,27 +341,10 @@ StoreClient::~StoreClient() {
 Result<std::string> StoreClient::request(const std::string& line, TimeNs timeout) {
   const TimeNs deadline = steady_now() + timeout;
   QS_RETURN_IF_ERROR(write_all(fd_, line + "\n", deadline));
-  while (true) {
-    if (const std::size_t nl = buffer_.find('\n'); nl != std::string::npos) {
-      std::string reply = buffer_.substr(0, nl);
-      buffer_.erase(0, nl + 1);
-      if (reply.rfind("error ", 0) == 0) return unavailable("coordinator: " + reply.substr(6));
-      return reply;
-    }
-    if (buffer_.size() > kMaxLine) return protocol_error("coordinator: reply too long");
-    const TimeNs left = deadline - steady_now();
-    if (left <= 0) return unavailable("coordinator: no answer before the rendezvous deadline");
-    pollfd p{fd_, POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(std::min<TimeNs>(left / kNsPerMs + 1, 1000)));
-    if (r < 0 && errno != EINTR) return transport::errno_status("poll", errno);
-    if (r <= 0) continue;
-    char buf[16384];
-    const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n < 0) return transport::errno_status("recv from the coordinator", errno);
-    if (n == 0) return unavailable("the coordinator closed the connection");
-    buffer_.append(buf, static_cast<std::size_t>(n));
-  }
+  QS_ASSIGN_OR_RETURN(std::string reply,
+                      read_line(fd_, deadline, &buffer_, kMaxLine, "the coordinator"));
+  if (reply.rfind("error ", 0) == 0) return unavailable("coordinator: " + reply.substr(6));
+  return reply;
 }
 
 Status StoreClient::set(std::string_view key, std::string_view value) {

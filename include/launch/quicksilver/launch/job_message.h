@@ -88,6 +88,13 @@ struct JobMessage {
   friend bool operator==(const JobMessage&, const JobMessage&) = default;
 };
 
+// The job's part of a message, the same for every child of a run: `policy` with the
+// job's knobs, the cluster's shape, iterations, warm-up, bandwidth, seed and compression,
+// and for an all-reduce job its algorithm and DeFT's second link. From the Job that
+// `simulate` checks (the CLI's make_job), so the launcher and the role commands fill it
+// one way; the model, the runtime's settings and the child's own fields are the caller's.
+Result<JobMessage> job_part(const Job& job, const std::string& policy);
+
 // The message as one JSON document (`{"version": 1, "role": ..., ...}`), every field
 // written. Times are integer nanoseconds ("..._ns"), rates integer bit/s ("..._bps"),
 // the knobs an object of their exact texts.
