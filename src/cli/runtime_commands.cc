@@ -383,17 +383,24 @@ int print_worker_report(const JobMessage& m, const runtime::WorkerReport& report
   return 0;
 }
 
-int run_collective_job(const JobMessage& m, runtime::JobOptions job,
-                       std::shared_ptr<const transport::Secret> secret) {
-  const std::string who = "quicksilver worker " + std::to_string(m.id);
-  runtime::CollectiveOptions o;
+// What a worker of either runtime takes from its message beside the job: the compute
+// slowdown, the warm-up, the fault injection, the checks and the trace.
+template <typename Options>
+void set_worker_part(Options& o, runtime::JobOptions job, const JobMessage& m) {
   o.job = std::move(job);
-  o.rank = m.id;
   o.compute_factor = m.slowdown;
   o.warmup = m.warmup;
   o.die_at_iteration = m.die_at_iteration;
   o.verify = m.verify;
   o.record_trace = !m.trace.empty();
+}
+
+int run_collective_job(const JobMessage& m, runtime::JobOptions job,
+                       std::shared_ptr<const transport::Secret> secret) {
+  const std::string who = "quicksilver worker " + std::to_string(m.id);
+  runtime::CollectiveOptions o;
+  set_worker_part(o, std::move(job), m);
+  o.rank = m.id;
   auto algo = gloo_algorithm(m);
   if (!algo) return fail("quicksilver worker", algo.status());
   o.algorithm = *algo;
@@ -499,14 +506,9 @@ int run_worker_job(const JobMessage& m) {
   if (m.architecture == Architecture::kAllReduce)
     return run_collective_job(m, std::move(*job), *secret);
   runtime::WorkerOptions o;
-  o.job = std::move(*job);
+  set_worker_part(o, std::move(*job), m);
   o.secret = *secret;
   o.worker_id = m.id;
-  o.compute_factor = m.slowdown;
-  o.warmup = m.warmup;
-  o.die_at_iteration = m.die_at_iteration;
-  o.verify = m.verify;
-  o.record_trace = !m.trace.empty();
   if (m.announce_start) o.on_training_start = [] { std::cout << "training starts" << std::endl; };
   if (m.connect.empty() && m.coordinator.empty()) {
     return fail("quicksilver worker", "give --connect HOST:PORT,... or --coordinator HOST:PORT");
