@@ -28,14 +28,14 @@ struct RoleFlags {
   std::string servers;                 // worker: HOST:PORT,HOST:PORT,... (server s at position s)
   std::string coordinator;      // HOST:PORT of a `quicksilver coordinator` (instead of servers)
   double compute_factor = 1.0;  // worker: compute slowdown
-  SettingsFlags settings;  // --congestion, --commit-window, the timeouts, --no-checksum
-  std::string nic_rate;                 // worker: for the utilisation figure
-  std::string pacing_rate;              // SO_MAX_PACING_RATE per connection
-  int die_at_iteration = -1;            // worker: testing aid, exit abruptly at this iteration
+  SettingsFlags settings;       // --congestion, --commit-window, the timeouts, --no-checksum
+  std::string nic_rate;         // worker: for the utilisation figure
+  std::string pacing_rate;      // SO_MAX_PACING_RATE per connection
+  int die_at_iteration = -1;    // worker: testing aid, exit abruptly at this iteration
   bool announce_start =
       false;  // worker: print "training starts" when training begins (the launcher's cue)
   std::string gloo_via;  // all-reduce worker: testing aid, RANK=HOST:PORT (CollectiveOptions::via)
-  bool no_verify = false;    // worker: skip the exact check of every sum (benchmarks)
+  bool no_verify = false;  // worker: skip the exact check of every sum (benchmarks)
   // All-reduce workers: this host's address on each link (one per link, in order), and
   // gloo's algorithm (default: from --allreduce).
   std::vector<std::string> links;
@@ -47,7 +47,7 @@ struct RoleFlags {
 struct RunFlags {
   SimFlags sim;
   bool netns = false;
-  double scale = 0;  // 0 = automatic (LaunchOptions::scale)
+  double scale = 0;        // 0 = automatic (LaunchOptions::scale)
   SettingsFlags settings;  // every child's runtime settings
   // --netns: every route's minimum retransmission timeout; empty: 5ms with --netns
   std::string rto_min;
