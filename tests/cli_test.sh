@@ -286,5 +286,19 @@ expect_bad "--policy 'all': a script trains with one policy" run --workers 1 --p
 expect_bad "--credit-size" run --workers 1 --python "$tmp/py" --credit-size lots --script "$tmp/train.py"
 expect_bad "--bandwidth with --script needs --netns" run --workers 1 --python "$tmp/py" --bandwidth 1Gbps --script "$tmp/train.py"
 
+# advise: the ranking as JSON, best first, oracle never ranked; --policy does not apply.
+expect_ok advise --model resnet18 --workers 2 --servers 2 --iterations 3 --json
+python3 - "$tmp/out" <<'PY' && ok || bad "advise --json: $(head -c 400 "$tmp/out")"
+import json, sys
+a = json.load(open(sys.argv[1]))
+r = a["ranking"]
+assert r and all(set(e) >= {"policy", "iteration_ms", "knobs"} for e in r), r
+assert [e["iteration_ms"] for e in r] == sorted(e["iteration_ms"] for e in r), r
+assert "oracle" not in [e["policy"] for e in r], r
+assert a["sensitivity"], a
+PY
+expect_error "--policy: advise ranks every policy" advise --model resnet18 --policy mercury
+expect_error "--bandwidth" advise --model resnet18 --bandwidth fast
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

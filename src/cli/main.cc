@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "advise_command.h"
 #include "commands.h"
 #include "quicksilver/core/check.h"
 #include "runtime_commands.h"
@@ -83,6 +84,10 @@ int main(int argc, char** argv) {
   CLI::App* tune = app.add_subcommand(
       "tune", "Search bytescheduler's partition/credit (or p3's slice) size by simulation");
   qs::cli::add_tune_flags(tune, &tune_flags);
+  qs::cli::AdviseFlags advise_flags;
+  CLI::App* advise = app.add_subcommand(
+      "advise", "Rank every policy of the architecture, knobs tuned, by simulation");
+  qs::cli::add_advise_flags(advise, &advise_flags);
   // Listed for --help only: main() hands `profile` to Python before parsing.
   app.add_subcommand(
       "profile",
@@ -118,6 +123,7 @@ int main(int argc, char** argv) {
     if (*policies) return qs::cli::run_policies(policies_markdown, policies_architecture);
     if (*simulate) return qs::cli::run_simulate(sim_flags);
     if (*tune) return qs::cli::run_tune(tune_flags);
+    if (*advise) return qs::cli::run_advise(advise_flags);
     if (*coordinator) return qs::cli::run_coordinator(coordinator_flags);
     if (*server) return qs::cli::run_server_role(server_flags);
     if (*worker) return qs::cli::run_worker_role(worker_flags);

@@ -1,0 +1,326 @@
+#include "quicksilver/sim/advisor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "quicksilver/policy/registry.h"
+#include "quicksilver/sim/simulator.h"
+
+namespace qs {
+namespace {
+
+// The byte sizes the search may reach, `quicksilver tune`'s range: smaller units cost
+// per-unit overheads the simulator's link model does not charge, and make every
+// simulation slower.
+constexpr Bytes kMinTuned = 64 * kKiB;
+constexpr Bytes kMaxTuned = 64 * kMiB;
+
+// The knobs the search varies: the policy's byte sizes that scale with the tensors
+// (partitions, credits, slices, buckets: Knob::scales). Left as given: Mercury's packet (a
+// transport parameter, the paper's fixed size), flags and times (what they change is not
+// the schedule's speed alone), and the PS placement's split threshold (every policy's:
+// the servers' balance).
+std::vector<const Knob*> tuned_knobs(const PolicySpec& spec) {
+  std::vector<const Knob*> out;
+  for (const std::string& name : spec.knobs) {
+    const Knob* k = policy_registry().find_knob(name);
+    if (k == nullptr || name == "split_threshold") continue;
+    if (k->type == KnobType::kBytes && k->scales) out.push_back(k);
+  }
+  return out;
+}
+
+// The search's simulations: the warm-up and two measured iterations (the steady state of
+// a deterministic simulation is reached by then); the pick is simulated again with the
+// job's own options, so that its prediction is what `simulate` would print.
+SimOptions search_options(const SimOptions& job) {
+  SimOptions s = job;
+  s.iterations = std::min(job.iterations, job.warmup + 2);
+  return s;
+}
+
+Bytes clamp_size(double v) {
+  const auto b = static_cast<Bytes>(std::llround(v / 4.0)) * 4;  // whole float32 elements
+  return std::clamp<Bytes>(b, kMinTuned, kMaxTuned);
+}
+
+// One policy's search: coordinate-wise pattern search in log2 of each tuned knob, steps
+// of 4x then 2x, every point simulated once (memo). Keeps a point only when strictly
+// faster, so ties keep the default.
+class PolicySearch {
+ public:
+  PolicySearch(const Job& job, const PolicySpec& spec)
+      : job_(job), spec_(spec), knobs_(tuned_knobs(spec)), search_(search_options(job.sim)) {}
+
+  // The default point; false with the reason when the job refuses it.
+  Status start() {
+    best_options_ = job_.policy_options;
+    auto r = simulate(job_.profile, spec_.name, best_options_, job_.cluster, job_.sim);
+    ++simulations_;
+    if (!r) return r.status();
+    default_time_ = r->iteration_time;
+    compute_time_ = r->compute_time;
+    return Status::ok();
+  }
+
+  // The search, then the pick with the job's own options: kept only when faster than the
+  // defaults there too.
+  void tune() {
+    const PolicyOptions defaults = best_options_;
+    best_time_ = eval(best_options_);
+    for (int pass = 0; pass < 2; ++pass) {
+      bool moved = false;
+      for (const Knob* k : knobs_) moved |= tune_knob(*k);
+      if (!moved) break;
+    }
+    TimeNs full = default_time_;
+    if (key(best_options_) != key(defaults)) {
+      auto r = simulate(job_.profile, spec_.name, best_options_, job_.cluster, job_.sim);
+      ++simulations_;
+      if (r) full = r->iteration_time;
+    }
+    if (full < default_time_) {
+      best_time_ = full;
+    } else {
+      best_options_ = defaults;
+      best_time_ = default_time_;
+    }
+  }
+
+  AdvisedPolicy result() const {
+    AdvisedPolicy a;
+    a.policy = spec_.name;
+    a.options = best_options_;
+    for (const Knob* k : knobs_) a.knobs.emplace_back(k->name, k->display(best_options_));
+    a.iteration_time = best_time_;
+    a.default_time = default_time_;
+    a.simulations = simulations_;
+    return a;
+  }
+  TimeNs compute_time() const { return compute_time_; }
+
+ private:
+  std::vector<Bytes> key(const PolicyOptions& o) const {
+    std::vector<Bytes> k;
+    for (const Knob* knob : knobs_) k.push_back(knob->get_int(o));
+    return k;
+  }
+
+  // The time of `o` (kTimeNever where the policy or the simulator refuses it).
+  TimeNs eval(const PolicyOptions& o) {
+    const auto k = key(o);
+    if (auto it = memo_.find(k); it != memo_.end()) return it->second;
+    auto r = simulate(job_.profile, spec_.name, o, job_.cluster, search_);
+    ++simulations_;
+    const TimeNs t = r ? r->iteration_time : kTimeNever;
+    memo_.emplace(k, t);
+    return t;
+  }
+
+  // Moves `k` while that is faster: 4x steps in the better direction, then one 2x step
+  // each way. True when it moved.
+  bool tune_knob(const Knob& k) {
+    bool moved = false;
+    for (const double step : {4.0, 2.0}) {
+      for (bool improving = true; improving;) {
+        improving = false;
+        const auto here = static_cast<double>(k.get_int(best_options_));
+        for (const double f : {step, 1 / step}) {
+          const Bytes v = clamp_size(here * f);
+          if (v == k.get_int(best_options_)) continue;
+          PolicyOptions o = best_options_;
+          k.set_int(&o, v);
+          const TimeNs t = eval(o);
+          if (t < best_time_) {
+            best_time_ = t;
+            best_options_ = o;
+            improving = moved = true;
+            break;
+          }
+        }
+        if (step == 2.0) break;  // the fine step is tried once
+      }
+    }
+    return moved;
+  }
+
+  const Job& job_;
+  const PolicySpec& spec_;
+  const std::vector<const Knob*> knobs_;
+  const SimOptions search_;  // the search's (search_options)
+  PolicyOptions best_options_;
+  TimeNs best_time_ = kTimeNever, default_time_ = kTimeNever, compute_time_ = 0;
+  std::map<std::vector<Bytes>, TimeNs> memo_;
+  int simulations_ = 0;
+};
+
+// Runs fn(i) for i in [0, n) on `threads` threads.
+void parallel_for(int n, int threads, const std::function<void(int)>& fn) {
+  std::atomic<int> next{0};
+  auto work = [&] {
+    for (int i = next++; i < n; i = next++) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min(threads, n); ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+}
+
+Rate scaled(Rate r, double f) {
+  return Rate{std::llround(static_cast<double>(r.bits_per_second) * f)};
+}
+
+ClusterConfig with_bandwidth(ClusterConfig c, double f) {
+  c.bandwidth = scaled(c.bandwidth, f);
+  for (auto* rates : {&c.worker_bandwidth, &c.server_bandwidth}) {
+    for (Rate& r : *rates) r = scaled(r, f);
+  }
+  if (c.schedule) c.schedule = c.schedule->scaled(f);
+  return c;
+}
+
+std::string knob_text(const AdvisedPolicy& p) {
+  std::string s;
+  for (const auto& [name, value] : p.knobs) s += (s.empty() ? "" : ", ") + name + " " + value;
+  return s.empty() ? p.policy : p.policy + " (" + s + ")";
+}
+
+// The sweep: the top candidates, with their tuned knobs, at other bandwidths and worker
+// counts (not re-tuned: what the pick is sensitive to, not a new search).
+void sweep(const Job& job, const AdviseOptions& o, Advice* advice) {
+  const std::size_t top = std::min<std::size_t>(3, advice->ranking.size());
+  struct Point {
+    std::string varied;
+    double factor;
+    std::string value;
+    ClusterConfig cluster;
+  };
+  std::vector<Point> points;
+  for (const double f : {0.1, 0.3, 3.0, 10.0}) {
+    ClusterConfig c = with_bandwidth(job.cluster, f);
+    if (c.bandwidth.bits_per_second < 1'000'000) continue;
+    points.push_back({"bandwidth", f, format_rate(c.bandwidth), std::move(c)});
+  }
+  for (const int w : {job.cluster.workers / 2, job.cluster.workers * 2}) {
+    if (w < 2 || w > 1024 || w == job.cluster.workers) continue;
+    ClusterConfig c = job.cluster;
+    c.workers = w;
+    c.worker_bandwidth.clear();
+    points.push_back(
+        {"workers", static_cast<double>(w) / job.cluster.workers, std::to_string(w), std::move(c)});
+  }
+  std::vector<TimeNs> times(points.size() * top, kTimeNever);
+  parallel_for(static_cast<int>(times.size()), o.threads, [&](int i) {
+    const Point& p = points[static_cast<std::size_t>(i) / top];
+    const AdvisedPolicy& a = advice->ranking[static_cast<std::size_t>(i) % top];
+    auto r = simulate(job.profile, a.policy, a.options, p.cluster, search_options(job.sim));
+    if (r) times[static_cast<std::size_t>(i)] = r->iteration_time;
+  });
+  advice->simulations += static_cast<int>(times.size());
+  const std::string pick = advice->ranking.front().policy;
+  for (std::size_t p = 0; p < points.size(); ++p) {
+    std::size_t best = 0;
+    for (std::size_t c = 1; c < top; ++c) {
+      if (times[p * top + c] < times[p * top + best]) best = c;
+    }
+    if (times[p * top + best] == kTimeNever) continue;
+    advice->sweep.push_back({points[p].varied, points[p].factor, points[p].value,
+                             advice->ranking[best].policy, times[p * top + best]});
+  }
+  // The pick's unbroken run of swept rates around the job's, and who leads past each end.
+  std::vector<const SensitivityPoint*> down, up;  // nearest to the job's rate first
+  for (const SensitivityPoint& s : advice->sweep) {
+    if (s.varied == "bandwidth") (s.factor < 1 ? down : up).push_back(&s);
+  }
+  std::sort(down.begin(), down.end(), [](auto* a, auto* b) { return a->factor > b->factor; });
+  std::sort(up.begin(), up.end(), [](auto* a, auto* b) { return a->factor < b->factor; });
+  auto run = [&](const std::vector<const SensitivityPoint*>& side, std::string* end,
+                 std::string* other) {
+    for (const SensitivityPoint* s : side) {
+      if (s->best != pick) {
+        for (const AdvisedPolicy& a : advice->ranking) {
+          if (a.policy == s->best) *other = knob_text(a) + " at " + s->value;
+        }
+        return;
+      }
+      *end = s->value;
+    }
+  };
+  std::string lo = format_rate(job.cluster.bandwidth), hi = lo, below_who, above_who;
+  run(down, &lo, &below_who);
+  run(up, &hi, &above_who);
+  std::string line =
+      lo == hi ? pick + " leads at " + lo + " only" : pick + " stays best from " + lo + " to " + hi;
+  if (!below_who.empty()) line += "; below, " + below_who;
+  if (!above_who.empty()) line += "; above, " + above_who;
+  if (below_who.empty() && above_who.empty()) line += " (the whole sweep, 0.1x to 10x)";
+  advice->sensitivity.push_back(line);
+  for (const SensitivityPoint& s : advice->sweep) {
+    if (s.varied != "workers") continue;
+    advice->sensitivity.push_back("with " + s.value + " workers: " + s.best +
+                                  (s.best == pick ? "" : " leads instead"));
+  }
+}
+
+}  // namespace
+
+Result<Advice> advise(const Job& job, const AdviseOptions& o) {
+  if (o.threads < 1) return invalid_argument("advise: threads must be >= 1");
+  const Architecture arch = job.cluster.architecture;
+  Advice advice;
+  std::vector<const PolicySpec*> specs;
+  for (const std::string& name : policy_registry().names(arch)) {
+    const PolicySpec* spec = policy_registry().find(name, arch);
+    if (spec == nullptr || !spec->communicates) continue;
+    if (spec->delays_updates && !o.allow_stale) {
+      advice.notes.push_back(name +
+                             ": left out, its delayed updates change the optimisation (give "
+                             "--allow-stale to rank it)");
+      continue;
+    }
+    specs.push_back(spec);
+  }
+  std::vector<std::unique_ptr<PolicySearch>> searches;
+  for (const PolicySpec* s : specs) searches.push_back(std::make_unique<PolicySearch>(job, *s));
+  std::vector<Status> started(searches.size());
+  std::mutex progress_mu;
+  parallel_for(static_cast<int>(searches.size()), o.threads, [&](int i) {
+    PolicySearch& s = *searches[static_cast<std::size_t>(i)];
+    started[static_cast<std::size_t>(i)] = s.start();
+    if (started[static_cast<std::size_t>(i)].is_ok()) s.tune();
+    if (o.progress) {
+      const AdvisedPolicy r = s.result();
+      std::lock_guard<std::mutex> lock(progress_mu);
+      o.progress(r.policy + ": " + std::to_string(r.simulations) + " simulations");
+    }
+  });
+  for (std::size_t i = 0; i < searches.size(); ++i) {
+    AdvisedPolicy r = searches[i]->result();
+    advice.simulations += r.simulations;
+    if (!started[i].is_ok()) {
+      advice.notes.push_back(r.policy + ": left out, this job refuses its knobs (" +
+                             started[i].message() + ")");
+      continue;
+    }
+    advice.bound = searches[i]->compute_time();
+    advice.ranking.push_back(std::move(r));
+  }
+  if (advice.ranking.empty()) {
+    std::string why;
+    for (const std::string& n : advice.notes) why += "; " + n;
+    return invalid_argument("advise: no policy of this architecture can run this job" + why);
+  }
+  // Fastest first; equal times keep the registry's rank (stable sort of rank order).
+  std::stable_sort(advice.ranking.begin(), advice.ranking.end(),
+                   [](const AdvisedPolicy& a, const AdvisedPolicy& b) {
+                     return a.iteration_time < b.iteration_time;
+                   });
+  if (o.sensitivity && advice.ranking.size() > 1) sweep(job, o, &advice);
+  return advice;
+}
+
+}  // namespace qs

@@ -1,0 +1,126 @@
+// `quicksilver advise`'s library (quicksilver/sim/advisor.h): every policy of the
+// architecture ranked with its knobs tuned; never slower than the defaults; the same job
+// gives the same advice; DeFT only when stale updates are allowed; the sweep names the
+// pick.
+#include "quicksilver/sim/advisor.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "quicksilver/model/zoo.h"
+#include "quicksilver/policy/registry.h"
+#include "quicksilver/sim/simulator.h"
+
+namespace qs {
+namespace {
+
+Job job(const std::string& model, Architecture arch, int workers, Rate bandwidth) {
+  Job j;
+  j.profile = *load_model(model);
+  j.cluster.architecture = arch;
+  j.cluster.workers = workers;
+  j.cluster.servers = workers;
+  j.cluster.bandwidth = bandwidth;
+  j.sim.iterations = 3;
+  return j;
+}
+
+// The best policy other than oracle at the job's default knobs, as `simulate --policy all`
+// finds it.
+TimeNs best_default(const Job& j, bool allow_stale) {
+  TimeNs best = kTimeNever;
+  for (const std::string& name : policy_registry().names(j.cluster.architecture)) {
+    const PolicySpec* spec = policy_registry().find(name, j.cluster.architecture);
+    if (!spec->communicates || (spec->delays_updates && !allow_stale)) continue;
+    auto r = simulate(j.profile, name, j.policy_options, j.cluster, j.sim);
+    if (r) best = std::min(best, r->iteration_time);
+  }
+  return best;
+}
+
+void expect_sound(const Job& j, const Advice& a, bool allow_stale) {
+  ASSERT_FALSE(a.ranking.empty());
+  std::set<std::string> seen;
+  for (std::size_t i = 0; i < a.ranking.size(); ++i) {
+    const AdvisedPolicy& p = a.ranking[i];
+    EXPECT_TRUE(seen.insert(p.policy).second) << p.policy;
+    EXPECT_NE(p.policy, "oracle");
+    EXPECT_LE(p.iteration_time, p.default_time) << p.policy;
+    EXPECT_GE(p.iteration_time, a.bound) << p.policy;
+    if (i > 0) {
+      EXPECT_LE(a.ranking[i - 1].iteration_time, p.iteration_time);
+    }
+    // The prediction is the simulator's for the tuned knobs.
+    auto again = simulate(j.profile, p.policy, p.options, j.cluster, j.sim);
+    ASSERT_TRUE(again.is_ok()) << p.policy;
+    EXPECT_EQ(again->iteration_time, p.iteration_time) << p.policy;
+  }
+  EXPECT_LE(a.ranking.front().iteration_time, best_default(j, allow_stale));
+}
+
+TEST(Advise, RanksEveryPsPolicyNeverSlowerThanItsDefaults) {
+  const Job j = job("resnet18", Architecture::kPs, 4, Rate::gbps(10));
+  AdviseOptions o;
+  auto a = advise(j, o);
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  expect_sound(j, *a, false);
+  std::set<std::string> ranked;
+  for (const AdvisedPolicy& p : a->ranking) ranked.insert(p.policy);
+  for (const std::string& name : policy_registry().names(Architecture::kPs)) {
+    if (name != "oracle") {
+      EXPECT_TRUE(ranked.count(name)) << name;
+    }
+  }
+  // bytescheduler's partition and credit are tuned (the knobs it cuts by).
+  for (const AdvisedPolicy& p : a->ranking) {
+    if (p.policy != "bytescheduler") continue;
+    std::set<std::string> names;
+    for (const auto& [name, value] : p.knobs) names.insert(name);
+    EXPECT_TRUE(names.count("partition_size"));
+    EXPECT_TRUE(names.count("credit_size"));
+  }
+  ASSERT_FALSE(a->sensitivity.empty());
+  EXPECT_EQ(a->sensitivity.front().rfind(a->ranking.front().policy + " stays best", 0), 0u)
+      << a->sensitivity.front();
+}
+
+TEST(Advise, TheSameJobGivesTheSameAdvice) {
+  const Job j = job("resnet18", Architecture::kPs, 2, Rate::gbps(2));
+  AdviseOptions one, two;
+  one.threads = 1;
+  two.threads = 2;
+  auto a = advise(j, one);
+  auto b = advise(j, two);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  ASSERT_EQ(a->ranking.size(), b->ranking.size());
+  for (std::size_t i = 0; i < a->ranking.size(); ++i) {
+    EXPECT_EQ(a->ranking[i].policy, b->ranking[i].policy);
+    EXPECT_EQ(a->ranking[i].iteration_time, b->ranking[i].iteration_time);
+    EXPECT_EQ(a->ranking[i].knobs, b->ranking[i].knobs);
+  }
+  EXPECT_EQ(a->sensitivity, b->sensitivity);
+}
+
+TEST(Advise, DelayedUpdatesOnlyWhenAllowed) {
+  const Job j = job("resnet18", Architecture::kAllReduce, 4, Rate::gbps(10));
+  AdviseOptions o;
+  o.sensitivity = false;
+  auto strict = advise(j, o);
+  ASSERT_TRUE(strict.is_ok()) << strict.status().to_string();
+  expect_sound(j, *strict, false);
+  for (const AdvisedPolicy& p : strict->ranking) EXPECT_NE(p.policy, "deft");
+  bool noted = false;
+  for (const std::string& n : strict->notes) noted |= n.rfind("deft: left out", 0) == 0;
+  EXPECT_TRUE(noted);
+  o.allow_stale = true;
+  auto stale = advise(j, o);
+  ASSERT_TRUE(stale.is_ok());
+  bool deft = false;
+  for (const AdvisedPolicy& p : stale->ranking) deft |= p.policy == "deft";
+  EXPECT_TRUE(deft);
+  expect_sound(j, *stale, true);
+}
+
+}  // namespace
+}  // namespace qs
