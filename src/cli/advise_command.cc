@@ -60,6 +60,7 @@ int run_advise(const AdviseFlags& f) {
     out["sensitivity"] = advice->sensitivity;
     out["notes"] = advice->notes;
     out["simulations"] = advice->simulations;
+    out["seconds"] = seconds;
     std::cout << out.dump() << "\n";
     return 0;
   }

@@ -70,6 +70,8 @@ class PolicySearch {
   // The search, then the pick with the job's own options: kept only when faster than the
   // defaults there too.
   void tune() {
+    best_time_ = default_time_;
+    if (knobs_.empty()) return;  // nothing to search: the defaults are the pick
     const PolicyOptions defaults = best_options_;
     best_time_ = eval(best_options_);
     for (int pass = 0; pass < 2; ++pass) {
@@ -206,18 +208,22 @@ void sweep(const Job& job, const AdviseOptions& o, Advice* advice) {
     points.push_back({"bandwidth", f, format_rate(c.bandwidth), std::move(c)});
   }
   for (const int w : {job.cluster.workers / 2, job.cluster.workers * 2}) {
-    if (w < 2 || w > 1024 || w == job.cluster.workers) continue;
+    // Doubling a large job's workers would cost more than the whole search: up to 128.
+    if (w < 2 || w > 128 || w == job.cluster.workers) continue;
     ClusterConfig c = job.cluster;
     c.workers = w;
     c.worker_bandwidth.clear();
     points.push_back(
         {"workers", static_cast<double>(w) / job.cluster.workers, std::to_string(w), std::move(c)});
   }
+  // The warm-up and one measured iteration: a sweep point tells who leads, roughly.
+  SimOptions sweep_options = job.sim;
+  sweep_options.iterations = std::min(job.sim.iterations, job.sim.warmup + 1);
   std::vector<TimeNs> times(points.size() * top, kTimeNever);
   parallel_for(static_cast<int>(times.size()), o.threads, [&](int i) {
     const Point& p = points[static_cast<std::size_t>(i) / top];
     const AdvisedPolicy& a = advice->ranking[static_cast<std::size_t>(i) % top];
-    auto r = simulate(job.profile, a.policy, a.options, p.cluster, search_options(job.sim));
+    auto r = simulate(job.profile, a.policy, a.options, p.cluster, sweep_options);
     if (r) times[static_cast<std::size_t>(i)] = r->iteration_time;
   });
   advice->simulations += static_cast<int>(times.size());
