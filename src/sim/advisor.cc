@@ -216,6 +216,15 @@ void sweep(const Job& job, const AdviseOptions& o, Advice* advice) {
     points.push_back(
         {"workers", static_cast<double>(w) / job.cluster.workers, std::to_string(w), std::move(c)});
   }
+  // Latency per message (MG-WFBP's alpha): what favours fewer, larger messages.
+  const TimeNs l = job.cluster.latency;
+  for (const TimeNs lat : {l > 0 ? l / 10 : 100 * kNsPerUs, l > 0 ? l * 10 : kNsPerMs}) {
+    if (lat == l || lat <= 0) continue;
+    ClusterConfig c = job.cluster;
+    c.latency = lat;
+    points.push_back({"latency", l > 0 ? static_cast<double>(lat) / static_cast<double>(l) : 0,
+                      format_time(lat), std::move(c)});
+  }
   // The warm-up and one measured iteration: a sweep point tells who leads, roughly.
   SimOptions sweep_options = job.sim;
   sweep_options.iterations = std::min(job.sim.iterations, job.sim.warmup + 1);
@@ -266,9 +275,10 @@ void sweep(const Job& job, const AdviseOptions& o, Advice* advice) {
   if (below_who.empty() && above_who.empty()) line += " (the whole sweep, 0.1x to 10x)";
   advice->sensitivity.push_back(line);
   for (const SensitivityPoint& s : advice->sweep) {
-    if (s.varied != "workers") continue;
-    advice->sensitivity.push_back("with " + s.value + " workers: " + s.best +
-                                  (s.best == pick ? "" : " leads instead"));
+    if (s.varied == "bandwidth") continue;
+    advice->sensitivity.push_back("with " + s.value +
+                                  (s.varied == "workers" ? " workers" : " latency") + ": " +
+                                  s.best + (s.best == pick ? "" : " leads instead"));
   }
 }
 

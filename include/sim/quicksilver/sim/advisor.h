@@ -2,7 +2,8 @@
 // (issue 30). Every policy of the job's architecture is simulated with its byte-size knobs
 // tuned by a coarse pattern search, and ranked by predicted iteration time; the pick's
 // sensitivity to the network is swept (bandwidth 0.1x to 10x, worker count halved and
-// doubled up to 128), with the top three candidates' tuned knobs and one measured
+// doubled up to 128, latency 100us and 1ms, or a tenth and ten times the job's), with
+// the top three candidates' tuned knobs and one measured
 // iteration each. Deterministic: the same job gives the same advice.
 //
 // Candidates: every communicating policy of job.cluster.architecture (`oracle`, the
@@ -49,8 +50,8 @@ struct AdvisedPolicy {
 // One line of the sensitivity sweep: at `value` of what was varied, which candidate is
 // predicted fastest and how fast.
 struct SensitivityPoint {
-  std::string varied;  // "bandwidth", "workers"
-  double factor = 1;   // of the job's value
+  std::string varied;  // "bandwidth", "workers", "latency"
+  double factor = 1;   // of the job's value (latency from 0: 0)
   std::string value;   // "1Gbps", "32"
   std::string best;    // the policy, as ranked at that point
   TimeNs iteration_time = 0;
