@@ -34,6 +34,29 @@ std::vector<const Knob*> tuned_knobs(const PolicySpec& spec) {
   return out;
 }
 
+// A job larger than this is searched (and swept) on a proxy of kProxyWorkers workers:
+// every simulation of a PS job costs in proportion to N x its units, and VGG-16's
+// defaults alone take about 15 s of CPU at 256 workers (docs/benchmarks.md).
+constexpr int kProxyAbove = 32;
+constexpr int kProxyWorkers = 16;
+
+// The proxy: kProxyWorkers workers, as many servers per worker as the job (so each link
+// carries the same bytes per iteration as the job's), the same rates and latency. What it
+// does not keep: the job's finer placement slices and its incast fan-in; so the search
+// only picks the knobs there, and the pick is simulated on the job itself. Hosts of
+// unequal rates are not proxied.
+ClusterConfig proxy_cluster(const ClusterConfig& c) {
+  if (c.workers <= kProxyAbove || !c.worker_bandwidth.empty() || !c.server_bandwidth.empty() ||
+      !c.server_shares.empty()) {
+    return c;
+  }
+  ClusterConfig p = c;
+  p.servers = std::max<int>(
+      1, static_cast<int>(std::lround(static_cast<double>(kProxyWorkers) * c.servers / c.workers)));
+  p.workers = kProxyWorkers;
+  return p;
+}
+
 // The search's simulations: the warm-up and two measured iterations (the steady state of
 // a deterministic simulation is reached by then); the pick is simulated again with the
 // job's own options, so that its prediction is what `simulate` would print.
@@ -54,7 +77,11 @@ Bytes clamp_size(double v) {
 class PolicySearch {
  public:
   PolicySearch(const Job& job, const PolicySpec& spec)
-      : job_(job), spec_(spec), knobs_(tuned_knobs(spec)), search_(search_options(job.sim)) {}
+      : job_(job),
+        spec_(spec),
+        knobs_(tuned_knobs(spec)),
+        search_(search_options(job.sim)),
+        proxy_(proxy_cluster(job.cluster)) {}
 
   // The default point; false with the reason when the job refuses it.
   Status start() {
@@ -116,7 +143,7 @@ class PolicySearch {
   TimeNs eval(const PolicyOptions& o) {
     const auto k = key(o);
     if (auto it = memo_.find(k); it != memo_.end()) return it->second;
-    auto r = simulate(job_.profile, spec_.name, o, job_.cluster, search_);
+    auto r = simulate(job_.profile, spec_.name, o, proxy_, search_);
     ++simulations_;
     const TimeNs t = r ? r->iteration_time : kTimeNever;
     memo_.emplace(k, t);
@@ -153,7 +180,8 @@ class PolicySearch {
   const Job& job_;
   const PolicySpec& spec_;
   const std::vector<const Knob*> knobs_;
-  const SimOptions search_;  // the search's (search_options)
+  const SimOptions search_;    // the search's (search_options)
+  const ClusterConfig proxy_;  // the search's cluster (proxy_cluster)
   PolicyOptions best_options_;
   TimeNs best_time_ = kTimeNever, default_time_ = kTimeNever, compute_time_ = 0;
   std::map<std::vector<Bytes>, TimeNs> memo_;
@@ -202,14 +230,16 @@ void sweep(const Job& job, const AdviseOptions& o, Advice* advice) {
     ClusterConfig cluster;
   };
   std::vector<Point> points;
+  // A large job is swept on its proxy (there are no worker-count points then).
+  const ClusterConfig base = proxy_cluster(job.cluster);
+  const bool proxied = base.workers != job.cluster.workers;
   for (const double f : {0.1, 0.3, 3.0, 10.0}) {
-    ClusterConfig c = with_bandwidth(job.cluster, f);
+    ClusterConfig c = with_bandwidth(base, f);
     if (c.bandwidth.bits_per_second < 1'000'000) continue;
     points.push_back({"bandwidth", f, format_rate(c.bandwidth), std::move(c)});
   }
   for (const int w : {job.cluster.workers / 2, job.cluster.workers * 2}) {
-    // Doubling a large job's workers would cost more than the whole search: up to 128.
-    if (w < 2 || w > 128 || w == job.cluster.workers) continue;
+    if (proxied || w < 2 || w > 2 * kProxyAbove || w == job.cluster.workers) continue;
     ClusterConfig c = job.cluster;
     c.workers = w;
     c.worker_bandwidth.clear();
@@ -220,7 +250,7 @@ void sweep(const Job& job, const AdviseOptions& o, Advice* advice) {
   const TimeNs l = job.cluster.latency;
   for (const TimeNs lat : {l > 0 ? l / 10 : 100 * kNsPerUs, l > 0 ? l * 10 : kNsPerMs}) {
     if (lat == l || lat <= 0) continue;
-    ClusterConfig c = job.cluster;
+    ClusterConfig c = base;
     c.latency = lat;
     points.push_back({"latency", l > 0 ? static_cast<double>(lat) / static_cast<double>(l) : 0,
                       format_time(lat), std::move(c)});
@@ -273,6 +303,9 @@ void sweep(const Job& job, const AdviseOptions& o, Advice* advice) {
   if (!below_who.empty()) line += "; below, " + below_who;
   if (!above_who.empty()) line += "; above, " + above_who;
   if (below_who.empty() && above_who.empty()) line += " (the whole sweep, 0.1x to 10x)";
+  if (proxied) {
+    line += " (swept on a " + std::to_string(base.workers) + "-worker proxy of this job)";
+  }
   advice->sensitivity.push_back(line);
   for (const SensitivityPoint& s : advice->sweep) {
     if (s.varied == "bandwidth") continue;
