@@ -2,9 +2,10 @@
 // (issue 30). Every policy of the job's architecture is simulated with its byte-size knobs
 // tuned by a coarse pattern search, and ranked by predicted iteration time; the pick's
 // sensitivity to the network is swept (bandwidth 0.1x to 10x, worker count halved and
-// doubled up to 128, latency 100us and 1ms, or a tenth and ten times the job's), with
-// the top three candidates' tuned knobs and one measured
-// iteration each. Deterministic: the same job gives the same advice.
+// doubled, latency 100us and 1ms, or a tenth and ten times the job's), with the top three
+// candidates' tuned knobs and one measured iteration each. A job of more than 32 workers
+// is searched and swept on a 16-worker proxy of itself (advisor.cc, proxy_cluster).
+// Deterministic: the same job gives the same advice.
 //
 // Candidates: every communicating policy of job.cluster.architecture (`oracle`, the
 // compute-only bound, is reported as the bound, never ranked); a policy that delays
