@@ -9,15 +9,17 @@
 #      every policy at its default knobs (`simulate --policy all`). Passes when the pick is
 #      within 2 % of that best everywhere.
 #
-# Usage: bash bench/advise_bench.sh [BUILD=build] [RUNS=3]
+# Usage: bash bench/advise_bench.sh [BUILD=build] [RUNS=3] [PARTS="time compare"]
 set -euo pipefail
 build=${1:-build}
 runs=${2:-3}
+parts=${3:-time compare}
 qs="$build/quicksilver"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-echo "advise_bench: $runs runs each; load at start $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "advise_bench: $parts; $runs runs each; load at start $(cut -d' ' -f1-3 /proc/loadavg)"
+if [[ " $parts " == *" time "* ]]; then
 echo
 echo "| model | workers | sweep | seconds (median of $runs) | min | max | simulations |"
 echo "|---|---:|---|---:|---:|---:|---:|"
@@ -37,6 +39,8 @@ for model in vgg16 resnet50; do
     done
   done
 done
+fi
+[[ " $parts " == *" compare "* ]] || exit 0
 
 echo
 echo "| model | rate | workers | advise pick | pick ms | best ms (tune, defaults) | pick/best | advise bytescheduler ms | tune bytescheduler ms | ratio |"

@@ -58,16 +58,19 @@ int run_tune(const TuneFlags& f) {
   }();
   if (!r) return fail("quicksilver", r.status());
   const bool p3 = t.policy == "p3";
-  std::printf("tuned %s: %s %s", t.policy.c_str(), p3 ? "slice" : "partition",
-              format_size(r->partition_size).c_str());
-  if (!p3) std::printf(", credit %s", format_size(r->credit_size).c_str());
-  std::printf(
-      "; iteration %.3fms (defaults %.3fms, %+.1f%%); %d simulations (grid %d x %d, %d refine "
-      "rounds from %d starts)\n\n",
-      to_ms(r->iteration_time), to_ms(r->default_time),
-      100.0 * (static_cast<double>(r->iteration_time) - static_cast<double>(r->default_time)) /
-          static_cast<double>(r->default_time),
-      r->simulations, t.grid_points, p3 ? 1 : t.credit_doublings + 1, t.refine_rounds, t.starts);
+  // --json: the table's one JSON object alone (its rows name the tuned knobs' results).
+  if (!f.sim.json)
+    std::printf("tuned %s: %s %s", t.policy.c_str(), p3 ? "slice" : "partition",
+                format_size(r->partition_size).c_str());
+  if (!p3 && !f.sim.json) std::printf(", credit %s", format_size(r->credit_size).c_str());
+  if (!f.sim.json)
+    std::printf(
+        "; iteration %.3fms (defaults %.3fms, %+.1f%%); %d simulations (grid %d x %d, %d refine "
+        "rounds from %d starts)\n\n",
+        to_ms(r->iteration_time), to_ms(r->default_time),
+        100.0 * (static_cast<double>(r->iteration_time) - static_cast<double>(r->default_time)) /
+            static_cast<double>(r->default_time),
+        r->simulations, t.grid_points, p3 ? 1 : t.credit_doublings + 1, t.refine_rounds, t.starts);
 
   std::vector<Row> rows;
   struct Entry {

@@ -71,8 +71,9 @@ Bytes clamp_size(double v) {
   return std::clamp<Bytes>(b, kMinTuned, kMaxTuned);
 }
 
-// One policy's search: coordinate-wise pattern search in log2 of each tuned knob, steps
-// of 4x then 2x, every point simulated once (memo). Keeps a point only when strictly
+// One policy's search: a coarse scan of each tuned knob, then a pattern search in log2 of
+// them (each alone, then all together), steps of 4x then 2x, at most two passes, every
+// point simulated once (memo). Keeps a point only when strictly
 // faster, so ties keep the default.
 class PolicySearch {
  public:
@@ -101,9 +102,16 @@ class PolicySearch {
     if (knobs_.empty()) return;  // nothing to search: the defaults are the pick
     const PolicyOptions defaults = best_options_;
     best_time_ = eval(best_options_);
+    // A coarse scan of each knob alone over the whole range first (the landscape is not
+    // convex: bytescheduler's best partition may sit far below its default with a credit
+    // far below its own), then the pattern search from the best point found.
+    for (const Knob* k : knobs_) scan(*k);
     for (int pass = 0; pass < 2; ++pass) {
       bool moved = false;
-      for (const Knob* k : knobs_) moved |= tune_knob(*k);
+      // Each knob alone, then all together: a partition and its credit move along a ridge
+      // (credit = partition x 2^k, as `tune`'s grid has it) that single moves cannot follow.
+      for (const Knob* k : knobs_) moved |= tune_direction({k});
+      if (knobs_.size() > 1) moved |= tune_direction(knobs_);
       if (!moved) break;
     }
     TimeNs full = default_time_;
@@ -150,19 +158,38 @@ class PolicySearch {
     return t;
   }
 
-  // Moves `k` while that is faster: 4x steps in the better direction, then one 2x step
-  // each way. True when it moved.
-  bool tune_knob(const Knob& k) {
+  // Tries `k` at every power of 4 times kMinTuned up to kMaxTuned (6 points), the others
+  // held; keeps the fastest.
+  void scan(const Knob& k) {
+    for (Bytes v = kMinTuned; v <= kMaxTuned; v *= 4) {
+      if (v == k.get_int(best_options_)) continue;
+      PolicyOptions o = best_options_;
+      k.set_int(&o, v);
+      const TimeNs t = eval(o);
+      if (t < best_time_) {
+        best_time_ = t;
+        best_options_ = o;
+      }
+    }
+  }
+
+  // Moves the knobs of `direction` together (each scaled by the same factor) while that
+  // is faster: 4x steps in the better direction, then one 2x step each way. True when it
+  // moved.
+  bool tune_direction(const std::vector<const Knob*>& direction) {
     bool moved = false;
     for (const double step : {4.0, 2.0}) {
       for (bool improving = true; improving;) {
         improving = false;
-        const auto here = static_cast<double>(k.get_int(best_options_));
         for (const double f : {step, 1 / step}) {
-          const Bytes v = clamp_size(here * f);
-          if (v == k.get_int(best_options_)) continue;
           PolicyOptions o = best_options_;
-          k.set_int(&o, v);
+          bool changed = false;
+          for (const Knob* k : direction) {
+            const Bytes v = clamp_size(static_cast<double>(k->get_int(best_options_)) * f);
+            changed |= v != k->get_int(best_options_);
+            k->set_int(&o, v);
+          }
+          if (!changed) continue;
           const TimeNs t = eval(o);
           if (t < best_time_) {
             best_time_ = t;
