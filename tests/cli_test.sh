@@ -298,6 +298,9 @@ assert "oracle" not in [e["policy"] for e in r], r
 assert a["sensitivity"], a
 PY
 expect_error "--policy: advise ranks every policy" advise --model resnet18 --policy mercury
+# tune --json: its one JSON object, nothing before it.
+expect_ok tune --model resnet18 --workers 2 --servers 2 --iterations 2 --grid-points 2 --refine-rounds 0 --json
+python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$tmp/out" && ok || bad "tune --json is not one JSON object: $(head -c 200 "$tmp/out")"
 expect_error "--bandwidth" advise --model resnet18 --bandwidth fast
 
 echo "$pass passed, $fail failed"
