@@ -73,8 +73,8 @@ Bytes clamp_size(double v) {
 
 // One policy's search: a coarse scan of each tuned knob, then a pattern search in log2 of
 // them (each alone, then all together), steps of 4x then 2x, at most two passes, every
-// point simulated once (memo). Keeps a point only when strictly
-// faster, so ties keep the default.
+// point simulated once (memo). A point is kept only when strictly faster, so ties keep
+// the default.
 class PolicySearch {
  public:
   PolicySearch(const Job& job, const PolicySpec& spec)
@@ -84,7 +84,7 @@ class PolicySearch {
         search_(search_options(job.sim)),
         proxy_(proxy_cluster(job.cluster)) {}
 
-  // The default point; false with the reason when the job refuses it.
+  // The default point with the job's options; an error when the job refuses it.
   Status start() {
     best_options_ = job_.policy_options;
     auto r = simulate(job_.profile, spec_.name, best_options_, job_.cluster, job_.sim);
