@@ -26,5 +26,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
+  apt-get clean  # the downloaded .debs: a GiB or more that CI's disk needs for torch 2.x
 fi
 echo "setup: dependencies present"
