@@ -62,6 +62,7 @@ from torch.autograd import Variable
 try:
     from . import _quicksilver as _qs
     from .staging import Staging
+    from . import auto as _auto
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(
         "quicksilver.torch: the compiled module quicksilver._quicksilver is missing ({}); build "
@@ -439,6 +440,20 @@ class _Integration:
         self.model = model
         self.policy = policy
         self.architecture = architecture or ""
+        # policy="auto" (quicksilver/auto.py): the job starts with its architecture's
+        # reference policy and the planner decides at fixed passes.
+        self.auto = None
+        self.auto_options = None
+        self.decisions = []      # every rank's log of the decisions (rank 0's, broadcast)
+        self.pass_base = 0       # passes before the running session (a switch starts one)
+        self.pass_start = None   # rank 0, auto: when this pass's forward began
+        self.pass_wait = 0.0     # ... and how long it waited at the gates since
+        if policy == "auto":
+            self.architecture = self.architecture or "ps"
+            self.policy = _auto.START_POLICY[self.architecture]
+            self.auto_options = options["auto"]
+            self.next_decision = _auto.first_decision(self.auto_options["replan_every"])
+            policy = self.policy
         self.knobs = {k: _knob_text(v) for k, v in knobs.items()}
         self.servers = servers
         self.store = None  # rank 0 of an all-reduce job: the rendezvous store
@@ -640,6 +655,9 @@ class _Integration:
         if self.state in ("recording", "recorded"):
             self.rec.reset()
             self.rec.begin(inputs)
+        elif self.auto is not None and self.micro == 0 and not self.in_backward and torch.is_grad_enabled():
+            self.pass_start = time.perf_counter()
+            self.pass_wait = 0.0
         self.next_layer = 0
 
     def _pre_hook(self, name, module):
@@ -663,7 +681,12 @@ class _Integration:
     def _enter(self, layer):
         """Layer's forward may start: its gate (the sums of its last pass) and its update."""
         self._reported(layer)
-        self.session.enter_forward(layer)
+        if self.auto is not None:  # the wait at the gate: communication the compute did not hide
+            start = time.perf_counter()
+            self.session.enter_forward(layer)
+            self.pass_wait += time.perf_counter() - start
+        else:
+            self.session.enter_forward(layer)
         if layer >= self.next_layer:
             self.next_layer = layer + 1
         if self.delayed:
@@ -752,6 +775,9 @@ class _Integration:
                 p.grad.zero_()
             self._report(p)
         self.passes += 1
+        if self.auto is not None and self.pass_start is not None:
+            self.auto.record(self.passes, (time.perf_counter() - self.pass_start) * 1e3, self.pass_wait * 1e3)
+            self.pass_start = None
         if self.find_unused:
             self._share_use(self.passes)
             self.none_at[self.passes] = {id(p) for p in self.params
@@ -810,9 +836,6 @@ class _Integration:
                                    "order, their parameters and sizes)".format(rank))
             profile = theirs
         self.profile = profile
-        servers = self.servers
-        hosted = None
-        links = []
         # The job's secret: drawn by rank 0, shared over torch.distributed (the channel the
         # script trusts already); the servers and the all-reduce store demand it
         # (docs/reliability.md). Separately started servers have their own (none here).
@@ -821,6 +844,59 @@ class _Integration:
             box = [secret]
             dist.broadcast_object_list(box, src=0)
             secret = box[0]
+        self.secret = secret
+        # The registry: tensor ids in layer order, each parameter's own .grad.
+        self.layer_params = [ps for _, ps in self.layers]
+        self.all_params = [p for ps in self.layer_params for p in ps]
+        self.tensor_of = {}
+        self.grads = []
+        for ps in self.layer_params:
+            for p in ps:
+                g = p.grad
+                if not g.is_contiguous() or g.data_ptr() == 0:
+                    p.grad = g = g.contiguous().clone()
+                self.tensor_of[id(p)] = len(self.grads)
+                self.grads.append(g)
+        self.layer_grads = [[self.grads[self.tensor_of[id(p)]] for p in ps] for ps in self.layer_params]
+        self.layer_tensors = [[self.tensor_of[id(p)] for p in ps] for ps in self.layer_params]
+        self._group_layers()
+        self.staging = Staging(self.all_params, self._gradient_ready)
+        wire = [self.staging.registered(t, g) for t, g in enumerate(self.grads)]
+        self.wire_tensors = [(w.data_ptr(), w.numel(), p.device.type, str(p.dtype).replace("torch.", ""),
+                              self.staging.staged[t]) for t, (w, p) in enumerate(zip(wire, self.all_params))]
+        self.applied = [0] * L
+        self.covered = [0] * L  # delayed updates: per layer, the iterations applied
+        opened = time.perf_counter()
+        try:
+            self._open_session()
+        except Exception:
+            self.staging.close()  # its thread and pinned buffers go with the failed start
+            raise
+        if self.auto_options is not None and rank == 0:
+            o = self.auto_options
+            self.auto = _auto.Planner(_qs, self.architecture, size, size, self.compression, o["allow_stale"],
+                                      o["replan_every"])
+            self.auto.switch_cost_ms = (time.perf_counter() - opened) * 1e3  # until a switch is measured
+        # The first backward's gradients, as its hooks would have reported them.
+        for l in reversed(range(L)):
+            for p in self.layer_params[l]:
+                self._report(p)
+        self.passes = 1
+        if self.find_unused:
+            self.cycle_used = first_used
+            self._share_use(1)
+            self.none_at[1] = {id(p) for p in self.params}
+        self.reported = set()
+        self.cycle_used = set()
+
+    def _open_session(self):
+        """Starts this rank's session of self.policy on the registered buffers (and its
+        server, or rank 0's rendezvous store): at the first step(), and at each switch of
+        policy="auto", every rank at the same pass with nothing in flight."""
+        size, rank = _env["size"], _env["rank"]
+        profile, servers, secret = self.profile, self.servers, self.secret
+        hosted = None
+        links = []
         job_args = (json.dumps(profile), self.policy, self.knobs, size)
         probe = _qs.Job(*job_args, 1, self.bandwidth, self.settings, self.architecture, compression=self.compression)
         if probe.allreduce:
@@ -848,33 +924,8 @@ class _Integration:
         else:
             endpoints = _parse_servers(servers)
             job = _qs.Job(*job_args, len(endpoints), self.bandwidth, self.settings, compression=self.compression)
-        # The registry: tensor ids in layer order, each parameter's own .grad.
-        self.layer_params = [ps for _, ps in self.layers]
-        self.all_params = [p for ps in self.layer_params for p in ps]
-        self.tensor_of = {}
-        self.grads = []
-        for ps in self.layer_params:
-            for p in ps:
-                g = p.grad
-                if not g.is_contiguous() or g.data_ptr() == 0:
-                    p.grad = g = g.contiguous().clone()
-                self.tensor_of[id(p)] = len(self.grads)
-                self.grads.append(g)
-        self.layer_grads = [[self.grads[self.tensor_of[id(p)]] for p in ps] for ps in self.layer_params]
-        self.layer_tensors = [[self.tensor_of[id(p)] for p in ps] for ps in self.layer_params]
-        self._group_layers()
-        self.staging = Staging(self.all_params, self._gradient_ready)
-        wire = [self.staging.registered(t, g) for t, g in enumerate(self.grads)]
-        self.applied = [0] * L
-        self.covered = [0] * L  # delayed updates: per layer, the iterations applied
-        try:
-            self.session = _qs.Session(
-                job, rank, endpoints, [(w.data_ptr(), w.numel(), p.device.type, str(p.dtype).replace("torch.", ""),
-                                        self.staging.staged[t]) for t, (w, p) in enumerate(zip(wire, self.all_params))],
-                hosted, links, "ring", secret if servers is None else b"")
-        except Exception:
-            self.staging.close()  # its thread and pinned buffers go with the failed start
-            raise
+        self.session = _qs.Session(job, rank, endpoints, self.wire_tensors, hosted, links, "ring",
+                                   secret if servers is None else b"")
         self.state = "running"
         self.delayed = self.session.delayed_updates
         if self.delayed and rank == 0:
@@ -885,17 +936,18 @@ class _Integration:
             self.noise = None      # sigma, measured on passes whose updates were k = 1
             self.measured_before = None  # the pass measured last
             self.loss = None       # the last loss the tap saw
-        # The first backward's gradients, as its hooks would have reported them.
-        for l in reversed(range(L)):
-            for p in self.layer_params[l]:
-                self._report(p)
-        self.passes = 1
-        if self.find_unused:
-            self.cycle_used = first_used
-            self._share_use(1)
-            self.none_at[1] = {id(p) for p in self.params}
-        self.reported = set()
-        self.cycle_used = set()
+
+    def _close_session(self):
+        """Ends the running session once every update of the steps taken is applied (and,
+        delayed updates, those held back: applied now); returns its report."""
+        self.settle(always=True)
+        for l in range(len(self.layers)):
+            self._reported(l)
+        report = self.session.finish()
+        if self.delayed:  # the updates held back until the session's end
+            for l in range(len(self.layers)):
+                self._apply_due(l, _qs.AFTER_TRAINING)
+        return report
 
     # ---- updates ----
 
@@ -1018,11 +1070,16 @@ class _Integration:
         hyperparameters of the step() that followed the last iteration it merges; then
         the gradient buffers are cleared for the next backward (the last one's gradients
         were copied when it ended)."""
+        # The session counts its own passes (policy="auto" opens one at a switch): `before`
+        # and the updates' iterations are the session's, made the job's here.
+        base = self.pass_base
+        updates = [(first + base, last + base) for first, last in self.session.take_updates(l, before)]
+        if before != _qs.AFTER_TRAINING:
+            before += base
         # Measured once per training pass (an evaluation pass after it sees zeroed buffers).
         measuring = self.tapping and before != _qs.AFTER_TRAINING and before != self.measured_before
         if measuring:
             self._measure_local(l, before)
-        updates = self.session.take_updates(l, before)
         # Within an accumulation cycle (a later micro-batch's forward) the buffers hold the
         # cycle's gradients so far: kept.
         kept = [g.clone() for g in self.layer_grads[l]] if self.micro and updates else None
@@ -1212,9 +1269,56 @@ class _Integration:
             for l in range(len(self.layers)):
                 if self.applied[l] < n and self._reported(l, wait=False) and self.session.sum_ready(l, False):
                     self._apply(l)
+        if self.auto_options is not None and n >= self.next_decision:
+            self._decide(n)
         for hook in post:
             hook(self.opt, (), {})
         return loss
+
+    # ---- policy="auto" (quicksilver/auto.py) ----
+
+    def _decide(self, n):
+        """Every rank at the same step(): rank 0's decision, and the switch it asks for."""
+        rank = _env["rank"]
+        d = self.auto.decide(n, self.profile, self.policy, self.knobs) if rank == 0 else None
+        if _env["size"] > 1:
+            box = [d]
+            dist.broadcast_object_list(box, src=0)
+            d = box[0]
+        self.next_decision = n + self.auto_options["replan_every"]
+        switch_ms = None
+        if d["switch"]:
+            start = time.perf_counter()
+            d["closed"] = self._switch(d["policy"], d["knobs"])
+            switch_ms = (time.perf_counter() - start) * 1e3
+            d["switch_ms"] = switch_ms
+        if rank == 0:
+            self.auto.decided(n, d["switch"], switch_ms)
+            print("quicksilver auto: pass {}: {}{}".format(
+                n, d["reason"], "; switched to {} in {:.0f} ms".format(_auto.describe(d), switch_ms)
+                if d["switch"] else ""), file=sys.stderr, flush=True)
+        self.decisions.append(d)
+
+    def _switch(self, policy, knobs):
+        """Closes the running session with every update of the steps taken applied, and
+        opens one of `policy` on the same buffers; the session's passes count from here.
+        Returns the closed session's policy and median iteration (ms)."""
+        report = self._close_session()
+        self.session = None
+        self.store = None
+        if self.tapping:
+            _loss_tap.release()
+            self.tapping = False
+        L = len(self.layers)
+        self.applied = [self.passes] * L
+        self.covered = [self.passes] * L
+        self.settled = self.stepped
+        self._forget()
+        self.pass_base = self.passes
+        self.policy = policy
+        self.knobs = {k: _knob_text(v) for k, v in knobs.items()}
+        self._open_session()
+        return {"policy": report["policy"], "median_iteration_ms": report["median_iteration_ms"]}
 
     def _step_hooks(self, kind):
         """torch >= 2.0: the step hooks ("pre" or "post") of torch.optim, global and the
@@ -1309,16 +1413,12 @@ class _Integration:
             return self.report
         try:
             if self.state == "running":
-                self.settle(always=True)
-                for l in range(len(self.layers)):
-                    self._reported(l)
-                self.report = self.session.finish()
+                self.report = self._close_session()
+                if self.auto_options is not None:
+                    self.report["auto"] = list(self.decisions)
                 # Every worker ended at the same iteration, so each took part in every
                 # consistency gather: the last one is compared too.
                 self._compare_digests(wait=True)
-                if self.delayed:  # the updates held back until the end of training
-                    for l in range(len(self.layers)):
-                        self._apply_due(l, _qs.AFTER_TRAINING)
         except Exception:
             if self.session is not None:
                 self.session.abort("shutdown after a failure")
@@ -1479,11 +1579,43 @@ def _launcher_choice(policy, architecture, compression, knobs):
     return policy, architecture, compression, merged
 
 
+def _auto_options(policy, architecture, knobs, servers, replan_every, allow_stale, find_unused):
+    """policy="auto"'s keywords, checked: {"replan_every", "allow_stale"}, or None for a
+    fixed policy (which refuses them: they would be ignored)."""
+    what = "quicksilver.torch.DistributedOptimizer"
+    if policy != "auto":
+        for name, value in (("replan_every", replan_every), ("allow_stale", allow_stale)):
+            if value is not None:
+                raise ValueError("{}: {}= applies to policy='auto' only (this job runs policy '{}')".format(
+                    what, name, policy))
+        return None
+    if knobs:
+        raise ValueError("{}: policy='auto' tunes the knobs itself: drop {} (or give a fixed policy)".format(
+            what, ", ".join(sorted(knobs))))
+    if servers is not None:
+        raise ValueError("{}: policy='auto' restarts the servers at a switch, so it cannot use separately started "
+                         "ones: drop servers= (each process hosts one)".format(what))
+    if architecture not in (None, "ps", "allreduce"):
+        raise ValueError("{}: architecture={!r}: give 'ps' or 'allreduce'".format(what, architecture))
+    replan_every = _auto.DEFAULT_REPLAN_EVERY if replan_every is None else replan_every
+    if not isinstance(replan_every, int) or isinstance(replan_every, bool) or replan_every < 1:
+        raise ValueError("{}: replan_every={!r} must be an integer >= 1 (steps between decisions)".format(
+            what, replan_every))
+    allow_stale = bool(allow_stale)
+    if allow_stale and architecture != "allreduce":
+        raise ValueError("{}: allow_stale=True admits the policies that delay updates, which are all-reduce "
+                         "policies (DeFT): give architecture='allreduce' too".format(what))
+    if allow_stale and find_unused:
+        raise ValueError("{}: allow_stale=True with find_unused_parameters=True: DeFT's delayed updates sum each "
+                         "pass's gradients with later ones; drop one".format(what))
+    return {"replan_every": replan_every, "allow_stale": allow_stale}
+
+
 def DistributedOptimizer(optimizer, model=None, policy=None, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average, find_unused_parameters=False,
                          broadcast_buffers=True, check_consistency=0, servers=None, bandwidth=None,
                          congestion=None, connect_timeout=120.0, peer_timeout=600.0, architecture=None,
-                         **knobs):
+                         replan_every=None, allow_stale=None, **knobs):
     """Makes `optimizer` (any torch.optim optimizer of `model`'s parameters) train through
     Quicksilver with `policy` (one of policies(); default mercury, or what `quicksilver run
     --script --policy P` chose) and its knobs as keywords (e.g.
@@ -1504,6 +1636,13 @@ def DistributedOptimizer(optimizer, model=None, policy=None, named_parameters=No
     (default: each process hosts one server, N = M). `architecture`: "ps" or "allreduce"
     (gloo); by default the policy's own, and "ps" for the names both have (wfbp,
     bytescheduler). `bandwidth`: the nominal NIC rate for the policies that plan with one.
+
+    policy="auto": the job measures itself and switches every rank to the policy (and
+    knobs) the simulator predicts fastest on the measured network, at the same step()
+    (quicksilver/auto.py, docs/pytorch.md "policy=auto"); it decides again every
+    `replan_every` steps (default 200). Within `architecture` (default "ps"); policies
+    that delay updates (DeFT) are candidates only with allow_stale=True (they change the
+    optimisation). It takes no knobs (it tunes them) and no `servers` (it restarts them).
 
     Added methods: synchronize() (wait for the sums and leave the averages in .grad; after
     step(), apply the updates of the steps taken), skip_synchronize() (a context: the step
@@ -1547,12 +1686,13 @@ def DistributedOptimizer(optimizer, model=None, policy=None, named_parameters=No
     if not isinstance(check_consistency, int) or check_consistency < 0:
         raise ValueError("quicksilver.torch.DistributedOptimizer: check_consistency={!r} must be an integer >= 0 "
                          "(0: off; N: every N steps)".format(check_consistency))
+    auto = _auto_options(policy, architecture, knobs, servers, replan_every, allow_stale, find_unused_parameters)
     settings = {"congestion": congestion, "connect_timeout": connect_timeout, "peer_timeout": peer_timeout}
     integration = _Integration(optimizer, model, policy, knobs, servers, bandwidth, settings, architecture,
                                {"backward_passes_per_step": backward_passes_per_step, "op": op,
                                 "find_unused_parameters": bool(find_unused_parameters),
                                 "broadcast_buffers": bool(broadcast_buffers),
-                                "check_consistency": check_consistency, "compression": wire})
+                                "check_consistency": check_consistency, "compression": wire, "auto": auto})
     if named_parameters is not None:
         try:
             integration.use_names(named_parameters)
@@ -1577,6 +1717,7 @@ def DistributedOptimizer(optimizer, model=None, policy=None, named_parameters=No
         "shutdown": lambda self: self._qs.shutdown(),
         "quicksilver_profile": lambda self: getattr(self._qs, "profile", None),
         "quicksilver_updates": lambda self: list(self._qs.update_log),
+        "quicksilver_decisions": lambda self: list(self._qs.decisions),
     })
     optimizer._qs = integration
     optimizer.__class__ = cls

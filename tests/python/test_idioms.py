@@ -248,3 +248,42 @@ def test_imagenet_shaped_script_trains_resumes_and_matches_one_process(build_dir
     assert resume_diff <= 1e-6, "the resumed run differs from the straight one by {:.2e}".format(resume_diff)
     assert os.path.exists(os.path.join(straight, "model_best.pth.tar"))
     print("imagenet-shaped: 2 workers vs one process {:.1e}, resumed vs straight {:.1e}".format(diff, resume_diff))
+
+
+def decisions(out, name, workers):
+    """Each rank's log of policy="auto"'s decisions of idiom `name`: [(pass, policy, switch)]."""
+    logs = []
+    for r in range(workers):
+        log = json.load(open(os.path.join(out, "{}-auto-{}.json".format(name, r))))
+        logs.append([(d["pass"], d["policy"], d["switch"]) for d in log[-1]["report"]["auto"]])
+    return logs
+
+
+@pytest.mark.parametrize("architecture,schedule,workers,launcher", [
+    ("ps", "3:bytescheduler,5:p3", 2, "quicksilver"),
+    ("ps", "3:wfbp,4:mercury", 3, "torchrun"),
+    ("allreduce", "3:mgwfbp,5:wfbp", 2, "torchrun"),
+    ("allreduce", "4:bytescheduler", 3, "quicksilver")])
+def test_auto_switches_keep_training_exact(build_dir, tmp_path, monkeypatch, architecture, schedule, workers,
+                                           launcher):
+    """policy="auto" switching policy mid-training (QS_AUTO_SCHEDULE puts the switches at
+    passes of the test's choosing, through the same broadcast and switch as the planner's):
+    every idiom still matches one process on the concatenated batches, every rank's
+    parameters equal rank 0's (check_consistency=1 on), and every rank switched at the same
+    passes to the same policies."""
+    monkeypatch.setenv("QS_AUTO_SCHEDULE", schedule)
+    knobs = {"replan_every": 1, "architecture": architecture}
+    launch(build_dir, launcher, workers, ["--idioms", ",".join(SYNC), "--policies", "auto", "--knobs",
+                                          json.dumps(knobs), "--out", str(tmp_path)])
+    want = {int(n): p for n, _, p in (item.partition(":") for item in schedule.split(","))}
+    switches = 0
+    for name in SYNC:
+        reference = idioms.IDIOMS[name](idioms.World(workers, bn_apart=(name == "batchnorm")))
+        compare(str(tmp_path), name, "auto", workers, reference)
+        logs = decisions(str(tmp_path), name, workers)
+        assert all(log == logs[0] for log in logs), (name, logs)
+        switched = {n: p for n, p, switch in logs[0] if switch}
+        # An idiom of fewer passes than the schedule sees the switches up to its end.
+        assert switched == {n: p for n, p in want.items() if n <= max(n for n, _, _ in logs[0])}, (name, logs[0])
+        switches += len(switched)
+    assert switches >= len(SYNC) - 1, "too few switches happened: the test would not see them"

@@ -410,13 +410,14 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
 
 // The run's figures, its fits and the policy's notes (the threads are joined).
 Result<WorkerReport> CollectiveWorker::Impl::make_report() const {
-  if (training->records().empty())
-    return invalid_argument(name() + ": the run ended before its first iteration");
   WorkerReport r;
   r.worker_id = opts.rank;
   r.policy = opts.job.policy;
   r.congestion_control = "gloo " + std::string(gloo_algorithm_name(opts.algorithm));
   r.push_end = "collective";
+  // A job of one pass has no whole iteration (a PyTorch loop of one step, or a session
+  // policy="auto" closed after one): a report without figures.
+  if (training->records().empty()) return r;
   std::vector<double> util;
   for (const IterationRecord& rec : training->records()) {
     r.iteration_times.push_back(rec.time);

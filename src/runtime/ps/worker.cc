@@ -320,7 +320,10 @@ struct Worker::Impl final : transport::FrameHandler {
       r.iteration_times.push_back(rec.time);
       gbps.push_back(rec.gbps);
     }
-    r.median_iteration = steady_median(r.iteration_times, opts.warmup);
+    // A job of one pass has no whole iteration (a PyTorch loop of one step, or a session
+    // policy="auto" closed after one).
+    r.median_iteration =
+        r.iteration_times.empty() ? 0 : steady_median(r.iteration_times, opts.warmup);
     if (!training->records().empty()) {
       r.bytes_pushed_per_iteration = training->records().back().traffic.bytes;
       r.units_per_iteration = training->records().back().traffic.messages;

@@ -92,6 +92,9 @@ inline constexpr int kOpenEndedIterations = 1 << 30;
 // 'oracle' (it sums nothing), a bad value. `servers` is ignored for all-reduce. DeFT's
 // Preserver judges measured training (deft_loss_feedback is set).
 Result<runtime::JobOptions> make_job(const JobSpec& spec);
+// Sets the knobs (JobSpec::knobs' spelling) in `options`; errors name the knob.
+Status parse_knobs(const std::vector<std::pair<std::string, std::string>>& knobs,
+                   PolicyOptions* options);
 
 // The worker a Session drives, whatever moves its gradients: the TCP parameter-server
 // worker (runtime::Worker, ps_worker below) today; the gloo all-reduce worker plugs in by
