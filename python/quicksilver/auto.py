@@ -28,9 +28,10 @@ measurements (and the simulator is deterministic).
 Policies that delay updates (DeFT) are candidates only with allow_stale=True: they apply
 updates of several iterations late and merged, which changes the optimisation.
 
-QS_AUTO_SCHEDULE="PASS:POLICY,..." (tests, as QS_FORCE_STAGING) replaces rank 0's planner
-by a fixed schedule ("4:bytescheduler,6:p3": switch at those passes, keep elsewhere), so
-that a test can switch at passes of its choosing through the same broadcast and switch."""
+QS_AUTO_SCHEDULE="PASS:POLICY[/KNOB=VALUE...],..." (tests, as QS_FORCE_STAGING) replaces
+rank 0's planner by a fixed schedule ("4:bytescheduler,6:deft/deft_horizon=3": switch at
+those passes, keep elsewhere), so that a test can switch at passes of its choosing through
+the same broadcast and switch."""
 
 import json
 import math
@@ -68,15 +69,19 @@ def describe(d):
 
 
 def parse_schedule(text):
-    """QS_AUTO_SCHEDULE's "PASS:POLICY,..." as {pass: policy}; None when empty."""
+    """QS_AUTO_SCHEDULE's "PASS:POLICY[/KNOB=VALUE...],..." as {pass: (policy, knobs)};
+    None when empty."""
     if not text:
         return None
     out = {}
     for item in text.split(","):
-        n, _, policy = item.partition(":")
-        if not n.strip().isdigit() or not policy.strip():
-            raise ValueError("QS_AUTO_SCHEDULE={!r}: give PASS:POLICY,... (e.g. 4:bytescheduler,6:p3)".format(text))
-        out[int(n)] = policy.strip()
+        n, _, spec = item.partition(":")
+        policy, *pairs = spec.strip().split("/")
+        knobs = dict(pair.partition("=")[::2] for pair in pairs)
+        if not n.strip().isdigit() or not policy or any(not k or not v for k, v in knobs.items()):
+            raise ValueError("QS_AUTO_SCHEDULE={!r}: give PASS:POLICY[/KNOB=VALUE...],... (e.g. "
+                             "4:bytescheduler,6:deft/deft_horizon=3)".format(text))
+        out[int(n)] = (policy, knobs)
     return out
 
 
@@ -143,9 +148,9 @@ class Planner:
         m = self.measurement()
         d = {"pass": n, "from": policy, "policy": policy, "knobs": dict(knobs), "switch": False}
         if self.schedule is not None:
-            forced = self.schedule.get(n)
-            if forced is not None and forced != policy:
-                d.update(policy=forced, knobs={}, switch=True)
+            forced, forced_knobs = self.schedule.get(n, (None, {}))
+            if forced is not None and (forced, forced_knobs) != (policy, knobs):
+                d.update(policy=forced, knobs=forced_knobs, switch=True)
             d["reason"] = "QS_AUTO_SCHEDULE " + ("switches to " + forced if d["switch"] else "keeps " + policy)
             return d
         if m is None:

@@ -937,16 +937,17 @@ class _Integration:
             self.measured_before = None  # the pass measured last
             self.loss = None       # the last loss the tap saw
 
-    def _close_session(self):
+    def _close_session(self, switching=False):
         """Ends the running session once every update of the steps taken is applied (and,
-        delayed updates, those held back: applied now); returns its report."""
+        delayed updates, those held back: applied now, before the next forward pass when
+        `switching`); returns its report."""
         self.settle(always=True)
         for l in range(len(self.layers)):
             self._reported(l)
         report = self.session.finish()
         if self.delayed:  # the updates held back until the session's end
             for l in range(len(self.layers)):
-                self._apply_due(l, _qs.AFTER_TRAINING)
+                self._apply_due(l, _qs.AFTER_TRAINING, self.passes if switching else None)
         return report
 
     # ---- updates ----
@@ -1028,6 +1029,8 @@ class _Integration:
             for p in self.layer_params[l]:
                 if id(p) not in skip:
                     self.had_grad[id(p)] = n
+            if self.auto_options is not None:  # in the delayed updates' terms: iteration n - 1 alone
+                self.update_log.append((n, l, n - 1, n - 1))
         for g in self.layer_grads[l]:
             g.zero_()
         self.applied[l] = n
@@ -1064,7 +1067,7 @@ class _Integration:
     # layer's gradient): the Preserver judges means over many iterations.
     MEASURE_EVERY = 4
 
-    def _apply_due(self, l, before):
+    def _apply_due(self, l, before, logged_before=None):
         """Delayed updates: layer l's updates due before this forward pass (after `before`
         backward passes), each one step on its sums over workers x iterations, with the
         hyperparameters of the step() that followed the last iteration it merges; then
@@ -1073,7 +1076,7 @@ class _Integration:
         # The session counts its own passes (policy="auto" opens one at a switch): `before`
         # and the updates' iterations are the session's, made the job's here.
         base = self.pass_base
-        updates = [(first + base, last + base) for first, last in self.session.take_updates(l, before)]
+        updates = self.session.take_updates(l, before)
         if before != _qs.AFTER_TRAINING:
             before += base
         # Measured once per training pass (an evaluation pass after it sees zeroed buffers).
@@ -1083,7 +1086,8 @@ class _Integration:
         # Within an accumulation cycle (a later micro-batch's forward) the buffers hold the
         # cycle's gradients so far: kept.
         kept = [g.clone() for g in self.layer_grads[l]] if self.micro and updates else None
-        for first, last in updates:
+        for session_first, session_last in updates:
+            first, last = session_first + base, session_last + base
             local = None
             if measuring and first == last == before - 1 and (before % self.MEASURE_EVERY == 1
                                                              or self.noise is None):
@@ -1091,7 +1095,7 @@ class _Integration:
             # The staged buffers' last copies back (the update before this one) must have
             # read them before this update's sums land there.
             self.staging.host_free(self.layer_tensors[l])
-            self.session.load_update(l, first, last)
+            self.session.load_update(l, session_first, session_last)
             divisor = (_env["size"] if self.average else 1) * (last - first + 1)
             self._sums_in(l, divisor)
             if measuring:  # the average over workers and iterations, whatever the op
@@ -1100,7 +1104,7 @@ class _Integration:
             if hyper is None or hyper is _SKIPPED:
                 hyper = _hyperparameters(self.opt.param_groups)  # its step() never came (after training)
             self._step_layer(l, 1, hyper)
-            self.update_log.append((before, l, first, last))
+            self.update_log.append((before if logged_before is None else logged_before, l, first, last))
             self.covered[l] = max(self.covered[l], last + 1)
         if kept is not None:
             for g, k in zip(self.layer_grads[l], kept):
@@ -1303,7 +1307,7 @@ class _Integration:
         """Closes the running session with every update of the steps taken applied, and
         opens one of `policy` on the same buffers; the session's passes count from here.
         Returns the closed session's policy and median iteration (ms)."""
-        report = self._close_session()
+        report = self._close_session(switching=True)
         self.session = None
         self.store = None
         if self.tapping:
@@ -1648,7 +1652,8 @@ def DistributedOptimizer(optimizer, model=None, policy=None, named_parameters=No
     step(), apply the updates of the steps taken), skip_synchronize() (a context: the step
     after synchronize()), shutdown() (end; returns this worker's measurements),
     quicksilver_profile() (the measured profile, DESIGN.md's format),
-    quicksilver_updates() (DeFT: the delayed updates applied, as (before, layer, first,
+    quicksilver_updates() (DeFT, and every update under policy="auto", a synchronous
+    one of pass n as (n, layer, n - 1, n - 1): the delayed updates applied, as (before, layer, first,
     last): layer's step on the sums of iterations first..last, before the forward pass
     after `before` backward passes; quicksilver.torch.AFTER_TRAINING: at shutdown)."""
     _require_init("DistributedOptimizer")

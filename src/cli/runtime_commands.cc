@@ -686,7 +686,8 @@ Status script_flags(const RunFlags& f, std::vector<std::pair<std::string, std::s
     if (f.sim.policy.find(',') != std::string::npos || f.sim.policy == "all") {
       return invalid_argument("--policy '" + f.sim.policy + "': a script trains with one policy");
     }
-    if (!policy_registry().is_known(f.sim.policy)) {
+    // auto: the script's DistributedOptimizer picks and re-plans (quicksilver/auto.py).
+    if (f.sim.policy != "auto" && !policy_registry().is_known(f.sim.policy)) {
       return invalid_argument("--policy: unknown policy '" + f.sim.policy + "'");
     }
     env->emplace_back("QS_POLICY", f.sim.policy);
@@ -718,6 +719,10 @@ Status script_flags(const RunFlags& f, std::vector<std::pair<std::string, std::s
   }
   for (const auto& [name, on] : f.sim.switches) {
     if (on) knobs += (knobs.empty() ? "" : ";") + name + "=true";
+  }
+  if (!knobs.empty() && given("--policy") && f.sim.policy == "auto") {
+    return invalid_argument("--policy auto tunes the knobs itself: drop " +
+                            knobs.substr(0, knobs.find('=')) + " (or give a fixed policy)");
   }
   if (!knobs.empty()) env->emplace_back("QS_KNOBS", knobs);
   return Status::ok();

@@ -349,6 +349,12 @@ Result<Job> make_job(const SimFlags& f) {
     std::stringstream ss(f.policy);
     for (std::string p; std::getline(ss, p, ',');) {
       if (p.empty()) continue;
+      if (p == "auto") {
+        return invalid_argument(
+            "--policy auto: the job chooses its policy as it trains, from its own measurements, "
+            "in a PyTorch script (run --script S --policy auto, or DistributedOptimizer(policy="
+            "\"auto\")); to rank the policies for this job beforehand, use quicksilver advise");
+      }
       if (!is_known_policy(p)) {
         std::string known;
         for (const auto& n : all_policy_names()) known += (known.empty() ? "" : ", ") + n;

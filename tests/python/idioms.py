@@ -140,7 +140,8 @@ class World:
         """The loop ended: the model's state as the user reads it (model.state_dict() right
         after the last step(), before shutdown; under DeFT after shutdown, which applies the
         updates still held back), and the optimizer finished."""
-        if self.delayed is not None or (self.worker and self.policy == "deft"):
+        stale = self.policy == "deft" or (self.policy == "auto" and self.knobs.get("allow_stale"))
+        if self.delayed is not None or (self.worker and stale):
             self.finish(optimizer)
             return state(model)
         read = state(model)
@@ -212,6 +213,12 @@ class DelayedReference:
                 p.grad = None if g is None else g.zero_()
 
     def finish(self):
+        # What was due before a forward pass that never came (the last synchronous step of
+        # policy="auto"), then what was held back until after training.
+        for u in self.updates:
+            if u[0] != self.after and u not in self.done:
+                self.done.add(u)
+                self._apply(*u[1:])
         self._due(self.after)
 
 

@@ -139,12 +139,15 @@ def test_compiled_model(build_dir, tmp_path, policy):
     print("compiled, {}: worst difference {:.1e}".format(policy, worst))
 
 
-def deft_reference(out, name, workers):
+def deft_reference(out, name, workers, policy="deft"):
     import quicksilver._quicksilver as qsm
-    logs = json.load(open(os.path.join(out, "{}-deft-0.json".format(name))))
+    logs = json.load(open(os.path.join(out, "{}-{}-0.json".format(name, policy))))
     for r in range(1, workers):
-        theirs = json.load(open(os.path.join(out, "{}-deft-{}.json".format(name, r))))
-        assert [l["updates"] for l in theirs] == [l["updates"] for l in logs], "rank {} applied other updates".format(r)
+        theirs = json.load(open(os.path.join(out, "{}-{}-{}.json".format(name, policy, r))))
+        # The same updates (in any order across layers: a synchronous step applies the layers
+        # whose sums are in, which differ from rank to rank; within a layer, in order).
+        assert [sorted(map(tuple, l["updates"])) for l in theirs] == [sorted(map(tuple, l["updates"])) for l in logs], \
+            "rank {} applied other updates".format(r)
     world = idioms.World(workers, bn_apart=(name == "batchnorm"))
     world.delayed = idioms.DelayedReference(logs[0]["profile"], logs[0]["updates"], qsm.AFTER_TRAINING)
     return idioms.IDIOMS[name](world), logs[0]["updates"]
@@ -287,3 +290,26 @@ def test_auto_switches_keep_training_exact(build_dir, tmp_path, monkeypatch, arc
         assert switched == {n: p for n, p in want.items() if n <= max(n for n, _, _ in logs[0])}, (name, logs[0])
         switches += len(switched)
     assert switches >= len(SYNC) - 1, "too few switches happened: the test would not see them"
+
+
+@pytest.mark.parametrize("workers,launcher,back", [(2, "quicksilver", 5), (3, "torchrun", None)])
+def test_auto_switches_into_and_out_of_delayed_updates(build_dir, tmp_path, monkeypatch, workers, launcher, back):
+    """allow_stale=True: a switch into DeFT (small knapsacks, so that it delays and merges)
+    and back out to DDP; the held-back updates are applied at the switch, before the next
+    forward pass. Every update is logged (a synchronous one of pass n as (n, l, n-1, n-1)),
+    and one process replaying that log on the concatenated batches gets the same model."""
+    deft = "deft/" + "/".join("{}={}".format(k, v) for k, v in DEFT_KNOBS.items())
+    monkeypatch.setenv("QS_AUTO_SCHEDULE", "3:{}".format(deft) + (",{}:ddp".format(back) if back else ""))
+    knobs = {"replan_every": 1, "architecture": "allreduce", "allow_stale": True}
+    launch(build_dir, launcher, workers, ["--idioms", ",".join(DEFT), "--policies", "auto", "--knobs",
+                                          json.dumps(knobs), "--out", str(tmp_path)])
+    merged = 0
+    for name in DEFT:
+        reference, updates = deft_reference(str(tmp_path), name, workers, "auto")
+        compare(str(tmp_path), name, "auto", workers, reference)
+        logs = decisions(str(tmp_path), name, workers)
+        assert all(log == logs[0] for log in logs), (name, logs)
+        want = [(3, "deft")] + ([(back, "ddp")] if back else [])
+        assert [(n, p) for n, p, switch in logs[0] if switch] == want, (name, logs[0])
+        merged += sum(1 for u in updates if u[3] > u[2])
+    assert merged or back, "DeFT merged no iterations: the test would not see merged updates"

@@ -1,0 +1,181 @@
+"""policy="auto"'s planner (quicksilver/auto.py) on given measurements: the network it infers,
+the decision's determinism, the jobs whose best policy is obvious, the switch rule; and the
+keywords DistributedOptimizer refuses with it. The switch itself, under the idioms on 2 and
+3 ranks, is tests/python/test_idioms.py's test_auto_switches_keep_training_exact."""
+import json
+import math
+
+import pytest
+import torch
+
+import models
+
+# 40 tiny layers: every message is latency (a collective's startup, a round trip).
+TINY = {"name": "tiny", "layers": [{"name": "l{}".format(i), "forward_ms": 0.02, "backward_ms": 0.04,
+                                    "tensors": [{"name": "w", "elements": 64}]} for i in range(40)]}
+# One 200 MB embedding first in the forward pass, last in the backward: bandwidth.
+HUGE = {"name": "huge", "layers": [{"name": "emb", "forward_ms": 0.5, "backward_ms": 1.0,
+                                    "tensors": [{"name": "w", "elements": 50_000_000}]}] +
+        [{"name": "l{}".format(i), "forward_ms": 2.0, "backward_ms": 4.0,
+          "tensors": [{"name": "w", "elements": 100_000}]} for i in range(10)]}
+
+
+def qs_module():
+    from quicksilver import _quicksilver
+    return _quicksilver
+
+
+def planner(architecture, workers=4, replan_every=50, allow_stale=False):
+    from quicksilver import auto
+    return auto.Planner(qs_module(), architecture, workers, workers, "none", allow_stale, replan_every)
+
+
+def measured(p, profile, architecture, policy, gbps, workers=4, passes=8):
+    """Feeds p the spans a job of `policy` on a `gbps` network would show (the simulator's
+    iteration; the compute is the profile's), as rank 0's hooks would."""
+    from quicksilver import auto
+    q = qs_module()
+    iteration = q.predict(json.dumps(profile), architecture, workers, workers, gbps, auto.LATENCY_US, "none",
+                          policy, {})
+    compute = sum(l["forward_ms"] + l["backward_ms"] for l in profile["layers"])
+    for n in range(auto.WARMUP_PASSES + 1, auto.WARMUP_PASSES + 1 + passes):
+        p.record(n, iteration, iteration - compute)
+    return iteration
+
+
+@pytest.mark.parametrize("architecture,policy,gbps", [("ps", "mercury", 1.0), ("ps", "wfbp", 25.0),
+                                                      ("allreduce", "ddp", 0.3), ("allreduce", "mgwfbp", 3.0)])
+def test_the_inferred_rate_is_the_one_that_gave_the_iteration(architecture, policy, gbps):
+    from quicksilver import auto
+    q = qs_module()
+    prof = json.dumps(HUGE)
+
+    def predict(g):
+        return q.predict(prof, architecture, 4, 4, g, auto.LATENCY_US, "none", policy, {})
+    got = auto.effective_gbps(predict, predict(gbps))
+    assert abs(math.log(got / gbps)) < 0.01, (got, gbps)
+    # Compute-bound (an iteration no rate explains): the top of the range, not an error.
+    assert auto.effective_gbps(predict, 1.0) == auto.GBPS_RANGE[1]
+
+
+def test_the_decision_is_a_function_of_the_measurements():
+    decisions = []
+    for _ in range(2):
+        p = planner("ps")
+        measured(p, HUGE, "ps", "wfbp", 2.0)
+        d = p.decide(10, HUGE, "wfbp", {})
+        d.pop("decide_ms")
+        decisions.append(d)
+    assert decisions[0] == decisions[1]
+    assert decisions[0]["switch"] and decisions[0]["network_gbps"] == pytest.approx(2.0, rel=0.01)
+
+
+def test_a_bandwidth_bound_job_with_a_huge_layer_picks_a_partitioning_priority_policy():
+    """PS, a 200 MB layer on a 1 Gbit/s network: whole-tensor FIFO (wfbp) waits for the huge
+    layer; a policy that slices it and sends the urgent layers first wins by far."""
+    p = planner("ps")
+    before = measured(p, HUGE, "ps", "wfbp", 1.0)
+    d = p.decide(10, HUGE, "wfbp", {})
+    assert d["switch"], d["reason"]
+    assert d["policy"] in ("mercury", "mercury-nopreempt", "bytescheduler", "prophet"), d
+    best = dict(d["ranking"])[d["policy"]]
+    assert before > 1.3 * best, (before, d["ranking"])
+    assert "1 Gbit/s" in d["reason"] or "Gbit/s" in d["reason"]
+
+
+def test_a_latency_bound_job_of_tiny_layers_picks_a_merging_policy():
+    """All-reduce, 40 layers of 256 bytes at 500 us a collective's start: one collective per
+    layer (wfbp) pays 40 startups; a policy that merges them into few wins."""
+    from quicksilver import auto
+    p = planner("allreduce")
+    old = auto.LATENCY_US
+    auto.LATENCY_US = 500.0
+    try:
+        before = measured(p, TINY, "allreduce", "wfbp", 10.0)
+        d = p.decide(10, TINY, "wfbp", {})
+    finally:
+        auto.LATENCY_US = old
+    assert d["switch"], d["reason"]
+    assert d["policy"] in ("mgwfbp", "mgwfbp-opt", "ddp", "synceasgd"), d
+    assert before > 1.2 * dict(d["ranking"])[d["policy"]], (before, d["ranking"])
+
+
+def test_a_switch_must_pay_for_itself_and_near_ties_are_kept():
+    p = planner("ps", replan_every=10)
+    measured(p, HUGE, "ps", "wfbp", 1.0)
+    p.switch_cost_ms = 1e9  # a switch dearer than any gain over 10 passes
+    d = p.decide(10, HUGE, "wfbp", {})
+    assert not d["switch"] and "less than a switch costs" in d["reason"], d["reason"]
+    # The best policy running already: kept, whatever a switch costs.
+    p = planner("ps")
+    measured(p, HUGE, "ps", "mercury", 1.0)
+    p.switch_cost_ms = 0.0
+    d = p.decide(10, HUGE, "mercury", {})
+    assert not d["switch"], d["reason"]
+    # Nothing measured since the last decision: kept, saying so.
+    p = planner("ps")
+    d = p.decide(10, HUGE, "mercury", {})
+    assert not d["switch"] and "no pass measured" in d["reason"]
+
+
+def test_delayed_updates_are_candidates_only_when_allowed():
+    q = qs_module()
+    prof = json.dumps(HUGE)
+    strict = [r["policy"] for r in q.rank_policies(prof, "allreduce", 4, 4, 1.0, 50.0, "none", False)]
+    stale = [r["policy"] for r in q.rank_policies(prof, "allreduce", 4, 4, 1.0, 50.0, "none", True)]
+    assert "deft" not in strict and "deft" in stale
+    assert "oracle" not in strict + stale
+
+
+def test_auto_keywords_are_checked():
+    import quicksilver.torch as qs
+    qs.init()
+    model = models.DigitsCNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="tunes the knobs itself: drop packet_size"):
+        qs.DistributedOptimizer(opt, model, policy="auto", packet_size="4KiB")
+    with pytest.raises(ValueError, match="cannot use separately started ones"):
+        qs.DistributedOptimizer(opt, model, policy="auto", servers="127.0.0.1:1")
+    with pytest.raises(ValueError, match="replan_every= applies to policy='auto' only"):
+        qs.DistributedOptimizer(opt, model, policy="mercury", replan_every=10)
+    with pytest.raises(ValueError, match="allow_stale= applies to policy='auto' only"):
+        qs.DistributedOptimizer(opt, model, policy="ddp", allow_stale=True)
+    with pytest.raises(ValueError, match="replan_every=0 must be an integer >= 1"):
+        qs.DistributedOptimizer(opt, model, policy="auto", replan_every=0)
+    with pytest.raises(ValueError, match="give architecture='allreduce' too"):
+        qs.DistributedOptimizer(opt, model, policy="auto", allow_stale=True)
+    with pytest.raises(ValueError, match="drop one"):
+        qs.DistributedOptimizer(opt, model, policy="auto", architecture="allreduce", allow_stale=True,
+                                find_unused_parameters=True)
+    with pytest.raises(ValueError, match="QS_AUTO_SCHEDULE"):
+        from quicksilver import auto
+        auto.parse_schedule("three:wfbp")
+
+
+def test_one_process_auto_trains_as_plain_training():
+    """One worker (no launcher), policy="auto" with a decision every 2 steps: the model is
+    the one plain training gives, and the decisions are logged in the report."""
+    import quicksilver.torch as qs
+    qs.init()
+    torch.manual_seed(0)
+    model = models.DigitsCNN()
+    reference = models.DigitsCNN()
+    reference.load_state_dict(model.state_dict())
+    opt = qs.DistributedOptimizer(models.optimizer("sgd", model.parameters()), model, policy="auto",
+                                  replan_every=2)
+    ref_opt = models.optimizer("sgd", reference.parameters())
+    x, y = models.data("digits")
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for it in range(12):
+        xb, yb = models.batch(x, y, it, 0, 1, 8)
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad()
+            loss_fn(m(xb), yb).backward()
+            o.step()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    report = opt.shutdown()
+    for k, v in reference.state_dict().items():
+        assert torch.allclose(state[k], v, atol=1e-6), k
+    passes = [d["pass"] for d in report["auto"]]
+    assert passes == [4, 6, 8, 10, 12], passes
+    assert [d["pass"] for d in opt.quicksilver_decisions()] == passes
