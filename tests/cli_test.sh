@@ -146,6 +146,10 @@ before=$(ls -d /tmp/qs-run-* 2>/dev/null | wc -l)
 expect_ok run --model "$latin1" --policy wfbp --workers 1 --servers 1 --iterations 2 --json
 after=$(ls -d /tmp/qs-run-* 2>/dev/null | wc -l)
 [ "$after" -le "$before" ] && ok || bad "run left a qs-run-* directory behind"
+# --policy auto belongs to a training script (issue 30): refused elsewhere, pointing there.
+expect_bad "use quicksilver advise" simulate --model vgg16 --policy auto
+expect_bad "run --script S --policy auto" run --model vgg16 --policy auto --iterations 2
+expect_bad "--policy auto tunes the knobs itself: drop packet_size" run --workers 2 --policy auto --packet-size 4KiB --script "$tmp/out"
 expect_bad "--scale must be in (0, 1]" run --model vgg16 --policy mercury --scale nan
 expect_bad "--scale must be in (0, 1]" run --model vgg16 --policy mercury --scale -0.5
 expect_bad "a scaled link needs at least 1Mbps" run --model vgg16 --policy mercury --scale 1e-9

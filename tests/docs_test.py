@@ -50,6 +50,7 @@ RUN = [
     "./build/quicksilver simulate --model vgg16 --policy mercury --trace t.json",
     "./build/quicksilver simulate --job vgg16:mercury --job resnet50:bytescheduler",
     "./build/quicksilver run --workers 2 --script examples/train_digits_quicksilver.py",
+    "./build/quicksilver run --workers 2 --policy auto --script examples/train_digits_quicksilver.py",
     "./build/quicksilver profile --model torchvision:resnet18 --input 3,64,64 --batch 16 --out resnet18.json",
     "./build/quicksilver simulate --model resnet18.json --policy mercury,bytescheduler,wfbp --workers 2 --servers 2",
     "./build/quicksilver simulate --model data/measured/h200-resnet50-b32.json --policy mercury,bytescheduler "

@@ -19,8 +19,10 @@ rest is compute (updates applied in the forward pass included). At each decision
    the measured cost of a switch (the last switch's; before the first, the time the
    first session took to start).
 
-Rank 0 decides and broadcasts the decision over torch.distributed; every rank switches at
-the same step(): the session is closed once every update of the steps taken is applied
+Rank 0 decides on a thread of its own while training goes on (the simulator releases the
+GIL). Each step it tells every rank whether the decision is ready (a one-int broadcast that
+is waited for a step later, so nobody waits), and at the step after it is, broadcasts it
+over torch.distributed; every rank switches at that same step(): the session is closed once every update of the steps taken is applied
 (nothing in flight: no gradient lost or applied twice) and a new one opened with the new
 policy on the same gradient buffers. Deterministic: decide() is a function of the
 measurements (and the simulator is deterministic).
@@ -29,14 +31,16 @@ Policies that delay updates (DeFT) are candidates only with allow_stale=True: th
 updates of several iterations late and merged, which changes the optimisation.
 
 QS_AUTO_SCHEDULE="PASS:POLICY[/KNOB=VALUE...],..." (tests, as QS_FORCE_STAGING) replaces
-rank 0's planner by a fixed schedule ("4:bytescheduler,6:deft/deft_horizon=3": switch at
-those passes, keep elsewhere), so that a test can switch at passes of its choosing through
-the same broadcast and switch."""
+rank 0's planner by a fixed schedule ("4:bytescheduler,6:deft/deft_horizon=3": from pass 4
+on bytescheduler, from pass 6 on DeFT; a decision begun at pass n picks the entry of the
+greatest PASS <= n, and keeps the running policy before the first), so that a test can
+switch at passes of its choosing through the same broadcast and switch."""
 
 import json
 import math
 import os
 import statistics
+import threading
 import time
 
 # The policy a job starts with, measured to decide the first time: the architecture's
@@ -96,25 +100,48 @@ def scaled_profile(profile, compute_ms):
     return out
 
 
-def effective_gbps(predict, iteration_ms):
+def effective_gbps(predict, iteration_ms, tolerance=0.002):
     """The rate (Gbit/s) at which predict(gbps) (ms, falling as gbps grows) equals
-    iteration_ms, clamped to GBPS_RANGE; 24 bisection steps on the log of the rate."""
-    lo, hi = math.log(GBPS_RANGE[0]), math.log(GBPS_RANGE[1])
-    if predict(math.exp(hi)) >= iteration_ms:
-        return GBPS_RANGE[1]  # compute-bound: no rate explains more
-    if predict(math.exp(lo)) <= iteration_ms:
-        return GBPS_RANGE[0]
-    for _ in range(24):
-        mid = (lo + hi) / 2
-        if predict(math.exp(mid)) > iteration_ms:
-            lo = mid
+    iteration_ms within `tolerance` of it, clamped to GBPS_RANGE. Secant steps on the time
+    per bit, 1/rate, from 10 and 1 Gbit/s: where communication is exposed an iteration is
+    nearly linear in it, so a few predictions do (a bisection on the rate's log took 14); a
+    flat stretch (compute-bound) or a step outside the range falls back to bisection."""
+    lo, hi = 1.0 / GBPS_RANGE[1], 1.0 / GBPS_RANGE[0]  # seconds per gigabit, the bracket
+
+    def f(x):
+        return predict(1.0 / x) - iteration_ms
+
+    x0, x1 = 0.1, 1.0
+    f0, f1 = f(x0), f(x1)
+    for _ in range(16):
+        if abs(f1) <= tolerance * iteration_ms:
+            return 1.0 / x1
+        # Keep the bracket: f < 0 means the rate 1/x is too fast for the measured time.
+        if f1 < 0:
+            lo = max(lo, x1)
         else:
-            hi = mid
-    return math.exp((lo + hi) / 2)
+            hi = min(hi, x1)
+        x = x1 - f1 * (x1 - x0) / (f1 - f0) if f1 != f0 else None
+        if x is None or not lo < x < hi:
+            if hi == 1.0 / GBPS_RANGE[0] and f1 < 0 and x1 >= hi / 2:
+                x = hi  # probe the slowest rate: the measured time may need slower still
+            elif lo == 1.0 / GBPS_RANGE[1] and f1 > 0 and x1 <= 2 * lo:
+                x = lo
+            else:
+                x = math.sqrt(lo * hi)  # bisection on the log
+        x0, f0 = x1, f1
+        x1, f1 = x, f(x)
+        if x1 <= 1.0 / GBPS_RANGE[1] and f1 >= 0:
+            return GBPS_RANGE[1]  # compute-bound: no rate explains more
+        if x1 >= 1.0 / GBPS_RANGE[0] and f1 <= 0:
+            return GBPS_RANGE[0]
+    return 1.0 / x1
 
 
 class Planner:
-    """Rank 0's measurements and the decisions (see the module's comment)."""
+    """Rank 0's measurements and the decisions (see the module's comment). A decision is
+    computed on a thread of its own (the simulator releases the GIL) while training goes
+    on (start, ready, result)."""
 
     def __init__(self, qs, architecture, workers, servers, compression, allow_stale, replan_every):
         self.qs = qs
@@ -124,10 +151,12 @@ class Planner:
         self.compression = compression
         self.allow_stale = allow_stale
         self.replan_every = replan_every
-        self.spans = []          # (pass, span_ms, wait_ms) since the last decision
+        self.spans = []          # (pass, span_ms, wait_ms) since the last decision began
         self.measure_from = WARMUP_PASSES + 1  # the first pass measured
         self.switch_cost_ms = None
         self.schedule = parse_schedule(os.environ.get("QS_AUTO_SCHEDULE", ""))
+        self.thread = None
+        self.outcome = None
 
     def record(self, n, span_ms, wait_ms):
         if n >= self.measure_from:
@@ -135,20 +164,47 @@ class Planner:
 
     def measurement(self):
         """(compute_ms, iteration_ms, passes) over the passes measured since the last
-        decision: medians, or None when none was measured."""
+        decision began: medians, or None when none was measured."""
         if not self.spans:
             return None
         return (statistics.median(s - w for _, s, w in self.spans), statistics.median(s for _, s, _ in self.spans),
                 len(self.spans))
 
-    def decide(self, n, profile, policy, knobs):
-        """The decision at pass n (a dict: what the log and every rank get); a pure
-        function of the measurements, the profile and the running policy."""
+    def start(self, n, profile, policy, knobs):
+        """Begins the decision of pass n on a thread, on the measurements so far (the next
+        window starts now)."""
+        args = (n, profile, policy, dict(knobs), self.measurement(), self.switch_cost_ms or 0.0)
+        self.spans = []
+
+        def run():
+            try:
+                self.outcome = self.decide(*args)
+            except Exception as e:  # handed to the training thread (result())
+                self.outcome = e
+        self.thread = threading.Thread(target=run, name="quicksilver-auto", daemon=True)
+        self.thread.start()
+
+    def ready(self):
+        """Whether the decision begun by start() is done (result() will not wait)."""
+        return self.thread is not None and not self.thread.is_alive()
+
+    def result(self):
+        """The decision begun by start(), waited for; (decision, ms waited)."""
         start = time.perf_counter()
-        m = self.measurement()
+        self.thread.join()
+        self.thread = None
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        return self.outcome, (time.perf_counter() - start) * 1e3
+
+    def decide(self, n, profile, policy, knobs, m, cost):
+        """The decision at pass n (a dict: what the log and every rank get): a pure
+        function of its arguments (the measurement m: measurement(); cost: a switch's, ms)."""
+        start = time.perf_counter()
         d = {"pass": n, "from": policy, "policy": policy, "knobs": dict(knobs), "switch": False}
         if self.schedule is not None:
-            forced, forced_knobs = self.schedule.get(n, (None, {}))
+            at = [k for k in self.schedule if k <= n]
+            forced, forced_knobs = self.schedule[max(at)] if at else (None, {})
             if forced is not None and (forced, forced_knobs) != (policy, knobs):
                 d.update(policy=forced, knobs=forced_knobs, switch=True)
             d["reason"] = "QS_AUTO_SCHEDULE " + ("switches to " + forced if d["switch"] else "keeps " + policy)
@@ -168,7 +224,6 @@ class Planner:
         now_ms = predict(gbps)
         best = ranking[0]
         gain = now_ms - best["iteration_ms"]
-        cost = self.switch_cost_ms or 0.0
         d.update(measured={"compute_ms": compute_ms, "iteration_ms": iteration_ms, "passes": passes},
                  network_gbps=gbps, predicted_ms=now_ms,
                  ranking=[(r["policy"], r["iteration_ms"]) for r in ranking[:4]], switch_cost_ms=cost)
@@ -190,9 +245,8 @@ class Planner:
         d["decide_ms"] = (time.perf_counter() - start) * 1e3
         return d
 
-    def decided(self, n, switched, switch_ms=None):
-        """After the decision at pass n (on rank 0): what is measured for the next one."""
+    def switched(self, n, switch_ms):
+        """A switch at pass n took switch_ms: the next window starts after its warm-up."""
         self.spans = []
-        if switched:
-            self.measure_from = n + WARMUP_PASSES + 1
-            self.switch_cost_ms = switch_ms
+        self.measure_from = n + WARMUP_PASSES + 1
+        self.switch_cost_ms = switch_ms

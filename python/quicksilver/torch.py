@@ -444,6 +444,7 @@ class _Integration:
         # reference policy and the planner decides at fixed passes.
         self.auto = None
         self.auto_options = None
+        self.decision_flag = None
         self.decisions = []      # every rank's log of the decisions (rank 0's, broadcast)
         self.pass_base = 0       # passes before the running session (a switch starts one)
         self.pass_start = None   # rank 0, auto: when this pass's forward began
@@ -453,6 +454,8 @@ class _Integration:
             self.policy = _auto.START_POLICY[self.architecture]
             self.auto_options = options["auto"]
             self.next_decision = _auto.first_decision(self.auto_options["replan_every"])
+            self.deciding = False      # a decision was begun and is not applied yet
+            self.decision_flag = None  # (rank 0's "ready" flag, its broadcast's work)
             policy = self.policy
         self.knobs = {k: _knob_text(v) for k, v in knobs.items()}
         self.servers = servers
@@ -1273,35 +1276,64 @@ class _Integration:
             for l in range(len(self.layers)):
                 if self.applied[l] < n and self._reported(l, wait=False) and self.session.sum_ready(l, False):
                     self._apply(l)
-        if self.auto_options is not None and n >= self.next_decision:
-            self._decide(n)
+        if self.auto_options is not None:
+            self._plan(n)
         for hook in post:
             hook(self.opt, (), {})
         return loss
 
     # ---- policy="auto" (quicksilver/auto.py) ----
 
-    def _decide(self, n):
-        """Every rank at the same step(): rank 0's decision, and the switch it asks for."""
-        rank = _env["rank"]
-        d = self.auto.decide(n, self.profile, self.policy, self.knobs) if rank == 0 else None
-        if _env["size"] > 1:
+    def _plan(self, n):
+        """Every rank at the same step()s: rank 0 begins a decision at n >= next_decision
+        on its thread; then, each step, it says whether the decision is ready (a one-int
+        broadcast, waited for one step later, so that nobody waits for it); at the step
+        after it said so, it broadcasts the decision and every rank applies it (a switch,
+        when it asks for one). With replan_every=1, all at once at n."""
+        rank, size, every = _env["rank"], _env["size"], self.auto_options["replan_every"]
+        if not self.deciding and n >= self.next_decision:
+            if rank == 0:
+                self.auto.start(n, self.profile, self.policy, self.knobs)
+            self.deciding, self.next_decision = True, n + every
+            if every > 1:
+                self._poll_decision()
+                return
+        if not self.deciding:
+            return
+        if every > 1:
+            flag, work = self.decision_flag
+            if work is not None:
+                work.wait()
+            if not flag.item():
+                self._poll_decision()
+                return
+        self.deciding, self.decision_flag = False, None
+        d = None
+        if rank == 0:
+            d, waited = self.auto.result()
+            d["applied"], d["waited_ms"] = n, waited
+        if size > 1:
             box = [d]
             dist.broadcast_object_list(box, src=0)
             d = box[0]
-        self.next_decision = n + self.auto_options["replan_every"]
-        switch_ms = None
+        d = dict(d)
         if d["switch"]:
             start = time.perf_counter()
             d["closed"] = self._switch(d["policy"], d["knobs"])
-            switch_ms = (time.perf_counter() - start) * 1e3
-            d["switch_ms"] = switch_ms
+            d["switch_ms"] = (time.perf_counter() - start) * 1e3
+            if rank == 0:
+                self.auto.switched(n, d["switch_ms"])
         if rank == 0:
-            self.auto.decided(n, d["switch"], switch_ms)
             print("quicksilver auto: pass {}: {}{}".format(
-                n, d["reason"], "; switched to {} in {:.0f} ms".format(_auto.describe(d), switch_ms)
-                if d["switch"] else ""), file=sys.stderr, flush=True)
+                d["pass"], d["reason"], "; switched to {} at pass {} in {:.0f} ms".format(
+                    _auto.describe(d), n, d["switch_ms"]) if d["switch"] else ""), file=sys.stderr, flush=True)
         self.decisions.append(d)
+
+    def _poll_decision(self):
+        """Rank 0's "is the decision ready" to every rank, not waited for now."""
+        flag = torch.tensor([1 if _env["rank"] == 0 and self.auto.ready() else 0], dtype=torch.int32)
+        work = dist.broadcast(flag, 0, async_op=True) if _env["size"] > 1 else None
+        self.decision_flag = (flag, work)
 
     def _switch(self, policy, knobs):
         """Closes the running session with every update of the steps taken applied, and
@@ -1449,6 +1481,15 @@ class _Integration:
             if self.tapping:
                 _loss_tap.release()
                 self.tapping = False
+            if self.auto is not None and self.auto.thread is not None:
+                self.auto.thread.join()  # a decision begun at the last steps: never applied
+                self.auto.thread = None
+            if self.decision_flag is not None and self.decision_flag[1] is not None:
+                try:  # no collective of the process group is left pending at exit
+                    self.decision_flag[1].wait()
+                except Exception:  # the job failed already; that error is the one raised
+                    pass
+            self.decision_flag = None
             for h in self.handles:
                 h.remove()
             self.nodes = []

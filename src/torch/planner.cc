@@ -31,8 +31,8 @@ Result<TimeNs> predict_iteration(const PlanSpec& spec, const std::string& policy
                                  const std::vector<std::pair<std::string, std::string>>& knobs) {
   QS_ASSIGN_OR_RETURN(Job job, plan_job(spec, policy));
   QS_RETURN_IF_ERROR(parse_knobs(knobs, &job.policy_options));
-  QS_ASSIGN_OR_RETURN(const SimResult r, simulate(job.profile, policy, job.policy_options,
-                                                  job.cluster, job.sim));
+  QS_ASSIGN_OR_RETURN(const SimResult r,
+                      simulate(job.profile, policy, job.policy_options, job.cluster, job.sim));
   return r.iteration_time;
 }
 

@@ -165,6 +165,65 @@ void install_crash_trace() {
   sigaction(SIGBUS, &sa, nullptr);
 }
 
+// policy="auto" (python/quicksilver/auto.py): the simulator on the measured profile.
+void def_planner(py::module_& m) {
+  auto plan_spec = [](const std::string& profile_json, const std::string& architecture, int workers,
+                      int servers, double gbps, double latency_us, const std::string& compression) {
+    qs::pytorch::PlanSpec spec;
+    spec.profile_json = profile_json;
+    spec.architecture = take(qs::parse_architecture(architecture));
+    spec.workers = workers;
+    spec.servers = servers;
+    if (!(gbps > 0 && gbps < 1e6)) throw py::value_error("plan: gbps must be in (0, 1e6)");
+    if (!(latency_us >= 0 && latency_us < 1e9))
+      throw py::value_error("plan: latency_us must be >= 0");
+    spec.bandwidth = qs::Rate::gbps(gbps);
+    spec.latency = static_cast<qs::TimeNs>(latency_us * 1e3);
+    spec.compression = compression;
+    return spec;
+  };
+  m.def(
+      "predict",
+      [plan_spec](const std::string& profile_json, const std::string& architecture, int workers,
+                  int servers, double gbps, double latency_us, const std::string& compression,
+                  const std::string& policy, const std::map<std::string, std::string>& knobs) {
+        const qs::pytorch::PlanSpec spec =
+            plan_spec(profile_json, architecture, workers, servers, gbps, latency_us, compression);
+        py::gil_scoped_release release;
+        const std::vector<std::pair<std::string, std::string>> k(knobs.begin(), knobs.end());
+        return qs::to_ms(take(qs::pytorch::predict_iteration(spec, policy, k)));
+      },
+      py::arg("profile_json"), py::arg("architecture"), py::arg("workers"), py::arg("servers"),
+      py::arg("gbps"), py::arg("latency_us"), py::arg("compression"), py::arg("policy"),
+      py::arg("knobs"), "The simulator's iteration time (ms) of `policy` with `knobs`");
+  m.def(
+      "rank_policies",
+      [plan_spec](const std::string& profile_json, const std::string& architecture, int workers,
+                  int servers, double gbps, double latency_us, const std::string& compression,
+                  bool allow_stale) {
+        const qs::pytorch::PlanSpec spec =
+            plan_spec(profile_json, architecture, workers, servers, gbps, latency_us, compression);
+        qs::Advice advice = [&] {
+          py::gil_scoped_release release;
+          return take(qs::pytorch::rank_policies(spec, allow_stale));
+        }();
+        py::list out;
+        for (const qs::AdvisedPolicy& a : advice.ranking) {
+          py::dict d;
+          d["policy"] = a.policy;
+          d["iteration_ms"] = qs::to_ms(a.iteration_time);
+          d["default_ms"] = qs::to_ms(a.default_time);
+          d["knobs"] = std::map<std::string, std::string>(a.knobs.begin(), a.knobs.end());
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("profile_json"), py::arg("architecture"), py::arg("workers"), py::arg("servers"),
+      py::arg("gbps"), py::arg("latency_us"), py::arg("compression"), py::arg("allow_stale"),
+      "Every communicating policy of the architecture, knobs tuned, fastest first "
+      "(quicksilver advise without the sweep): [{policy, iteration_ms, default_ms, knobs}]");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_quicksilver, m) {
@@ -210,63 +269,7 @@ PYBIND11_MODULE(_quicksilver, m) {
     return out;
   });
 
-  // policy="auto" (python/quicksilver/auto.py): the simulator on the measured profile.
-  auto plan_spec = [](const std::string& profile_json, const std::string& architecture,
-                      int workers, int servers, double gbps, double latency_us,
-                      const std::string& compression) {
-    qs::pytorch::PlanSpec spec;
-    spec.profile_json = profile_json;
-    spec.architecture = take(qs::parse_architecture(architecture));
-    spec.workers = workers;
-    spec.servers = servers;
-    if (!(gbps > 0 && gbps < 1e6)) throw py::value_error("plan: gbps must be in (0, 1e6)");
-    if (!(latency_us >= 0 && latency_us < 1e9))
-      throw py::value_error("plan: latency_us must be >= 0");
-    spec.bandwidth = qs::Rate::gbps(gbps);
-    spec.latency = static_cast<qs::TimeNs>(latency_us * 1e3);
-    spec.compression = compression;
-    return spec;
-  };
-  m.def(
-      "predict",
-      [plan_spec](const std::string& profile_json, const std::string& architecture, int workers,
-                  int servers, double gbps, double latency_us, const std::string& compression,
-                  const std::string& policy, const std::map<std::string, std::string>& knobs) {
-        const qs::pytorch::PlanSpec spec = plan_spec(profile_json, architecture, workers, servers,
-                                                     gbps, latency_us, compression);
-        py::gil_scoped_release release;
-        const std::vector<std::pair<std::string, std::string>> k(knobs.begin(), knobs.end());
-        return qs::to_ms(take(qs::pytorch::predict_iteration(spec, policy, k)));
-      },
-      py::arg("profile_json"), py::arg("architecture"), py::arg("workers"), py::arg("servers"),
-      py::arg("gbps"), py::arg("latency_us"), py::arg("compression"), py::arg("policy"),
-      py::arg("knobs"), "The simulator's iteration time (ms) of `policy` with `knobs`");
-  m.def(
-      "rank_policies",
-      [plan_spec](const std::string& profile_json, const std::string& architecture, int workers,
-                  int servers, double gbps, double latency_us, const std::string& compression,
-                  bool allow_stale) {
-        const qs::pytorch::PlanSpec spec = plan_spec(profile_json, architecture, workers, servers,
-                                                     gbps, latency_us, compression);
-        qs::Advice advice = [&] {
-          py::gil_scoped_release release;
-          return take(qs::pytorch::rank_policies(spec, allow_stale));
-        }();
-        py::list out;
-        for (const qs::AdvisedPolicy& a : advice.ranking) {
-          py::dict d;
-          d["policy"] = a.policy;
-          d["iteration_ms"] = qs::to_ms(a.iteration_time);
-          d["default_ms"] = qs::to_ms(a.default_time);
-          d["knobs"] = std::map<std::string, std::string>(a.knobs.begin(), a.knobs.end());
-          out.append(d);
-        }
-        return out;
-      },
-      py::arg("profile_json"), py::arg("architecture"), py::arg("workers"), py::arg("servers"),
-      py::arg("gbps"), py::arg("latency_us"), py::arg("compression"), py::arg("allow_stale"),
-      "Every communicating policy of the architecture, knobs tuned, fastest first "
-      "(quicksilver advise without the sweep): [{policy, iteration_ms, default_ms, knobs}]");
+  def_planner(m);
 
   py::class_<Job>(m, "Job")
       .def(py::init([](const std::string& profile_json, const std::string& policy,

@@ -4,6 +4,7 @@ keywords DistributedOptimizer refuses with it. The switch itself, under the idio
 3 ranks, is tests/python/test_idioms.py's test_auto_switches_keep_training_exact."""
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -63,7 +64,7 @@ def test_the_decision_is_a_function_of_the_measurements():
     for _ in range(2):
         p = planner("ps")
         measured(p, HUGE, "ps", "wfbp", 2.0)
-        d = p.decide(10, HUGE, "wfbp", {})
+        d = p.decide(10, HUGE, "wfbp", {}, p.measurement(), 0.0)
         d.pop("decide_ms")
         decisions.append(d)
     assert decisions[0] == decisions[1]
@@ -75,7 +76,7 @@ def test_a_bandwidth_bound_job_with_a_huge_layer_picks_a_partitioning_priority_p
     layer; a policy that slices it and sends the urgent layers first wins by far."""
     p = planner("ps")
     before = measured(p, HUGE, "ps", "wfbp", 1.0)
-    d = p.decide(10, HUGE, "wfbp", {})
+    d = p.decide(10, HUGE, "wfbp", {}, p.measurement(), 0.0)
     assert d["switch"], d["reason"]
     assert d["policy"] in ("mercury", "mercury-nopreempt", "bytescheduler", "prophet"), d
     best = dict(d["ranking"])[d["policy"]]
@@ -92,7 +93,7 @@ def test_a_latency_bound_job_of_tiny_layers_picks_a_merging_policy():
     auto.LATENCY_US = 500.0
     try:
         before = measured(p, TINY, "allreduce", "wfbp", 10.0)
-        d = p.decide(10, TINY, "wfbp", {})
+        d = p.decide(10, TINY, "wfbp", {}, p.measurement(), 0.0)
     finally:
         auto.LATENCY_US = old
     assert d["switch"], d["reason"]
@@ -103,19 +104,28 @@ def test_a_latency_bound_job_of_tiny_layers_picks_a_merging_policy():
 def test_a_switch_must_pay_for_itself_and_near_ties_are_kept():
     p = planner("ps", replan_every=10)
     measured(p, HUGE, "ps", "wfbp", 1.0)
-    p.switch_cost_ms = 1e9  # a switch dearer than any gain over 10 passes
-    d = p.decide(10, HUGE, "wfbp", {})
+    d = p.decide(10, HUGE, "wfbp", {}, p.measurement(), 1e9)  # dearer than any gain over 10 passes
     assert not d["switch"] and "less than a switch costs" in d["reason"], d["reason"]
     # The best policy running already: kept, whatever a switch costs.
     p = planner("ps")
     measured(p, HUGE, "ps", "mercury", 1.0)
-    p.switch_cost_ms = 0.0
-    d = p.decide(10, HUGE, "mercury", {})
+    d = p.decide(10, HUGE, "mercury", {}, p.measurement(), 0.0)
     assert not d["switch"], d["reason"]
     # Nothing measured since the last decision: kept, saying so.
     p = planner("ps")
-    d = p.decide(10, HUGE, "mercury", {})
+    d = p.decide(10, HUGE, "mercury", {}, p.measurement(), 0.0)
     assert not d["switch"] and "no pass measured" in d["reason"]
+    # On its thread (start, result): the same decision, on the measurements at start.
+    p = planner("ps")
+    measured(p, HUGE, "ps", "wfbp", 1.0)
+    direct = p.decide(10, HUGE, "wfbp", {}, p.measurement(), 0.0)
+    p.start(10, HUGE, "wfbp", {})
+    assert p.measurement() is None  # the next window began
+    threaded, waited = p.result()
+    assert waited >= 0
+    for d in (direct, threaded):
+        d.pop("decide_ms")
+    assert threaded == direct
 
 
 def test_delayed_updates_are_candidates_only_when_allowed():
@@ -153,8 +163,9 @@ def test_auto_keywords_are_checked():
 
 
 def test_one_process_auto_trains_as_plain_training():
-    """One worker (no launcher), policy="auto" with a decision every 2 steps: the model is
-    the one plain training gives, and the decisions are logged in the report."""
+    """One worker (no launcher), policy="auto" with a decision every 2 steps (each applied
+    once its thread is done): the model is the one plain training gives, and the decisions
+    are logged in the report (one begun near the end may never be applied)."""
     import quicksilver.torch as qs
     qs.init()
     torch.manual_seed(0)
@@ -176,6 +187,37 @@ def test_one_process_auto_trains_as_plain_training():
     report = opt.shutdown()
     for k, v in reference.state_dict().items():
         assert torch.allclose(state[k], v, atol=1e-6), k
-    passes = [d["pass"] for d in report["auto"]]
-    assert passes == [4, 6, 8, 10, 12], passes
-    assert [d["pass"] for d in opt.quicksilver_decisions()] == passes
+    passes = [(d["pass"], d["applied"]) for d in report["auto"]]
+    # Begun at pass 4, then at least 2 passes apart; each applied after the step that saw
+    # its thread done (one at least).
+    assert passes[0][0] == 4 and len(passes) >= 3, passes
+    assert all(a > p for p, a in passes), passes
+    assert all(b[0] - a[0] >= 2 and b[0] >= a[1] for a, b in zip(passes, passes[1:])), passes
+    assert [(d["pass"], d["applied"]) for d in opt.quicksilver_decisions()] == passes
+
+
+@pytest.mark.parametrize("architecture,workers,launcher", [("ps", 2, "torchrun"), ("allreduce", 3, "quicksilver")])
+def test_every_rank_applies_rank_0s_threaded_decisions_at_the_same_step(build_dir, tmp_path, monkeypatch,
+                                                                        architecture, workers, launcher):
+    """replan_every=4: each decision is computed on rank 0's thread while training goes on
+    and applied at a step every rank learns from rank 0's "ready" broadcast. Every rank logs
+    the same decisions, applied at the same passes; the parameters equal one process trained
+    on the concatenated batches (check_consistency=1 on). QS_AUTO_SCHEDULE makes the picks
+    (from pass 6 one policy, from pass 14 another) so that two switches happen."""
+    import test_torch
+    second = {"ps": "bytescheduler", "allreduce": "mgwfbp"}[architecture]
+    monkeypatch.setenv("QS_AUTO_SCHEDULE", "6:{},14:wfbp".format(second))
+    iterations, per_worker = 24, 8
+    p, took = test_torch.launch(build_dir, launcher, workers,
+                                ["--model", "digits", "--policies", "auto", "--iterations", str(iterations),
+                                 "--batch", str(per_worker), "--out", str(tmp_path), "--architecture", architecture,
+                                 "--knobs", json.dumps({"replan_every": 4})], 300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    test_torch.check_equal(str(tmp_path), ["auto"], "sgd", "digits", workers, per_worker, iterations)
+    logs = []
+    for r in range(workers):
+        report = json.load(open(os.path.join(str(tmp_path), "auto-sgd-{}.json".format(r))))["report"]
+        logs.append([(d["pass"], d["applied"], d["policy"], d["switch"]) for d in report["auto"]])
+    assert all(log == logs[0] for log in logs), logs
+    assert [policy for _, _, policy, switch in logs[0] if switch] == [second, "wfbp"], logs[0]
+    assert all(applied > begun for begun, applied, _, _ in logs[0]), logs[0]
