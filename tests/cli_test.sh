@@ -146,6 +146,7 @@ before=$(ls -d /tmp/qs-run-* 2>/dev/null | wc -l)
 expect_ok run --model "$latin1" --policy wfbp --workers 1 --servers 1 --iterations 2 --json
 after=$(ls -d /tmp/qs-run-* 2>/dev/null | wc -l)
 [ "$after" -le "$before" ] && ok || bad "run left a qs-run-* directory behind"
+expect_bad "--bandwidth-trace with --script needs --netns" run --workers 2 --bandwidth-trace 1Gbps --script "$tmp/out"
 # --policy auto belongs to a training script (issue 30): refused elsewhere, pointing there.
 expect_bad "use quicksilver advise" simulate --model vgg16 --policy auto
 expect_bad "run --script S --policy auto" run --model vgg16 --policy auto --iterations 2
@@ -264,7 +265,7 @@ cat > "$tmp/py" <<SH
 #!/bin/sh
 echo "policy=\$QS_POLICY arch=\$QS_ARCHITECTURE compression=\$QS_COMPRESSION knobs=\$QS_KNOBS" >> "$tmp/env.log"
 SH
-launch=" --help --script --python --workers --netns --congestion --rto-min --switch-buffer --host-queue --host-gso --quickack --timeout --bandwidth --policy --architecture --compression "
+launch=" --help --script --python --workers --netns --congestion --rto-min --switch-buffer --host-queue --host-gso --quickack --timeout --bandwidth --bandwidth-trace --policy --architecture --compression "
 knobs=" $({ "$qs" policies --markdown; "$qs" policies --architecture allreduce --markdown; } 2>/dev/null \
   | grep -o '`--[a-z0-9-]*`' | tr -d '`' | sort -u | tr '\n' ' ') "
 checked=0

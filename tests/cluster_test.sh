@@ -148,6 +148,14 @@ for r in rows:
 " && ok || bad "run --netns --job: $(cat "$tmp/err")"
   printf '0s 1Gbps\n100ms 300Mbps\n300ms 1Gbps\n' > "$tmp/trace.txt"
   check_run netns-dynamic --netns --policy mercury --bandwidth-trace "$tmp/trace.txt" "${common[@]}"
+  # run --script under a trace (issue 30's benchmark): each process sees its link's rate
+  # change at the trace's time (a shell script reads its interface's shaper).
+  printf '0s 200Mbps\n1s 700Mbps\n' > "$tmp/trace2.txt"
+  printf '#!/bin/sh\nfor t in 0 2; do sleep $t; tc qdisc show dev "$GLOO_SOCKET_IFNAME" | grep -o "rate [0-9]*Mbit" | head -1; done\n' \
+    > "$tmp/probe.sh"; chmod +x "$tmp/probe.sh"
+  "$qs" run --netns --workers 2 --bandwidth-trace "$tmp/trace2.txt" --script "$tmp/probe.sh" > "$tmp/out" 2> "$tmp/err" \
+    && [ "$(sort "$tmp/out" | uniq -c | awk '{print $1" "$2" "$3}' | tr '\n' ';')" = "2 rate 200Mbit;2 rate 700Mbit;" ] && ok \
+    || bad "run --script --bandwidth-trace: $(cat "$tmp/out" "$tmp/err")"
   "$qs" run --netns --policy mercury "${common[@]}" --kill-worker 2 --kill-at-iteration 2 > "$tmp/out" 2> "$tmp/err"; rc=$?
   [ $rc -ne 0 ] && grep -q "worker 2 failed" "$tmp/err" && ok || bad "netns dying worker: rc $rc: $(cat "$tmp/err")"
   # A cluster's namespaces are named qs<launcher pid>h<host>: any whose launcher is gone

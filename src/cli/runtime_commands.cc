@@ -654,9 +654,9 @@ Status parse_network_flags(const RunFlags& f, runtime::LinkShaping* s) {
 // Every other flag of `run` is refused (the script builds its model, runs its iterations).
 Status script_flags(const RunFlags& f, std::vector<std::pair<std::string, std::string>>* env) {
   static const std::set<std::string> kLaunch = {
-      "script",        "python",       "workers",     "netns",    "congestion", "rto-min",
-      "switch-buffer", "host-queue",   "host-gso",    "quickack", "timeout",    "bandwidth",
-      "policy",        "architecture", "compression", "help"};
+      "script",        "python",       "workers",     "netns",    "congestion",     "rto-min",
+      "switch-buffer", "host-queue",   "host-gso",    "quickack", "timeout",        "bandwidth",
+      "policy",        "architecture", "compression", "help",     "bandwidth-trace"};
   std::set<std::string> knob_flags;
   for (const Knob* k : policy_registry().knobs()) knob_flags.insert(k->flag.substr(2));
   if (f.app != nullptr) {
@@ -671,10 +671,10 @@ Status script_flags(const RunFlags& f, std::vector<std::pair<std::string, std::s
             "flags, --timeout, and --policy, --architecture, --compression and the policy knobs, "
             "which it hands to the script's DistributedOptimizer)");
       }
-      if (name == "bandwidth" && !f.netns) {
-        return invalid_argument(
-            "--bandwidth with --script needs --netns: on loopback the script's traffic is not "
-            "shaped");
+      if ((name == "bandwidth" || name == "bandwidth-trace") && !f.netns) {
+        return invalid_argument("--" + name +
+                                " with --script needs --netns: on loopback the script's traffic "
+                                "is not shaped");
       }
     }
   }
@@ -749,6 +749,11 @@ int run_script_command(const RunFlags& f, const std::string& exe) {
     auto rate = parse_rate(f.sim.bandwidth);
     if (!rate) return fail("quicksilver", rate.status().with_context("--bandwidth"));
     o.bandwidth = *rate;
+    if (!f.sim.bandwidth_trace.empty()) {  // the links' rate over time (a trace, a spec)
+      auto sched = BandwidthSchedule::from_spec(f.sim.bandwidth_trace, f.sim.seed);
+      if (!sched) return fail("quicksilver", sched.status().with_context("--bandwidth-trace"));
+      o.schedule = std::move(*sched);
+    }
   }
   auto timeout = parse_time(f.timeout);
   if (!timeout) return fail("quicksilver", timeout.status().with_context("--timeout"));

@@ -32,6 +32,7 @@
 #include "quicksilver/sim/simulator.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/socket.h"
+#include "rate_shaper.h"
 #include "stop_signals.h"
 
 namespace qs {
@@ -515,55 +516,6 @@ Status start_workers(PolicyLaunch& run, const std::vector<std::string>& addrs,
   return Status::ok();
 }
 
-// Dynamic scenarios: applies the bandwidth schedule to every host's shaper over time, on a
-// thread of its own from start() (the schedule's time 0) until destroyed. The first rate
-// is set before (run_policy).
-class Shaper {
- public:
-  Shaper(runtime::NetnsCluster* cluster, const BandwidthSchedule* schedule, Logger& log)
-      : cluster_(cluster), schedule_(schedule), log_(log) {}
-  Shaper(const Shaper&) = delete;
-  Shaper& operator=(const Shaper&) = delete;
-  ~Shaper() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-
-  void start() {
-    const auto t0 = std::chrono::steady_clock::now();
-    start_ = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
-    thread_ = std::thread([this, t0] {
-      const auto& segs = schedule_->segments();
-      std::unique_lock lock(mu_);
-      for (std::size_t i = 1; i < segs.size(); ++i) {
-        // Wakes at the segment's start (or at once when the run ends).
-        if (cv_.wait_until(lock, t0 + std::chrono::nanoseconds(segs[i].start),
-                           [&] { return stop_; }))
-          break;
-        Status c = cluster_->set_rate_all(segs[i].rate);
-        if (!c.is_ok()) log_("changing the rate: " + c.message());
-      }
-    });
-  }
-  // When start() was called: steady clock (CLOCK_MONOTONIC) nanoseconds, as the workers'
-  // reports; -1 before.
-  TimeNs started_at() const { return start_; }
-
- private:
-  runtime::NetnsCluster* cluster_;
-  const BandwidthSchedule* schedule_;
-  Logger& log_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;  // guarded by mu_
-  std::thread thread_;
-  TimeNs start_ = -1;
-};
-
 // The root cause among the failed children, once the peer it lost had a moment to exit
 // and say why (so that the cause is reported rather than its first victim): "NAME failed
 // (exit status 1): ...".
@@ -589,7 +541,7 @@ std::string failure_message(std::vector<Child>& children) {
 // Waits for every child; the first failure stops the run. Once every worker has finished,
 // the servers get a short grace period to leave on their own. `trace_at_training`: the
 // shaper starts when the first PS worker says training starts.
-Status supervise(PolicyLaunch& run, Shaper& shaper, bool trace_at_training) {
+Status supervise(PolicyLaunch& run, launch::RateShaper& shaper, bool trace_at_training) {
   std::vector<Child>& children = run.children;
   const auto worker = [&](int w) -> const Child& {
     return children[static_cast<std::size_t>(run.m + w)];
@@ -858,7 +810,9 @@ Result<PolicyRun> run_policy(const Job& job, const std::string& policy, const La
   const bool dynamic = cluster && job.cluster.schedule && !job.cluster.schedule->is_constant();
   const bool trace_at_training = dynamic && !run.allreduce;
   QS_RETURN_IF_ERROR(start_workers(run, addrs, trace_at_training));
-  Shaper shaper(cluster, dynamic ? &*job.cluster.schedule : nullptr, log);
+  // Dynamic scenarios: the schedule's rates over time, the first set here (rate_shaper.h).
+  launch::RateShaper shaper(cluster, dynamic ? &*job.cluster.schedule : nullptr,
+                            [&log](const std::string& m) { log(m); });
   if (dynamic) {
     Status st = cluster->set_rate_all(job.cluster.schedule->segments()[0].rate);
     if (!st.is_ok()) return st.with_context("setting the trace's first rate");

@@ -15,6 +15,7 @@
 #include "quicksilver/launch/script.h"
 #include "quicksilver/runtime/netns.h"
 #include "quicksilver/runtime/runtime.h"
+#include "rate_shaper.h"
 #include "stop_signals.h"
 
 namespace qs {
@@ -67,6 +68,9 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
     return invalid_argument("--workers must be in 1.." + std::to_string(runtime::kMaxWorkers));
   }
   QS_RETURN_IF_ERROR(runtime::check_link_shaping(o.shaping, o.netns));
+  if (o.schedule && !o.netns)
+    return invalid_argument(
+        "--bandwidth-trace with --script needs --netns (loopback is not shaped)");
   auto log = [&](const std::string& m) {
     if (o.log) o.log(m);
   };
@@ -79,7 +83,7 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
     QS_RETURN_IF_ERROR(runtime::NetnsCluster::available().with_context("--netns"));
     runtime::NetnsOptions no;
     no.hosts = o.workers;
-    no.rate = o.bandwidth;
+    no.rate = o.schedule ? o.schedule->segments()[0].rate : o.bandwidth;
     no.congestion = o.congestion;
     static_cast<runtime::LinkShaping&>(no) = o.shaping;
     QS_ASSIGN_OR_RETURN(cluster, runtime::NetnsCluster::create(no));
@@ -146,6 +150,9 @@ Result<ScriptRunResult> run_script(const ScriptLaunchOptions& o) {
     }
     pids[static_cast<std::size_t>(r)] = pid;
   }
+  // The trace's time 0: the processes' start (rate_shaper.h; its first rate is set).
+  launch::RateShaper shaper(cluster.get(), o.schedule ? &*o.schedule : nullptr, log);
+  shaper.start();
   log("started " + std::to_string(o.workers) + " workers of " + o.script +
       " (MASTER_ADDR=" + master_addr + " MASTER_PORT=" + std::to_string(port) +
       (o.timeout > 0 ? ", timeout " + format_time(o.timeout) : "") + ")");

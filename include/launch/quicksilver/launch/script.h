@@ -14,10 +14,12 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "quicksilver/core/bandwidth_schedule.h"
 #include "quicksilver/core/status.h"
 #include "quicksilver/core/units.h"
 #include "quicksilver/runtime/netns.h"
@@ -48,6 +50,9 @@ struct ScriptLaunchOptions {
   // netns: how the links queue, retransmit and acknowledge (the CLI gives rto_min
   // kDefaultRtoMin unless told otherwise); without netns, only the defaults.
   runtime::LinkShaping shaping;
+  // netns: the links' rate over time from the processes' start (`--bandwidth-trace`: a
+  // trace file, a random spec or a rate; its first rate replaces `bandwidth`).
+  std::optional<BandwidthSchedule> schedule;
   TimeNs timeout = 0;             // 0: none
   TimeNs grace = 15 * kNsPerSec;  // after the first failure (see above)
   // SIGINT/SIGTERM/SIGHUP stop the run (above); the previous handlers come back at the end.
