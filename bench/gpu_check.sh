@@ -9,7 +9,8 @@
 #           (default build/gpu-debs: `bash bench/gpu_check.sh --fetch` fills it here, on a
 #           Debian machine), unpacked with dpkg -x into build/gpu-prefix, never into /.
 #   a+b/2   2 ranks sharing the GPU: ResNet-18 (GroupNorm) through mercury, bytescheduler,
-#           wfbp, mgwfbp and deft, exact against one process and rank against rank; then
+#           wfbp, mgwfbp, deft and auto (switching to bytescheduler at step 3: CUDA
+#           staging across a switch), exact against one process and rank against rank; then
 #           samples/s against DDP (gloo) with the GPU's idle share (bench/gpu_train.py)
 #   d       GPU profiles of ResNet-50 and a BERT-Base-shaped transformer (quicksilver profile
 #           --device cuda), and simulate's prediction for them at 10 and 25 Gbit/s
@@ -157,6 +158,8 @@ else
   want() { [ -z "${QS_GPU_STAGES:-}" ] || [[ ",$QS_GPU_STAGES," == *",$1,"* ]]; }
   pol=()
   [ -n "${QS_GPU_POLICIES:-}" ] && pol=(--policies "$QS_GPU_POLICIES")
+  # policy="auto" (issue 30) switches to bytescheduler at step 3 of stage (a): on CUDA.
+  export QS_AUTO_SCHEDULE=${QS_AUTO_SCHEDULE:-3:bytescheduler}
   want probe && stage probe 60 probe
   want a+b/2 && stage a+b/2 150 ranks 2 "${pol[@]}"
   want d && stage d 150 profiles

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 import models  # noqa: E402
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--policies", default="mercury,bytescheduler,wfbp,mgwfbp,deft")
+ap.add_argument("--policies", default="mercury,bytescheduler,wfbp,mgwfbp,deft,auto")
 ap.add_argument("--stages", default="exact,speed")
 ap.add_argument("--steps", type=int, default=4, help="(a): steps trained per policy")
 ap.add_argument("--batch", type=int, default=16, help="samples per rank")
@@ -87,7 +87,10 @@ def fresh():
 
 def exact(policy):
     model, opt = fresh()
-    opt = qs.DistributedOptimizer(opt, model, policy=policy, check_consistency=1)
+    # auto: a decision every step (QS_AUTO_SCHEDULE, set by bench/gpu_check.sh, makes it
+    # switch at step 3: the CUDA staging carried across a session's close and open).
+    extra = {"replan_every": 1} if policy == "auto" else {}
+    opt = qs.DistributedOptimizer(opt, model, policy=policy, check_consistency=1, **extra)
     qs.broadcast_parameters(model.state_dict(), root_rank=0)
     loss_fn = nn.CrossEntropyLoss()
     for step in range(args.steps):

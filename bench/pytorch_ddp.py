@@ -74,7 +74,9 @@ def train(mode):
     if mode == "ddp":
         model = nn.parallel.DistributedDataParallel(model)
     elif mode != "alone":
-        opt = qs.DistributedOptimizer(opt, model, policy=mode)
+        # "POLICY:ARCHITECTURE" picks the architecture ("auto:allreduce", "wfbp:allreduce").
+        policy, _, architecture = mode.partition(":")
+        opt = qs.DistributedOptimizer(opt, model, policy=policy, architecture=architecture or None)
         qs.broadcast_parameters(model.state_dict(), root_rank=0)
     x = torch.rand(args.batch, *shape)
     y = torch.randint(0, 10, (args.batch,))
@@ -100,7 +102,7 @@ def train(mode):
         # before the forward pass after `before` backward passes): updates per layer per
         # iteration, the iterations each merged, and the share of the window's gradients
         # they applied (well below 1: the schedule falls behind, holding merged sums back).
-        log = opt.quicksilver_updates()
+        log = opt.quicksilver_updates() if mode == "deft" else None
         if log:
             layers = len({layer for _, layer, _, _ in log})
             ks = [last - first + 1 for before, _, first, last in log

@@ -9,23 +9,28 @@ rest is compute (updates applied in the forward pass included). At each decision
 1. the profile measured at the first pass is scaled to the compute measured since the
    last decision (per-layer shares kept);
 2. the network is the rate at which the simulator predicts the measured iteration time
-   for the policy that ran (a bisection on the rate: the prediction falls as the rate
-   grows). The simulator was checked against the runtime (docs/simulator.md); what it
-   does not model of this machine is absorbed into this effective rate;
+   for the policy that ran (secant steps on the time per bit: the prediction falls as the
+   rate grows). The simulator was checked against the runtime (docs/simulator.md); what
+   it does not model of this machine is absorbed into this effective rate;
 3. every policy of the job's architecture is ranked on that network with its knobs tuned
    (quicksilver advise, without its sweep: _quicksilver.rank_policies);
 4. the job switches when the best is predicted faster than the running one by more than
    MIN_GAIN of an iteration and, over the passes until the next decision, by more than
    the measured cost of a switch (the last switch's; before the first, the time the
-   first session took to start).
+   first session took to start);
+5. when several candidates are predicted within TRIAL_BAND of the best (a near-tie, where
+   what the simulator does not model decides), the job measures them instead: each runs
+   a few passes in turn (a trial), and the fastest measured is kept.
 
 Rank 0 decides on a thread of its own while training goes on (the simulator releases the
 GIL). Each step it tells every rank whether the decision is ready (a one-int broadcast that
 is waited for a step later, so nobody waits), and at the step after it is, broadcasts it
-over torch.distributed; every rank switches at that same step(): the session is closed once every update of the steps taken is applied
-(nothing in flight: no gradient lost or applied twice) and a new one opened with the new
-policy on the same gradient buffers. Deterministic: decide() is a function of the
-measurements (and the simulator is deterministic).
+over torch.distributed. Every rank switches at that same step(): the session is closed
+once every update of the steps taken is applied (nothing in flight: no gradient lost or
+applied twice), and a new one is opened with the new policy on the same gradient buffers.
+Deterministic: decide() is a function of the measurements (and the simulator is
+deterministic); when the step applies it depends on the thread's time, the same on every
+rank.
 
 Policies that delay updates (DeFT) are candidates only with allow_stale=True: they apply
 updates of several iterations late and merged, which changes the optimisation.
@@ -49,7 +54,7 @@ START_POLICY = {"ps": "mercury", "allreduce": "ddp"}
 # The one-way latency the planner assumes: the rate is the one unknown the measured
 # iteration time can determine; a loopback or LAN hop is tens of microseconds.
 LATENCY_US = 50.0
-# The rates the bisection searches (Gbit/s).
+# The rates the search for the effective rate spans (Gbit/s).
 GBPS_RANGE = (0.01, 400.0)
 # A switch must gain at least this share of the running policy's predicted iteration
 # (near-ties, such as mercury and mercury-nopreempt on a fast network, are not switched).
@@ -59,6 +64,14 @@ WARMUP_PASSES = 2
 # Passes measured before the first decision (fewer when replan_every is smaller).
 FIRST_WINDOW = 8
 DEFAULT_REPLAN_EVERY = 200
+# Near-ties are measured, not guessed (the simulator ranks; the job's own passes decide):
+# the candidates predicted within TRIAL_BAND of the best, at most TRIAL_MAX, each run for
+# WARMUP_PASSES + TRIAL_PASSES passes, when their switches cost at most TRIAL_BUDGET of the
+# passes until the next decision. Not again for the same candidates at about the same rate.
+TRIAL_BAND = 0.05
+TRIAL_MAX = 3
+TRIAL_PASSES = 8
+TRIAL_BUDGET = 0.1
 
 
 def first_decision(replan_every):
@@ -70,6 +83,11 @@ def describe(d):
     """A decision's policy and knobs in words: "bytescheduler (partition_size 4MiB)"."""
     knobs = ", ".join("{} {}".format(k, v) for k, v in sorted(d["knobs"].items()))
     return "{} ({})".format(d["policy"], knobs) if knobs else d["policy"]
+
+
+def candidate_key(policy, knobs):
+    """A candidate as text: "bytescheduler credit_size=8MiB partition_size=4MB"."""
+    return " ".join([policy] + ["{}={}".format(k, v) for k, v in sorted(knobs.items())])
 
 
 def parse_schedule(text):
@@ -157,6 +175,8 @@ class Planner:
         self.schedule = parse_schedule(os.environ.get("QS_AUTO_SCHEDULE", ""))
         self.thread = None
         self.outcome = None
+        self.trial = None      # a trial in progress (decide()'s "trial")
+        self.trialled = None   # the last trial's candidates and rate
 
     def record(self, n, span_ms, wait_ms):
         if n >= self.measure_from:
@@ -173,14 +193,18 @@ class Planner:
     def start(self, n, profile, policy, knobs):
         """Begins the decision of pass n on a thread, on the measurements so far (the next
         window starts now)."""
-        args = (n, profile, policy, dict(knobs), self.measurement(), self.switch_cost_ms or 0.0)
+        args = (n, profile, policy, dict(knobs), self.measurement(), self.switch_cost_ms or 0.0, self.trial,
+                self.trialled)
         self.spans = []
 
         def run():
             try:
                 self.outcome = self.decide(*args)
-            except Exception as e:  # handed to the training thread (result())
-                self.outcome = e
+            except Exception as e:  # the job trains on with what it runs (every rank waits for
+                # this decision: raising on rank 0 alone would leave them waiting)
+                self.outcome = {"pass": n, "from": policy, "policy": policy, "knobs": dict(knobs),
+                                "switch": False, "reason": "the planner failed ({}: {}): kept {}".format(
+                                    type(e).__name__, e, policy)}
         self.thread = threading.Thread(target=run, name="quicksilver-auto", daemon=True)
         self.thread.start()
 
@@ -193,13 +217,13 @@ class Planner:
         start = time.perf_counter()
         self.thread.join()
         self.thread = None
-        if isinstance(self.outcome, Exception):
-            raise self.outcome
         return self.outcome, (time.perf_counter() - start) * 1e3
 
-    def decide(self, n, profile, policy, knobs, m, cost):
+    def decide(self, n, profile, policy, knobs, m, cost, trial=None, trialled=None):
         """The decision at pass n (a dict: what the log and every rank get): a pure
-        function of its arguments (the measurement m: measurement(); cost: a switch's, ms)."""
+        function of its arguments (the measurement m: measurement(); cost: a switch's, ms;
+        trial and trialled: the planner's, as decided() left them). A decision may ask for
+        the next one sooner ("next_in" passes after it is applied: a trial's run)."""
         start = time.perf_counter()
         d = {"pass": n, "from": policy, "policy": policy, "knobs": dict(knobs), "switch": False}
         if self.schedule is not None:
@@ -213,6 +237,8 @@ class Planner:
             d["reason"] = "no pass measured since the last decision"
             return d
         compute_ms, iteration_ms, passes = m
+        if trial is not None:
+            return self._trial_step(d, policy, knobs, iteration_ms, trial, start)
         prof = json.dumps(scaled_profile(profile, compute_ms))
         args = (prof, self.architecture, self.workers, self.servers)
 
@@ -228,7 +254,27 @@ class Planner:
                  network_gbps=gbps, predicted_ms=now_ms,
                  ranking=[(r["policy"], r["iteration_ms"]) for r in ranking[:4]], switch_cost_ms=cost)
         same = best["policy"] == policy and best["knobs"] == {k: v for k, v in knobs.items() if k in best["knobs"]}
-        if same:
+        # Near-ties: measured in turn (a trial), unless measured already at about this rate.
+        near = [r for r in ranking[:TRIAL_MAX] if r["iteration_ms"] <= best["iteration_ms"] * (1 + TRIAL_BAND)]
+        names = sorted(candidate_key(r["policy"], r["knobs"]) for r in near)
+        current = candidate_key(policy, knobs)
+        recent = trialled is not None and trialled[0] == names and 0.8 < gbps / trialled[1] < 1.25
+        queue = [[r["policy"], dict(r["knobs"])] for r in near if candidate_key(r["policy"], r["knobs"]) != current]
+        affordable = len(queue) * max(cost, 1.0) <= TRIAL_BUDGET * self.replan_every * now_ms
+        if len(near) >= 2 and queue and not recent and affordable:
+            candidates = {candidate_key(*c): c for c in queue}
+            candidates[current] = [policy, dict(knobs)]
+            trial = {"queue": queue[1:], "results": {current: iteration_ms}, "set": names, "gbps": gbps,
+                     "candidates": candidates}
+            d.update(policy=queue[0][0], knobs=queue[0][1], switch=True, trial=trial,
+                     next_in=WARMUP_PASSES + TRIAL_PASSES)
+            d["reason"] = ("{} predicted within {:.0%} of each other at about {:.3g} Gbit/s: measuring each "
+                           "({} measured {:.2f} ms)").format(", ".join(names), TRIAL_BAND, gbps, current,
+                                                             iteration_ms)
+        elif recent and current in names:
+            d["reason"] = "{} measured fastest of {} at about this rate (a trial): kept".format(
+                current, ", ".join(names))
+        elif same:
             d["reason"] = "{} is still predicted fastest ({:.2f} ms)".format(policy, now_ms)
         elif gain <= MIN_GAIN * now_ms:
             d["reason"] = "{} is predicted {:.2f} ms faster, under {:.0%} of an iteration: kept {}".format(
@@ -244,6 +290,35 @@ class Planner:
                                iteration_ms, compute_ms, policy, gbps, best["policy"], best["iteration_ms"], now_ms)
         d["decide_ms"] = (time.perf_counter() - start) * 1e3
         return d
+
+    def _trial_step(self, d, policy, knobs, iteration_ms, trial, start):
+        """A trial's decision: the running candidate's measurement in, then the next
+        candidate, or, all measured, the fastest."""
+        results = dict(trial["results"])
+        results[candidate_key(policy, knobs)] = iteration_ms
+        queue = [list(c) for c in trial["queue"]]
+        measured = ", ".join("{} {:.2f} ms".format(k, v) for k, v in sorted(results.items(), key=lambda kv: kv[1]))
+        if queue:
+            d.update(policy=queue[0][0], knobs=dict(queue[0][1]), switch=True,
+                     trial=dict(trial, queue=queue[1:], results=results), next_in=WARMUP_PASSES + TRIAL_PASSES)
+            d["reason"] = "trial: measured {}; next {}".format(measured, candidate_key(*queue[0]))
+        else:
+            best = min(results, key=results.get)
+            d["trialled"] = [trial["set"], trial["gbps"]]
+            if best != candidate_key(policy, knobs):
+                p, k = trial["candidates"][best]
+                d.update(policy=p, knobs=dict(k), switch=True)
+            d["reason"] = "trial: measured {}: {} {}".format(
+                measured, "switched to" if d["switch"] else "kept", best)
+        d["measured"] = {"iteration_ms": iteration_ms}
+        d["decide_ms"] = (time.perf_counter() - start) * 1e3
+        return d
+
+    def decided(self, d):
+        """After decision d is applied (rank 0): the trial it began, continued or ended."""
+        self.trial = d.get("trial")
+        if "trialled" in d:
+            self.trialled = d["trialled"]
 
     def switched(self, n, switch_ms):
         """A switch at pass n took switch_ms: the next window starts after its warm-up."""

@@ -1317,12 +1317,16 @@ class _Integration:
             dist.broadcast_object_list(box, src=0)
             d = box[0]
         d = dict(d)
+        if "next_in" in d:  # a trial: the next decision sooner
+            self.next_decision = n + d["next_in"]
         if d["switch"]:
             start = time.perf_counter()
             d["closed"] = self._switch(d["policy"], d["knobs"])
             d["switch_ms"] = (time.perf_counter() - start) * 1e3
             if rank == 0:
                 self.auto.switched(n, d["switch_ms"])
+        if rank == 0:
+            self.auto.decided(d)
         if rank == 0:
             print("quicksilver auto: pass {}: {}{}".format(
                 d["pass"], d["reason"], "; switched to {} at pass {} in {:.0f} ms".format(

@@ -101,7 +101,9 @@ def test_a_latency_bound_job_of_tiny_layers_picks_a_merging_policy():
     assert before > 1.2 * dict(d["ranking"])[d["policy"]], (before, d["ranking"])
 
 
-def test_a_switch_must_pay_for_itself_and_near_ties_are_kept():
+def test_a_switch_must_pay_for_itself_and_near_ties_are_kept(monkeypatch):
+    from quicksilver import auto
+    monkeypatch.setattr(auto, "TRIAL_BAND", 0.0)  # no trial (below): the rules without one
     p = planner("ps", replan_every=10)
     measured(p, HUGE, "ps", "wfbp", 1.0)
     d = p.decide(10, HUGE, "wfbp", {}, p.measurement(), 1e9)  # dearer than any gain over 10 passes
@@ -126,6 +128,22 @@ def test_a_switch_must_pay_for_itself_and_near_ties_are_kept():
     for d in (direct, threaded):
         d.pop("decide_ms")
     assert threaded == direct
+
+
+def test_a_failed_plan_keeps_the_running_policy():
+    """The planner's thread failing (here: a simulator that raises) keeps the policy with
+    the reason, rather than raising on rank 0 alone while the other ranks wait for it."""
+    p = planner("ps")
+    measured(p, HUGE, "ps", "wfbp", 1.0)
+
+    class Broken:
+        def predict(self, *args):
+            raise RuntimeError("simulator exploded")
+    p.qs = Broken()
+    p.start(10, HUGE, "wfbp", {})
+    d, _ = p.result()
+    assert not d["switch"] and d["policy"] == "wfbp", d
+    assert "the planner failed (RuntimeError: simulator exploded): kept wfbp" in d["reason"], d["reason"]
 
 
 def test_delayed_updates_are_candidates_only_when_allowed():
@@ -221,3 +239,38 @@ def test_every_rank_applies_rank_0s_threaded_decisions_at_the_same_step(build_di
     assert all(log == logs[0] for log in logs), logs
     assert [policy for _, _, policy, switch in logs[0] if switch] == [second, "wfbp"], logs[0]
     assert all(applied > begun for begun, applied, _, _ in logs[0]), logs[0]
+
+
+def test_near_ties_are_measured_in_turn_and_the_fastest_measured_is_kept():
+    """A decision whose top candidates are predicted within TRIAL_BAND of each other runs
+    each a few passes (a trial: every step of it a decision of its own, "next_in" passes
+    apart) and keeps the fastest measured, whatever the simulator's order; the same near-tie
+    at about the same rate is not measured again."""
+    from quicksilver import auto
+    # A network where the PS policies are near-ties: HUGE at 10 Gbit/s.
+    p = planner("ps", replan_every=200)
+    measured(p, HUGE, "ps", "mercury", 10.0)
+    d = p.decide(10, HUGE, "mercury", {}, p.measurement(), 1.0)
+    assert d["switch"] and "trial" in d and d["next_in"] == auto.WARMUP_PASSES + auto.TRIAL_PASSES, d["reason"]
+    names = d["trial"]["set"]
+    assert 2 <= len(names) <= auto.TRIAL_MAX and "measuring each" in d["reason"], d
+    # Each candidate then measures: make the last one the fastest, the simulator's order aside.
+    times = {}
+    step = 20
+    while "trial" in d:
+        p.decided(d)
+        key = auto.candidate_key(d["policy"], d["knobs"])
+        times[key] = 100.0 - len(times)  # later candidates measure faster
+        m = (50.0, times[key], 8)
+        d = p.decide(step, HUGE, d["policy"], d["knobs"], m, 1.0, p.trial, p.trialled)
+        step += 10
+    p.decided(d)
+    fastest = min(times, key=times.get)
+    assert auto.candidate_key(d["policy"], d["knobs"]) == fastest, (d, times)
+    assert sorted(times) == sorted(k for k in names if k != auto.candidate_key("mercury", {})), (times, names)
+    assert p.trialled is not None and "trial: measured" in d["reason"]
+    # The same near-tie at about the same rate: not measured again, the trial's pick kept.
+    q = planner("ps", replan_every=200)
+    measured(q, HUGE, "ps", d["policy"], 10.0)
+    again = q.decide(400, HUGE, d["policy"], d["knobs"], q.measurement(), 1.0, None, p.trialled)
+    assert "trial" not in again and not again["switch"], again["reason"]

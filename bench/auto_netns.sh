@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# policy="auto" against every fixed policy of its architecture and DDP (issue 30, item 3a):
+# real CPU training on the emulated cluster (as root), bench/pytorch_ddp.py per model x
+# hosts x link rate, REPEATS rounds of the whole matrix (a cell's repeats are interleaved
+# with the other cells'), then a table: per cell the median samples/s of the best fixed
+# policy, of auto and of DDP over the rounds, auto's ratio to each, and the spread.
+#
+#   bash bench/auto_netns.sh [BIN]      # as root; BIN: build/quicksilver by default
+#   MODELS=digits HOSTS=2 RATES=1Gbps REPEATS=2 bash bench/auto_netns.sh
+#
+# The warm-up covers auto's first decision (it begins at pass 10 and is applied a step or
+# two later) for every mode alike. The raw runs go to bench-auto-netns.log (or $LOG).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-build/quicksilver}
+MODELS=${MODELS:-"digits resnet18"}
+HOSTS=${HOSTS:-"2 4"}
+RATES=${RATES:-"1Gbps 200Mbps"}
+REPEATS=${REPEATS:-3}
+PS=${PS:-"mercury,mercury-nopreempt,bytescheduler,prophet,p3,tictac,wfbp"}
+LOG=${LOG:-bench-auto-netns.log}
+export PYTHONPATH="$PWD/build/python${PYTHONPATH:+:$PYTHONPATH}"
+: > "$LOG"
+total=$(( REPEATS * $(wc -w <<< "$MODELS") * $(wc -w <<< "$HOSTS") * $(wc -w <<< "$RATES") ))
+done_=0
+for round in $(seq 1 "$REPEATS"); do
+  for model in $MODELS; do
+    for n in $HOSTS; do
+      for rate in $RATES; do
+        case $model in
+          digits) its=200 warm=30 tail=2 ;;
+          resnet18) its=8 warm=14 tail=2 ;;
+          *) echo "unknown model $model" >&2; exit 2 ;;
+        esac
+        done_=$((done_ + 1))
+        echo "auto_netns: [$done_/$total] round $round: $model, $n hosts at $rate ($(date -u +%H:%M:%S))" >&2
+        { echo "=== round $round: $model, $n hosts at $rate"
+          "$BIN" run --netns --bandwidth "$rate" --workers "$n" --script bench/pytorch_ddp.py \
+            --model "$model" --iterations "$its" --warmup "$warm" --tail "$tail" --policies "$PS,auto" 2>&1 \
+            | grep -v '^quicksilver run: started' || echo "=== failed: $model $n $rate"
+        } >> "$LOG"
+      done
+    done
+  done
+done
+python3 - "$LOG" "$PS" <<'PY'
+import re, statistics, sys
+log, fixed = sys.argv[1], sys.argv[2].split(",")
+cells, cell = {}, None
+for line in open(log):
+    m = re.match(r"=== round (\d+): (\S+), (\d+) hosts at (\S+)", line)
+    if m:
+        cell = cells.setdefault(m.group(2, 3, 4), {})
+        continue
+    m = re.match(r"  (\S+(?: again)?)\s+([0-9.]+) samples/s", line)
+    if m and cell is not None:
+        cell.setdefault(m.group(1), []).append(float(m.group(2)))
+    m = re.match(r".*quicksilver auto: pass (\d+): (.*)", line)
+    if m and cell is not None and "switched to" in m.group(2):
+        cell.setdefault("switches", []).append(m.group(2).rsplit("switched to ", 1)[1])
+print("{:<9} {:>5} {:>7} | {:<18} {:>8} | {:>8} {:>6} | {:>8} | {:>9} {:>8} | auto switched to".format(
+    "model", "hosts", "rate", "best fixed", "samp/s", "auto", "spread", "ddp", "auto/best", "auto/ddp"))
+for (model, n, rate), c in cells.items():
+    med = {k: statistics.median(v) for k, v in c.items() if k != "switches"}
+    best = max((p for p in fixed if p in med), key=lambda p: med[p])
+    ddp = statistics.median(c.get("ddp", []) + c.get("ddp again", [])) if "ddp" in c else float("nan")
+    auto = med.get("auto", float("nan"))
+    spread = (max(c["auto"]) - min(c["auto"])) / auto if "auto" in c else float("nan")
+    print("{:<9} {:>5} {:>7} | {:<18} {:>8.1f} | {:>8.1f} {:>5.0%} | {:>8.1f} | {:>9.3f} {:>8.2f} | {}".format(
+        model, n, rate, best, med[best], auto, spread, ddp, auto / med[best], auto / ddp,
+        ", ".join(sorted(set(c.get("switches", [])))) or "none"))
+PY
