@@ -8,8 +8,10 @@
 #   bash bench/auto_netns.sh [BIN]      # as root; BIN: build/quicksilver by default
 #   MODELS=digits HOSTS=2 RATES=1Gbps REPEATS=2 bash bench/auto_netns.sh
 #
-# The warm-up covers auto's first decision (it begins at pass 10 and is applied a step or
-# two later) for every mode alike. The raw runs go to bench-auto-netns.log (or $LOG).
+# The same measured window for every mode, in steady state: auto's warm-up is longer and
+# covers its first decision and trial (it begins at pass 10; a trial of three candidates
+# ends near pass 35), whose one-off cost bench/auto_bench.py and the decisions' log report.
+# The raw runs go to bench-auto-netns.log (or $LOG).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-build/quicksilver}
@@ -28,15 +30,16 @@ for round in $(seq 1 "$REPEATS"); do
     for n in $HOSTS; do
       for rate in $RATES; do
         case $model in
-          digits) its=200 warm=30 tail=2 ;;
-          resnet18) its=8 warm=14 tail=2 ;;
+          digits) its=200 warm=30 auto_warm=60 tail=2 ;;
+          resnet18) its=8 warm=3 auto_warm=40 tail=2 ;;
           *) echo "unknown model $model" >&2; exit 2 ;;
         esac
         done_=$((done_ + 1))
         echo "auto_netns: [$done_/$total] round $round: $model, $n hosts at $rate ($(date -u +%H:%M:%S))" >&2
         { echo "=== round $round: $model, $n hosts at $rate"
           "$BIN" run --netns --bandwidth "$rate" --workers "$n" --script bench/pytorch_ddp.py \
-            --model "$model" --iterations "$its" --warmup "$warm" --tail "$tail" --policies "$PS,auto" 2>&1 \
+            --model "$model" --iterations "$its" --warmup "$warm" --auto-warmup "$auto_warm" --tail "$tail" \
+            --policies "$PS,auto" 2>&1 \
             | grep -v '^quicksilver run: started' || echo "=== failed: $model $n $rate"
         } >> "$LOG"
       done

@@ -27,6 +27,8 @@ ap.add_argument("--policies", default="mercury,bytescheduler,wfbp,mgwfbp,deft")
 ap.add_argument("--batch", type=int, default=16)
 ap.add_argument("--iterations", type=int, default=10)
 ap.add_argument("--warmup", type=int, default=3)
+ap.add_argument("--auto-warmup", type=int, default=None,
+                help="policy=auto's warm-up (default --warmup): its first decision and trial before the window")
 ap.add_argument("--tail", type=int, default=2, help="iterations trained after the measured ones (not timed)")
 ap.add_argument("--probe-mb", type=float, default=16, help="MB each host sends to measure the link's goodput")
 args = ap.parse_args()
@@ -82,9 +84,10 @@ def train(mode):
     y = torch.randint(0, 10, (args.batch,))
     loss_fn = nn.CrossEntropyLoss()
     qs_mode = mode not in ("ddp", "alone")
-    end = args.warmup + args.iterations
+    warmup = args.auto_warmup if mode.startswith("auto") and args.auto_warmup is not None else args.warmup
+    end = warmup + args.iterations
     for it in range(end + args.tail + 1):
-        if it == args.warmup:
+        if it == warmup:
             t0, start = cpu_ticks(), time.perf_counter()
         if it == end:
             took = time.perf_counter() - start

@@ -189,9 +189,12 @@ void def_planner(py::module_& m) {
                   const std::string& policy, const std::map<std::string, std::string>& knobs) {
         const qs::pytorch::PlanSpec spec =
             plan_spec(profile_json, architecture, workers, servers, gbps, latency_us, compression);
-        py::gil_scoped_release release;
         const std::vector<std::pair<std::string, std::string>> k(knobs.begin(), knobs.end());
-        return qs::to_ms(take(qs::pytorch::predict_iteration(spec, policy, k)));
+        qs::Result<qs::TimeNs> t = [&] {
+          py::gil_scoped_release release;
+          return qs::pytorch::predict_iteration(spec, policy, k);
+        }();
+        return qs::to_ms(take(std::move(t)));
       },
       py::arg("profile_json"), py::arg("architecture"), py::arg("workers"), py::arg("servers"),
       py::arg("gbps"), py::arg("latency_us"), py::arg("compression"), py::arg("policy"),
@@ -203,10 +206,11 @@ void def_planner(py::module_& m) {
                   bool allow_stale) {
         const qs::pytorch::PlanSpec spec =
             plan_spec(profile_json, architecture, workers, servers, gbps, latency_us, compression);
-        qs::Advice advice = [&] {
+        qs::Result<qs::Advice> r = [&] {
           py::gil_scoped_release release;
-          return take(qs::pytorch::rank_policies(spec, allow_stale));
+          return qs::pytorch::rank_policies(spec, allow_stale);
         }();
+        const qs::Advice advice = take(std::move(r));
         py::list out;
         for (const qs::AdvisedPolicy& a : advice.ranking) {
           py::dict d;
