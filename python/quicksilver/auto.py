@@ -306,7 +306,9 @@ class Planner:
             d["reason"] = "trial: measured {}; next {}".format(measured, candidate_key(*queue[0]))
         else:
             best = min(results, key=results.get)
-            d["trialled"] = [trial["set"], trial["gbps"]]
+            # Every candidate measured (the running one too, near or not): its pick stays
+            # "measured" at the next decisions while the near set stays within them.
+            d["trialled"] = [sorted(trial["candidates"]), trial["gbps"]]
             if best != candidate_key(policy, knobs):
                 p, k = trial["candidates"][best]
                 d.update(policy=p, knobs=dict(k), switch=True)
