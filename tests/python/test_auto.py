@@ -1,7 +1,7 @@
 """policy="auto"'s planner (quicksilver/auto.py) on given measurements: the network it infers,
 the decision's determinism, the jobs whose best policy is obvious, the switch rule; and the
-keywords DistributedOptimizer refuses with it. The switch itself, under the idioms on 2 and
-3 ranks, is tests/python/test_idioms.py's test_auto_switches_keep_training_exact."""
+keywords DistributedOptimizer refuses with it. The switch itself: under the idioms on 2 ranks,
+tests/python/test_idioms.py's test_auto_switches_*; on 2 and 3 ranks, the threaded test below."""
 import json
 import math
 import os
