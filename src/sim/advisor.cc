@@ -39,26 +39,41 @@ std::vector<const Knob*> tuned_knobs(const PolicySpec& spec) {
   return out;
 }
 
-// A job larger than this is searched (and swept) on a proxy of kProxyWorkers workers:
-// every simulation of a PS job costs in proportion to N x its units, and VGG-16's
-// defaults alone take about 15 s of CPU at 256 workers (docs/benchmarks.md).
+// A job larger than this is swept on a proxy of kProxyWorkers workers: every simulation
+// of a PS job costs in proportion to N x its units, and VGG-16's defaults alone take about
+// 15 s of CPU at 256 workers (docs/benchmarks.md).
 constexpr int kProxyAbove = 32;
 constexpr int kProxyWorkers = 16;
+// The search goes further on a PS job: a job of more than 4 workers is searched on 4, with
+// its own servers up to 16 (a search simulates 40 to 70 points, most at partitions far
+// below the defaults, and a 4-worker simulation costs a quarter of a 16-worker one). Keeping
+// the servers keeps the job's placement slices: the same units per worker and the same
+// bytes per worker link. A job of up to 32 workers then has its pick finished on itself
+// (PolicySearch::finish). The picks stay within 2 % of the full tuner's on the benchmark
+// set (bench/advise_bench.sh, docs/benchmarks.md). All-reduce jobs are searched on
+// themselves: their simulations cost milliseconds, and the ring's and tree's steps depend
+// on the worker count.
+constexpr int kSearchProxyAbove = 4;
+constexpr int kSearchProxyWorkers = 4;
 
-// The proxy: kProxyWorkers workers, as many servers per worker as the job (so each link
-// carries the same bytes per iteration as the job's), the same rates and latency. What it
-// does not keep: the job's finer placement slices and its incast fan-in; so the search
-// only picks the knobs there, and the pick is simulated on the job itself. Hosts of
-// unequal rates are not proxied.
-ClusterConfig proxy_cluster(const ClusterConfig& c) {
-  if (c.workers <= kProxyAbove || !c.worker_bandwidth.empty() || !c.server_bandwidth.empty() ||
+// The proxy: `workers` workers (kProxyWorkers), the same rates and latency, and either as
+// many servers per worker as the job (so each link carries the same bytes per iteration as
+// the job's) or the job's servers up to `max_servers`. What it does not keep: the job's
+// incast fan-in (and, scaled, its finer placement slices); so the search only picks the
+// knobs there, and the pick is simulated on the job itself. Hosts of unequal rates are not
+// proxied.
+ClusterConfig proxy_cluster(const ClusterConfig& c, int above = kProxyAbove,
+                            int workers = kProxyWorkers, int max_servers = 0) {
+  if (c.workers <= above || !c.worker_bandwidth.empty() || !c.server_bandwidth.empty() ||
       !c.server_shares.empty()) {
     return c;
   }
   ClusterConfig p = c;
-  p.servers = std::max<int>(
-      1, static_cast<int>(std::lround(static_cast<double>(kProxyWorkers) * c.servers / c.workers)));
-  p.workers = kProxyWorkers;
+  p.servers = max_servers > 0 ? std::min(c.servers, max_servers)
+                              : std::max<int>(1, static_cast<int>(std::lround(
+                                                     static_cast<double>(workers) * c.servers /
+                                                     c.workers)));
+  p.workers = workers;
   return p;
 }
 
@@ -69,6 +84,29 @@ SimOptions search_options(const SimOptions& job) {
   SimOptions s = job;
   s.iterations = std::min(job.iterations, job.warmup + 2);
   return s;
+}
+
+// A point simulated on the job itself, as `simulate` would predict it, at less cost: the
+// warm-up and two measured iterations first. When those two are equal to the nanosecond,
+// the deterministic simulation is taken to have reached its steady state (every zoo and
+// measured profile does by its second iteration: docs/benchmarks.md "advise"), and the
+// job's statistic of its remaining iterations is that same value; otherwise the job's whole
+// run. Policies that delay updates (their merged iterations alternate) and time-varying
+// rates (no two iterations alike) always get the whole run.
+Result<SimResult> simulate_job(const Job& job, const PolicySpec& spec, const PolicyOptions& o) {
+  const SimOptions& full = job.sim;
+  const bool constant = !job.cluster.schedule || job.cluster.schedule->is_constant();
+  if (constant && !spec.delays_updates && full.iterations > full.warmup + 2) {
+    SimOptions first = full;
+    first.iterations = full.warmup + 2;
+    auto r = simulate(job.profile, spec.name, o, job.cluster, first);
+    if (!r) return r;
+    const auto& t = r->iteration_times;
+    if (t.size() == static_cast<std::size_t>(first.iterations) && t[t.size() - 1] == t[t.size() - 2]) {
+      return r;
+    }
+  }
+  return simulate(job.profile, spec.name, o, job.cluster, full);
 }
 
 Bytes clamp_size(double v) {
@@ -87,12 +125,14 @@ class PolicySearch {
         spec_(spec),
         knobs_(tuned_knobs(spec)),
         search_(search_options(job.sim)),
-        proxy_(proxy_cluster(job.cluster)) {}
+        proxy_(job.cluster.architecture == Architecture::kPs
+                   ? proxy_cluster(job.cluster, kSearchProxyAbove, kSearchProxyWorkers, kProxyWorkers)
+                   : proxy_cluster(job.cluster)) {}
 
   // The default point with the job's options; an error when the job refuses it.
   Status start() {
     best_options_ = job_.policy_options;
-    auto r = simulate(job_.profile, spec_.name, best_options_, job_.cluster, job_.sim);
+    auto r = simulate_job(job_, spec_, best_options_);
     ++simulations_;
     if (!r) return r.status();
     default_time_ = r->iteration_time;
@@ -119,9 +159,10 @@ class PolicySearch {
       if (knobs_.size() > 1) moved |= tune_direction(knobs_);
       if (!moved) break;
     }
+    if (proxy_.workers != job_.cluster.workers && job_.cluster.workers <= kProxyAbove) finish();
     TimeNs full = default_time_;
     if (key(best_options_) != key(defaults)) {
-      auto r = simulate(job_.profile, spec_.name, best_options_, job_.cluster, job_.sim);
+      auto r = simulate_job(job_, spec_, best_options_);
       ++simulations_;
       if (r) full = r->iteration_time;
     }
@@ -161,6 +202,44 @@ class PolicySearch {
     const TimeNs t = r ? r->iteration_time : kTimeNever;
     memo_.emplace(k, t);
     return t;
+  }
+
+  // The proxy's pick finished on the job itself: each knob alone doubled or halved while
+  // that is faster there, at most kFinishSimulations points. What the proxy misses is
+  // mostly a window that must grow with the fan-in (bytescheduler's credit: at 16 workers
+  // ResNet-50 wants 4 MiB where 4 workers want 512 KiB).
+  void finish() {
+    static constexpr int kFinishSimulations = 6;
+    std::map<std::vector<Bytes>, TimeNs> seen;
+    auto on_job = [&](const PolicyOptions& o) {
+      const auto k = key(o);
+      if (auto it = seen.find(k); it != seen.end()) return it->second;
+      auto r = simulate(job_.profile, spec_.name, o, job_.cluster, search_);
+      ++simulations_;
+      const TimeNs t = r ? r->iteration_time : kTimeNever;
+      seen.emplace(k, t);
+      return t;
+    };
+    TimeNs best = on_job(best_options_);
+    for (bool moved = true; moved && static_cast<int>(seen.size()) < kFinishSimulations;) {
+      moved = false;
+      for (const Knob* k : knobs_) {
+        for (const double f : {2.0, 0.5}) {
+          if (static_cast<int>(seen.size()) >= kFinishSimulations) break;
+          PolicyOptions o = best_options_;
+          const Bytes v = clamp_size(static_cast<double>(k->get_int(best_options_)) * f);
+          if (v == k->get_int(best_options_)) continue;
+          k->set_int(&o, v);
+          const TimeNs t = on_job(o);
+          if (t < best) {
+            best = t;
+            best_options_ = o;
+            moved = true;
+            break;
+          }
+        }
+      }
+    }
   }
 
   // Tries `k` at every power of 4 times kMinTuned up to kMaxTuned (6 points), the others

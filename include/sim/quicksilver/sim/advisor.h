@@ -3,8 +3,9 @@
 // tuned by a coarse pattern search, and ranked by predicted iteration time; the pick's
 // sensitivity to the network is swept (bandwidth 0.1x to 10x, worker count halved and
 // doubled, latency 100us and 1ms, or a tenth and ten times the job's), with the top three
-// candidates' tuned knobs and one measured iteration each. A job of more than 32 workers
-// is searched and swept on a 16-worker proxy of itself (advisor.cc, proxy_cluster).
+// candidates' tuned knobs and one measured iteration each. A PS job of more than 4 workers
+// is searched on a 4-worker proxy of itself, and one of more than 32 swept on a 16-worker
+// one (advisor.cc, proxy_cluster); every printed time is the job's own simulation.
 // Deterministic: the same job gives the same advice.
 //
 // Candidates: every communicating policy of job.cluster.architecture (`oracle`, the
