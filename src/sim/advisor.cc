@@ -69,10 +69,10 @@ ClusterConfig proxy_cluster(const ClusterConfig& c, int above = kProxyAbove,
     return c;
   }
   ClusterConfig p = c;
-  p.servers = max_servers > 0 ? std::min(c.servers, max_servers)
-                              : std::max<int>(1, static_cast<int>(std::lround(
-                                                     static_cast<double>(workers) * c.servers /
-                                                     c.workers)));
+  p.servers = max_servers > 0
+                  ? std::min(c.servers, max_servers)
+                  : std::max<int>(1, static_cast<int>(std::lround(static_cast<double>(workers) *
+                                                                  c.servers / c.workers)));
   p.workers = workers;
   return p;
 }
@@ -102,7 +102,8 @@ Result<SimResult> simulate_job(const Job& job, const PolicySpec& spec, const Pol
     auto r = simulate(job.profile, spec.name, o, job.cluster, first);
     if (!r) return r;
     const auto& t = r->iteration_times;
-    if (t.size() == static_cast<std::size_t>(first.iterations) && t[t.size() - 1] == t[t.size() - 2]) {
+    if (t.size() == static_cast<std::size_t>(first.iterations) &&
+        t[t.size() - 1] == t[t.size() - 2]) {
       return r;
     }
   }
@@ -125,9 +126,10 @@ class PolicySearch {
         spec_(spec),
         knobs_(tuned_knobs(spec)),
         search_(search_options(job.sim)),
-        proxy_(job.cluster.architecture == Architecture::kPs
-                   ? proxy_cluster(job.cluster, kSearchProxyAbove, kSearchProxyWorkers, kProxyWorkers)
-                   : proxy_cluster(job.cluster)) {}
+        proxy_(
+            job.cluster.architecture == Architecture::kPs
+                ? proxy_cluster(job.cluster, kSearchProxyAbove, kSearchProxyWorkers, kProxyWorkers)
+                : proxy_cluster(job.cluster)) {}
 
   // The default point with the job's options; an error when the job refuses it.
   Status start() {
