@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "quicksilver/policy/registry.h"
@@ -86,28 +87,33 @@ SimOptions search_options(const SimOptions& job) {
   return s;
 }
 
-// A point simulated on the job itself, as `simulate` would predict it, at less cost: the
-// warm-up and two measured iterations first. When those two are equal to the nanosecond,
-// the deterministic simulation is taken to have reached its steady state (every zoo and
-// measured profile does by its second iteration: docs/benchmarks.md "advise"), and the
-// job's statistic of its remaining iterations is that same value; otherwise the job's whole
-// run. Policies that delay updates (their merged iterations alternate) and time-varying
-// rates (no two iterations alike) always get the whole run.
-Result<SimResult> simulate_job(const Job& job, const PolicySpec& spec, const PolicyOptions& o) {
-  const SimOptions& full = job.sim;
+// Whether `r`, a simulation of the job's cluster for `short_run.iterations` iterations,
+// gives the job's own prediction: it ran the job's iterations, or it ran the warm-up and two
+// more and those two are equal to the nanosecond. A deterministic simulation that repeats an
+// iteration exactly is taken to have reached its steady state (every zoo profile's policy
+// does by its second iteration but a few on ResNet-50 at 256 workers, which then run
+// whole: docs/benchmarks.md "advise"), and the job's statistic of its remaining iterations
+// is that same value. Policies that delay updates (their merged iterations alternate) and
+// time-varying rates (no two iterations alike) need the whole run.
+bool is_jobs_prediction(const Job& job, const PolicySpec& spec, const SimOptions& short_run,
+                        const SimResult& r) {
+  if (short_run.iterations >= job.sim.iterations) return true;
   const bool constant = !job.cluster.schedule || job.cluster.schedule->is_constant();
-  if (constant && !spec.delays_updates && full.iterations > full.warmup + 2) {
-    SimOptions first = full;
-    first.iterations = full.warmup + 2;
-    auto r = simulate(job.profile, spec.name, o, job.cluster, first);
-    if (!r) return r;
-    const auto& t = r->iteration_times;
-    if (t.size() == static_cast<std::size_t>(first.iterations) &&
-        t[t.size() - 1] == t[t.size() - 2]) {
-      return r;
-    }
-  }
-  return simulate(job.profile, spec.name, o, job.cluster, full);
+  const auto& t = r.iteration_times;
+  return constant && !spec.delays_updates && short_run.iterations == job.sim.warmup + 2 &&
+         t.size() == static_cast<std::size_t>(short_run.iterations) &&
+         t[t.size() - 1] == t[t.size() - 2];
+}
+
+// A point simulated on the job itself, as `simulate` would predict it, at less cost: the
+// warm-up and two measured iterations first, the whole run when is_jobs_prediction() says
+// those do not suffice.
+Result<SimResult> simulate_job(const Job& job, const PolicySpec& spec, const PolicyOptions& o) {
+  SimOptions first = job.sim;
+  first.iterations = std::min(job.sim.iterations, job.sim.warmup + 2);
+  auto r = simulate(job.profile, spec.name, o, job.cluster, first);
+  if (!r || is_jobs_prediction(job, spec, first, *r)) return r;
+  return simulate(job.profile, spec.name, o, job.cluster, job.sim);
 }
 
 Bytes clamp_size(double v) {
@@ -161,9 +167,16 @@ class PolicySearch {
       if (knobs_.size() > 1) moved |= tune_direction(knobs_);
       if (!moved) break;
     }
-    if (proxy_.workers != job_.cluster.workers && job_.cluster.workers <= kProxyAbove) finish();
+    // The finishing already simulated its pick on the job: when that was the job's own
+    // prediction, it is not simulated again.
+    std::optional<TimeNs> full_known;
+    if (proxy_.workers != job_.cluster.workers && job_.cluster.workers <= kProxyAbove) {
+      full_known = finish();
+    }
     TimeNs full = default_time_;
-    if (key(best_options_) != key(defaults)) {
+    if (key(best_options_) != key(defaults) && full_known) {
+      full = *full_known;
+    } else if (key(best_options_) != key(defaults)) {
       auto r = simulate_job(job_, spec_, best_options_);
       ++simulations_;
       if (r) full = r->iteration_time;
@@ -210,17 +223,24 @@ class PolicySearch {
   // that is faster there, at most kFinishSimulations points. What the proxy misses is
   // mostly a window that must grow with the fan-in (bytescheduler's credit: at 16 workers
   // ResNet-50 wants 4 MiB where 4 workers want 512 KiB).
-  void finish() {
+  // Returns the pick's time when its simulation there is the job's own prediction
+  // (is_jobs_prediction).
+  std::optional<TimeNs> finish() {
     static constexpr int kFinishSimulations = 6;
-    std::map<std::vector<Bytes>, TimeNs> seen;
+    struct Point {
+      TimeNs time;
+      bool jobs;  // the job's own prediction
+    };
+    std::map<std::vector<Bytes>, Point> seen;
     auto on_job = [&](const PolicyOptions& o) {
       const auto k = key(o);
-      if (auto it = seen.find(k); it != seen.end()) return it->second;
+      if (auto it = seen.find(k); it != seen.end()) return it->second.time;
       auto r = simulate(job_.profile, spec_.name, o, job_.cluster, search_);
       ++simulations_;
-      const TimeNs t = r ? r->iteration_time : kTimeNever;
-      seen.emplace(k, t);
-      return t;
+      const Point p{r ? r->iteration_time : kTimeNever,
+                    r && is_jobs_prediction(job_, spec_, search_, *r)};
+      seen.emplace(k, p);
+      return p.time;
     };
     TimeNs best = on_job(best_options_);
     for (bool moved = true; moved && static_cast<int>(seen.size()) < kFinishSimulations;) {
@@ -242,6 +262,9 @@ class PolicySearch {
         }
       }
     }
+    const Point& pick = seen.at(key(best_options_));
+    if (pick.jobs && pick.time != kTimeNever) return pick.time;
+    return std::nullopt;
   }
 
   // Tries `k` at every power of 4 times kMinTuned up to kMaxTuned (6 points), the others
