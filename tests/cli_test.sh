@@ -147,9 +147,20 @@ expect_ok run --model "$latin1" --policy wfbp --workers 1 --servers 1 --iteratio
 after=$(ls -d /tmp/qs-run-* 2>/dev/null | wc -l)
 [ "$after" -le "$before" ] && ok || bad "run left a qs-run-* directory behind"
 expect_bad "--bandwidth-trace with --script needs --netns" run --workers 2 --bandwidth-trace 1Gbps --script "$tmp/out"
-# --policy auto belongs to a training script (issue 30): refused elsewhere, pointing there.
+# --policy auto (issue 30): simulate refuses it, pointing to advise; run decides between
+# phases (docs/cli.md "run --policy auto"), its flags refused where they do not apply.
 expect_bad "use quicksilver advise" simulate --model vgg16 --policy auto
-expect_bad "run --script S --policy auto" run --model vgg16 --policy auto --iterations 2
+expect_bad "--policy auto tunes the knobs itself: drop --packet-size" run --model vgg16 --policy auto --packet-size 4KiB
+expect_bad "--replan-every applies to --policy auto only" run --model vgg16 --policy mercury --replan-every 5
+expect_bad "--allow-stale applies to --policy auto only" run --model vgg16 --policy ddp --architecture allreduce --allow-stale
+expect_bad "--replan-every must be >= 1" run --model resnet18 --workers 2 --servers 2 --policy auto --replan-every 0
+expect_bad "--policy auto runs alone" run --model resnet18 --workers 2 --servers 2 --policy auto,mercury
+# A run of 14 iterations on loopback: the start policy for 6 (2 warm-up, 4 measured), a
+# decision logged with its reason, the rest; one row, "auto", of all 14.
+"$qs" run --model resnet18 --workers 2 --servers 2 --policy auto --iterations 14 --replan-every 4 --json > "$tmp/auto.json" 2> "$tmp/auto.err" \
+  && grep -qF "quicksilver run: auto, after iterations 1..6: mercury: " "$tmp/auto.err" \
+  && python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["results"]; assert [x["policy"] for x in r] == ["auto"] and len(r[0]["iterations_ms"]) == 14, r' "$tmp/auto.json" \
+  && ok || bad "run --policy auto: $(tail -3 "$tmp/auto.err")"
 expect_bad "--policy auto tunes the knobs itself: drop packet_size" run --workers 2 --policy auto --packet-size 4KiB --script "$tmp/out"
 expect_bad "--scale must be in (0, 1]" run --model vgg16 --policy mercury --scale nan
 expect_bad "--scale must be in (0, 1]" run --model vgg16 --policy mercury --scale -0.5

@@ -41,6 +41,10 @@ on bytescheduler, from pass 6 on DeFT; a decision begun at pass n picks the entr
 greatest PASS <= n, and keeps the running policy before the first), so that a test can
 switch at passes of its choosing through the same broadcast and switch."""
 
+# `quicksilver run --policy auto` (no script) decides by the same rules and constants in
+# C++ (include/sim/quicksilver/sim/auto_planner.h, between phases of the synthetic runtime):
+# a change to one is a change to both, until this planner calls that one.
+
 import json
 import math
 import os

@@ -27,6 +27,7 @@
 #include "quicksilver/runtime/report_codec.h"
 #include "quicksilver/runtime/runtime.h"
 #include "quicksilver/runtime/store.h"
+#include "quicksilver/sim/auto_planner.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/socket.h"
 
@@ -588,6 +589,12 @@ void add_run_flags(CLI::App* app, RunFlags* f) {
       "--architecture allreduce: gloo's algorithm: ring, ring-chunked, halving-doubling, bcube "
       "(default: from --allreduce, ring or rhd)");
   app->add_flag("--keep-going", f->keep_going, "Continue with the next policy when one fails");
+  app->add_option("--replan-every", f->replan_every,
+                  "--policy auto: iterations between decisions (each phase starts the processes "
+                  "again)")
+      ->capture_default_str();
+  app->add_flag("--allow-stale", f->allow_stale,
+                "--policy auto: rank DeFT too (its delayed updates change the optimisation)");
   app->add_option("--script", f->script,
                   "Run this PyTorch training script (quicksilver.torch) as --workers processes "
                   "with torchrun's "
@@ -827,9 +834,49 @@ int run_cleanup(bool dry_run) {
   return c.errors.empty() ? 0 : 1;
 }
 
+// `run --policy auto` without --script: the job's flags as the start policy's (make_job
+// refuses "auto", which names no policy of the registry), then the policies {"auto"}.
+// Knob flags are refused (auto tunes them), as are --replan-every and --allow-stale without it.
+Result<Job> make_run_job(const RunFlags& f) {
+  const bool given_auto = f.sim.policy == "auto";
+  const auto given = [&](const char* name) {
+    return f.app != nullptr && f.app->get_option_no_throw(name) != nullptr &&
+           f.app->get_option(name)->count() > 0;
+  };
+  if (!given_auto && (given("--replan-every") || given("--allow-stale"))) {
+    return invalid_argument(
+        std::string(given("--replan-every") ? "--replan-every" : "--allow-stale") +
+        " applies to --policy auto only");
+  }
+  if (!given_auto && ("," + f.sim.policy + ",").find(",auto,") != std::string::npos) {
+    return invalid_argument("--policy auto runs alone (it chooses among the policies itself)");
+  }
+  if (!given_auto) return make_job(f.sim);
+  for (const auto& [name, text] : f.sim.knobs) {
+    if (!text.empty()) {
+      return invalid_argument("--policy auto tunes the knobs itself: drop " +
+                              policy_registry().find_knob(name)->flag +
+                              " (or give a fixed policy)");
+    }
+  }
+  for (const auto& [name, on] : f.sim.switches) {
+    if (on) {
+      return invalid_argument("--policy auto tunes the knobs itself: drop " +
+                              policy_registry().find_knob(name)->flag +
+                              " (or give a fixed policy)");
+    }
+  }
+  SimFlags start = f.sim;
+  QS_ASSIGN_OR_RETURN(const Architecture arch, parse_architecture(f.sim.architecture));
+  start.policy = auto_start_policy(arch);
+  QS_ASSIGN_OR_RETURN(Job job, make_job(start));
+  job.policies = {"auto"};
+  return job;
+}
+
 int run_cluster(const RunFlags& f, const std::string& exe) {
   if (!f.script.empty()) return run_script_command(f, exe);
-  auto job = make_job(f.sim);
+  auto job = make_run_job(f);
   if (!job) return fail("quicksilver", job.status());
   if (f.sim.policy == "all") {
     // The oracle moves no byte: there is nothing to run (its figure is the simulator's).
@@ -852,6 +899,8 @@ int run_cluster(const RunFlags& f, const std::string& exe) {
     return fail("quicksilver", invalid_argument("--job-sharing and --separate-gpus need --job"));
   }
   o.executable = exe;
+  o.auto_replan_every = f.replan_every;
+  o.auto_allow_stale = f.allow_stale;
   o.netns = f.netns;
   o.scale = f.scale;
   o.keep_going = f.keep_going;

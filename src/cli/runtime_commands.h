@@ -69,6 +69,9 @@ struct RunFlags {
   const CLI::App* app = nullptr;
   std::vector<std::string> script_args;  // everything after the script's path
   std::string python;  // --script *.py: the interpreter; empty: choose_python's rule
+  // --policy auto (without --script): iterations between decisions, and DeFT a candidate.
+  int replan_every = 200;
+  bool allow_stale = false;
 };
 
 struct CoordinatorFlags {

@@ -351,8 +351,8 @@ Result<Job> make_job(const SimFlags& f) {
       if (p.empty()) continue;
       if (p == "auto") {
         return invalid_argument(
-            "--policy auto: the job chooses its policy as it trains, from its own measurements, "
-            "in a PyTorch script (run --script S --policy auto, or DistributedOptimizer(policy="
+            "--policy auto: the job chooses its policy as it runs, from its own measurements "
+            "(run --policy auto, run --script S --policy auto, or DistributedOptimizer(policy="
             "\"auto\")); to rank the policies for this job beforehand, use quicksilver advise");
       }
       if (!is_known_policy(p)) {

@@ -29,6 +29,7 @@
 #include "quicksilver/runtime/collective.h"
 #include "quicksilver/runtime/netns.h"
 #include "quicksilver/runtime/report_codec.h"
+#include "quicksilver/sim/auto_planner.h"
 #include "quicksilver/sim/simulator.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/socket.h"
@@ -922,7 +923,19 @@ Status check_cluster_job(const Job& job, const LaunchOptions& f) {
                             allreduce_algorithm_name(job.cluster.allreduce) +
                             ": gloo has no such algorithm; use ring or rhd, or --gloo-algorithm");
   }
-  for (const std::string& p : job.policies) {
+  for (std::string p : job.policies) {
+    if (p == "auto") {  // run_auto: the phases start with the architecture's start policy
+      if (job.policies.size() > 1) return invalid_argument("--policy auto runs alone");
+      if (!f.shared_jobs.empty()) return invalid_argument("--policy auto cannot run with --job");
+      if (job.cluster.schedule && !job.cluster.schedule->is_constant()) {
+        return invalid_argument(
+            "--policy auto with --bandwidth-trace: each phase of the run starts the trace "
+            "again; a script's DistributedOptimizer(policy=\"auto\") follows one trace "
+            "(run --script S --policy auto --netns --bandwidth-trace T)");
+      }
+      if (f.auto_replan_every < 1) return invalid_argument("--replan-every must be >= 1");
+      p = auto_start_policy(job.cluster.architecture);
+    }
     if (allreduce) {
       const auto names = allreduce_policy_names();
       if (std::find(names.begin(), names.end(), p) == names.end()) {
@@ -1180,10 +1193,188 @@ void run_scaled_shared_jobs(Job* job, const LaunchOptions& f, const Emulation& n
   job->profile.batch_size = 0;  // each job its own (config_line)
 }
 
+// `run --policy auto` (LaunchOptions::auto_replan_every): what the phases have decided.
+class AutoPhases {
+ public:
+  static constexpr int kWarmup = 2, kFirstWindow = 8, kTrialIterations = 8;
+
+  AutoPhases(const Job& job, const LaunchOptions& f)
+      : job_(job),
+        f_(f),
+        policy_(auto_start_policy(job.cluster.architecture)),
+        options_(job.policy_options),
+        next_(kWarmup + std::min(kFirstWindow, f.auto_replan_every)) {
+    all_.policy = "auto";
+  }
+  const std::string& policy() const { return policy_; }
+  // The next phase's job: the running policy and knobs for its iterations (of those left).
+  Job phase_job() const {
+    Job p = job_;
+    p.policies = {policy_};
+    p.policy_options = options_;
+    p.sim.iterations = std::min(next_, left());
+    p.sim.warmup = std::min(kWarmup, p.sim.iterations - 1);
+    return p;
+  }
+  int left() const { return job_.sim.iterations - static_cast<int>(all_.iteration_times.size()); }
+
+  // A phase ran: its iterations join the row; what it cost beyond them is a switch's
+  // cost; and, iterations left, the next decision (logged).
+  Status ran(const Job& phase, const PolicyRun& run, TimeNs wall, Logger& log) {
+    const std::vector<TimeNs>& t = run.row.result.iteration_times;
+    TimeNs sum = 0;
+    for (const TimeNs x : t) sum += x;
+    switch_cost_ = std::max<TimeNs>(0, wall - sum);
+    const int first = static_cast<int>(all_.iteration_times.size()) + 1;
+    all_.iteration_times.insert(all_.iteration_times.end(), t.begin(), t.end());
+    // The prediction: each phase's policy's for each of its iterations.
+    if (run.row.predicted)
+      predicted_.insert(predicted_.end(), t.size(), run.row.predicted->iteration_time);
+    const std::string what = "iterations " + std::to_string(first) + ".." +
+                             std::to_string(all_.iteration_times.size()) + ": " +
+                             name(policy_, options_);
+    all_.notes.push_back(what);
+    last_ = run.row;
+    if (left() <= 0 || t.empty()) return Status::ok();
+    const TimeNs measured = steady_median(t, phase.sim.warmup);
+    std::string reason;
+    if (in_trial_) {
+      reason = trial_step(measured);
+    } else {
+      QS_ASSIGN_OR_RETURN(const AutoDecision d,
+                          decide_auto(phase, policy_, options_, measured, switch_cost_,
+                                      f_.auto_replan_every, f_.auto_allow_stale, trialled_));
+      reason = d.reason;
+      if (!d.trial.empty()) {
+        in_trial_ = true;
+        trial_results_ = {{name(policy_, options_), {policy_, options_, measured}}};
+        trial_queue_ = d.trial;
+        reason += "; " + next_in_trial();
+      } else if (d.change) {
+        policy_ = d.next.policy;
+        options_ = d.next.options;
+      }
+      if (!in_trial_) next_ = f_.auto_replan_every;
+    }
+    log("auto, after " + what + ": " + reason);
+    all_.notes.push_back("decided: " + reason);
+    return Status::ok();
+  }
+
+  // The row of every phase's iterations, summarised as the job's (its warm-up, its
+  // statistic); the prediction and the figures of the last phase's policy.
+  ResultRow row() const {
+    ResultRow r = last_;
+    r.result.policy = "auto";
+    r.result.iteration_times = all_.iteration_times;
+    r.result.notes = all_.notes;
+    r.result.notes.insert(r.result.notes.end(), last_.result.notes.begin(),
+                          last_.result.notes.end());
+    finish_result(job_.profile, job_.cluster, job_.sim, &r.result);
+    if (r.predicted && predicted_.size() == all_.iteration_times.size()) {
+      r.predicted->policy = "auto";
+      r.predicted->iteration_times = predicted_;
+      finish_result(job_.profile, job_.cluster, job_.sim, &*r.predicted);
+    } else {
+      r.predicted.reset();  // a phase without a prediction: none for the row
+    }
+    return r;
+  }
+
+ private:
+  struct Measured {
+    std::string policy;
+    PolicyOptions options;
+    TimeNs time;
+  };
+  std::string name(const std::string& policy, const PolicyOptions& o) const {
+    std::string knobs;
+    const PolicySpec* spec = policy_registry().find(policy, job_.cluster.architecture);
+    if (spec == nullptr) return policy;
+    for (const Knob* k : tuned_knobs(*spec))
+      knobs += (knobs.empty() ? "" : " ") + k->name + "=" + k->display(o);
+    return knobs.empty() ? policy : policy + " " + knobs;
+  }
+  // The next candidate of the trial, which runs kWarmup + kTrialIterations iterations.
+  std::string next_in_trial() {
+    const AdvisedPolicy a = trial_queue_.front();
+    trial_queue_.erase(trial_queue_.begin());
+    policy_ = a.policy;
+    options_ = a.options;
+    next_ = kWarmup + kTrialIterations;
+    return "measuring " + name(policy_, options_);
+  }
+  // A trial's phase ran: its measurement in; the next candidate, or the fastest measured.
+  std::string trial_step(TimeNs measured) {
+    trial_results_.emplace(name(policy_, options_), Measured{policy_, options_, measured});
+    std::string all;
+    for (const auto& [n, m] : trial_results_)
+      all += (all.empty() ? "" : ", ") + n + " " + format_time(m.time);
+    if (!trial_queue_.empty()) return "trial: measured " + all + "; " + next_in_trial();
+    auto best = trial_results_.begin();
+    trialled_.clear();
+    for (auto it = trial_results_.begin(); it != trial_results_.end(); ++it) {
+      if (it->second.time < best->second.time) best = it;
+      trialled_.push_back(it->first);
+    }
+    policy_ = best->second.policy;
+    options_ = best->second.options;
+    in_trial_ = false;
+    next_ = f_.auto_replan_every;
+    return "trial: measured " + all + ": " + best->first + " kept";
+  }
+
+  const Job& job_;
+  const LaunchOptions& f_;
+  std::string policy_;
+  PolicyOptions options_;
+  int next_;  // the next phase's iterations
+  TimeNs switch_cost_ = 0;
+  bool in_trial_ = false;
+  std::vector<AdvisedPolicy> trial_queue_;
+  std::map<std::string, Measured> trial_results_;
+  std::vector<std::string> trialled_;
+  SimResult all_;
+  std::vector<TimeNs> predicted_;  // per iteration of all_
+  ResultRow last_;
+};
+
+// `run --policy auto`: the phases of AutoPhases, one after another, into one row.
+void run_auto(const Job& job, const LaunchOptions& f, const Emulation& net, const RunFiles& files,
+              Logger& log, ClusterRunResult* out) {
+  AutoPhases phases(job, f);
+  std::vector<runtime::WorkerReport> workers;
+  for (int phase = 1; phases.left() > 0 && !g_interrupted; ++phase) {
+    const Job p = phases.phase_job();
+    if (f.progress) {
+      f.progress("auto: phase " + std::to_string(phase) + ", " + phases.policy() + ", " +
+                 std::to_string(p.sim.iterations) + " iterations (" +
+                 std::to_string(phases.left()) + " left)");
+    }
+    const auto start = std::chrono::steady_clock::now();
+    auto run = run_policy(p, phases.policy(), f, net.cluster.get(), net.goodput_ratio, files, log);
+    const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+    Status st = run ? phases.ran(p, *run, wall, log) : run.status();
+    if (!st.is_ok()) {
+      log("auto (" + phases.policy() + "): " + st.message());
+      out->failures.emplace_back("auto", st);
+      return;
+    }
+    workers = std::move(run->workers);
+  }
+  if (g_interrupted) return;
+  out->rows.push_back(phases.row());
+  out->workers.push_back(std::move(workers));
+}
+
 // Every policy of the (scaled) job, one after another, into `out`; the first failure
 // stops them unless LaunchOptions::keep_going, a signal always.
 void run_policies(const Job& job, const LaunchOptions& f, const Emulation& net,
                   const RunFiles& files, Logger& log, ClusterRunResult* out) {
+  if (job.policies == std::vector<std::string>{"auto"})
+    return run_auto(job, f, net, files, log, out);
   for (std::size_t i = 0; i < job.policies.size(); ++i) {
     const std::string& p = job.policies[i];
     if (g_interrupted) break;

@@ -29,6 +29,8 @@ constexpr Bytes kMaxTuned = 64 * kMiB;
 // of the others at small sizes: US-Byte's unequal partitions (ResNet-18 on 4 workers at
 // 64 KiB: 2 s a simulation, against milliseconds at its default) and DeFT's knapsack.
 // They are ranked with their own knobs.
+}  // namespace
+
 std::vector<const Knob*> tuned_knobs(const PolicySpec& spec) {
   std::vector<const Knob*> out;
   if (spec.delays_updates || spec.name == "usbyte") return out;
@@ -39,6 +41,8 @@ std::vector<const Knob*> tuned_knobs(const PolicySpec& spec) {
   }
   return out;
 }
+
+namespace {
 
 // A job larger than this is swept on a proxy of kProxyWorkers workers: every simulation
 // of a PS job costs in proportion to N x its units, and VGG-16's defaults alone take about

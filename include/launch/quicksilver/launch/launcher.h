@@ -72,6 +72,13 @@ struct LaunchOptions {
   // job's own profile and policies are not run; one row per job, predicted by
   // simulate_shared (fair sharing, separate GPUs). At most kMaxSharedJobs.
   std::vector<SharedJob> shared_jobs;
+  // The job's policies {"auto"} (`run --policy auto`, issue 30): the job runs in phases,
+  // each on freshly started processes, and decides between them (quicksilver/sim/
+  // auto_planner.h): the architecture's start policy for 2 warm-up and min(8, this)
+  // measured iterations, then the policy decided for this many, and so on; near-ties are
+  // measured for 2 + 8 iterations each. One row, "auto", of every phase's iterations.
+  int auto_replan_every = 200;
+  bool auto_allow_stale = false;  // DeFT among the candidates (its updates are delayed)
   // Fault injection (tests): this worker dies abruptly at the start of this iteration.
   int kill_worker = -1;
   int kill_at_iteration = 1;

@@ -27,6 +27,7 @@
 #include "quicksilver/core/units.h"
 #include "quicksilver/engine/job.h"
 #include "quicksilver/policy/options.h"
+#include "quicksilver/policy/registry.h"
 
 namespace qs {
 
@@ -71,6 +72,11 @@ struct Advice {
   // whose default knobs this job refuses).
   std::vector<std::string> notes;
 };
+
+// The knobs advise() tunes for `spec`: its byte sizes that scale with the tensors
+// (partitions, credits, slices, buckets), not the placement's split threshold; none for
+// the policies that plan their own (US-Byte, DeFT).
+std::vector<const Knob*> tuned_knobs(const PolicySpec& spec);
 
 // Errors: an invalid job (the simulator's), no candidate (every policy refused), a
 // simulation error of the default point of a policy (named).

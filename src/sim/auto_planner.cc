@@ -1,0 +1,168 @@
+#include "quicksilver/sim/auto_planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "quicksilver/policy/registry.h"
+#include "quicksilver/sim/simulator.h"
+
+namespace qs {
+namespace {
+
+// Seconds per gigabit, the variable of the secant steps.
+double per_gbit(Rate r) { return 1e9 / static_cast<double>(r.bits_per_second); }
+Rate from_per_gbit(double x) { return Rate{std::llround(1e9 / x)}; }
+
+std::string ms(TimeNs t) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f ms", to_ms(t));
+  return b;
+}
+
+std::string candidate(const AdvisedPolicy& a) {
+  std::string s = a.policy;
+  for (const auto& [k, v] : a.knobs) s += " " + k + "=" + v;
+  return s;
+}
+
+}  // namespace
+
+std::string auto_start_policy(Architecture a) {
+  return a == Architecture::kAllReduce ? "ddp" : "mercury";
+}
+
+Result<Rate> effective_rate(const std::function<Result<TimeNs>(Rate)>& predict, TimeNs measured) {
+  const double slowest = per_gbit(kAutoSlowest), fastest = per_gbit(kAutoFastest);
+  double lo = fastest, hi = slowest;  // the bracket, in seconds per gigabit
+  const double target = static_cast<double>(measured);
+  auto f = [&](double x) -> Result<double> {
+    QS_ASSIGN_OR_RETURN(const TimeNs t, predict(from_per_gbit(x)));
+    return static_cast<double>(t) - target;
+  };
+  double x0 = 0.1, x1 = 1.0;
+  QS_ASSIGN_OR_RETURN(double f0, f(x0));
+  QS_ASSIGN_OR_RETURN(double f1, f(x1));
+  for (int step = 0; step < 16; ++step) {
+    if (std::abs(f1) <= 0.002 * target) return from_per_gbit(x1);
+    // f < 0: the rate 1/x is too fast for the measured time.
+    if (f1 < 0) {
+      lo = std::max(lo, x1);
+    } else {
+      hi = std::min(hi, x1);
+    }
+    double x = f1 != f0 ? x1 - f1 * (x1 - x0) / (f1 - f0) : -1;
+    if (!(x > lo && x < hi)) {
+      if (hi == slowest && f1 < 0 && x1 >= hi / 2) {
+        x = hi;  // probe the slowest rate: the measured time may need slower still
+      } else if (lo == fastest && f1 > 0 && x1 <= 2 * lo) {
+        x = lo;
+      } else {
+        x = std::sqrt(lo * hi);  // bisection on the log
+      }
+    }
+    x0 = x1;
+    f0 = f1;
+    x1 = x;
+    QS_ASSIGN_OR_RETURN(f1, f(x1));
+    if (x1 <= fastest && f1 >= 0) return kAutoFastest;  // compute-bound: no rate explains more
+    if (x1 >= slowest && f1 <= 0) return kAutoSlowest;
+  }
+  return from_per_gbit(x1);
+}
+
+Result<AutoDecision> decide_auto(const Job& job, const std::string& running,
+                                 const PolicyOptions& options, TimeNs measured, TimeNs switch_cost,
+                                 int horizon, bool allow_stale,
+                                 const std::vector<std::string>& trialled) {
+  if (measured <= 0) return invalid_argument("decide_auto: no iteration measured");
+  auto at = [&job](Rate r) {
+    Job j = job;
+    j.cluster.bandwidth = r;
+    j.cluster.schedule.reset();
+    return j;
+  };
+  AutoDecision d;
+  QS_ASSIGN_OR_RETURN(d.network, effective_rate(
+                                     [&](Rate r) -> Result<TimeNs> {
+                                       const Job j = at(r);
+                                       QS_ASSIGN_OR_RETURN(
+                                           const SimResult s,
+                                           simulate(j.profile, running, options, j.cluster, j.sim));
+                                       return s.iteration_time;
+                                     },
+                                     measured));
+  const Job there = at(d.network);
+  QS_ASSIGN_OR_RETURN(const SimResult now,
+                      simulate(there.profile, running, options, there.cluster, there.sim));
+  d.predicted = now.iteration_time;
+  AdviseOptions ao;
+  ao.allow_stale = allow_stale;
+  ao.sensitivity = false;
+  QS_ASSIGN_OR_RETURN(const Advice advice, advise(there, ao));
+  d.ranking = advice.ranking;
+  const AdvisedPolicy& best = d.ranking.front();
+  d.next.policy = running;
+  d.next.options = options;
+  d.next.iteration_time = d.predicted;
+  const std::string rate = format_rate(d.network);
+  // Near-ties: measured in turn, unless every one of them was in the last trial.
+  std::vector<const AdvisedPolicy*> near;
+  for (std::size_t i = 0; i < d.ranking.size() && static_cast<int>(i) < kAutoTrialMax; ++i) {
+    if (static_cast<double>(d.ranking[i].iteration_time) <=
+        static_cast<double>(best.iteration_time) * (1 + kAutoTrialBand)) {
+      near.push_back(&d.ranking[i]);
+    }
+  }
+  bool measured_before = !trialled.empty();
+  for (const AdvisedPolicy* a : near) {
+    measured_before &= std::find(trialled.begin(), trialled.end(), candidate(*a)) != trialled.end();
+  }
+  const TimeNs gain = d.predicted - best.iteration_time;
+  // A candidate is the running one when it is its policy with its knobs.
+  auto is_running = [&](const AdvisedPolicy& a) {
+    if (a.policy != running) return false;
+    for (const auto& [name, value] : a.knobs) {
+      const Knob* k = policy_registry().find_knob(name);
+      if (k == nullptr || k->display(options) != value) return false;
+    }
+    return true;
+  };
+  // A trial is run when its switches cost at most kAutoTrialBudget of the iterations
+  // until the next decision.
+  std::vector<AdvisedPolicy> others;
+  for (const AdvisedPolicy* a : near) {
+    if (!is_running(*a)) others.push_back(*a);
+  }
+  const double trial_cost =
+      static_cast<double>(others.size()) * static_cast<double>(std::max(switch_cost, kNsPerMs));
+  const bool affordable =
+      trial_cost <= kAutoTrialBudget * horizon * static_cast<double>(d.predicted);
+  if (near.size() >= 2 && !others.empty() && !measured_before && affordable) {
+    std::string names;
+    for (const AdvisedPolicy* a : near) names += (names.empty() ? "" : ", ") + candidate(*a);
+    d.trial = std::move(others);
+    d.reason = names + " predicted within 5 % of each other at about " + rate +
+               ": measuring each (" + running + " measured " + ms(measured) + ")";
+    return d;
+  }
+  if (is_running(best)) {
+    d.reason = running + " is still predicted fastest (" + ms(d.predicted) + ")";
+  } else if (static_cast<double>(gain) <= kAutoMinGain * static_cast<double>(d.predicted)) {
+    d.reason = best.policy + " is predicted " + ms(gain) +
+               " faster, under 2 % of an iteration: kept " + running;
+  } else if (gain * horizon <= switch_cost) {
+    d.reason = best.policy + " is predicted " + ms(gain) +
+               " an iteration faster, less over the next " + std::to_string(horizon) +
+               " iterations than a switch costs (" + ms(switch_cost) + "): kept " + running;
+  } else {
+    d.change = true;
+    d.next = best;
+    d.reason = "measured " + ms(measured) + " an iteration under " + running +
+               ": the network is about " + rate + ", where " + best.policy + " is predicted " +
+               ms(best.iteration_time) + " against " + ms(d.predicted);
+  }
+  return d;
+}
+
+}  // namespace qs
