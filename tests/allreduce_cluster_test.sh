@@ -39,6 +39,27 @@ else
   bad "loopback run failed: $(tail -3 "$tmp/err")"
 fi
 
+# --policy auto (issue 30): phases from ddp, each decision logged; whatever it decides on
+# this machine, the phases cover iterations 1..30 one after another, in one "auto" row, and
+# the last phase's workers verified every reduced element.
+if "$qs" run --architecture allreduce --model "$tmp/small.json" --bandwidth 1Gbps --scale 1 --timeout 60s \
+    --workers 2 --policy auto --iterations 30 --replan-every 4 > "$tmp/out" 2> "$tmp/err"; then
+  python3 - "$tmp/out" "$tmp/err" <<'PY' && ok || bad "auto: phases: $(grep 'auto, after' "$tmp/err")"
+import re, sys
+out, err = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+ends = [(int(a), int(b)) for a, b in re.findall(r"auto, after iterations (\d+)\.\.(\d+): ", err)]
+phases = re.findall(r"auto: iterations (\d+)\.\.(\d+): ", out)
+assert ends and ends[0][0] == 1 and ends[0][1] == 6, ends  # 2 warm-up + min(8, 4)
+spans = [(int(a), int(b)) for a, b in phases]
+assert spans[0][0] == 1 and spans[-1][1] == 30, spans
+assert all(b + 1 == c for (_, b), (c, _) in zip(spans, spans[1:])), spans
+assert re.search(r"^auto ", out, re.M) and not re.search(r"^(ddp|wfbp|mgwfbp) ", out, re.M)
+assert "iterations verified exact" in out
+PY
+else
+  bad "auto run failed: $(tail -3 "$tmp/err")"
+fi
+
 # gloo's other algorithms: exact too.
 for algo in ring-chunked halving-doubling bcube; do
   if "$qs" run "${common[@]}" --workers 3 --policy mgwfbp-opt --gloo-algorithm $algo > "$tmp/out" 2> "$tmp/err"; then

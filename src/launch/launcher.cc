@@ -1235,14 +1235,20 @@ class AutoPhases {
                              name(policy_, options_);
     all_.notes.push_back(what);
     last_ = run.row;
-    if (left() <= 0 || t.empty()) return Status::ok();
+    if (t.empty()) return internal_error("auto: a phase reported no iteration");
+    if (left() <= 0) return Status::ok();
     const TimeNs measured = steady_median(t, phase.sim.warmup);
     std::string reason;
     if (in_trial_) {
       reason = trial_step(measured);
     } else {
+      // The planner's simulations: `simulate`'s default run (a warm-up and four
+      // iterations), not the phase's hundreds.
+      Job planning = phase;
+      planning.sim.iterations = SimOptions{}.iterations;
+      planning.sim.warmup = SimOptions{}.warmup;
       QS_ASSIGN_OR_RETURN(const AutoDecision d,
-                          decide_auto(phase, policy_, options_, measured, switch_cost_,
+                          decide_auto(planning, policy_, options_, measured, switch_cost_,
                                       f_.auto_replan_every, f_.auto_allow_stale, trialled_));
       reason = d.reason;
       if (!d.trial.empty()) {
