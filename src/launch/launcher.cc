@@ -1224,7 +1224,7 @@ class AutoPhases {
     const std::vector<TimeNs>& t = run.row.result.iteration_times;
     TimeNs sum = 0;
     for (const TimeNs x : t) sum += x;
-    switch_cost_ = std::max<TimeNs>(0, wall - sum);
+    restart_ = std::max<TimeNs>(0, wall - sum);
     const int first = static_cast<int>(all_.iteration_times.size()) + 1;
     all_.iteration_times.insert(all_.iteration_times.end(), t.begin(), t.end());
     // The prediction: each phase's policy's for each of its iterations.
@@ -1248,7 +1248,7 @@ class AutoPhases {
       planning.sim.iterations = SimOptions{}.iterations;
       planning.sim.warmup = SimOptions{}.warmup;
       QS_ASSIGN_OR_RETURN(const AutoDecision d,
-                          decide_auto(planning, policy_, options_, measured, switch_cost_,
+                          decide_auto(planning, policy_, options_, measured, 0,
                                       f_.auto_replan_every, f_.auto_allow_stale, trialled_));
       reason = d.reason;
       if (!d.trial.empty()) {
@@ -1262,7 +1262,8 @@ class AutoPhases {
       }
       if (!in_trial_) next_ = f_.auto_replan_every;
     }
-    log("auto, after " + what + ": " + reason);
+    log("auto, after " + what + ": " + reason + " (the phase's start and end took " +
+        format_time(restart_) + ")");
     all_.notes.push_back("decided: " + reason);
     return Status::ok();
   }
@@ -1335,7 +1336,10 @@ class AutoPhases {
   std::string policy_;
   PolicyOptions options_;
   int next_;  // the next phase's iterations
-  TimeNs switch_cost_ = 0;
+  // What the last phase took beyond its iterations (its processes' start and end). Every
+  // phase pays it, switching or not, so a switch costs nothing more: the planner is told 0
+  // (a training script's switch, in place, has a cost of its own).
+  TimeNs restart_ = 0;
   bool in_trial_ = false;
   std::vector<AdvisedPolicy> trial_queue_;
   std::map<std::string, Measured> trial_results_;
