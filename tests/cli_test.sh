@@ -155,6 +155,8 @@ expect_bad "--replan-every applies to --policy auto only" run --model vgg16 --po
 expect_bad "--allow-stale applies to --policy auto only" run --model vgg16 --policy ddp --architecture allreduce --allow-stale
 expect_bad "--replan-every must be >= 1" run --model resnet18 --workers 2 --servers 2 --policy auto --replan-every 0
 expect_bad "--policy auto runs alone" run --model resnet18 --workers 2 --servers 2 --policy auto,mercury
+expect_bad "--keep-going does not apply to --policy auto" run --model resnet18 --policy auto --keep-going
+expect_bad "--trace does not apply to --policy auto" run --model resnet18 --policy auto --trace "$tmp/t.json"
 # A run of 14 iterations on loopback: the start policy for 6 (2 warm-up, 4 measured), a
 # decision logged with its reason, the rest; one row, "auto", of all 14.
 "$qs" run --model resnet18 --workers 2 --servers 2 --policy auto --iterations 14 --replan-every 4 --json > "$tmp/auto.json" 2> "$tmp/auto.err" \

@@ -852,6 +852,13 @@ Result<Job> make_run_job(const RunFlags& f) {
     return invalid_argument("--policy auto runs alone (it chooses among the policies itself)");
   }
   if (!given_auto) return make_job(f.sim);
+  for (const char* flag : {"--trace", "--keep-going"}) {
+    if (given(flag)) {
+      return invalid_argument(std::string(flag) +
+                              " does not apply to --policy auto: its phases are runs of their "
+                              "own (give a fixed policy, or several)");
+    }
+  }
   for (const auto& [name, text] : f.sim.knobs) {
     if (!text.empty()) {
       return invalid_argument("--policy auto tunes the knobs itself: drop " +
