@@ -1218,8 +1218,9 @@ class AutoPhases {
   }
   int left() const { return job_.sim.iterations - static_cast<int>(all_.iteration_times.size()); }
 
-  // A phase ran: its iterations join the row; what it cost beyond them is a switch's
-  // cost; and, iterations left, the next decision (logged).
+  // A phase ran: its iterations join the row; what it took beyond them is logged (restart_);
+  // and, iterations left, the next decision (logged). A phase that fails ends the run (a
+  // candidate the runtime refuses is not skipped: the failure is the run's, with its reason).
   Status ran(const Job& phase, const PolicyRun& run, TimeNs wall, Logger& log) {
     const std::vector<TimeNs>& t = run.row.result.iteration_times;
     TimeNs sum = 0;
