@@ -651,6 +651,12 @@ Status parse_network_flags(const RunFlags& f, runtime::LinkShaping* s) {
   return Status::ok();
 }
 
+// Whether `name` ("--policy") was given on the command line of `run`.
+bool flag_given(const RunFlags& f, const char* name) {
+  return f.app != nullptr && f.app->get_option_no_throw(name) != nullptr &&
+         f.app->get_option(name)->count() > 0;
+}
+
 // `run --script`: the workers are the script's processes; quicksilver.torch inside them
 // hosts the servers. The package is found beside this executable (build/python).
 // The flags a --script run uses: the launch (processes, interpreter, the emulated
@@ -685,10 +691,7 @@ Status script_flags(const RunFlags& f, std::vector<std::pair<std::string, std::s
       }
     }
   }
-  const auto given = [&](const char* name) {
-    return f.app != nullptr && f.app->get_option_no_throw(name) != nullptr &&
-           f.app->get_option(name)->count() > 0;
-  };
+  const auto given = [&f](const char* name) { return flag_given(f, name); };
   if (given("--policy")) {
     if (f.sim.policy.find(',') != std::string::npos || f.sim.policy == "all") {
       return invalid_argument("--policy '" + f.sim.policy + "': a script trains with one policy");
@@ -834,15 +837,14 @@ int run_cleanup(bool dry_run) {
   return c.errors.empty() ? 0 : 1;
 }
 
+namespace {
+
 // `run --policy auto` without --script: the job's flags as the start policy's (make_job
 // refuses "auto", which names no policy of the registry), then the policies {"auto"}.
 // Knob flags are refused (auto tunes them), as are --replan-every and --allow-stale without it.
 Result<Job> make_run_job(const RunFlags& f) {
   const bool given_auto = f.sim.policy == "auto";
-  const auto given = [&](const char* name) {
-    return f.app != nullptr && f.app->get_option_no_throw(name) != nullptr &&
-           f.app->get_option(name)->count() > 0;
-  };
+  const auto given = [&f](const char* name) { return flag_given(f, name); };
   if (!given_auto && (given("--replan-every") || given("--allow-stale"))) {
     return invalid_argument(
         std::string(given("--replan-every") ? "--replan-every" : "--allow-stale") +
@@ -859,19 +861,17 @@ Result<Job> make_run_job(const RunFlags& f) {
                               "own (give a fixed policy, or several)");
     }
   }
+  std::vector<std::string> knobs_given;  // value knobs given a value, switches turned on
   for (const auto& [name, text] : f.sim.knobs) {
-    if (!text.empty()) {
-      return invalid_argument("--policy auto tunes the knobs itself: drop " +
-                              policy_registry().find_knob(name)->flag +
-                              " (or give a fixed policy)");
-    }
+    if (!text.empty()) knobs_given.push_back(name);
   }
   for (const auto& [name, on] : f.sim.switches) {
-    if (on) {
-      return invalid_argument("--policy auto tunes the knobs itself: drop " +
-                              policy_registry().find_knob(name)->flag +
-                              " (or give a fixed policy)");
-    }
+    if (on) knobs_given.push_back(name);
+  }
+  if (!knobs_given.empty()) {
+    return invalid_argument("--policy auto tunes the knobs itself: drop " +
+                            policy_registry().find_knob(knobs_given.front())->flag +
+                            " (or give a fixed policy)");
   }
   SimFlags start = f.sim;
   QS_ASSIGN_OR_RETURN(const Architecture arch, parse_architecture(f.sim.architecture));
@@ -880,6 +880,8 @@ Result<Job> make_run_job(const RunFlags& f) {
   job.policies = {"auto"};
   return job;
 }
+
+}  // namespace
 
 int run_cluster(const RunFlags& f, const std::string& exe) {
   if (!f.script.empty()) return run_script_command(f, exe);

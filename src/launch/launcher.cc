@@ -1296,12 +1296,7 @@ class AutoPhases {
     TimeNs time;
   };
   std::string name(const std::string& policy, const PolicyOptions& o) const {
-    std::string knobs;
-    const PolicySpec* spec = policy_registry().find(policy, job_.cluster.architecture);
-    if (spec == nullptr) return policy;
-    for (const Knob* k : tuned_knobs(*spec))
-      knobs += (knobs.empty() ? "" : " ") + k->name + "=" + k->display(o);
-    return knobs.empty() ? policy : policy + " " + knobs;
+    return auto_candidate(policy, o, job_.cluster.architecture);
   }
   // The next candidate of the trial, which runs kWarmup + kTrialIterations iterations.
   std::string next_in_trial() {

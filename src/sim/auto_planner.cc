@@ -20,13 +20,16 @@ std::string ms(TimeNs t) {
   return b;
 }
 
-std::string candidate(const AdvisedPolicy& a) {
-  std::string s = a.policy;
-  for (const auto& [k, v] : a.knobs) s += " " + k + "=" + v;
+}  // namespace
+
+std::string auto_candidate(const std::string& policy, const PolicyOptions& options,
+                           Architecture architecture) {
+  std::string s = policy;
+  const PolicySpec* spec = policy_registry().find(policy, architecture);
+  if (spec == nullptr) return s;
+  for (const Knob* k : tuned_knobs(*spec)) s += " " + k->name + "=" + k->display(options);
   return s;
 }
-
-}  // namespace
 
 std::string auto_start_policy(Architecture a) {
   return a == Architecture::kAllReduce ? "ddp" : "mercury";
@@ -106,6 +109,11 @@ Result<AutoDecision> decide_auto(const Job& job, const std::string& running,
   d.next.options = options;
   d.next.iteration_time = d.predicted;
   const std::string rate = format_rate(d.network);
+  const Architecture arch = job.cluster.architecture;
+  auto candidate = [arch](const AdvisedPolicy& a) {
+    return auto_candidate(a.policy, a.options, arch);
+  };
+  const std::string current = auto_candidate(running, options, arch);
   // Near-ties: measured in turn, unless every one of them was in the last trial.
   std::vector<const AdvisedPolicy*> near;
   for (std::size_t i = 0; i < d.ranking.size() && static_cast<int>(i) < kAutoTrialMax; ++i) {
@@ -120,14 +128,7 @@ Result<AutoDecision> decide_auto(const Job& job, const std::string& running,
   }
   const TimeNs gain = d.predicted - best.iteration_time;
   // A candidate is the running one when it is its policy with its knobs.
-  auto is_running = [&](const AdvisedPolicy& a) {
-    if (a.policy != running) return false;
-    for (const auto& [name, value] : a.knobs) {
-      const Knob* k = policy_registry().find_knob(name);
-      if (k == nullptr || k->display(options) != value) return false;
-    }
-    return true;
-  };
+  auto is_running = [&](const AdvisedPolicy& a) { return candidate(a) == current; };
   // A trial is run when its switches cost at most kAutoTrialBudget of the iterations
   // until the next decision.
   std::vector<AdvisedPolicy> others;

@@ -23,6 +23,11 @@ namespace qs {
 
 // The policy a job starts with, per architecture (python/quicksilver/auto.py START_POLICY).
 std::string auto_start_policy(Architecture a);
+// A candidate in words, as the log and a trial's record name it: the policy and the knobs
+// advise() tunes for it (tuned_knobs()), "bytescheduler partition_size=64KiB
+// credit_size=4MiB"; two candidates are the same when their names are.
+std::string auto_candidate(const std::string& policy, const PolicyOptions& options,
+                           Architecture architecture);
 // A switch must gain more than this share of the running policy's predicted iteration.
 inline constexpr double kAutoMinGain = 0.02;
 // Candidates predicted within this share of the best are a near-tie: measured, not guessed.
