@@ -78,6 +78,16 @@ __all__ = ["init", "rank", "size", "local_rank", "local_size", "DistributedOptim
 _env = {"rank": 0, "size": 1, "local_rank": 0, "local_size": 1, "master_addr": "127.0.0.1", "initialized": False,
         "timeout": 120.0}
 _live = weakref.WeakSet()  # integrations not yet shut down (finished at exit)
+# Tensors handed to torch.distributed, each with its use count before the call. Under torch
+# 2.x a tensor whose last Python reference goes while gloo's worker thread still holds the
+# collective's work is left to that thread to free, and freeing it takes the GIL: at the
+# interpreter's teardown the thread is ended inside the work's destructor and the process
+# aborts ("terminate called without an active exception", exit 134, after training ended;
+# destroy_process_group() does not stop those threads once torch._dynamo, which any
+# torch.optim optimizer imports, holds the group). So the references stay here until gloo
+# has let go (_hold), and _at_exit waits for that (_settle) before the interpreter goes.
+_held = []
+_USE_COUNT = hasattr(torch.Tensor, "_use_count")  # torch >= 2.0; 1.13 frees in the caller
 
 
 def _env_int(name, default):
@@ -162,13 +172,36 @@ def broadcast_parameters(params, root_rank=0):
         _broadcast(t.data, root_rank)
 
 
+def _hold(*tensors):
+    """Keeps `tensors` (this module's own, about to be handed to a collective: nothing else
+    takes a lasting reference to them) until gloo's threads have let them go; drops the
+    ones held before that they have let go of (see _held)."""
+    if _USE_COUNT:
+        _held[:] = [h for h in _held if not _released(h)]
+        _held.append([(t, t._use_count()) for t in tensors])
+
+
+def _released(held):
+    return all(t._use_count() <= before for t, before in held)
+
+
+def _settle(limit_s=10.0):
+    """Waits (releasing the GIL) until gloo's threads hold none of the tensors of _held; a
+    collective that never ends (a peer died) is waited for at most limit_s."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        _held[:] = [h for h in _held if not _released(h)]
+        if not _held or time.monotonic() > deadline:
+            return
+        time.sleep(0.001)
+
+
 def _broadcast(t, root_rank):
-    """dist.broadcast of t in place, for any layout and dtype: gloo has no bfloat16 (a
-    float32 copy carries it, exactly)."""
-    if t.is_contiguous() and t.dtype != torch.bfloat16:
-        dist.broadcast(t, src=root_rank)
-        return
-    tmp = t.contiguous() if t.dtype != torch.bfloat16 else t.float()
+    """dist.broadcast of t in place, for any layout and dtype, through a private copy (see
+    _held; gloo has no bfloat16: a float32 copy carries it, exactly)."""
+    tmp = t.detach().to(torch.float32 if t.dtype == torch.bfloat16 else t.dtype, memory_format=torch.contiguous_format,
+                        copy=True)
+    _hold(tmp)
     dist.broadcast(tmp, src=root_rank)
     with torch.no_grad():
         t.copy_(tmp)
@@ -795,6 +828,7 @@ class _Integration:
         parameter no worker used keeps its .grad as the user's zero_grad() left it, as
         DistributedDataParallel does."""
         mask = torch.tensor([1 if id(p) in self.cycle_used else 0 for p in self.all_params], dtype=torch.int32)
+        _hold(mask)
         work = dist.all_reduce(mask, async_op=True) if _env["size"] > 1 else None
         self.unused_masks[n] = (mask, work)
 
@@ -1213,6 +1247,7 @@ class _Integration:
         if _env["size"] == 1:
             return
         gathered = [torch.empty_like(digests) for _ in range(_env["size"])]
+        _hold(digests, *gathered)
         self.pending_check = (self.stepped, gathered, dist.all_gather(gathered, digests, async_op=True))
 
     def _compare_digests(self, wait):
@@ -1336,6 +1371,7 @@ class _Integration:
     def _poll_decision(self):
         """Rank 0's "is the decision ready" to every rank, not waited for now."""
         flag = torch.tensor([1 if _env["rank"] == 0 and self.auto.ready() else 0], dtype=torch.int32)
+        _hold(flag)
         work = dist.broadcast(flag, 0, async_op=True) if _env["size"] > 1 else None
         self.decision_flag = (flag, work)
 
@@ -1809,7 +1845,11 @@ def allreduce_(tensor, average=None, name=None, op=None):
     if op not in (Average, Sum):
         raise ValueError("quicksilver.torch.allreduce: op={!r}: give quicksilver.torch.Average or Sum".format(op))
     if _control_plane("allreduce"):
-        dist.all_reduce(tensor)
+        tmp = tensor.detach().clone(memory_format=torch.contiguous_format)  # our own (see _held)
+        _hold(tmp)
+        dist.all_reduce(tmp)
+        with torch.no_grad():
+            tensor.copy_(tmp)
         if op == Average:
             if tensor.is_floating_point():
                 tensor.div_(_env["size"])
@@ -1830,10 +1870,11 @@ def _at_exit():
             integration.shutdown()
         except Exception as e:  # the process is ending: say why, do not hang
             print("quicksilver.torch: at exit: {}".format(e), file=sys.stderr)
+    _settle()  # see _held
     # The process group init() started goes while the interpreter is whole: left to the
     # interpreter's teardown, gloo's threads can abort the process after training ended
-    # ("terminate called without an active exception", exit 134; seen once on rank 1 of a
-    # time-to-accuracy run, and the subject of pytorch/pytorch PR 179291).
+    # (pytorch/pytorch PR 179291). With torch._dynamo imported the group outlives this call
+    # (see _held), which is why _settle comes first.
     if _env.get("owns_group") and dist.is_initialized():
         try:
             dist.destroy_process_group()
