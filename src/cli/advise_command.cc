@@ -1,9 +1,11 @@
 #include "advise_command.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "progress.h"
 #include "quicksilver/sim/advisor.h"
@@ -34,6 +36,8 @@ int run_advise(const AdviseFlags& f) {
   AdviseOptions o;
   o.allow_stale = f.allow_stale;
   o.sensitivity = !f.no_sensitivity;
+  // Every core: advise runs alone (the planner inside a training job keeps its default).
+  o.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const auto t0 = std::chrono::steady_clock::now();
   auto advice = [&] {
     Progress progress("quicksilver advise", f.sim.json);

@@ -125,15 +125,59 @@ Bytes clamp_size(double v) {
   return std::clamp<Bytes>(b, kMinTuned, kMaxTuned);
 }
 
+// Runs fn(i) for i in [0, n) on `threads` threads; each thread calls `done` when no i is
+// left for it (if given).
+void parallel_for(int n, int threads, const std::function<void(int)>& fn,
+                  const std::function<void()>& done = {}) {
+  std::atomic<int> next{0};
+  auto work = [&] {
+    for (int i = next++; i < n; i = next++) fn(i);
+    if (done) done();
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min(threads, n); ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+}
+
+// The threads of AdviseOptions::threads that no policy's search occupies (one policy's
+// search is sequential, and the dearest, bytescheduler's, outlasts the others together):
+// a search lends them its independent points, a knob's scan and a finishing step's two
+// directions.
+class IdleThreads {
+ public:
+  explicit IdleThreads(int idle) : idle_(idle) {}
+  void add() { ++idle_; }
+  // Runs fn(i) for i in [0, n) on the calling thread and on every idle thread it can take
+  // (at most n - 1). `speculative`: only when at least one is idle (false: not run).
+  bool run(int n, const std::function<void(int)>& fn, bool speculative) {
+    int taken = 0;
+    for (int v = idle_.load(); taken < n - 1 && v > 0;) {
+      if (idle_.compare_exchange_weak(v, v - 1)) {
+        ++taken;
+        v = idle_.load();
+      }
+    }
+    if (speculative && taken == 0) return false;
+    parallel_for(n, taken + 1, fn);
+    idle_ += taken;
+    return true;
+  }
+
+ private:
+  std::atomic<int> idle_;
+};
+
 // One policy's search: a coarse scan of each tuned knob, then a pattern search in log2 of
 // them (each alone, then all together), steps of 4x then 2x, at most two passes, every
 // point simulated once (memo). A point is kept only when strictly faster, so ties keep
 // the default.
 class PolicySearch {
  public:
-  PolicySearch(const Job& job, const PolicySpec& spec)
+  PolicySearch(const Job& job, const PolicySpec& spec, IdleThreads* idle)
       : job_(job),
         spec_(spec),
+        idle_(idle),
         knobs_(tuned_knobs(spec)),
         search_(search_options(job.sim)),
         proxy_(
@@ -223,33 +267,88 @@ class PolicySearch {
     return t;
   }
 
-  // The proxy's pick finished on the job itself: each knob alone doubled or halved while
-  // that is faster there, at most kFinishSimulations points. What the proxy misses is
-  // mostly a window that must grow with the fan-in (bytescheduler's credit: at 16 workers
-  // ResNet-50 wants 4 MiB where 4 workers want 512 KiB).
-  // Returns the pick's time when its simulation there is the job's own prediction
-  // (is_jobs_prediction).
+  // Simulates the points of `points` not simulated yet, together on idle threads (see
+  // IdleThreads::run; `speculative`: points the caller may not need, only when a thread
+  // is idle), into `memo`, simulated on `cluster`. The caller then reads them in its own
+  // order, so the search's path is the sequential one.
+  template <typename Value, typename Make>
+  void prefetch(const std::vector<PolicyOptions>& points, std::map<std::vector<Bytes>, Value>* memo,
+                const ClusterConfig& cluster, bool speculative, Make make) {
+    if (idle_ == nullptr) return;
+    std::vector<const PolicyOptions*> todo;
+    std::vector<std::vector<Bytes>> keys;
+    for (const PolicyOptions& o : points) {
+      auto k = key(o);
+      if (memo->count(k) == 0 && std::find(keys.begin(), keys.end(), k) == keys.end()) {
+        todo.push_back(&o);
+        keys.push_back(std::move(k));
+      }
+    }
+    if (todo.size() < 2) return;  // one point: the sequential path simulates it
+    std::vector<std::optional<Result<SimResult>>> out(todo.size());
+    const bool ran = idle_->run(
+        static_cast<int>(todo.size()),
+        [&](int i) {
+          const auto u = static_cast<std::size_t>(i);
+          out[u] = simulate(job_.profile, spec_.name, *todo[u], cluster, search_);
+        },
+        speculative);
+    if (!ran) return;
+    for (std::size_t i = 0; i < todo.size(); ++i) {
+      ++simulations_;
+      memo->emplace(keys[i], make(*out[i]));
+    }
+  }
+  void prefetch_proxy(const std::vector<PolicyOptions>& points, bool speculative) {
+    prefetch(points, &memo_, proxy_, speculative,
+             [](const Result<SimResult>& r) { return r ? r->iteration_time : kTimeNever; });
+  }
+
+  // The proxy's pick finished on the job itself: each window knob alone doubled or halved
+  // while that is faster there, at most kFinishSimulations points. What the proxy misses
+  // is a window that must grow with the fan-in (bytescheduler's credit: at 16 workers
+  // ResNet-50 wants 4 MiB where 4 workers want 512 KiB); the sizes that cut the gradients
+  // into units (Knob::cuts: partitions, slices) carry over from the proxy, and the job's
+  // simulations at small units are the search's dearest (VGG-16 at 16 workers and 64 KiB
+  // partitions: 0.2 s each, against 0.01 s at the defaults), so they are left as the proxy
+  // picked them. Returns the pick's time when its simulation there is the job's own
+  // prediction (is_jobs_prediction); none when the policy has no window to finish.
   std::optional<TimeNs> finish() {
     static constexpr int kFinishSimulations = 6;
-    struct Point {
-      TimeNs time;
-      bool jobs;  // the job's own prediction
+    std::vector<const Knob*> windows;
+    for (const Knob* k : knobs_) {
+      if (!k->cuts) windows.push_back(k);
+    }
+    if (windows.empty()) return std::nullopt;
+    std::map<std::vector<Bytes>, JobPoint>& seen = finish_memo_;
+    auto job_point = [&](const Result<SimResult>& r) {
+      return JobPoint{r ? r->iteration_time : kTimeNever,
+                      r && is_jobs_prediction(job_, spec_, search_, *r)};
     };
-    std::map<std::vector<Bytes>, Point> seen;
     auto on_job = [&](const PolicyOptions& o) {
       const auto k = key(o);
       if (auto it = seen.find(k); it != seen.end()) return it->second.time;
       auto r = simulate(job_.profile, spec_.name, o, job_.cluster, search_);
       ++simulations_;
-      const Point p{r ? r->iteration_time : kTimeNever,
-                    r && is_jobs_prediction(job_, spec_, search_, *r)};
+      const JobPoint p = job_point(r);
       seen.emplace(k, p);
       return p.time;
     };
     TimeNs best = on_job(best_options_);
     for (bool moved = true; moved && static_cast<int>(seen.size()) < kFinishSimulations;) {
       moved = false;
-      for (const Knob* k : knobs_) {
+      for (const Knob* k : windows) {
+        // Both directions at once when a thread is idle (the second is simulated in vain
+        // when the first is faster).
+        if (static_cast<int>(seen.size()) + 2 <= kFinishSimulations) {
+          std::vector<PolicyOptions> both;
+          for (const double f : {2.0, 0.5}) {
+            PolicyOptions o = best_options_;
+            k->set_int(&o, clamp_size(static_cast<double>(k->get_int(best_options_)) * f));
+            both.push_back(o);
+          }
+          prefetch(both, &seen, job_.cluster, true, job_point);
+        }
         for (const double f : {2.0, 0.5}) {
           if (static_cast<int>(seen.size()) >= kFinishSimulations) break;
           PolicyOptions o = best_options_;
@@ -266,7 +365,7 @@ class PolicySearch {
         }
       }
     }
-    const Point& pick = seen.at(key(best_options_));
+    const JobPoint& pick = seen.at(key(best_options_));
     if (pick.jobs && pick.time != kTimeNever) return pick.time;
     return std::nullopt;
   }
@@ -274,6 +373,14 @@ class PolicySearch {
   // Tries `k` at every power of 4 times kMinTuned up to kMaxTuned (6 points), the others
   // held; keeps the fastest.
   void scan(const Knob& k) {
+    std::vector<PolicyOptions> points;
+    for (Bytes v = kMinTuned; v <= kMaxTuned; v *= 4) {
+      points.push_back(best_options_);
+      k.set_int(&points.back(), v);
+    }
+    // Each point differs from the best so far in k alone, which it sets: the same points
+    // whichever of them turns out the best.
+    prefetch_proxy(points, false);
     for (Bytes v = kMinTuned; v <= kMaxTuned; v *= 4) {
       if (v == k.get_int(best_options_)) continue;
       PolicyOptions o = best_options_;
@@ -294,6 +401,14 @@ class PolicySearch {
     for (const double step : {4.0, 2.0}) {
       for (bool improving = true; improving;) {
         improving = false;
+        std::vector<PolicyOptions> both;
+        for (const double f : {step, 1 / step}) {
+          PolicyOptions o = best_options_;
+          for (const Knob* k : direction)
+            k->set_int(&o, clamp_size(static_cast<double>(k->get_int(best_options_)) * f));
+          both.push_back(o);
+        }
+        prefetch_proxy(both, true);
         for (const double f : {step, 1 / step}) {
           PolicyOptions o = best_options_;
           bool changed = false;
@@ -319,26 +434,20 @@ class PolicySearch {
 
   const Job& job_;
   const PolicySpec& spec_;
+  IdleThreads* idle_;
   const std::vector<const Knob*> knobs_;
   const SimOptions search_;    // the search's (search_options)
   const ClusterConfig proxy_;  // the search's cluster (proxy_cluster)
   PolicyOptions best_options_;
   TimeNs best_time_ = kTimeNever, default_time_ = kTimeNever, compute_time_ = 0;
-  std::map<std::vector<Bytes>, TimeNs> memo_;
+  std::map<std::vector<Bytes>, TimeNs> memo_;  // the proxy's points
+  struct JobPoint {
+    TimeNs time;
+    bool jobs;  // the job's own prediction (is_jobs_prediction)
+  };
+  std::map<std::vector<Bytes>, JobPoint> finish_memo_;  // the job's points (finish)
   int simulations_ = 0;
 };
-
-// Runs fn(i) for i in [0, n) on `threads` threads.
-void parallel_for(int n, int threads, const std::function<void(int)>& fn) {
-  std::atomic<int> next{0};
-  auto work = [&] {
-    for (int i = next++; i < n; i = next++) fn(i);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min(threads, n); ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-}
 
 Rate scaled(Rate r, double f) {
   return Rate{std::llround(static_cast<double>(r.bits_per_second) * f)};
@@ -473,20 +582,33 @@ Result<Advice> advise(const Job& job, const AdviseOptions& o) {
     }
     specs.push_back(spec);
   }
+  IdleThreads idle(std::max(0, o.threads - static_cast<int>(specs.size())));
   std::vector<std::unique_ptr<PolicySearch>> searches;
-  for (const PolicySpec* s : specs) searches.push_back(std::make_unique<PolicySearch>(job, *s));
+  for (const PolicySpec* s : specs)
+    searches.push_back(std::make_unique<PolicySearch>(job, *s, &idle));
+  // The searches with knobs to tune first (the longest first: each is sequential), then
+  // the defaults-only policies fill the other threads.
+  std::vector<std::size_t> order(searches.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return tuned_knobs(*specs[a]).size() > tuned_knobs(*specs[b]).size();
+  });
   std::vector<Status> started(searches.size());
   std::mutex progress_mu;
-  parallel_for(static_cast<int>(searches.size()), o.threads, [&](int i) {
-    PolicySearch& s = *searches[static_cast<std::size_t>(i)];
-    started[static_cast<std::size_t>(i)] = s.start();
-    if (started[static_cast<std::size_t>(i)].is_ok()) s.tune();
-    if (o.progress) {
-      const AdvisedPolicy r = s.result();
-      std::lock_guard<std::mutex> lock(progress_mu);
-      o.progress(r.policy + ": " + std::to_string(r.simulations) + " simulations");
-    }
-  });
+  parallel_for(
+      static_cast<int>(searches.size()), o.threads,
+      [&](int j) {
+        const std::size_t i = order[static_cast<std::size_t>(j)];
+        PolicySearch& s = *searches[i];
+        started[i] = s.start();
+        if (started[i].is_ok()) s.tune();
+        if (o.progress) {
+          const AdvisedPolicy r = s.result();
+          std::lock_guard<std::mutex> lock(progress_mu);
+          o.progress(r.policy + ": " + std::to_string(r.simulations) + " simulations");
+        }
+      },
+      [&] { idle.add(); });
   for (std::size_t i = 0; i < searches.size(); ++i) {
     AdvisedPolicy r = searches[i]->result();
     advice.simulations += r.simulations;
