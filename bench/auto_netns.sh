@@ -7,6 +7,7 @@
 #
 #   bash bench/auto_netns.sh [BIN]      # as root; BIN: build/quicksilver by default
 #   MODELS=digits HOSTS=2 RATES=1Gbps REPEATS=2 bash bench/auto_netns.sh
+#   ARCH=allreduce MODELS=digits bash bench/auto_netns.sh   # auto and the fixed policies on gloo
 #
 # The same measured window for every mode, in steady state: auto's warm-up is longer and
 # covers its first decision and trial (it begins at pass 10; a trial of three candidates
@@ -19,7 +20,15 @@ MODELS=${MODELS:-"digits resnet18"}
 HOSTS=${HOSTS:-"2 4"}
 RATES=${RATES:-"1Gbps 200Mbps"}
 REPEATS=${REPEATS:-3}
-PS=${PS:-"mercury,mercury-nopreempt,bytescheduler,prophet,p3,tictac,wfbp"}
+ARCH=${ARCH:-ps}
+case $ARCH in
+  ps) PS=${PS:-"mercury,mercury-nopreempt,bytescheduler,prophet,p3,tictac,wfbp"} ;;
+  # The all-reduce policies, named POLICY:allreduce for bench/pytorch_ddp.py.
+  allreduce) PS=${PS:-"wfbp,synceasgd,mgwfbp,ddp,bytescheduler"}
+             PS=$(sed 's/\([^,]*\)/\1:allreduce/g' <<< "$PS") ;;
+  *) echo "ARCH=$ARCH: give ps or allreduce" >&2; exit 2 ;;
+esac
+AUTO=auto$([ "$ARCH" = allreduce ] && echo :allreduce || true)
 LOG=${LOG:-bench-auto-netns.log}
 export PYTHONPATH="$PWD/build/python${PYTHONPATH:+:$PYTHONPATH}"
 : > "$LOG"
@@ -32,6 +41,7 @@ for round in $(seq 1 "$REPEATS"); do
         case $model in
           digits) its=200 warm=30 auto_warm=60 tail=2 ;;
           resnet18) its=8 warm=3 auto_warm=40 tail=2 ;;
+          vgg11) its=4 warm=2 auto_warm=40 tail=1 ;;
           *) echo "unknown model $model" >&2; exit 2 ;;
         esac
         done_=$((done_ + 1))
@@ -39,16 +49,16 @@ for round in $(seq 1 "$REPEATS"); do
         { echo "=== round $round: $model, $n hosts at $rate"
           "$BIN" run --netns --bandwidth "$rate" --workers "$n" --script bench/pytorch_ddp.py \
             --model "$model" --iterations "$its" --warmup "$warm" --auto-warmup "$auto_warm" --tail "$tail" \
-            --policies "$PS,auto" 2>&1 \
+            --policies "$PS,$AUTO" 2>&1 \
             | grep -v '^quicksilver run: started' || echo "=== failed: $model $n $rate"
         } >> "$LOG"
       done
     done
   done
 done
-python3 - "$LOG" "$PS" <<'PY'
+python3 - "$LOG" "$PS" "$AUTO" <<'PY'
 import re, statistics, sys
-log, fixed = sys.argv[1], sys.argv[2].split(",")
+log, fixed, auto_name = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 cells, cell = {}, None
 for line in open(log):
     m = re.match(r"=== round (\d+): (\S+), (\d+) hosts at (\S+)", line)
@@ -67,8 +77,8 @@ for (model, n, rate), c in cells.items():
     med = {k: statistics.median(v) for k, v in c.items() if k != "switches"}
     best = max((p for p in fixed if p in med), key=lambda p: med[p])
     ddp = statistics.median(c.get("ddp", []) + c.get("ddp again", [])) if "ddp" in c else float("nan")
-    auto = med.get("auto", float("nan"))
-    spread = (max(c["auto"]) - min(c["auto"])) / auto if "auto" in c else float("nan")
+    auto = med.get(auto_name, float("nan"))
+    spread = (max(c[auto_name]) - min(c[auto_name])) / auto if auto_name in c else float("nan")
     print("{:<9} {:>5} {:>7} | {:<18} {:>8.1f} | {:>8.1f} {:>5.0%} | {:>8.1f} | {:>9.3f} {:>8.2f} | {}".format(
         model, n, rate, best, med[best], auto, spread, ddp, auto / med[best], auto / ddp,
         ", ".join(sorted(set(c.get("switches", [])))) or "none"))

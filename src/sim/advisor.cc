@@ -299,8 +299,8 @@ class PolicySearch {
       memo->emplace(keys[i], make(*out[i]));
     }
   }
-  void prefetch_proxy(const std::vector<PolicyOptions>& points, bool speculative) {
-    prefetch(points, &memo_, proxy_, speculative,
+  void prefetch_proxy(const std::vector<PolicyOptions>& points) {
+    prefetch(points, &memo_, proxy_, false,
              [](const Result<SimResult>& r) { return r ? r->iteration_time : kTimeNever; });
   }
 
@@ -380,7 +380,7 @@ class PolicySearch {
     }
     // Each point differs from the best so far in k alone, which it sets: the same points
     // whichever of them turns out the best.
-    prefetch_proxy(points, false);
+    prefetch_proxy(points);
     for (Bytes v = kMinTuned; v <= kMaxTuned; v *= 4) {
       if (v == k.get_int(best_options_)) continue;
       PolicyOptions o = best_options_;
@@ -401,14 +401,6 @@ class PolicySearch {
     for (const double step : {4.0, 2.0}) {
       for (bool improving = true; improving;) {
         improving = false;
-        std::vector<PolicyOptions> both;
-        for (const double f : {step, 1 / step}) {
-          PolicyOptions o = best_options_;
-          for (const Knob* k : direction)
-            k->set_int(&o, clamp_size(static_cast<double>(k->get_int(best_options_)) * f));
-          both.push_back(o);
-        }
-        prefetch_proxy(both, true);
         for (const double f : {step, 1 / step}) {
           PolicyOptions o = best_options_;
           bool changed = false;
