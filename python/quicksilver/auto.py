@@ -41,16 +41,18 @@ on bytescheduler, from pass 6 on DeFT; a decision begun at pass n picks the entr
 greatest PASS <= n, and keeps the running policy before the first), so that a test can
 switch at passes of its choosing through the same broadcast and switch."""
 
-# `quicksilver run --policy auto` (no script) decides by the same rules and constants in
-# C++ (include/sim/quicksilver/sim/auto_planner.h, between phases of the synthetic runtime):
-# a change to one is a change to both, until this planner calls that one.
+# Steps 2 to 5 are qs::decide_auto's (include/sim/quicksilver/sim/auto_planner.h, through
+# _quicksilver.decide_auto), the rules `quicksilver run --policy auto` decides by between
+# the phases of its synthetic runtime; this module measures, scales the profile, and keeps
+# a trial's bookkeeping (which candidate runs next, what each measured).
 
 import json
-import math
 import os
 import statistics
 import threading
 import time
+
+from . import _quicksilver as _qs
 
 # The policy a job starts with, measured to decide the first time: the architecture's
 # reference (docs/pytorch.md).
@@ -59,10 +61,10 @@ START_POLICY = {"ps": "mercury", "allreduce": "ddp"}
 # iteration time can determine; a loopback or LAN hop is tens of microseconds.
 LATENCY_US = 50.0
 # The rates the search for the effective rate spans (Gbit/s).
-GBPS_RANGE = (0.01, 400.0)
+GBPS_RANGE = _qs.AUTO_GBPS_RANGE
 # A switch must gain at least this share of the running policy's predicted iteration
 # (near-ties, such as mercury and mercury-nopreempt on a fast network, are not switched).
-MIN_GAIN = 0.02
+MIN_GAIN = _qs.AUTO_MIN_GAIN
 # Passes after a session opens that are not measured (connections warm up, first sums).
 WARMUP_PASSES = 2
 # Passes measured before the first decision (fewer when replan_every is smaller).
@@ -72,10 +74,10 @@ DEFAULT_REPLAN_EVERY = 200
 # the candidates predicted within TRIAL_BAND of the best, at most TRIAL_MAX, each run for
 # WARMUP_PASSES + TRIAL_PASSES passes, when their switches cost at most TRIAL_BUDGET of the
 # passes until the next decision. Not again for candidates measured at about the same rate.
-TRIAL_BAND = 0.05
-TRIAL_MAX = 3
+TRIAL_BAND = _qs.AUTO_TRIAL_BAND
+TRIAL_MAX = _qs.AUTO_TRIAL_MAX
 TRIAL_PASSES = 8
-TRIAL_BUDGET = 0.1
+TRIAL_BUDGET = _qs.AUTO_TRIAL_BUDGET
 
 
 def first_decision(replan_every):
@@ -89,9 +91,10 @@ def describe(d):
     return "{} ({})".format(d["policy"], knobs) if knobs else d["policy"]
 
 
-def candidate_key(policy, knobs):
-    """A candidate as text: "bytescheduler credit_size=8MiB partition_size=4MB"."""
-    return " ".join([policy] + ["{}={}".format(k, v) for k, v in sorted(knobs.items())])
+def candidate_key(policy, knobs, architecture):
+    """A candidate as the decisions name it: "bytescheduler partition_size=64KiB
+    credit_size=4MiB" (the policy and the knobs advise tunes for it)."""
+    return _qs.auto_candidate(policy, knobs, architecture)
 
 
 def parse_schedule(text):
@@ -122,42 +125,11 @@ def scaled_profile(profile, compute_ms):
     return out
 
 
-def effective_gbps(predict, iteration_ms, tolerance=0.002):
+def effective_gbps(predict, iteration_ms):
     """The rate (Gbit/s) at which predict(gbps) (ms, falling as gbps grows) equals
-    iteration_ms within `tolerance` of it, clamped to GBPS_RANGE. Secant steps on the time
-    per bit, 1/rate, from 10 and 1 Gbit/s: where communication is exposed an iteration is
-    nearly linear in it, so a few predictions do (a bisection on the rate's log took 14); a
-    flat stretch (compute-bound) or a step outside the range falls back to bisection."""
-    lo, hi = 1.0 / GBPS_RANGE[1], 1.0 / GBPS_RANGE[0]  # seconds per gigabit, the bracket
-
-    def f(x):
-        return predict(1.0 / x) - iteration_ms
-
-    x0, x1 = 0.1, 1.0
-    f0, f1 = f(x0), f(x1)
-    for _ in range(16):
-        if abs(f1) <= tolerance * iteration_ms:
-            return 1.0 / x1
-        # Keep the bracket: f < 0 means the rate 1/x is too fast for the measured time.
-        if f1 < 0:
-            lo = max(lo, x1)
-        else:
-            hi = min(hi, x1)
-        x = x1 - f1 * (x1 - x0) / (f1 - f0) if f1 != f0 else None
-        if x is None or not lo < x < hi:
-            if hi == 1.0 / GBPS_RANGE[0] and f1 < 0 and x1 >= hi / 2:
-                x = hi  # probe the slowest rate: the measured time may need slower still
-            elif lo == 1.0 / GBPS_RANGE[1] and f1 > 0 and x1 <= 2 * lo:
-                x = lo
-            else:
-                x = math.sqrt(lo * hi)  # bisection on the log
-        x0, f0 = x1, f1
-        x1, f1 = x, f(x)
-        if x1 <= 1.0 / GBPS_RANGE[1] and f1 >= 0:
-            return GBPS_RANGE[1]  # compute-bound: no rate explains more
-        if x1 >= 1.0 / GBPS_RANGE[0] and f1 <= 0:
-            return GBPS_RANGE[0]
-    return 1.0 / x1
+    iteration_ms within 0.2 %, clamped to GBPS_RANGE (qs::effective_rate: secant steps on
+    the time per bit, bisection where they leave the bracket)."""
+    return _qs.effective_gbps(predict, iteration_ms)
 
 
 class Planner:
@@ -243,57 +215,26 @@ class Planner:
         compute_ms, iteration_ms, passes = m
         if trial is not None:
             return self._trial_step(d, policy, knobs, iteration_ms, trial, start)
-        prof = json.dumps(scaled_profile(profile, compute_ms))
-        args = (prof, self.architecture, self.workers, self.servers)
-
-        def predict(gbps, p=policy, k=knobs):
-            return self.qs.predict(*args, gbps, LATENCY_US, self.compression, p, k)
-
-        gbps = effective_gbps(predict, iteration_ms)
-        ranking = self.qs.rank_policies(*args, gbps, LATENCY_US, self.compression, self.allow_stale)
-        now_ms = predict(gbps)
-        best = ranking[0]
-        gain = now_ms - best["iteration_ms"]
+        r = self.qs.decide_auto(json.dumps(scaled_profile(profile, compute_ms)), self.architecture, self.workers,
+                                self.servers, LATENCY_US, self.compression, policy, knobs, iteration_ms, cost,
+                                self.replan_every, self.allow_stale, trialled[0] if trialled else [],
+                                trialled[1] if trialled else 0.0, MIN_GAIN, TRIAL_BAND, TRIAL_MAX, TRIAL_BUDGET)
         d.update(measured={"compute_ms": compute_ms, "iteration_ms": iteration_ms, "passes": passes},
-                 network_gbps=gbps, predicted_ms=now_ms,
-                 ranking=[(r["policy"], r["iteration_ms"]) for r in ranking[:4]], switch_cost_ms=cost)
-        same = best["policy"] == policy and best["knobs"] == {k: v for k, v in knobs.items() if k in best["knobs"]}
-        # Near-ties: measured in turn (a trial), unless measured already at about this rate.
-        near = [r for r in ranking[:TRIAL_MAX] if r["iteration_ms"] <= best["iteration_ms"] * (1 + TRIAL_BAND)]
-        names = sorted(candidate_key(r["policy"], r["knobs"]) for r in near)
-        current = candidate_key(policy, knobs)
-        # Measured already: every near candidate was in the last trial, at about this rate
-        # (the near set moves with the estimate's noise; re-measuring it costs switches).
-        recent = trialled is not None and set(names) <= set(trialled[0]) and 0.8 < gbps / trialled[1] < 1.25
-        queue = [[r["policy"], dict(r["knobs"])] for r in near if candidate_key(r["policy"], r["knobs"]) != current]
-        affordable = len(queue) * max(cost, 1.0) <= TRIAL_BUDGET * self.replan_every * now_ms
-        if len(near) >= 2 and queue and not recent and affordable:
-            candidates = {candidate_key(*c): c for c in queue}
+                 network_gbps=r["network_gbps"], predicted_ms=r["predicted_ms"],
+                 ranking=[(x["policy"], x["iteration_ms"]) for x in r["ranking"][:4]], switch_cost_ms=cost,
+                 reason=r["reason"])
+        if r["trial"]:
+            # A near-tie: each candidate runs in turn (the running one is measured already).
+            queue = [[x["policy"], dict(x["knobs"])] for x in r["trial"]]
+            current = candidate_key(policy, knobs, self.architecture)
+            candidates = {candidate_key(p, k, self.architecture): [p, k] for p, k in queue}
             candidates[current] = [policy, dict(knobs)]
-            trial = {"queue": queue[1:], "results": {current: iteration_ms}, "set": names, "gbps": gbps,
-                     "candidates": candidates}
+            trial = {"queue": queue[1:], "results": {current: iteration_ms}, "set": sorted(r["near"]),
+                     "gbps": r["network_gbps"], "candidates": candidates}
             d.update(policy=queue[0][0], knobs=queue[0][1], switch=True, trial=trial,
                      next_in=WARMUP_PASSES + TRIAL_PASSES)
-            d["reason"] = ("{} predicted within {:.0%} of each other at about {:.3g} Gbit/s: measuring each "
-                           "({} measured {:.2f} ms)").format(", ".join(names), TRIAL_BAND, gbps, current,
-                                                             iteration_ms)
-        elif recent and current in trialled[0]:
-            d["reason"] = "{} measured fastest of {} at about this rate (a trial): kept".format(
-                current, ", ".join(trialled[0]))
-        elif same:
-            d["reason"] = "{} is still predicted fastest ({:.2f} ms)".format(policy, now_ms)
-        elif gain <= MIN_GAIN * now_ms:
-            d["reason"] = "{} is predicted {:.2f} ms faster, under {:.0%} of an iteration: kept {}".format(
-                best["policy"], gain, MIN_GAIN, policy)
-        elif gain * self.replan_every <= cost:
-            d["reason"] = ("{} is predicted {:.2f} ms an iteration faster, {:.0f} ms over the next {} passes, "
-                           "less than a switch costs ({:.0f} ms): kept {}").format(
-                               best["policy"], gain, gain * self.replan_every, self.replan_every, cost, policy)
-        else:
-            d.update(policy=best["policy"], knobs=dict(best["knobs"]), switch=True)
-            d["reason"] = ("measured {:.2f} ms an iteration ({:.2f} compute) under {}: the network is about "
-                           "{:.3g} Gbit/s, where {} is predicted {:.2f} ms against {:.2f}").format(
-                               iteration_ms, compute_ms, policy, gbps, best["policy"], best["iteration_ms"], now_ms)
+        elif r["change"]:
+            d.update(policy=r["next"]["policy"], knobs=dict(r["next"]["knobs"]), switch=True)
         d["decide_ms"] = (time.perf_counter() - start) * 1e3
         return d
 
@@ -301,19 +242,20 @@ class Planner:
         """A trial's decision: the running candidate's measurement in, then the next
         candidate, or, all measured, the fastest."""
         results = dict(trial["results"])
-        results[candidate_key(policy, knobs)] = iteration_ms
+        results[candidate_key(policy, knobs, self.architecture)] = iteration_ms
         queue = [list(c) for c in trial["queue"]]
         measured = ", ".join("{} {:.2f} ms".format(k, v) for k, v in sorted(results.items(), key=lambda kv: kv[1]))
         if queue:
             d.update(policy=queue[0][0], knobs=dict(queue[0][1]), switch=True,
                      trial=dict(trial, queue=queue[1:], results=results), next_in=WARMUP_PASSES + TRIAL_PASSES)
-            d["reason"] = "trial: measured {}; next {}".format(measured, candidate_key(*queue[0]))
+            d["reason"] = "trial: measured {}; next {}".format(measured,
+                                                                 candidate_key(*queue[0], self.architecture))
         else:
             best = min(results, key=results.get)
             # Every candidate measured (the running one too, near or not): its pick stays
             # "measured" at the next decisions while the near set stays within them.
             d["trialled"] = [sorted(trial["candidates"]), trial["gbps"]]
-            if best != candidate_key(policy, knobs):
+            if best != candidate_key(policy, knobs, self.architecture):
                 p, k = trial["candidates"][best]
                 d.update(policy=p, knobs=dict(k), switch=True)
             d["reason"] = "trial: measured {}: {} {}".format(

@@ -1254,6 +1254,7 @@ class AutoPhases {
       reason = d.reason;
       if (!d.trial.empty()) {
         in_trial_ = true;
+        trial_network_ = d.network;
         trial_results_ = {{name(policy_, options_), {policy_, options_, measured}}};
         trial_queue_ = d.trial;
         reason += "; " + next_in_trial();
@@ -1315,10 +1316,10 @@ class AutoPhases {
       all += (all.empty() ? "" : ", ") + n + " " + format_time(m.time);
     if (!trial_queue_.empty()) return "trial: measured " + all + "; " + next_in_trial();
     auto best = trial_results_.begin();
-    trialled_.clear();
+    trialled_ = {{}, trial_network_};
     for (auto it = trial_results_.begin(); it != trial_results_.end(); ++it) {
       if (it->second.time < best->second.time) best = it;
-      trialled_.push_back(it->first);
+      trialled_.candidates.push_back(it->first);
     }
     policy_ = best->second.policy;
     options_ = best->second.options;
@@ -1339,7 +1340,8 @@ class AutoPhases {
   bool in_trial_ = false;
   std::vector<AdvisedPolicy> trial_queue_;
   std::map<std::string, Measured> trial_results_;
-  std::vector<std::string> trialled_;
+  Rate trial_network_{0};  // the effective rate of the decision that began the trial
+  AutoTrialled trialled_;
   SimResult all_;
   std::vector<TimeNs> predicted_;  // per iteration of all_
   ResultRow last_;

@@ -20,6 +20,15 @@ std::string ms(TimeNs t) {
   return b;
 }
 
+// "0.185 Gbit/s": a rate the search found, to three digits.
+std::string gbit(Rate r) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g Gbit/s", static_cast<double>(r.bits_per_second) / 1e9);
+  return b;
+}
+
+std::string percent(double share) { return std::to_string(std::lround(share * 100)) + " %"; }
+
 }  // namespace
 
 std::string auto_candidate(const std::string& policy, const PolicyOptions& options,
@@ -76,9 +85,10 @@ Result<Rate> effective_rate(const std::function<Result<TimeNs>(Rate)>& predict, 
 
 Result<AutoDecision> decide_auto(const Job& job, const std::string& running,
                                  const PolicyOptions& options, TimeNs measured, TimeNs switch_cost,
-                                 int horizon, bool allow_stale,
-                                 const std::vector<std::string>& trialled) {
+                                 int horizon, bool allow_stale, const AutoTrialled& trialled,
+                                 const AutoOptions& rules) {
   if (measured <= 0) return invalid_argument("decide_auto: no iteration measured");
+  if (horizon < 1) return invalid_argument("decide_auto: horizon must be >= 1");
   auto at = [&job](Rate r) {
     Job j = job;
     j.cluster.bandwidth = r;
@@ -102,34 +112,44 @@ Result<AutoDecision> decide_auto(const Job& job, const std::string& running,
   AdviseOptions ao;
   ao.allow_stale = allow_stale;
   ao.sensitivity = false;
+  ao.threads = rules.threads;
   QS_ASSIGN_OR_RETURN(const Advice advice, advise(there, ao));
   d.ranking = advice.ranking;
   const AdvisedPolicy& best = d.ranking.front();
   d.next.policy = running;
   d.next.options = options;
   d.next.iteration_time = d.predicted;
-  const std::string rate = format_rate(d.network);
+  const std::string rate = gbit(d.network);
   const Architecture arch = job.cluster.architecture;
   auto candidate = [arch](const AdvisedPolicy& a) {
     return auto_candidate(a.policy, a.options, arch);
   };
   const std::string current = auto_candidate(running, options, arch);
-  // Near-ties: measured in turn, unless every one of them was in the last trial.
+  auto in_trialled = [&](const std::string& name) {
+    return std::find(trialled.candidates.begin(), trialled.candidates.end(), name) !=
+           trialled.candidates.end();
+  };
+  // Near-ties: measured in turn, unless every one of them was in the last trial, at about
+  // this rate.
   std::vector<const AdvisedPolicy*> near;
-  for (std::size_t i = 0; i < d.ranking.size() && static_cast<int>(i) < kAutoTrialMax; ++i) {
+  for (std::size_t i = 0; i < d.ranking.size() && static_cast<int>(i) < rules.trial_max; ++i) {
     if (static_cast<double>(d.ranking[i].iteration_time) <=
-        static_cast<double>(best.iteration_time) * (1 + kAutoTrialBand)) {
+        static_cast<double>(best.iteration_time) * (1 + rules.trial_band)) {
       near.push_back(&d.ranking[i]);
+      d.near.push_back(candidate(d.ranking[i]));
     }
   }
-  bool measured_before = !trialled.empty();
-  for (const AdvisedPolicy* a : near) {
-    measured_before &= std::find(trialled.begin(), trialled.end(), candidate(*a)) != trialled.end();
-  }
+  const double rate_ratio = trialled.network.bits_per_second > 0
+                                ? static_cast<double>(d.network.bits_per_second) /
+                                      static_cast<double>(trialled.network.bits_per_second)
+                                : 0;
+  bool measured_before = !trialled.candidates.empty() && rate_ratio > 1 / kAutoTrialRateBand &&
+                         rate_ratio < kAutoTrialRateBand;
+  for (const std::string& n : d.near) measured_before &= in_trialled(n);
   const TimeNs gain = d.predicted - best.iteration_time;
   // A candidate is the running one when it is its policy with its knobs.
   auto is_running = [&](const AdvisedPolicy& a) { return candidate(a) == current; };
-  // A trial is run when its switches cost at most kAutoTrialBudget of the iterations
+  // A trial is run when its switches cost at most rules.trial_budget of the iterations
   // until the next decision.
   std::vector<AdvisedPolicy> others;
   for (const AdvisedPolicy* a : near) {
@@ -138,24 +158,31 @@ Result<AutoDecision> decide_auto(const Job& job, const std::string& running,
   const double trial_cost =
       static_cast<double>(others.size()) * static_cast<double>(std::max(switch_cost, kNsPerMs));
   const bool affordable =
-      trial_cost <= kAutoTrialBudget * horizon * static_cast<double>(d.predicted);
+      trial_cost <= rules.trial_budget * horizon * static_cast<double>(d.predicted);
+  auto list = [](const std::vector<std::string>& names) {
+    std::string s;
+    for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  };
   if (near.size() >= 2 && !others.empty() && !measured_before && affordable) {
-    std::string names;
-    for (const AdvisedPolicy* a : near) names += (names.empty() ? "" : ", ") + candidate(*a);
     d.trial = std::move(others);
-    d.reason = names + " predicted within 5 % of each other at about " + rate +
-               ": measuring each (" + running + " measured " + ms(measured) + ")";
+    d.reason = list(d.near) + " predicted within " + percent(rules.trial_band) +
+               " of each other at about " + rate + ": measuring each (" + current + " measured " +
+               ms(measured) + ")";
     return d;
   }
-  if (is_running(best)) {
+  if (measured_before && in_trialled(current)) {
+    d.reason = current + " measured fastest of " + list(trialled.candidates) +
+               " at about this rate (a trial): kept";
+  } else if (is_running(best)) {
     d.reason = running + " is still predicted fastest (" + ms(d.predicted) + ")";
-  } else if (static_cast<double>(gain) <= kAutoMinGain * static_cast<double>(d.predicted)) {
-    d.reason = best.policy + " is predicted " + ms(gain) +
-               " faster, under 2 % of an iteration: kept " + running;
+  } else if (static_cast<double>(gain) <= rules.min_gain * static_cast<double>(d.predicted)) {
+    d.reason = best.policy + " is predicted " + ms(gain) + " faster, under " +
+               percent(rules.min_gain) + " of an iteration: kept " + running;
   } else if (gain * horizon <= switch_cost) {
-    d.reason = best.policy + " is predicted " + ms(gain) +
-               " an iteration faster, less over the next " + std::to_string(horizon) +
-               " iterations than a switch costs (" + ms(switch_cost) + "): kept " + running;
+    d.reason = best.policy + " is predicted " + ms(gain) + " an iteration faster, " +
+               ms(gain * horizon) + " over the next " + std::to_string(horizon) +
+               " iterations, less than a switch costs (" + ms(switch_cost) + "): kept " + running;
   } else {
     d.change = true;
     d.next = best;

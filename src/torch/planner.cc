@@ -45,4 +45,23 @@ Result<Advice> rank_policies(const PlanSpec& spec, bool allow_stale) {
   return advise(job, options);
 }
 
+Result<std::string> candidate(const std::string& policy,
+                              const std::vector<std::pair<std::string, std::string>>& knobs,
+                              Architecture architecture) {
+  PolicyOptions options;
+  QS_RETURN_IF_ERROR(parse_knobs(knobs, &options));
+  return auto_candidate(policy, options, architecture);
+}
+
+Result<AutoDecision> decide(const PlanSpec& spec, const std::string& policy,
+                            const std::vector<std::pair<std::string, std::string>>& knobs,
+                            TimeNs measured, TimeNs switch_cost, int horizon, bool allow_stale,
+                            const AutoTrialled& trialled, AutoOptions rules) {
+  QS_ASSIGN_OR_RETURN(Job job, plan_job(spec, policy));
+  QS_RETURN_IF_ERROR(parse_knobs(knobs, &job.policy_options));
+  rules.threads = 1;  // beside the training's own threads
+  return decide_auto(job, policy, job.policy_options, measured, switch_cost, horizon, allow_stale,
+                     trialled, rules);
+}
+
 }  // namespace qs::pytorch

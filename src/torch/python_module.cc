@@ -166,27 +166,39 @@ void install_crash_trace() {
 }
 
 // policy="auto" (python/quicksilver/auto.py): the simulator on the measured profile.
+// An advised policy as the planner reads it: {policy, iteration_ms, default_ms, knobs}.
+py::dict advised(const qs::AdvisedPolicy& a) {
+  py::dict d;
+  d["policy"] = a.policy;
+  d["iteration_ms"] = qs::to_ms(a.iteration_time);
+  d["default_ms"] = qs::to_ms(a.default_time);
+  d["knobs"] = std::map<std::string, std::string>(a.knobs.begin(), a.knobs.end());
+  return d;
+}
+
+qs::pytorch::PlanSpec plan_spec(const std::string& profile_json, const std::string& architecture,
+                                int workers, int servers, double gbps, double latency_us,
+                                const std::string& compression) {
+  qs::pytorch::PlanSpec spec;
+  spec.profile_json = profile_json;
+  spec.architecture = take(qs::parse_architecture(architecture));
+  spec.workers = workers;
+  spec.servers = servers;
+  if (!(gbps > 0 && gbps < 1e6)) throw py::value_error("plan: gbps must be in (0, 1e6)");
+  if (!(latency_us >= 0 && latency_us < 1e9))
+    throw py::value_error("plan: latency_us must be >= 0");
+  spec.bandwidth = qs::Rate::gbps(gbps);
+  spec.latency = static_cast<qs::TimeNs>(latency_us * 1e3);
+  spec.compression = compression;
+  return spec;
+}
+
 void def_planner(py::module_& m) {
-  auto plan_spec = [](const std::string& profile_json, const std::string& architecture, int workers,
-                      int servers, double gbps, double latency_us, const std::string& compression) {
-    qs::pytorch::PlanSpec spec;
-    spec.profile_json = profile_json;
-    spec.architecture = take(qs::parse_architecture(architecture));
-    spec.workers = workers;
-    spec.servers = servers;
-    if (!(gbps > 0 && gbps < 1e6)) throw py::value_error("plan: gbps must be in (0, 1e6)");
-    if (!(latency_us >= 0 && latency_us < 1e9))
-      throw py::value_error("plan: latency_us must be >= 0");
-    spec.bandwidth = qs::Rate::gbps(gbps);
-    spec.latency = static_cast<qs::TimeNs>(latency_us * 1e3);
-    spec.compression = compression;
-    return spec;
-  };
   m.def(
       "predict",
-      [plan_spec](const std::string& profile_json, const std::string& architecture, int workers,
-                  int servers, double gbps, double latency_us, const std::string& compression,
-                  const std::string& policy, const std::map<std::string, std::string>& knobs) {
+      [](const std::string& profile_json, const std::string& architecture, int workers, int servers,
+         double gbps, double latency_us, const std::string& compression, const std::string& policy,
+         const std::map<std::string, std::string>& knobs) {
         const qs::pytorch::PlanSpec spec =
             plan_spec(profile_json, architecture, workers, servers, gbps, latency_us, compression);
         const std::vector<std::pair<std::string, std::string>> k(knobs.begin(), knobs.end());
@@ -201,9 +213,8 @@ void def_planner(py::module_& m) {
       py::arg("knobs"), "The simulator's iteration time (ms) of `policy` with `knobs`");
   m.def(
       "rank_policies",
-      [plan_spec](const std::string& profile_json, const std::string& architecture, int workers,
-                  int servers, double gbps, double latency_us, const std::string& compression,
-                  bool allow_stale) {
+      [](const std::string& profile_json, const std::string& architecture, int workers, int servers,
+         double gbps, double latency_us, const std::string& compression, bool allow_stale) {
         const qs::pytorch::PlanSpec spec =
             plan_spec(profile_json, architecture, workers, servers, gbps, latency_us, compression);
         qs::Result<qs::Advice> r = [&] {
@@ -212,20 +223,101 @@ void def_planner(py::module_& m) {
         }();
         const qs::Advice advice = take(std::move(r));
         py::list out;
-        for (const qs::AdvisedPolicy& a : advice.ranking) {
-          py::dict d;
-          d["policy"] = a.policy;
-          d["iteration_ms"] = qs::to_ms(a.iteration_time);
-          d["default_ms"] = qs::to_ms(a.default_time);
-          d["knobs"] = std::map<std::string, std::string>(a.knobs.begin(), a.knobs.end());
-          out.append(d);
-        }
+        for (const qs::AdvisedPolicy& a : advice.ranking) out.append(advised(a));
         return out;
       },
       py::arg("profile_json"), py::arg("architecture"), py::arg("workers"), py::arg("servers"),
       py::arg("gbps"), py::arg("latency_us"), py::arg("compression"), py::arg("allow_stale"),
       "Every communicating policy of the architecture, knobs tuned, fastest first "
       "(quicksilver advise without the sweep): [{policy, iteration_ms, default_ms, knobs}]");
+}
+
+// policy="auto"'s rules (quicksilver/sim/auto_planner.h), for python/quicksilver/auto.py.
+void def_auto(py::module_& m) {
+  m.attr("AUTO_MIN_GAIN") = qs::kAutoMinGain;
+  m.attr("AUTO_TRIAL_BAND") = qs::kAutoTrialBand;
+  m.attr("AUTO_TRIAL_MAX") = qs::kAutoTrialMax;
+  m.attr("AUTO_TRIAL_BUDGET") = qs::kAutoTrialBudget;
+  m.attr("AUTO_GBPS_RANGE") =
+      py::make_tuple(qs::kAutoSlowest.gbps_value(), qs::kAutoFastest.gbps_value());
+  m.def(
+      "effective_gbps",
+      [](const py::function& predict, double iteration_ms) {
+        if (!(iteration_ms > 0 && iteration_ms < 1e12))
+          throw py::value_error("effective_gbps: iteration_ms must be in (0, 1e12)");
+        qs::Result<qs::Rate> r = qs::effective_rate(
+            [&](qs::Rate rate) -> qs::Result<qs::TimeNs> {
+              const double ms = predict(rate.gbps_value()).cast<double>();
+              if (!(ms >= 0 && ms < 1e12))
+                return qs::invalid_argument("effective_gbps: predict() gave " + std::to_string(ms));
+              return qs::from_ms(ms);
+            },
+            qs::from_ms(iteration_ms));
+        return take(std::move(r)).gbps_value();
+      },
+      py::arg("predict"), py::arg("iteration_ms"),
+      "The rate (Gbit/s) at which predict(gbps) (ms, falling as gbps grows) is iteration_ms "
+      "within 0.2 %, in AUTO_GBPS_RANGE (qs::effective_rate)");
+  m.def(
+      "auto_candidate",
+      [](const std::string& policy, const std::map<std::string, std::string>& knobs,
+         const std::string& architecture) {
+        const std::vector<std::pair<std::string, std::string>> k(knobs.begin(), knobs.end());
+        return take(qs::pytorch::candidate(policy, k, take(qs::parse_architecture(architecture))));
+      },
+      py::arg("policy"), py::arg("knobs"), py::arg("architecture"),
+      "A candidate's name as the decisions give it: \"bytescheduler partition_size=64KiB "
+      "credit_size=4MiB\"");
+  m.def(
+      "decide_auto",
+      [](const std::string& profile_json, const std::string& architecture, int workers, int servers,
+         double latency_us, const std::string& compression, const std::string& policy,
+         const std::map<std::string, std::string>& knobs, double iteration_ms,
+         double switch_cost_ms, int horizon, bool allow_stale,
+         const std::vector<std::string>& trialled, double trialled_gbps, double min_gain,
+         double trial_band, int trial_max, double trial_budget) {
+        const qs::pytorch::PlanSpec spec =
+            plan_spec(profile_json, architecture, workers, servers, 10.0, latency_us, compression);
+        if (!(iteration_ms > 0 && iteration_ms < 1e12))
+          throw py::value_error("decide_auto: iteration_ms must be in (0, 1e12)");
+        if (!(switch_cost_ms >= 0 && switch_cost_ms < 1e12))
+          throw py::value_error("decide_auto: switch_cost_ms must be in [0, 1e12)");
+        const std::vector<std::pair<std::string, std::string>> k(knobs.begin(), knobs.end());
+        qs::AutoTrialled t{trialled, qs::Rate{0}};
+        if (trialled_gbps > 0) t.network = qs::Rate::gbps(trialled_gbps);
+        qs::AutoOptions rules;
+        rules.min_gain = min_gain;
+        rules.trial_band = trial_band;
+        rules.trial_max = trial_max;
+        rules.trial_budget = trial_budget;
+        qs::Result<qs::AutoDecision> r = [&] {
+          py::gil_scoped_release release;
+          return qs::pytorch::decide(spec, policy, k, qs::from_ms(iteration_ms),
+                                     qs::from_ms(switch_cost_ms), horizon, allow_stale, t, rules);
+        }();
+        const qs::AutoDecision d = take(std::move(r));
+        py::dict out;
+        out["network_gbps"] = d.network.gbps_value();
+        out["predicted_ms"] = qs::to_ms(d.predicted);
+        py::list ranking, trial;
+        for (const qs::AdvisedPolicy& a : d.ranking) ranking.append(advised(a));
+        for (const qs::AdvisedPolicy& a : d.trial) trial.append(advised(a));
+        out["ranking"] = ranking;
+        out["trial"] = trial;
+        out["near"] = d.near;
+        out["change"] = d.change;
+        out["next"] = advised(d.next);
+        out["reason"] = d.reason;
+        return out;
+      },
+      py::arg("profile_json"), py::arg("architecture"), py::arg("workers"), py::arg("servers"),
+      py::arg("latency_us"), py::arg("compression"), py::arg("policy"), py::arg("knobs"),
+      py::arg("iteration_ms"), py::arg("switch_cost_ms"), py::arg("horizon"),
+      py::arg("allow_stale"), py::arg("trialled"), py::arg("trialled_gbps"),
+      py::arg("min_gain") = qs::kAutoMinGain, py::arg("trial_band") = qs::kAutoTrialBand,
+      py::arg("trial_max") = qs::kAutoTrialMax, py::arg("trial_budget") = qs::kAutoTrialBudget,
+      "policy=\"auto\"'s decision (qs::decide_auto): {network_gbps, predicted_ms, ranking, "
+      "trial, near, change, next, reason}");
 }
 
 }  // namespace
@@ -274,6 +366,7 @@ PYBIND11_MODULE(_quicksilver, m) {
   });
 
   def_planner(m);
+  def_auto(m);
 
   py::class_<Job>(m, "Job")
       .def(py::init([](const std::string& profile_json, const std::string& policy,

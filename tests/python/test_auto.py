@@ -137,7 +137,7 @@ def test_a_failed_plan_keeps_the_running_policy():
     measured(p, HUGE, "ps", "wfbp", 1.0)
 
     class Broken:
-        def predict(self, *args):
+        def decide_auto(self, *args):
             raise RuntimeError("simulator exploded")
     p.qs = Broken()
     p.start(10, HUGE, "wfbp", {})
@@ -259,15 +259,15 @@ def test_near_ties_are_measured_in_turn_and_the_fastest_measured_is_kept():
     step = 20
     while "trial" in d:
         p.decided(d)
-        key = auto.candidate_key(d["policy"], d["knobs"])
+        key = auto.candidate_key(d["policy"], d["knobs"], "ps")
         times[key] = 100.0 - len(times)  # later candidates measure faster
         m = (50.0, times[key], 8)
         d = p.decide(step, HUGE, d["policy"], d["knobs"], m, 1.0, p.trial, p.trialled)
         step += 10
     p.decided(d)
     fastest = min(times, key=times.get)
-    assert auto.candidate_key(d["policy"], d["knobs"]) == fastest, (d, times)
-    assert sorted(times) == sorted(k for k in names if k != auto.candidate_key("mercury", {})), (times, names)
+    assert auto.candidate_key(d["policy"], d["knobs"], "ps") == fastest, (d, times)
+    assert sorted(times) == sorted(k for k in names if k != auto.candidate_key("mercury", {}, "ps")), (times, names)
     assert p.trialled is not None and "trial: measured" in d["reason"]
     # The same near-tie at about the same rate: not measured again, the trial's pick kept.
     q = planner("ps", replan_every=200)

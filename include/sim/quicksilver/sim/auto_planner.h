@@ -1,13 +1,14 @@
-// policy="auto"'s decision in C++ (issue 30, item 2), for `quicksilver run --policy auto`:
-// the runtime's job measures its iteration time under the policy it runs; the network is
-// the rate at which the simulator predicts that time for that policy; every policy of the
-// architecture is ranked there (advise(), without its sweep); and the job switches when the
-// best is predicted faster by more than kAutoMinGain of an iteration and, over the
-// iterations until the next decision, by more than a switch costs. Candidates predicted
-// within kAutoTrialBand of the best are measured in turn instead (a trial). The same rules
-// and constants as the PyTorch planner (python/quicksilver/auto.py), which decides from
-// rank 0's measurements of a training script. No clock, no socket: a function of its
-// arguments (and the deterministic simulator).
+// policy="auto"'s decision (issue 30, item 2): the one rule set of `quicksilver run
+// --policy auto` and of DistributedOptimizer(policy="auto"), whose planner
+// (python/quicksilver/auto.py) measures the training script and keeps a trial's
+// bookkeeping, and calls decide_auto through the module. The job measures its iteration
+// time under the policy it runs; the network is the rate at which the simulator predicts
+// that time for that policy; every policy of the architecture is ranked there (advise(),
+// without its sweep); and the job switches when the best is predicted faster by more than
+// kAutoMinGain of an iteration and, over the iterations until the next decision, by more
+// than a switch costs. Candidates predicted within kAutoTrialBand of the best are measured
+// in turn instead (a trial). No clock, no socket: a function of its arguments (and the
+// deterministic simulator).
 #pragma once
 
 #include <functional>
@@ -28,14 +29,25 @@ std::string auto_start_policy(Architecture a);
 // credit_size=4MiB"; two candidates are the same when their names are.
 std::string auto_candidate(const std::string& policy, const PolicyOptions& options,
                            Architecture architecture);
-// A switch must gain more than this share of the running policy's predicted iteration.
+// The rules' thresholds (AutoOptions' defaults; python/quicksilver/auto.py reads them from
+// the module). A switch must gain more than kAutoMinGain of the running policy's predicted
+// iteration. Candidates predicted within kAutoTrialBand of the best are a near-tie:
+// measured, not guessed, at most kAutoTrialMax of them, and only when their switches cost
+// at most kAutoTrialBudget of the iterations until the next decision.
 inline constexpr double kAutoMinGain = 0.02;
-// Candidates predicted within this share of the best are a near-tie: measured, not guessed.
 inline constexpr double kAutoTrialBand = 0.05;
-// At most this many candidates are measured in a trial, and only when their switches
-// cost at most this share of the iterations until the next decision.
 inline constexpr int kAutoTrialMax = 3;
 inline constexpr double kAutoTrialBudget = 0.1;
+struct AutoOptions {
+  double min_gain = kAutoMinGain;
+  double trial_band = kAutoTrialBand;
+  int trial_max = kAutoTrialMax;
+  double trial_budget = kAutoTrialBudget;
+  int threads = 2;  // simulations at once (a training script's planner: 1, beside training)
+};
+// A near-tie measured at a rate within this factor of the last trial's (either way) is
+// measured already: re-measuring it would only chase the estimate's noise with switches.
+inline constexpr double kAutoTrialRateBand = 1.25;
 // The rates the effective rate is searched over.
 inline constexpr Rate kAutoSlowest{10'000'000};
 inline constexpr Rate kAutoFastest{400'000'000'000};
@@ -46,6 +58,13 @@ inline constexpr Rate kAutoFastest{400'000'000'000};
 // its log where a step leaves the bracket or the prediction is flat. Errors: predict's.
 Result<Rate> effective_rate(const std::function<Result<TimeNs>(Rate)>& predict, TimeNs measured);
 
+// The last trial: every candidate it measured (auto_candidate names, the running one
+// too) and the effective rate of the decision that began it.
+struct AutoTrialled {
+  std::vector<std::string> candidates;
+  Rate network{0};
+};
+
 struct AutoDecision {
   Rate network{0};                     // the effective rate
   TimeNs predicted = 0;                // the running policy's prediction there
@@ -55,16 +74,22 @@ struct AutoDecision {
   bool change = false;
   AdvisedPolicy next;
   std::vector<AdvisedPolicy> trial;
-  std::string reason;  // in words, for the log
+  std::vector<std::string> near;  // the near-tie's candidates (auto_candidate), best first
+  std::string reason;             // in words, for the log
 };
 
 // The decision after an iteration time of `measured` under `running` with `options` on
 // `job` (its cluster's rate is replaced by the effective one), where a switch costs
-// `switch_cost` and the next decision comes `horizon` iterations later. `trialled`: the
-// candidates of the last trial (not measured again while the near-tie stays within them).
+// `switch_cost` and the next decision comes `horizon` iterations later. The rules, in
+// order: a near-tie of at least two candidates not measured already (`trialled`, at about
+// this rate) is a trial, when affordable; the running candidate, measured fastest in the
+// last trial of this near-tie, is kept; the best running already is kept; a gain under
+// min_gain of an iteration, or under a switch's cost over the horizon, keeps the running
+// policy; else the job switches to the best. The one rule set of `run --policy auto` and of
+// DistributedOptimizer(policy="auto") (through the module's decide_auto).
 Result<AutoDecision> decide_auto(const Job& job, const std::string& running,
                                  const PolicyOptions& options, TimeNs measured, TimeNs switch_cost,
-                                 int horizon, bool allow_stale,
-                                 const std::vector<std::string>& trialled);
+                                 int horizon, bool allow_stale, const AutoTrialled& trialled,
+                                 const AutoOptions& rules = {});
 
 }  // namespace qs
