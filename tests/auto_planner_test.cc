@@ -2,7 +2,7 @@
 // round-trips through the simulator; a job running a slow policy on a known network leaves
 // it (a switch, or a trial of the near-ties); a switch that costs more than it gains over
 // the horizon is not made; the same measurements give the same decision; a near-tie is
-// measured once at about its rate.
+// measured once at about its rate, or while the trial's pick measures as it did.
 #include "quicksilver/sim/auto_planner.h"
 
 #include <gtest/gtest.h>
@@ -105,6 +105,19 @@ TEST(AutoPlanner, ANearTieIsMeasuredOnceAtAboutItsRate) {
   auto far = decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, trialled);
   ASSERT_TRUE(far.is_ok());
   EXPECT_FALSE(far->trial.empty()) << far->reason;
+  // ... unless the trial's pick runs and measures as it did then (the rate's estimate moved,
+  // the job did not).
+  trialled.pick = "mercury";
+  trialled.pick_measured = measured + measured / 10;
+  auto same = decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, trialled);
+  ASSERT_TRUE(same.is_ok());
+  EXPECT_TRUE(same->trial.empty()) << same->reason;
+  EXPECT_FALSE(same->change) << same->reason;
+  trialled.pick_measured = measured / 2;  // it measured twice as fast then: measured again
+  auto moved =
+      decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, trialled);
+  ASSERT_TRUE(moved.is_ok());
+  EXPECT_FALSE(moved->trial.empty()) << moved->reason;
 }
 
 TEST(AutoPlanner, RefusesNoMeasurement) {

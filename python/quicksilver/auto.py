@@ -72,8 +72,9 @@ FIRST_WINDOW = 8
 DEFAULT_REPLAN_EVERY = 200
 # Near-ties are measured, not guessed (the simulator ranks; the job's own passes decide):
 # the candidates predicted within TRIAL_BAND of the best, at most TRIAL_MAX, each run for
-# WARMUP_PASSES + TRIAL_PASSES passes, when their switches cost at most TRIAL_BUDGET of the
-# passes until the next decision. Not again for candidates measured at about the same rate.
+# WARMUP_PASSES + TRIAL_PASSES passes, when their switches (and the one back to the pick)
+# cost at most TRIAL_BUDGET of the passes until the next decision. Not again for
+# candidates measured at about the same rate.
 TRIAL_BAND = _qs.AUTO_TRIAL_BAND
 TRIAL_MAX = _qs.AUTO_TRIAL_MAX
 TRIAL_PASSES = 8
@@ -152,7 +153,7 @@ class Planner:
         self.thread = None
         self.outcome = None
         self.trial = None      # a trial in progress (decide()'s "trial")
-        self.trialled = None   # the last trial's candidates and rate
+        self.trialled = None   # the last trial's candidates, rate, pick and its measurement
 
     def record(self, n, span_ms, wait_ms):
         if n >= self.measure_from:
@@ -217,8 +218,8 @@ class Planner:
             return self._trial_step(d, policy, knobs, iteration_ms, trial, start)
         r = self.qs.decide_auto(json.dumps(scaled_profile(profile, compute_ms)), self.architecture, self.workers,
                                 self.servers, LATENCY_US, self.compression, policy, knobs, iteration_ms, cost,
-                                self.replan_every, self.allow_stale, trialled[0] if trialled else [],
-                                trialled[1] if trialled else 0.0, MIN_GAIN, TRIAL_BAND, TRIAL_MAX, TRIAL_BUDGET)
+                                self.replan_every, self.allow_stale, *(trialled or ([], 0.0, "", 0.0)),
+                                MIN_GAIN, TRIAL_BAND, TRIAL_MAX, TRIAL_BUDGET)
         d.update(measured={"compute_ms": compute_ms, "iteration_ms": iteration_ms, "passes": passes},
                  network_gbps=r["network_gbps"], predicted_ms=r["predicted_ms"],
                  ranking=[(x["policy"], x["iteration_ms"]) for x in r["ranking"][:4]], switch_cost_ms=cost,
@@ -254,7 +255,7 @@ class Planner:
             best = min(results, key=results.get)
             # Every candidate measured (the running one too, near or not): its pick stays
             # "measured" at the next decisions while the near set stays within them.
-            d["trialled"] = [sorted(trial["candidates"]), trial["gbps"]]
+            d["trialled"] = [sorted(trial["candidates"]), trial["gbps"], best, results[best]]
             if best != candidate_key(policy, knobs, self.architecture):
                 p, k = trial["candidates"][best]
                 d.update(policy=p, knobs=dict(k), switch=True)

@@ -1316,11 +1316,13 @@ class AutoPhases {
       all += (all.empty() ? "" : ", ") + n + " " + format_time(m.time);
     if (!trial_queue_.empty()) return "trial: measured " + all + "; " + next_in_trial();
     auto best = trial_results_.begin();
-    trialled_ = {{}, trial_network_};
+    trialled_ = {{}, trial_network_, "", 0};
     for (auto it = trial_results_.begin(); it != trial_results_.end(); ++it) {
       if (it->second.time < best->second.time) best = it;
       trialled_.candidates.push_back(it->first);
     }
+    trialled_.pick = best->first;
+    trialled_.pick_measured = best->second.time;
     policy_ = best->second.policy;
     options_ = best->second.options;
     in_trial_ = false;

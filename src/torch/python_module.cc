@@ -274,7 +274,8 @@ void def_auto(py::module_& m) {
          double latency_us, const std::string& compression, const std::string& policy,
          const std::map<std::string, std::string>& knobs, double iteration_ms,
          double switch_cost_ms, int horizon, bool allow_stale,
-         const std::vector<std::string>& trialled, double trialled_gbps, double min_gain,
+         const std::vector<std::string>& trialled, double trialled_gbps,
+         const std::string& trialled_pick, double trialled_pick_ms, double min_gain,
          double trial_band, int trial_max, double trial_budget) {
         const qs::pytorch::PlanSpec spec =
             plan_spec(profile_json, architecture, workers, servers, 10.0, latency_us, compression);
@@ -283,7 +284,9 @@ void def_auto(py::module_& m) {
         if (!(switch_cost_ms >= 0 && switch_cost_ms < 1e12))
           throw py::value_error("decide_auto: switch_cost_ms must be in [0, 1e12)");
         const std::vector<std::pair<std::string, std::string>> k(knobs.begin(), knobs.end());
-        qs::AutoTrialled t{trialled, qs::Rate{0}};
+        if (!(trialled_pick_ms >= 0 && trialled_pick_ms < 1e12))
+          throw py::value_error("decide_auto: trialled_pick_ms must be in [0, 1e12)");
+        qs::AutoTrialled t{trialled, qs::Rate{0}, trialled_pick, qs::from_ms(trialled_pick_ms)};
         if (trialled_gbps > 0) t.network = qs::Rate::gbps(trialled_gbps);
         qs::AutoOptions rules;
         rules.min_gain = min_gain;
@@ -314,8 +317,9 @@ void def_auto(py::module_& m) {
       py::arg("latency_us"), py::arg("compression"), py::arg("policy"), py::arg("knobs"),
       py::arg("iteration_ms"), py::arg("switch_cost_ms"), py::arg("horizon"),
       py::arg("allow_stale"), py::arg("trialled"), py::arg("trialled_gbps"),
-      py::arg("min_gain") = qs::kAutoMinGain, py::arg("trial_band") = qs::kAutoTrialBand,
-      py::arg("trial_max") = qs::kAutoTrialMax, py::arg("trial_budget") = qs::kAutoTrialBudget,
+      py::arg("trialled_pick"), py::arg("trialled_pick_ms"), py::arg("min_gain") = qs::kAutoMinGain,
+      py::arg("trial_band") = qs::kAutoTrialBand, py::arg("trial_max") = qs::kAutoTrialMax,
+      py::arg("trial_budget") = qs::kAutoTrialBudget,
       "policy=\"auto\"'s decision (qs::decide_auto): {network_gbps, predicted_ms, ranking, "
       "trial, near, change, next, reason}");
 }

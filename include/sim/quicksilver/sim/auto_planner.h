@@ -45,8 +45,12 @@ struct AutoOptions {
   double trial_budget = kAutoTrialBudget;
   int threads = 2;  // simulations at once (a training script's planner: 1, beside training)
 };
-// A near-tie measured at a rate within this factor of the last trial's (either way) is
-// measured already: re-measuring it would only chase the estimate's noise with switches.
+// A near-tie is measured already when the last trial measured it at a rate within this
+// factor of today's (either way), or when the trial's pick runs and measures within this
+// factor of what it measured then: re-measuring it would only chase the estimate's noise
+// with switches. (The second: a small model's effective rate is ill-conditioned, its
+// iteration mostly per-message costs; the digits CNN's moved 1.3 to 1.5x between decisions
+// while its iteration moved 15 %.)
 inline constexpr double kAutoTrialRateBand = 1.25;
 // The rates the effective rate is searched over.
 inline constexpr Rate kAutoSlowest{10'000'000};
@@ -59,10 +63,13 @@ inline constexpr Rate kAutoFastest{400'000'000'000};
 Result<Rate> effective_rate(const std::function<Result<TimeNs>(Rate)>& predict, TimeNs measured);
 
 // The last trial: every candidate it measured (auto_candidate names, the running one
-// too) and the effective rate of the decision that began it.
+// too), the effective rate of the decision that began it, and the candidate it kept with
+// what that measured.
 struct AutoTrialled {
   std::vector<std::string> candidates;
   Rate network{0};
+  std::string pick;
+  TimeNs pick_measured = 0;
 };
 
 struct AutoDecision {
