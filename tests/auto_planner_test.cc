@@ -2,7 +2,8 @@
 // round-trips through the simulator; a job running a slow policy on a known network leaves
 // it (a switch, or a trial of the near-ties); a switch that costs more than it gains over
 // the horizon is not made; the same measurements give the same decision; a near-tie is
-// measured once at about its rate, or while the trial's pick measures as it did.
+// measured once at about its rate, or while the trial's pick measures as it did, and the
+// pick is taken back when a prediction left it.
 #include "quicksilver/sim/auto_planner.h"
 
 #include <gtest/gtest.h>
@@ -88,12 +89,12 @@ TEST(AutoPlanner, ANearTieIsMeasuredOnceAtAboutItsRate) {
   ASSERT_FALSE(first->trial.empty()) << first->reason;
   EXPECT_GE(first->near.size(), 2u);
   EXPECT_NE(first->reason.find("measuring each"), std::string::npos) << first->reason;
-  AutoTrialled trialled{first->near, first->network};
+  AutoTrialled trialled{first->near, first->network, "mercury", 0};
   if (std::find(trialled.candidates.begin(), trialled.candidates.end(), "mercury") ==
       trialled.candidates.end()) {
     trialled.candidates.push_back("mercury");
   }
-  // Every near candidate measured, mercury (running) among them: kept.
+  // Every near candidate measured, mercury (running, the trial's pick) among them: kept.
   auto again =
       decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, trialled);
   ASSERT_TRUE(again.is_ok());
@@ -107,7 +108,6 @@ TEST(AutoPlanner, ANearTieIsMeasuredOnceAtAboutItsRate) {
   EXPECT_FALSE(far->trial.empty()) << far->reason;
   // ... unless the trial's pick runs and measures as it did then (the rate's estimate moved,
   // the job did not).
-  trialled.pick = "mercury";
   trialled.pick_measured = measured + measured / 10;
   auto same = decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, trialled);
   ASSERT_TRUE(same.is_ok());
@@ -118,6 +118,21 @@ TEST(AutoPlanner, ANearTieIsMeasuredOnceAtAboutItsRate) {
       decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, trialled);
   ASSERT_TRUE(moved.is_ok());
   EXPECT_FALSE(moved->trial.empty()) << moved->reason;
+  // At the trial's rate, with another candidate its pick (measured faster than mercury runs
+  // now): the job goes back to the pick, whatever the prediction says.
+  std::string other;
+  for (const std::string& n : first->near) {
+    if (n != "mercury") other = n;
+  }
+  ASSERT_FALSE(other.empty());
+  trialled.network = first->network;
+  trialled.pick = other;
+  trialled.pick_measured = measured - measured / 10;
+  auto back = decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, trialled);
+  ASSERT_TRUE(back.is_ok());
+  EXPECT_TRUE(back->change) << back->reason;
+  EXPECT_EQ(auto_candidate(back->next.policy, back->next.options, Architecture::kPs), other);
+  EXPECT_NE(back->reason.find("switched back"), std::string::npos) << back->reason;
 }
 
 TEST(AutoPlanner, RefusesNoMeasurement) {

@@ -83,44 +83,18 @@ Result<Rate> effective_rate(const std::function<Result<TimeNs>(Rate)>& predict, 
   return from_per_gbit(x1);
 }
 
-Result<AutoDecision> decide_auto(const Job& job, const std::string& running,
-                                 const PolicyOptions& options, TimeNs measured, TimeNs switch_cost,
-                                 int horizon, bool allow_stale, const AutoTrialled& trialled,
-                                 const AutoOptions& rules) {
-  if (measured <= 0) return invalid_argument("decide_auto: no iteration measured");
-  if (horizon < 1) return invalid_argument("decide_auto: horizon must be >= 1");
-  auto at = [&job](Rate r) {
-    Job j = job;
-    j.cluster.bandwidth = r;
-    j.cluster.schedule.reset();
-    return j;
-  };
-  AutoDecision d;
-  QS_ASSIGN_OR_RETURN(d.network, effective_rate(
-                                     [&](Rate r) -> Result<TimeNs> {
-                                       const Job j = at(r);
-                                       QS_ASSIGN_OR_RETURN(
-                                           const SimResult s,
-                                           simulate(j.profile, running, options, j.cluster, j.sim));
-                                       return s.iteration_time;
-                                     },
-                                     measured));
-  const Job there = at(d.network);
-  QS_ASSIGN_OR_RETURN(const SimResult now,
-                      simulate(there.profile, running, options, there.cluster, there.sim));
-  d.predicted = now.iteration_time;
-  AdviseOptions ao;
-  ao.allow_stale = allow_stale;
-  ao.sensitivity = false;
-  ao.threads = rules.threads;
-  QS_ASSIGN_OR_RETURN(const Advice advice, advise(there, ao));
-  d.ranking = advice.ranking;
+namespace {
+
+// decide_auto's rules (its comment), on `d` with its rate, prediction and ranking in.
+void choose(const std::string& running, const PolicyOptions& options, Architecture arch,
+            TimeNs measured, TimeNs switch_cost, int horizon, const AutoTrialled& trialled,
+            const AutoOptions& rules, AutoDecision* out) {
+  AutoDecision& d = *out;
   const AdvisedPolicy& best = d.ranking.front();
   d.next.policy = running;
   d.next.options = options;
   d.next.iteration_time = d.predicted;
   const std::string rate = gbit(d.network);
-  const Architecture arch = job.cluster.architecture;
   auto candidate = [arch](const AdvisedPolicy& a) {
     return auto_candidate(a.policy, a.options, arch);
   };
@@ -174,11 +148,23 @@ Result<AutoDecision> decide_auto(const Job& job, const std::string& running,
     d.reason = list(d.near) + " predicted within " + percent(rules.trial_band) +
                " of each other at about " + rate + ": measuring each (" + current + " measured " +
                ms(measured) + ")";
-    return d;
+    return;
   }
-  if (measured_before && in_trialled(current)) {
+  // Measured already: the trial's pick is kept, or taken back when a prediction has
+  // switched away from it since and the running one measures slower than it did (the
+  // trial measured; the simulator guessed).
+  const AdvisedPolicy* pick = nullptr;
+  for (const AdvisedPolicy& a : d.ranking) {
+    if (candidate(a) == trialled.pick) pick = &a;
+  }
+  if (measured_before && current == trialled.pick) {
     d.reason = current + " measured fastest of " + list(trialled.candidates) +
                " at about this rate (a trial): kept";
+  } else if (measured_before && pick != nullptr && measured > trialled.pick_measured) {
+    d.change = true;
+    d.next = *pick;
+    d.reason = trialled.pick + " measured fastest of " + list(trialled.candidates) +
+               " at about this rate (a trial): switched back from " + current;
   } else if (is_running(best)) {
     d.reason = running + " is still predicted fastest (" + ms(d.predicted) + ")";
   } else if (static_cast<double>(gain) <= rules.min_gain * static_cast<double>(d.predicted)) {
@@ -195,6 +181,44 @@ Result<AutoDecision> decide_auto(const Job& job, const std::string& running,
                ": the network is about " + rate + ", where " + best.policy + " is predicted " +
                ms(best.iteration_time) + " against " + ms(d.predicted);
   }
+}
+
+}  // namespace
+
+Result<AutoDecision> decide_auto(const Job& job, const std::string& running,
+                                 const PolicyOptions& options, TimeNs measured, TimeNs switch_cost,
+                                 int horizon, bool allow_stale, const AutoTrialled& trialled,
+                                 const AutoOptions& rules) {
+  if (measured <= 0) return invalid_argument("decide_auto: no iteration measured");
+  if (horizon < 1) return invalid_argument("decide_auto: horizon must be >= 1");
+  auto at = [&job](Rate r) {
+    Job j = job;
+    j.cluster.bandwidth = r;
+    j.cluster.schedule.reset();
+    return j;
+  };
+  AutoDecision d;
+  QS_ASSIGN_OR_RETURN(d.network, effective_rate(
+                                     [&](Rate r) -> Result<TimeNs> {
+                                       const Job j = at(r);
+                                       QS_ASSIGN_OR_RETURN(
+                                           const SimResult s,
+                                           simulate(j.profile, running, options, j.cluster, j.sim));
+                                       return s.iteration_time;
+                                     },
+                                     measured));
+  const Job there = at(d.network);
+  QS_ASSIGN_OR_RETURN(const SimResult now,
+                      simulate(there.profile, running, options, there.cluster, there.sim));
+  d.predicted = now.iteration_time;
+  AdviseOptions ao;
+  ao.allow_stale = allow_stale;
+  ao.sensitivity = false;
+  ao.threads = rules.threads;
+  QS_ASSIGN_OR_RETURN(const Advice advice, advise(there, ao));
+  d.ranking = advice.ranking;
+  choose(running, options, job.cluster.architecture, measured, switch_cost, horizon, trialled,
+         rules, &d);
   return d;
 }
 
