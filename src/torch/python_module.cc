@@ -165,7 +165,6 @@ void install_crash_trace() {
   sigaction(SIGBUS, &sa, nullptr);
 }
 
-// policy="auto" (python/quicksilver/auto.py): the simulator on the measured profile.
 // An advised policy as the planner reads it: {policy, iteration_ms, default_ms, knobs}.
 py::dict advised(const qs::AdvisedPolicy& a) {
   py::dict d;
@@ -193,6 +192,14 @@ qs::pytorch::PlanSpec plan_spec(const std::string& profile_json, const std::stri
   return spec;
 }
 
+// A duration in milliseconds from Python: finite, in [0, 1e12) (above 0 unless zero_ok).
+qs::TimeNs ms_arg(const char* what, double ms, bool zero_ok) {
+  if (!((zero_ok ? ms >= 0 : ms > 0) && ms < 1e12))
+    throw py::value_error(std::string(what) + " must be in " + (zero_ok ? "[0" : "(0") + ", 1e12)");
+  return qs::from_ms(ms);
+}
+
+// policy="auto" (python/quicksilver/auto.py): the simulator on the measured profile.
 void def_planner(py::module_& m) {
   m.def(
       "predict",
@@ -243,8 +250,7 @@ void def_auto(py::module_& m) {
   m.def(
       "effective_gbps",
       [](const py::function& predict, double iteration_ms) {
-        if (!(iteration_ms > 0 && iteration_ms < 1e12))
-          throw py::value_error("effective_gbps: iteration_ms must be in (0, 1e12)");
+        const qs::TimeNs measured = ms_arg("effective_gbps: iteration_ms", iteration_ms, false);
         qs::Result<qs::Rate> r = qs::effective_rate(
             [&](qs::Rate rate) -> qs::Result<qs::TimeNs> {
               const double ms = predict(rate.gbps_value()).cast<double>();
@@ -252,7 +258,7 @@ void def_auto(py::module_& m) {
                 return qs::invalid_argument("effective_gbps: predict() gave " + std::to_string(ms));
               return qs::from_ms(ms);
             },
-            qs::from_ms(iteration_ms));
+            measured);
         return take(std::move(r)).gbps_value();
       },
       py::arg("predict"), py::arg("iteration_ms"),
@@ -279,14 +285,11 @@ void def_auto(py::module_& m) {
          double trial_band, int trial_max, double trial_budget) {
         const qs::pytorch::PlanSpec spec =
             plan_spec(profile_json, architecture, workers, servers, 10.0, latency_us, compression);
-        if (!(iteration_ms > 0 && iteration_ms < 1e12))
-          throw py::value_error("decide_auto: iteration_ms must be in (0, 1e12)");
-        if (!(switch_cost_ms >= 0 && switch_cost_ms < 1e12))
-          throw py::value_error("decide_auto: switch_cost_ms must be in [0, 1e12)");
+        const qs::TimeNs measured = ms_arg("decide_auto: iteration_ms", iteration_ms, false);
+        const qs::TimeNs cost = ms_arg("decide_auto: switch_cost_ms", switch_cost_ms, true);
         const std::vector<std::pair<std::string, std::string>> k(knobs.begin(), knobs.end());
-        if (!(trialled_pick_ms >= 0 && trialled_pick_ms < 1e12))
-          throw py::value_error("decide_auto: trialled_pick_ms must be in [0, 1e12)");
-        qs::AutoTrialled t{trialled, qs::Rate{0}, trialled_pick, qs::from_ms(trialled_pick_ms)};
+        qs::AutoTrialled t{trialled, qs::Rate{0}, trialled_pick,
+                           ms_arg("decide_auto: trialled_pick_ms", trialled_pick_ms, true)};
         if (trialled_gbps > 0) t.network = qs::Rate::gbps(trialled_gbps);
         qs::AutoOptions rules;
         rules.min_gain = min_gain;
@@ -295,8 +298,8 @@ void def_auto(py::module_& m) {
         rules.trial_budget = trial_budget;
         qs::Result<qs::AutoDecision> r = [&] {
           py::gil_scoped_release release;
-          return qs::pytorch::decide(spec, policy, k, qs::from_ms(iteration_ms),
-                                     qs::from_ms(switch_cost_ms), horizon, allow_stale, t, rules);
+          return qs::pytorch::decide(spec, policy, k, measured, cost, horizon, allow_stale, t,
+                                     rules);
         }();
         const qs::AutoDecision d = take(std::move(r));
         py::dict out;
