@@ -521,6 +521,18 @@ Status start_workers(PolicyLaunch& run, const std::vector<std::string>& addrs,
 // and say why (so that the cause is reported rather than its first victim): "NAME failed
 // (exit status 1): ...".
 std::string failure_message(std::vector<Child>& children) {
+  // Under load a child's exit can be reaped before its stderr is read to the end, and
+  // its last line decides who is blamed (an empty one names no peer and is no victim: a
+  // server that lost worker 2 was blamed with an empty message). Each failed child's
+  // stderr is read to its end first, for at most a second (a grandchild may hold it).
+  const auto unread = [&] {
+    return std::any_of(children.begin(), children.end(),
+                       [](const Child& c) { return failed(c) && c.err >= 0; });
+  };
+  for (int i = 0; i < 20 && unread(); ++i) {
+    pump(children, 50);
+    reap(children);
+  }
   // A victim that does not name its peer (gloo's messages name an address) gets the same
   // moment for the cause to show.
   for (int i = 0; i < 20; ++i) {
