@@ -722,9 +722,7 @@ Status script_flags(const RunFlags& f, std::vector<std::pair<std::string, std::s
        f.sim.knobs) {  // every knob has an entry: the given ones are not empty
     if (text.empty()) continue;
     const Knob* k = policy_registry().find_knob(name);
-    const bool bare = text.find_first_not_of("0123456789") == std::string::npos;
-    QS_RETURN_IF_ERROR(k->parse(bare && k->type == KnobType::kBytes ? text + "B" : text, &checked)
-                           .with_context(k->flag));
+    QS_RETURN_IF_ERROR(k->parse_bare(text, &checked).with_context(k->flag));
     knobs += (knobs.empty() ? "" : ";") + name + "=" + text;
   }
   for (const auto& [name, on] : f.sim.switches) {

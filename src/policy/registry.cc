@@ -140,6 +140,11 @@ std::string Knob::display(const PolicyOptions& o) const {
   }
 }
 
+Status Knob::parse_bare(std::string_view text, PolicyOptions* o) const {
+  const bool bare = !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos;
+  return parse(bare && type == KnobType::kBytes ? std::string(text) + "B" : text, o);
+}
+
 Status Knob::parse(std::string_view text, PolicyOptions* o) const {
   double value = 0;
   switch (type) {

@@ -124,10 +124,7 @@ Status parse_knobs(const std::vector<std::pair<std::string, std::string>>& knobs
       for (const Knob* k : registry.knobs()) names += (names.empty() ? "" : ", ") + k->name;
       return invalid_argument("unknown knob '" + name + "' (knobs: " + names + ")");
     }
-    // A size given as a bare number (Python: packet_size=4096) is in bytes.
-    const bool bare = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
-    QS_RETURN_IF_ERROR(
-        knob->parse(bare && knob->type == KnobType::kBytes ? value + "B" : value, options));
+    QS_RETURN_IF_ERROR(knob->parse_bare(value, options));  // Python: packet_size=4096
   }
   return Status::ok();
 }

@@ -66,6 +66,9 @@ struct Knob {
   std::string display(const PolicyOptions& o) const;
   // Parses `text` (a command-line value) into `o`. Errors name the flag.
   Status parse(std::string_view text, PolicyOptions* o) const;
+  // As parse(), with a bare number a byte knob's bytes: a value as Python gives it
+  // (knobs={"packet_size": 4096}) and as a --script run passes it on to its session.
+  Status parse_bare(std::string_view text, PolicyOptions* o) const;
   // Byte knobs only: reads / writes the value.
   std::int64_t get_int(const PolicyOptions& o) const;
   void set_int(PolicyOptions* o, std::int64_t v) const;
