@@ -79,6 +79,16 @@ TRIAL_BAND = _qs.AUTO_TRIAL_BAND
 TRIAL_MAX = _qs.AUTO_TRIAL_MAX
 TRIAL_PASSES = 8
 TRIAL_BUDGET = _qs.AUTO_TRIAL_BUDGET
+# A trial's measurement must tell candidates TRIAL_BAND apart: while its median's relative
+# standard error (measurement()'s noise) is above TRIAL_PRECISION, the candidate runs on
+# and its passes are measured together, up to TRIAL_MAX_PASSES passes and
+# TRIAL_MAX_SECONDS of them. A short iteration on a busy host varies most: the digits CNN
+# on gloo, 4 processes on 2 cores, measured 5 to 25 ms a pass around a median of 13 ms
+# (docs/benchmarks.md, policy="auto" (a)), a median of 8 passes +- 15 %, where the
+# candidates lay 5 to 10 % apart.
+TRIAL_PRECISION = 0.02
+TRIAL_MAX_PASSES = 32
+TRIAL_MAX_SECONDS = 2.0
 
 
 def first_decision(replan_every):
@@ -126,11 +136,37 @@ def scaled_profile(profile, compute_ms):
     return out
 
 
+def noise(values):
+    """The relative standard error of the median of `values`: 1.2533 sigma / sqrt(n) / median,
+    sigma estimated robustly (1.4826 times the median absolute deviation); 0 for fewer
+    than 2 values or a median of 0."""
+    m = statistics.median(values) if values else 0.0
+    if len(values) < 2 or m <= 0:
+        return 0.0
+    sigma = 1.4826 * statistics.median(abs(v - m) for v in values)
+    return 1.2533 * sigma / len(values) ** 0.5 / m
+
+
 def effective_gbps(predict, iteration_ms):
     """The rate (Gbit/s) at which predict(gbps) (ms, falling as gbps grows) equals
     iteration_ms within 0.2 %, clamped to GBPS_RANGE (qs::effective_rate: secant steps on
     the time per bit, bisection where they leave the bracket)."""
     return _qs.effective_gbps(predict, iteration_ms)
+
+
+def _more_passes(iteration_ms, passes, spread):
+    """How many more passes a trial's candidate runs before it is compared: 0 when its
+    median is precise enough (TRIAL_PRECISION) or it ran TRIAL_MAX_PASSES passes or
+    TRIAL_MAX_SECONDS; else as many again as it ran, within those bounds."""
+    if spread <= TRIAL_PRECISION or passes >= TRIAL_MAX_PASSES or passes * iteration_ms >= TRIAL_MAX_SECONDS * 1e3:
+        return 0
+    by_time = int(TRIAL_MAX_SECONDS * 1e3 / max(iteration_ms, 1e-3)) - passes
+    return max(1, min(passes, TRIAL_MAX_PASSES - passes, by_time))
+
+
+def _measuring_on(key, iteration_ms, passes, spread, more):
+    return "{} measured {:.2f} ms +- {:.0f} % over {} passes: measuring {} more".format(
+        key, iteration_ms, 100 * spread, passes, more)
 
 
 class Planner:
@@ -152,6 +188,7 @@ class Planner:
         self.schedule = parse_schedule(os.environ.get("QS_AUTO_SCHEDULE", ""))
         self.thread = None
         self.outcome = None
+        self.window = []       # the passes the decision begun last measured
         self.trial = None      # a trial in progress (decide()'s "trial")
         self.trialled = None   # the last trial's candidates, rate, pick and its measurement
 
@@ -160,18 +197,21 @@ class Planner:
             self.spans.append((n, span_ms, wait_ms))
 
     def measurement(self):
-        """(compute_ms, iteration_ms, passes) over the passes measured since the last
-        decision began: medians, or None when none was measured."""
+        """(compute_ms, iteration_ms, passes, noise) over the passes measured since the last
+        decision began (with those of a trial's candidate that runs on): medians, and the
+        iteration median's relative standard error (noise()); None when none was measured."""
         if not self.spans:
             return None
-        return (statistics.median(s - w for _, s, w in self.spans), statistics.median(s for _, s, _ in self.spans),
-                len(self.spans))
+        spans = [s for _, s, _ in self.spans]
+        return (statistics.median(s - w for _, s, w in self.spans), statistics.median(spans), len(spans),
+                noise(spans))
 
     def start(self, n, profile, policy, knobs):
         """Begins the decision of pass n on a thread, on the measurements so far (the next
         window starts now)."""
         args = (n, profile, policy, dict(knobs), self.measurement(), self.switch_cost_ms or 0.0, self.trial,
                 self.trialled)
+        self.window = self.spans  # measured on when the decision runs the candidate on (decided())
         self.spans = []
 
         def run():
@@ -213,9 +253,10 @@ class Planner:
         if m is None:
             d["reason"] = "no pass measured since the last decision"
             return d
-        compute_ms, iteration_ms, passes = m
+        compute_ms, iteration_ms, passes = m[:3]
+        spread = m[3] if len(m) > 3 else 0.0
         if trial is not None:
-            return self._trial_step(d, policy, knobs, iteration_ms, trial, start)
+            return self._trial_step(d, policy, knobs, (iteration_ms, passes, spread), trial, start)
         r = self.qs.decide_auto(json.dumps(scaled_profile(profile, compute_ms)), self.architecture, self.workers,
                                 self.servers, LATENCY_US, self.compression, policy, knobs, iteration_ms, cost,
                                 self.replan_every, self.allow_stale, *(trialled or ([], 0.0, "", 0.0)),
@@ -230,20 +271,35 @@ class Planner:
             current = candidate_key(policy, knobs, self.architecture)
             candidates = {candidate_key(p, k, self.architecture): [p, k] for p, k in queue}
             candidates[current] = [policy, dict(knobs)]
-            trial = {"queue": queue[1:], "results": {current: iteration_ms}, "set": sorted(r["near"]),
-                     "gbps": r["network_gbps"], "candidates": candidates}
-            d.update(policy=queue[0][0], knobs=queue[0][1], switch=True, trial=trial,
-                     next_in=WARMUP_PASSES + TRIAL_PASSES)
+            trial = {"queue": queue, "results": {}, "set": sorted(r["near"]), "gbps": r["network_gbps"],
+                     "candidates": candidates}
+            more = _more_passes(iteration_ms, passes, spread)
+            if more:  # the running one's measurement is too noisy to compare: it runs on first
+                d.update(trial=trial, next_in=more, extend=True)
+                d["reason"] += "; {} first".format(_measuring_on(current, iteration_ms, passes, spread, more))
+            else:
+                trial["results"][current] = iteration_ms
+                d.update(policy=queue[0][0], knobs=queue[0][1], switch=True, trial=dict(trial, queue=queue[1:]),
+                         next_in=WARMUP_PASSES + TRIAL_PASSES)
         elif r["change"]:
             d.update(policy=r["next"]["policy"], knobs=dict(r["next"]["knobs"]), switch=True)
         d["decide_ms"] = (time.perf_counter() - start) * 1e3
         return d
 
-    def _trial_step(self, d, policy, knobs, iteration_ms, trial, start):
-        """A trial's decision: the running candidate's measurement in, then the next
-        candidate, or, all measured, the fastest."""
+    def _trial_step(self, d, policy, knobs, m, trial, start):
+        """A trial's decision: the running candidate runs on while its measurement m
+        (iteration_ms, passes, noise) is too noisy (_more_passes); else its measurement in,
+        then the next candidate, or, all measured, the fastest."""
+        iteration_ms, passes, spread = m
+        key = candidate_key(policy, knobs, self.architecture)
+        more = _more_passes(iteration_ms, passes, spread)
+        if more:
+            d.update(trial=trial, next_in=more, extend=True, measured={"iteration_ms": iteration_ms},
+                     reason="trial: " + _measuring_on(key, iteration_ms, passes, spread, more))
+            d["decide_ms"] = (time.perf_counter() - start) * 1e3
+            return d
         results = dict(trial["results"])
-        results[candidate_key(policy, knobs, self.architecture)] = iteration_ms
+        results[key] = iteration_ms
         queue = [list(c) for c in trial["queue"]]
         measured = ", ".join("{} {:.2f} ms".format(k, v) for k, v in sorted(results.items(), key=lambda kv: kv[1]))
         if queue:
@@ -266,8 +322,11 @@ class Planner:
         return d
 
     def decided(self, d):
-        """After decision d is applied (rank 0): the trial it began, continued or ended."""
+        """After decision d is applied (rank 0): the trial it began, continued or ended; a
+        candidate that runs on is measured on, its passes so far kept."""
         self.trial = d.get("trial")
+        if d.get("extend"):
+            self.spans = self.window + self.spans
         if "trialled" in d:
             self.trialled = d["trialled"]
 

@@ -277,3 +277,51 @@ def test_near_ties_are_measured_in_turn_and_the_fastest_measured_is_kept():
     measured(q, HUGE, "ps", d["policy"], 10.0)
     again = q.decide(400, HUGE, d["policy"], d["knobs"], q.measurement(), 1.0, None, p.trialled)
     assert "trial" not in again and not again["switch"], again["reason"]
+
+
+def test_a_noisy_trial_measurement_runs_on_until_it_can_tell_the_candidates_apart(monkeypatch):
+    """A trial compares medians of a few passes; on a busy host a short pass varies by
+    more than the near-tie's band. While the running candidate's median is too noisy
+    (its relative standard error above TRIAL_PRECISION) it runs on and its passes are
+    measured together, up to TRIAL_MAX_PASSES; a quiet one is compared at once."""
+    from quicksilver import auto
+    monkeypatch.setattr(auto, "TRIAL_MAX_SECONDS", 1e3)  # HUGE's passes last 0.2 s: passes bound it
+    assert auto.noise([10.0] * 8) == 0.0 and auto.noise([10.0]) == 0.0
+    noisy = [6.0, 20.0, 9.0, 16.0, 11.0, 24.0, 8.0, 14.0]
+    assert auto.noise(noisy) > auto.TRIAL_PRECISION
+    assert auto.noise(noisy * 8) < auto.noise(noisy) / 2.5  # falls as 1 / sqrt(passes)
+
+    def feed(p, first, spans):
+        for i, s in enumerate(spans):
+            p.record(first + i, s, 1.0)
+
+    p = planner("ps", replan_every=200)
+    measured(p, HUGE, "ps", "mercury", 10.0)  # quiet: the trial begins with a switch
+    quiet = p.decide(10, HUGE, "mercury", {}, p.measurement(), 1.0)
+    assert quiet["switch"] and "extend" not in quiet, quiet["reason"]
+    # The same near-tie with the running policy's passes spread around the same median: it
+    # runs on first, no switch, and the passes it ran stay measured.
+    p = planner("ps", replan_every=200)
+    iteration = measured(p, HUGE, "ps", "mercury", 10.0, passes=0)
+    spans = [iteration * f for f in (0.6, 1.4, 0.8, 1.25, 1.0, 1.5, 0.7, 1.1, 1.0)]
+    feed(p, auto.WARMUP_PASSES + 1, spans)
+    p.start(10, HUGE, "mercury", {})
+    d, _ = p.result()
+    assert not d["switch"] and d["extend"] and d["next_in"] == len(spans), d["reason"]
+    assert "measuring {} more".format(len(spans)) in d["reason"] and d["trial"]["results"] == {}, d
+    p.decided(d)
+    assert p.measurement()[2] == len(spans)  # the passes before the decision are kept
+    # It runs on until TRIAL_MAX_PASSES, then the trial goes on with the next candidate.
+    n = 10
+    while True:
+        n += d["next_in"]
+        feed(p, n - d["next_in"], (spans * 8)[:d["next_in"]])
+        p.start(n, HUGE, "mercury", {})
+        d, _ = p.result()
+        p.decided(d)
+        if not d.get("extend"):
+            break
+        assert d["next_in"] >= 1 and p.measurement()[2] < auto.TRIAL_MAX_PASSES, d["reason"]
+    assert d["switch"] and "trial" in d and len(d["trial"]["results"]) == 1, d
+    key = auto.candidate_key("mercury", {}, "ps")
+    assert key in d["trial"]["results"] and "trial: measured" in d["reason"], d
