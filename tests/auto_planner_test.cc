@@ -3,7 +3,8 @@
 // it (a switch, or a trial of the near-ties); a switch that costs more than it gains over
 // the horizon is not made; the same measurements give the same decision; a near-tie is
 // measured once at about its rate, or while the trial's pick measures as it did, and the
-// pick is taken back when a prediction left it.
+// pick is taken back when a prediction left it, or kept when the prediction names a
+// candidate the trial measured slower.
 #include "quicksilver/sim/auto_planner.h"
 
 #include <gtest/gtest.h>
@@ -133,6 +134,47 @@ TEST(AutoPlanner, ANearTieIsMeasuredOnceAtAboutItsRate) {
   EXPECT_TRUE(back->change) << back->reason;
   EXPECT_EQ(auto_candidate(back->next.policy, back->next.options, Architecture::kPs), other);
   EXPECT_NE(back->reason.find("switched back"), std::string::npos) << back->reason;
+}
+
+// A candidate the last trial measured slower than its pick is not switched to on a
+// prediction while the pick runs at about the trial's rate; at a rate far from it, and
+// measuring otherwise than then, it is.
+TEST(AutoPlanner, WhatTheTrialMeasuredSlowerIsNotTakenOnAPrediction) {
+  const Job j = job(Rate::gbps(1));
+  const TimeNs measured = predict(j, "wfbp");
+  // Every candidate a near-tie, none of them measured in turn (no trial is affordable): the
+  // prediction decides, and the last trial did not measure all of them.
+  AutoOptions no_trial;
+  no_trial.trial_band = 10;
+  no_trial.trial_budget = 0;
+  auto plain =
+      decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, {}, no_trial);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
+  ASSERT_TRUE(plain->change) << plain->reason;
+  const std::string best =
+      auto_candidate(plain->next.policy, plain->next.options, Architecture::kPs);
+  AutoTrialled trialled{{"wfbp", best}, plain->network, "wfbp", measured};
+  auto kept =
+      decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, trialled, no_trial);
+  ASSERT_TRUE(kept.is_ok());
+  EXPECT_FALSE(kept->change) << kept->reason;
+  EXPECT_NE(kept->reason.find("measured it slower than wfbp"), std::string::npos) << kept->reason;
+  // A trial that did not measure the best: the prediction decides.
+  AutoTrialled other{{"wfbp", "tictac"}, plain->network, "wfbp", measured};
+  if (best != "tictac") {
+    auto moved =
+        decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, other, no_trial);
+    ASSERT_TRUE(moved.is_ok());
+    EXPECT_TRUE(moved->change) << moved->reason;
+  }
+  // The trial at a third of this rate, its pick measuring twice as fast then: it no longer
+  // holds.
+  trialled.network = Rate{plain->network.bits_per_second / 3};
+  trialled.pick_measured = measured / 2;
+  auto far =
+      decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, trialled, no_trial);
+  ASSERT_TRUE(far.is_ok());
+  EXPECT_TRUE(far->change) << far->reason;
 }
 
 TEST(AutoPlanner, RefusesNoMeasurement) {
