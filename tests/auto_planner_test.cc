@@ -119,6 +119,26 @@ TEST(AutoPlanner, ANearTieIsMeasuredOnceAtAboutItsRate) {
       decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, trialled);
   ASSERT_TRUE(moved.is_ok());
   EXPECT_FALSE(moved->trial.empty()) << moved->reason;
+  // A near candidate the trial did not measure, its pick running: only that one is measured
+  // (a band of 50 %: three near candidates).
+  AutoOptions wide;
+  wide.trial_band = 0.5;
+  auto three =
+      decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, {}, wide);
+  ASSERT_TRUE(three.is_ok());
+  ASSERT_EQ(three->near.size(), 3u) << three->reason;
+  const std::string missing =
+      three->near.back() != "mercury" ? three->near.back() : three->near.front();
+  AutoTrialled partial{{"mercury"}, three->network, "mercury", measured};
+  for (const std::string& n : three->near) {
+    if (n != missing && n != "mercury") partial.candidates.push_back(n);
+  }
+  auto rest =
+      decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, partial, wide);
+  ASSERT_TRUE(rest.is_ok());
+  ASSERT_EQ(rest->trial.size(), 1u) << rest->reason;
+  EXPECT_EQ(auto_candidate(rest->trial[0].policy, rest->trial[0].options, Architecture::kPs),
+            missing);
   // At the trial's rate, with another candidate its pick (measured faster than mercury runs
   // now): the job goes back to the pick, whatever the prediction says.
   std::string other;

@@ -244,11 +244,13 @@ def test_every_rank_applies_rank_0s_threaded_decisions_at_the_same_step(build_di
     assert all(applied > begun for begun, applied, _, _ in logs[0]), logs[0]
 
 
-def test_near_ties_are_measured_in_turn_and_the_fastest_measured_is_kept():
+@pytest.mark.parametrize("later_faster", [True, False])
+def test_near_ties_are_measured_in_turn_and_the_fastest_measured_is_kept(later_faster):
     """A decision whose top candidates are predicted within TRIAL_BAND of each other runs
     each a few passes (a trial: every step of it a decision of its own, "next_in" passes
-    apart) and keeps the fastest measured, whatever the simulator's order; the same near-tie
-    at about the same rate is not measured again."""
+    apart) and keeps the fastest measured, whatever the simulator's order (switching back to
+    it, and measuring it again soon, when it is not the last one run); the same near-tie at
+    about the same rate is not measured again."""
     from quicksilver import auto
     # A network where the PS policies are near-ties: HUGE at 10 Gbit/s.
     p = planner("ps", replan_every=200)
@@ -263,7 +265,7 @@ def test_near_ties_are_measured_in_turn_and_the_fastest_measured_is_kept():
     while "trial" in d:
         p.decided(d)
         key = auto.candidate_key(d["policy"], d["knobs"], "ps")
-        times[key] = 100.0 - len(times)  # later candidates measure faster
+        times[key] = 100.0 - len(times) if later_faster else 100.0 + len(times)
         m = (50.0, times[key], 8)
         d = p.decide(step, HUGE, d["policy"], d["knobs"], m, 1.0, p.trial, p.trialled)
         step += 10
@@ -272,6 +274,11 @@ def test_near_ties_are_measured_in_turn_and_the_fastest_measured_is_kept():
     assert auto.candidate_key(d["policy"], d["knobs"], "ps") == fastest, (d, times)
     assert sorted(times) == sorted(k for k in names if k != auto.candidate_key("mercury", {}, "ps")), (times, names)
     assert p.trialled is not None and "trial: measured" in d["reason"]
+    assert d["switch"] != later_faster, d["reason"]
+    if d["switch"]:  # back to the fastest: measured again after a trial step's passes
+        assert d["next_in"] == auto.WARMUP_PASSES + auto.TRIAL_PASSES, d
+    else:
+        assert "next_in" not in d, d
     # The same near-tie at about the same rate: not measured again, the trial's pick kept.
     q = planner("ps", replan_every=200)
     measured(q, HUGE, "ps", d["policy"], 10.0)
