@@ -313,11 +313,13 @@ class Planner:
             # "measured" at the next decisions while the near set stays within them.
             d["trialled"] = [sorted(trial["candidates"]), trial["gbps"], best, results[best]]
             if best != candidate_key(policy, knobs, self.architecture):
-                # Measured again soon: a fresh session of the same policy can run slower
-                # than the trial's did (the digits CNN on gloo: mgwfbp measured 3.7 ms in a
-                # trial, then 11.8 ms a pass for the 200 passes until the next decision).
+                # Not measured again sooner than the next decision, although a fresh session
+                # of the same policy can run slower than the trial's did (the digits CNN on
+                # gloo: mgwfbp measured 3.7 ms in a trial, then 11.8 ms a pass for 200
+                # passes): a check of 10 passes, as noisy as the trial's first 8, started new
+                # trials inside the window and cost more than it saved (docs/benchmarks.md).
                 p, k = trial["candidates"][best]
-                d.update(policy=p, knobs=dict(k), switch=True, next_in=WARMUP_PASSES + TRIAL_PASSES)
+                d.update(policy=p, knobs=dict(k), switch=True)
             d["reason"] = "trial: measured {}: {} {}".format(
                 measured, "switched to" if d["switch"] else "kept", best)
         d["measured"] = {"iteration_ms": iteration_ms}
