@@ -128,10 +128,6 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
   const TimeNs gain = d.predicted - best.iteration_time;
   // A candidate is the running one when it is its policy with its knobs.
   auto is_running = [&](const AdvisedPolicy& a) { return candidate(a) == current; };
-  // A trial is run when its switches cost at most rules.trial_budget of the iterations
-  // until the next decision: one to each other candidate, and one to the pick after them
-  // (the digits CNN on gloo, 4 ms an iteration and 35 ms a switch, re-ran a trial inside
-  // every 200-pass window without it: 0.85 to 0.89 of the best fixed policy).
   // While the last trial holds and its pick runs, what it measured (slower than the pick) is
   // not measured again: only the near candidates it did not measure are (the digits CNN on
   // gloo re-ran a candidate measured at 21 ms against the pick's 12 ms for 36 passes).
@@ -140,6 +136,10 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
   for (const AdvisedPolicy* a : near) {
     if (!is_running(*a) && !(pick_runs && in_trialled(candidate(*a)))) others.push_back(*a);
   }
+  // A trial is run when its switches cost at most rules.trial_budget of the iterations
+  // until the next decision: one to each other candidate, and one to the pick after them
+  // (the digits CNN on gloo, 4 ms an iteration and 35 ms a switch, re-ran a trial inside
+  // every 200-pass window without it: 0.85 to 0.89 of the best fixed policy).
   const double trial_cost =
       static_cast<double>(others.size() + 1) * static_cast<double>(std::max(switch_cost, kNsPerMs));
   const bool affordable =
@@ -173,12 +173,12 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
                " at about this rate (a trial): switched back from " + current;
   } else if (is_running(best)) {
     d.reason = running + " is still predicted fastest (" + ms(d.predicted) + ")";
-  } else if (trial_holds && current == trialled.pick && in_trialled(candidate(best))) {
+  } else if (pick_runs && in_trialled(candidate(best))) {
     // The trial measured the best slower than its pick, which runs: measured beats
     // predicted (the digits CNN on gloo at 200 Mbit/s: a trial measured mgwfbp at 12.8 ms
     // and ddp at 4.3 ms; the next decision, under ddp, predicted mgwfbp 5.5 % faster).
     d.reason = best.policy + " is predicted " + ms(gain) +
-               " faster, but the last trial (at about " + "this rate) measured it slower than " +
+               " faster, but the last trial (which still holds) measured it slower than " +
                current + ": kept " + running;
   } else if (static_cast<double>(gain) <= rules.min_gain * static_cast<double>(d.predicted)) {
     d.reason = best.policy + " is predicted " + ms(gain) + " faster, under " +

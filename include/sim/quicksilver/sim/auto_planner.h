@@ -89,9 +89,11 @@ struct AutoDecision {
 // `job` (its cluster's rate is replaced by the effective one), where a switch costs
 // `switch_cost` and the next decision comes `horizon` iterations later. The rules, in
 // order: a near-tie of at least two candidates not measured already (`trialled`, at about
-// this rate) is a trial, when affordable; the last trial's pick of this near-tie is kept
+// this rate) is a trial, when affordable (while the trial holds and its pick runs, of the
+// candidates it did not measure only); the last trial's pick of this near-tie is kept
 // when it runs, or taken back when it does not and the running one measures slower than
-// the pick did; the best running already is kept; a gain under
+// the pick did; the best running already is kept; so is the trial's pick, running, when
+// the best is a candidate the trial measured slower; a gain under
 // min_gain of an iteration, or under a switch's cost over the horizon, keeps the running
 // policy; else the job switches to the best. The one rule set of `run --policy auto` and of
 // DistributedOptimizer(policy="auto") (through the module's decide_auto).
