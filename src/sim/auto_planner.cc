@@ -163,7 +163,7 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
   for (const AdvisedPolicy& a : d.ranking) {
     if (candidate(a) == trialled.pick) pick = &a;
   }
-  if (measured_before && current == trialled.pick) {
+  if (measured_before && pick_runs) {  // measured_before implies the trial holds
     d.reason = current + " measured fastest of " + list(trialled.candidates) +
                " at about this rate (a trial): kept";
   } else if (measured_before && pick != nullptr && measured > trialled.pick_measured) {
