@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <mutex>
 
 #include "inprocess_communicator.h"
 #include "quicksilver/runtime/collective.h"
+#include "runtime/collective/policy_replica.h"
 #include "test_profiles.h"
 
 namespace qs::runtime {
@@ -94,6 +96,91 @@ TEST(OnAnotherEngineShape, AnEngineWithOtherLinksIsRefused) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("differ from the job's"), std::string::npos)
       << r.status().message();
+}
+
+// Worker 0's policy inputs reach every other worker in order, each batch on the wire as
+// long as its records: the control channel shares the hosts' links with the gradients
+// (a batch of one record was the whole 4.6 KB buffer).
+TEST(ReplicationChannel, ABatchCarriesOnlyItsRecords) {
+  constexpr int kWorkers = 3, kRecords = 150;
+  testing::InProcessWorld world(kWorkers, 1);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int w = 0; w < kWorkers; ++w) comms.push_back(world.communicator(w));
+  std::mutex mu;
+  std::vector<std::vector<PolicyRecord>> got(kWorkers);
+  std::vector<std::promise<void>> ended(kWorkers);
+  std::vector<std::unique_ptr<ReplicationChannel>> channels;
+  for (int w = 0; w < kWorkers; ++w) {
+    channels.push_back(std::make_unique<ReplicationChannel>(
+        *comms[static_cast<std::size_t>(w)], true, 20 * kNsPerSec,
+        [&, w](std::vector<PolicyRecord> batch) {
+          std::lock_guard lock(mu);
+          for (const PolicyRecord& r : batch) {
+            got[static_cast<std::size_t>(w)].push_back(r);
+            if (r.kind == kEndOfStream) ended[static_cast<std::size_t>(w)].set_value();
+          }
+        },
+        [](const Status& s) { ADD_FAILURE() << s.message(); }));
+  }
+  for (auto& c : channels) c->start();
+  for (int i = 0; i < kRecords; ++i) {
+    PolicyRecord r{i % 3 == 0 ? kIterationStart : kGradientReady, i % 7, i / 3, 1000 * i, 0};
+    channels[0]->record(r);
+    if (i % 10 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  channels[0]->end_stream();
+  for (int w = 1; w < kWorkers; ++w) {
+    ASSERT_EQ(ended[static_cast<std::size_t>(w)].get_future().wait_for(std::chrono::seconds(20)),
+              std::future_status::ready);
+  }
+  for (auto& c : channels) c->stop();
+  for (int w = 1; w < kWorkers; ++w) {
+    const auto& g = got[static_cast<std::size_t>(w)];
+    ASSERT_EQ(g.size(), kRecords + 1u);
+    for (int i = 0; i < kRecords; ++i) {
+      EXPECT_EQ(g[static_cast<std::size_t>(i)].now, 1000 * i);
+      EXPECT_EQ(g[static_cast<std::size_t>(i)].layer, i % 7);
+    }
+    EXPECT_EQ(g.back().kind, kEndOfStream);
+  }
+  // Every message a header and whole records, which add up to what was recorded.
+  std::size_t records = 0, messages = 0;
+  for (const auto& [slot, bytes] : world.sent()) {
+    if (slot != kReplicaSlot) continue;
+    ++messages;
+    ASSERT_GE(bytes, batch_bytes(1));
+    ASSERT_LE(bytes, sizeof(RecordBatch));
+    ASSERT_EQ((bytes - batch_bytes(0)) % sizeof(PolicyRecord), 0u) << bytes;
+    records += (bytes - batch_bytes(0)) / sizeof(PolicyRecord);
+  }
+  EXPECT_EQ(records, (kWorkers - 1) * (kRecords + 1u)) << messages << " messages";
+}
+
+// A batch whose count its records do not bear out (a shorter message, or a count out of
+// range) is refused naming worker 0, not replayed from the last batch's leftovers.
+TEST(ReplicationChannel, AMalformedBatchIsRefusedNamingWorker0) {
+  for (const std::int64_t count : {std::int64_t{3}, std::int64_t{65}, std::int64_t{0}}) {
+    testing::InProcessWorld world(2, 1);
+    auto c0 = world.communicator(0);
+    auto c1 = world.communicator(1);
+    std::promise<std::string> failed;
+    ReplicationChannel receiver(
+        *c1, false, 20 * kNsPerSec,
+        [](std::vector<PolicyRecord>) { ADD_FAILURE() << "a malformed batch was delivered"; },
+        [&](const Status& s) { failed.set_value(s.message()); });
+    receiver.start();
+    RecordBatch b;
+    b.count = count;
+    for (PolicyRecord& r : b.records) r = PolicyRecord{kIterationStart, 0, 0, 0, 0};
+    auto raw = c0->control_buffer(&b, sizeof b);
+    // Count 3: one record sent; 65: all 64, valid, and a count past them.
+    raw->send(1, kReplicaSlot, count > kBatchRecords ? sizeof b : batch_bytes(1));
+    auto f = failed.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready) << count;
+    const std::string m = f.get();
+    EXPECT_NE(m.find("malformed data from worker 0"), std::string::npos) << m;
+    receiver.stop();
+  }
 }
 
 }  // namespace

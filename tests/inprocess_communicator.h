@@ -65,6 +65,7 @@ class InProcessWorld {
       std::lock_guard lock(mail_mu_);
       const char* p = static_cast<const char*>(data);
       mail_[{to, slot}].push_back(Message{from, std::vector<char>(p, p + n)});
+      sent_.push_back({slot, n});
     }
     mail_cv_.notify_all();
   }
@@ -97,6 +98,11 @@ class InProcessWorld {
     mail_cv_.notify_all();
   }
   std::mutex& mail_mu() { return mail_mu_; }
+  // Every control message posted so far: its slot and its bytes.
+  std::vector<std::pair<std::uint64_t, std::size_t>> sent() {
+    std::lock_guard lock(mail_mu_);
+    return sent_;
+  }
   int ranks() const { return ranks_; }
   int links() const { return links_; }
   TimeNs timeout() const { return timeout_; }
@@ -149,13 +155,17 @@ class InProcessWorld {
   std::mutex mail_mu_;
   std::condition_variable mail_cv_;
   std::map<std::pair<int, std::uint64_t>, std::deque<Message>> mail_;
+  std::vector<std::pair<std::uint64_t, std::size_t>> sent_;
 };
 
 class InProcessControlBuffer final : public ControlBuffer {
  public:
   InProcessControlBuffer(InProcessWorld& w, int rank, void* data, std::size_t n)
       : w_(w), rank_(rank), data_(data), n_(n) {}
-  void send(int to, std::uint64_t slot) override { w_.post(to, slot, rank_, data_, n_); }
+  void send(int to, std::uint64_t slot, std::size_t bytes) override {
+    if (bytes > n_) throw std::logic_error("in-process control message: longer than its buffer");
+    w_.post(to, slot, rank_, data_, bytes);
+  }
   bool wait_send(TimeNs) override {
     std::lock_guard lock(w_.mail_mu());
     if (abort_send_) {

@@ -107,7 +107,8 @@ std::optional<BucketAgreement::Entry> BucketAgreement::lead(int li) {
   link.out = sealed(ControlMessage{e.key, li, 2}, checksums_);
   for (int r = 1; r < n; ++r) {
     try {
-      link.decision_tx->send(r, kDecisionSlot + static_cast<std::uint64_t>(li));
+      link.decision_tx->send(r, kDecisionSlot + static_cast<std::uint64_t>(li),
+                             sizeof(ControlMessage));
       if (!link.decision_tx->wait_send(peer_timeout_)) return std::nullopt;  // aborted
     } catch (const std::exception& ex) {
       throw std::runtime_error("lost worker " + std::to_string(r) + ": " + ex.what());
@@ -179,7 +180,7 @@ void BucketAgreement::report_loop() {
         report_msg_ = sealed(reports_out_.front(), checksums_);
         reports_out_.pop_front();
       }
-      report_buf_->send(0, kReportSlot);
+      report_buf_->send(0, kReportSlot, sizeof(ControlMessage));
       if (!report_buf_->wait_send(peer_timeout_)) return;  // aborted: stopping
     }
   } catch (const std::exception& ex) {

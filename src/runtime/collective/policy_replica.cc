@@ -1,6 +1,8 @@
 #include "policy_replica.h"
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 
 #include "quicksilver/core/check.h"
 #include "quicksilver/transport/crc32c.h"
@@ -22,7 +24,7 @@ TrainingFeedback feedback_of(const PolicyRecord& r) {
   return f;
 }
 std::uint32_t batch_crc(const RecordBatch& b) {
-  const auto n = static_cast<std::size_t>(std::clamp<std::int64_t>(b.count, 0, 64));
+  const auto n = static_cast<std::size_t>(std::clamp<std::int64_t>(b.count, 0, kBatchRecords));
   return transport::crc32c(transport::crc32c(0, &b.count, sizeof b.count), b.records,
                            n * sizeof(PolicyRecord));
 }
@@ -152,16 +154,19 @@ void ReplicationChannel::send_loop() {
         while (!stopping_ && records_.empty()) cv_.wait(mu_);
         if (records_.empty()) return;  // stopping
         batch_.count = 0;
-        while (!records_.empty() && batch_.count < 64) {
+        while (!records_.empty() && batch_.count < kBatchRecords) {
           end |= records_.front().kind == kEndOfStream;
           batch_.records[batch_.count++] = records_.front();
           records_.pop_front();
         }
         batch_.crc = checksums_ ? batch_crc(batch_) : 0;
       }
+      // The batch's records only: a batch of one record is 88 bytes, not the buffer's 4.6 KB
+      // (the control channel shares the hosts' links with the gradients).
+      const std::size_t bytes = batch_bytes(batch_.count);
       for (int r = 1; r < comm_.size(); ++r) {
         try {
-          buf_->send(r, kReplicaSlot);
+          buf_->send(r, kReplicaSlot, bytes);
           if (!buf_->wait_send(peer_timeout_)) return;  // aborted: stopping
         } catch (const std::exception& e) {
           throw std::runtime_error("lost worker " + std::to_string(r) + ": " + e.what());
@@ -181,6 +186,9 @@ void ReplicationChannel::send_loop() {
 void ReplicationChannel::receive_loop() {
   try {
     while (true) {
+      // A batch is as long as its records: none of the last one's may pass for this one's.
+      batch_.count = 0;
+      std::memset(static_cast<void*>(batch_.records), 0, sizeof batch_.records);
       buf_->recv({0}, kReplicaSlot);
       if (!buf_->wait_recv(nullptr, 24 * 3600 * kNsPerSec)) return;  // aborted: stopping
       if (checksums_ && batch_crc(batch_) != batch_.crc) {
@@ -188,8 +196,19 @@ void ReplicationChannel::receive_loop() {
                         "corrupted data from worker 0: a batch of its policy's inputs failed its "
                         "CRC32C check; not applied");
       }
-      std::vector<PolicyRecord> got(batch_.records,
-                                    batch_.records + std::clamp<std::int64_t>(batch_.count, 0, 64));
+      const std::int64_t n = batch_.count;
+      const bool malformed =
+          n < 1 || n > kBatchRecords ||
+          std::any_of(batch_.records, batch_.records + n, [](const PolicyRecord& r) {
+            return r.kind < kIterationStart || r.kind > kFeedback;
+          });
+      if (malformed) {
+        throw PeerError(0, "malformed data from worker 0: a batch of its policy's inputs counts " +
+                               std::to_string(n) +
+                               " records, or one of an unknown kind; not applied (does worker 0 "
+                               "run another version of Quicksilver?)");
+      }
+      std::vector<PolicyRecord> got(batch_.records, batch_.records + n);
       bool end = false;
       for (const PolicyRecord& r : got) end |= r.kind == kEndOfStream;
       deliver_(std::move(got));

@@ -3,6 +3,7 @@
 // channel that carries it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -57,13 +58,19 @@ PolicyRecord feedback_record(const TrainingFeedback& f, TimeNs now);
 TrainingFeedback feedback_of(const PolicyRecord& r);
 
 // A batch of worker 0's inputs; `crc`: the CRC32C of `count` and the records it counts,
-// when the job has checksums.
+// when the job has checksums. On the wire only the first `count` records follow the header
+// (batch_bytes).
+constexpr std::int64_t kBatchRecords = 64;
 struct RecordBatch {
   std::uint32_t crc = 0;
   std::uint32_t reserved = 0;
   std::int64_t count = 0;
-  PolicyRecord records[64];
+  PolicyRecord records[kBatchRecords];
 };
+// The bytes of a batch of `count` records on the wire: its header and those records.
+constexpr std::size_t batch_bytes(std::int64_t count) {
+  return offsetof(RecordBatch, records) + static_cast<std::size_t>(count) * sizeof(PolicyRecord);
+}
 static_assert(sizeof(PolicyRecord) == 72, "a record has no padding (its bytes are checksummed)");
 // The CRC32C of `count` and the records it counts.
 std::uint32_t batch_crc(const RecordBatch& b);

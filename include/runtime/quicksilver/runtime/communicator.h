@@ -11,7 +11,7 @@
 //     rank (the agreement makes it so); links run concurrently with each other and with
 //     the control channel.
 //   - The control channel (link kControl) carries the start-up collectives, the final
-//     barrier, and the small fixed-size messages of ControlBuffer.
+//     barrier, and the small messages of ControlBuffer.
 //   - Every call names the peer at fault when one is: PeerError. Any other failure throws
 //     std::runtime_error (the worker turns both into its error, with its name).
 //   - data is host memory (TensorBuffer's staging puts device tensors there first). An
@@ -60,18 +60,21 @@ struct AllReduceCall {
   std::function<void(int from, std::byte* data, std::size_t bytes)> tamper;
 };
 
-// One fixed-size message buffer on the control channel: the agreement's reports and
-// decisions, the policy replica's batches. One send or one receive in flight at a time
-// per buffer; a message is matched by its slot.
+// One message buffer on the control channel: the agreement's reports and decisions, the
+// policy replica's batches. One send or one receive in flight at a time per buffer; a
+// message is matched by its slot. A message may be shorter than the buffer (a batch of
+// few records): the receive takes it into the buffer's first bytes.
 class ControlBuffer {
  public:
   virtual ~ControlBuffer() = default;
-  // Starts sending the buffer's bytes to rank `to` under `slot`.
-  virtual void send(int to, std::uint64_t slot) = 0;
+  // Starts sending the buffer's first `bytes` bytes (at most its size) to rank `to` under
+  // `slot`.
+  virtual void send(int to, std::uint64_t slot, std::size_t bytes) = 0;
   // Waits until the send completed: false when aborted (abort_send). Throws when the peer
   // is lost or `timeout` passes.
   virtual bool wait_send(TimeNs timeout) = 0;
-  // Starts receiving one message under `slot` from any rank of `from` into the buffer.
+  // Starts receiving one message (of at most the buffer's size) under `slot` from any rank
+  // of `from` into the buffer.
   virtual void recv(const std::vector<int>& from, std::uint64_t slot) = 0;
   // Waits for it: the sender in `*from` (may be null); false when aborted.
   virtual bool wait_recv(int* from, TimeNs timeout) = 0;
