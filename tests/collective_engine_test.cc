@@ -25,10 +25,9 @@ Profile small_profile() {
   return p;
 }
 
-std::vector<Result<WorkerReport>> run_in_process(
-    const std::string& policy, int workers, int iterations, int links,
-    transport::WireDType wire = transport::WireDType::kFloat32) {
-  testing::InProcessWorld world(workers, links);
+std::vector<Result<WorkerReport>> run_in_world(
+    testing::InProcessWorld& world, const std::string& policy, int workers, int iterations,
+    int links, transport::WireDType wire = transport::WireDType::kFloat32) {
   std::vector<std::future<Result<WorkerReport>>> running;
   for (int w = 0; w < workers; ++w) {
     CollectiveOptions o;
@@ -50,6 +49,13 @@ std::vector<Result<WorkerReport>> run_in_process(
   std::vector<Result<WorkerReport>> out;
   for (auto& r : running) out.push_back(r.get());
   return out;
+}
+
+std::vector<Result<WorkerReport>> run_in_process(
+    const std::string& policy, int workers, int iterations, int links,
+    transport::WireDType wire = transport::WireDType::kFloat32) {
+  testing::InProcessWorld world(workers, links);
+  return run_in_world(world, policy, workers, iterations, links, wire);
 }
 
 class OnAnotherEngine : public ::testing::TestWithParam<std::string> {};
@@ -78,6 +84,26 @@ TEST(OnAnotherEngineCompression, Bf16SumsAreTheRoundedSums) {
   for (const auto& r : reports) {
     ASSERT_TRUE(r.is_ok()) << r.status().message();
     EXPECT_EQ(r->iterations_verified, 3);
+  }
+}
+
+// A policy whose buckets the job fixes runs on each worker alone: worker 0 sends no stream
+// of its inputs (every worker plans with the same profile and fits), and the sums are
+// still exact. A policy that decides by when its inputs arrive is replayed from worker 0's.
+TEST(OnAnotherEngineReplica, OnlyAPolicyThatDecidesByArrivalIsReplayedFromWorker0) {
+  for (const std::string policy : {"wfbp", "mgwfbp", "ddp", "synceasgd", "bytescheduler"}) {
+    testing::InProcessWorld world(3, 1);
+    for (const auto& r : run_in_world(world, policy, 3, 3, 1)) {
+      ASSERT_TRUE(r.is_ok()) << policy << ": " << r.status().message();
+      EXPECT_EQ(r->iterations_verified, 3) << policy;
+    }
+    int batches = 0;
+    for (const auto& [slot, bytes] : world.sent()) batches += slot == kReplicaSlot;
+    if (policy == "bytescheduler") {
+      EXPECT_GT(batches, 0) << policy;
+    } else {
+      EXPECT_EQ(batches, 0) << policy;
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 
+#include "quicksilver/core/thread_name.h"
 #include "quicksilver/policy/registry.h"
 #include "quicksilver/torch/hooked_compute.h"
 #include "quicksilver/transport/clock.h"
@@ -228,6 +229,7 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options,
   // The threads: each records how its node ended; a failure wakes every waiting call.
   if (s->server_) {
     s->server_thread_ = std::thread([self] {
+      name_this_thread("qs-server");
       Status st = self->server_->run();
       std::lock_guard<std::mutex> lock(self->mu_);
       self->server_ended_ = true;
@@ -236,6 +238,7 @@ Result<std::unique_ptr<Session>> Session::start(SessionOptions options,
     });
   }
   s->worker_thread_ = std::thread([self] {
+    name_this_thread("qs-worker");
     Result<runtime::WorkerReport> r = self->worker_->run();
     std::lock_guard<std::mutex> lock(self->mu_);
     self->worker_ended_ = true;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "quicksilver/core/thread_name.h"
 #include "quicksilver/transport/crc32c.h"
 
 namespace qs::runtime {
@@ -64,10 +65,16 @@ void BucketAgreement::start() {
   }
   if (!leader) {
     report_buf_ = comm_.control_buffer(&report_msg_, sizeof report_msg_);
-    report_thread_ = std::thread([this] { report_loop(); });
+    report_thread_ = std::thread([this] {
+      name_this_thread("qs-agreement");
+      report_loop();
+    });
   } else if (comm_.size() > 1) {
     report_buf_ = comm_.control_buffer(&rx_msg_, sizeof rx_msg_);
-    report_thread_ = std::thread([this] { collect_loop(); });
+    report_thread_ = std::thread([this] {
+      name_this_thread("qs-agreement");
+      collect_loop();
+    });
   }
 }
 

@@ -30,6 +30,7 @@
 #include "gradient_staging.h"
 #include "policy_replica.h"
 #include "quicksilver/core/check.h"
+#include "quicksilver/core/thread_name.h"
 #include "quicksilver/engine/training_loop.h"
 #include "quicksilver/runtime/collective.h"
 #include "quicksilver/transport/clock.h"
@@ -160,10 +161,15 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
 
   // Worker 0 decides for all (policy_replica.h): DeFT's knapsacks and ByteScheduler's
   // fusion both depend on when each input arrived. Delayed updates are handed over at
-  // points of worker 0's input stream (DelayedUpdates::track), one worker or many.
+  // points of worker 0's input stream (DelayedUpdates::track), one worker or many. A
+  // policy whose buckets are fixed by the job (wfbp, synceasgd, mgwfbp, ddp: every worker
+  // plans with the same profile and the agreed link fits) runs on each worker alone: no
+  // stream of records, and no worker waits for worker 0's record of a gradient before it
+  // issues its own bucket. The agreement still matches every bucket by its content.
   void replicate_policy() {
     const JobOptions& job = opts.job;
-    if (!((job.workers > 1 && policy->communicates()) || delayed)) return;
+    const bool shared = job.workers > 1 && policy->communicates() && policy->decides_by_arrival();
+    if (!(shared || delayed)) return;
     if (opts.rank == 0) {
       policy = std::make_unique<RecordingPolicy>(std::move(policy), [this](const PolicyRecord& r) {
         if (opts.job.workers > 1) replication->record(r);
@@ -296,7 +302,10 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
     agreement->start();
     if (replication) replication->start();
     for (int li = 0; li < comm->links(); ++li)
-      link_threads.emplace_back([this, li] { link_thread(li); });
+      link_threads.emplace_back([this, li] {
+        name_this_thread("qs-link" + std::to_string(li));
+        link_thread(li);
+      });
   }
 
   void stop_threads() {

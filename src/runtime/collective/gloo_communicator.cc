@@ -17,6 +17,7 @@
 
 #include "../runtime_internal.h"
 #include "checked_allreduce.h"
+#include "quicksilver/core/thread_name.h"
 #include "quicksilver/runtime/store.h"
 
 namespace qs::runtime {
@@ -180,7 +181,12 @@ class GlooCommunicator final : public Communicator {
     auto make = [&](const std::string& prefix, const std::string& host) {
       gloo::transport::tcp::attr attr;
       attr.hostname = host;
+      // The device's I/O thread takes its name from this thread's at its start.
+      char was[16] = "";
+      pthread_getname_np(pthread_self(), was, sizeof was);
+      name_this_thread("qs-gloo-" + prefix);
       auto dev = gloo::transport::tcp::CreateDevice(attr);
+      name_this_thread(was);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(s_.rank, s_.workers);
       ctx->setTimeout(to_ms_duration(s_.peer_timeout));
       gloo::rendezvous::PrefixStore ps(prefix, store);

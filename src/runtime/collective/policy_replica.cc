@@ -5,6 +5,7 @@
 #include <string>
 
 #include "quicksilver/core/check.h"
+#include "quicksilver/core/thread_name.h"
 #include "quicksilver/transport/crc32c.h"
 
 namespace qs::runtime {
@@ -111,7 +112,10 @@ ReplicationChannel::ReplicationChannel(Communicator& comm, bool checksums, TimeN
 void ReplicationChannel::start() {
   // The buffer exists before its thread starts, so that stop can abort it.
   buf_ = comm_.control_buffer(&batch_, sizeof batch_);
-  thread_ = std::thread([this] { comm_.rank() == 0 ? send_loop() : receive_loop(); });
+  thread_ = std::thread([this] {
+    name_this_thread("qs-replica");
+    comm_.rank() == 0 ? send_loop() : receive_loop();
+  });
 }
 
 void ReplicationChannel::record(const PolicyRecord& r) {
