@@ -389,9 +389,20 @@ void TrainingLoop::push_decision(const PushUnit& unit, TimeNs delay) {
     hand_over(unit);  // flushed once the policy callback returns (units compete by priority)
     return;
   }
-  timer_.schedule_at(timer_.now() + delay, [this, unit] {
+  std::uint32_t slot;
+  if (delayed_free_.empty()) {
+    slot = static_cast<std::uint32_t>(delayed_.size());
+    delayed_.push_back(unit);
+  } else {
+    slot = delayed_free_.back();
+    delayed_free_.pop_back();
+    delayed_[slot] = unit;
+  }
+  timer_.schedule_at(timer_.now() + delay, [this, slot] {
+    const PushUnit due = delayed_[slot];
+    delayed_free_.push_back(slot);
     if (!error_.is_ok()) return;
-    hand_over(unit);
+    hand_over(due);
     exchange_.flush();
   });
 }

@@ -191,6 +191,11 @@ class TrainingLoop final : public ExchangeListener {
   Bytes ready_bytes_ = 0, handed_bytes_ = 0;
   TimeNs pending_since_ = -1, pending_total_ = 0;
   Rate monitor_{0};  // the bandwidth monitor's last estimate (0: none yet)
+  // A policy's delayed pushes (its startup time) until they are due, by slot: the timer's
+  // callback carries the slot, small enough for std::function to keep without allocating
+  // (Prophet at 64 KiB partitions delays thousands of units an iteration).
+  std::vector<PushUnit> delayed_;
+  std::vector<std::uint32_t> delayed_free_;
 
   // Accounting and verification.
   std::vector<Bytes> reduced_per_iteration_;  // all-reduce
