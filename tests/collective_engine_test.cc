@@ -87,26 +87,6 @@ TEST(OnAnotherEngineCompression, Bf16SumsAreTheRoundedSums) {
   }
 }
 
-// A policy whose buckets the job fixes runs on each worker alone: worker 0 sends no stream
-// of its inputs (every worker plans with the same profile and fits), and the sums are
-// still exact. A policy that decides by when its inputs arrive is replayed from worker 0's.
-TEST(OnAnotherEngineReplica, OnlyAPolicyThatDecidesByArrivalIsReplayedFromWorker0) {
-  for (const std::string policy : {"wfbp", "mgwfbp", "ddp", "synceasgd", "bytescheduler"}) {
-    testing::InProcessWorld world(3, 1);
-    for (const auto& r : run_in_world(world, policy, 3, 3, 1)) {
-      ASSERT_TRUE(r.is_ok()) << policy << ": " << r.status().message();
-      EXPECT_EQ(r->iterations_verified, 3) << policy;
-    }
-    int batches = 0;
-    for (const auto& [slot, bytes] : world.sent()) batches += slot == kReplicaSlot;
-    if (policy == "bytescheduler") {
-      EXPECT_GT(batches, 0) << policy;
-    } else {
-      EXPECT_EQ(batches, 0) << policy;
-    }
-  }
-}
-
 // An engine whose shape is not the job's is refused, naming it, before anything runs.
 TEST(OnAnotherEngineShape, AnEngineWithOtherLinksIsRefused) {
   testing::InProcessWorld world(1, 2);

@@ -55,8 +55,6 @@ class StaticBuckets final : public AllReducePolicy {
       : name_(std::move(name)), buckets_at_(std::move(buckets_at)), notes_(std::move(notes)) {}
   std::string_view name() const override { return name_; }
   ForwardGate forward_gate() const override { return ForwardGate::kAfterAll; }
-  // The buckets are fixed when the policy is built (from the job, every worker's the same).
-  bool decides_by_arrival() const override { return false; }
   void on_iteration_start(std::int64_t iteration, TimeNs, CollectiveSink&) override {
     iteration_ = iteration;
   }

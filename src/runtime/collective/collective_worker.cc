@@ -161,15 +161,13 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
 
   // Worker 0 decides for all (policy_replica.h): DeFT's knapsacks and ByteScheduler's
   // fusion both depend on when each input arrived. Delayed updates are handed over at
-  // points of worker 0's input stream (DelayedUpdates::track), one worker or many. A
-  // policy whose buckets are fixed by the job (wfbp, synceasgd, mgwfbp, ddp: every worker
-  // plans with the same profile and the agreed link fits) runs on each worker alone: no
-  // stream of records, and no worker waits for worker 0's record of a gradient before it
-  // issues its own bucket. The agreement still matches every bucket by its content.
+  // points of worker 0's input stream (DelayedUpdates::track), one worker or many. Every
+  // policy is replicated, those whose buckets the job fixes too (wfbp, mgwfbp, ddp): worker
+  // 0's stream is also what makes a worker that ended its loop early fail at once when
+  // worker 0 goes on (TrainingLoop::check_bucket), instead of both waiting on the other.
   void replicate_policy() {
     const JobOptions& job = opts.job;
-    const bool shared = job.workers > 1 && policy->communicates() && policy->decides_by_arrival();
-    if (!(shared || delayed)) return;
+    if (!((job.workers > 1 && policy->communicates()) || delayed)) return;
     if (opts.rank == 0) {
       policy = std::make_unique<RecordingPolicy>(std::move(policy), [this](const PolicyRecord& r) {
         if (opts.job.workers > 1) replication->record(r);

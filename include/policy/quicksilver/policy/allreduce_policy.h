@@ -110,11 +110,6 @@ class AllReducePolicy {
   virtual bool communicates() const { return true; }
   virtual ForwardGate forward_gate() const = 0;
   virtual LinkDiscipline discipline() const { return LinkDiscipline::kFifo; }
-  // Whether its buckets depend on how its inputs interleave in time (ByteScheduler's
-  // fusion, DeFT's knapsacks: a collective's completion before or after a gradient), not
-  // only on the job. False: every worker cuts the same buckets from its own inputs, so a
-  // runtime need not replay worker 0's (the all-reduce runtime's policy replica).
-  virtual bool decides_by_arrival() const { return true; }
 
   // The backward pass of iteration `iteration` starts (its gradients follow).
   virtual void on_iteration_start(std::int64_t iteration, TimeNs now, CollectiveSink& out) {
