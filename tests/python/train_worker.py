@@ -21,7 +21,9 @@ ap.add_argument("--out", required=True)
 ap.add_argument("--knobs", default="{}")
 ap.add_argument("--architecture", default=None, help="ps or allreduce (default: the policy's)")
 ap.add_argument("--die-at", type=int, default=-1, help="rank 1 exits abruptly at this iteration")
-ap.add_argument("--stop-at", type=int, default=-1, help="rank 1 ends its loop (cleanly) at this iteration")
+ap.add_argument("--stop-at", type=int, default=-1, help="rank --stop-rank ends its loop (cleanly) at this iteration")
+ap.add_argument("--stop-rank", type=int, default=1)
+ap.add_argument("--check-consistency", type=int, default=1)
 args = ap.parse_args()
 
 torch.set_num_threads(1)
@@ -33,7 +35,7 @@ for opt_name in args.optimizers.split(","):
         model = models.make(args.model)
         optimizer = models.optimizer(opt_name, model.parameters())
         optimizer = qs.DistributedOptimizer(optimizer, model, policy=policy, architecture=args.architecture,
-                                            check_consistency=1, **json.loads(args.knobs))
+                                            check_consistency=args.check_consistency, **json.loads(args.knobs))
         torch.manual_seed(0)
         reference_init = models.make(args.model).state_dict()
         if qs.rank() == 0:
@@ -43,7 +45,7 @@ for opt_name in args.optimizers.split(","):
         for it in range(args.iterations):
             if it == args.die_at and qs.rank() == 1:
                 os._exit(3)
-            if it == args.stop_at and qs.rank() == 1:
+            if it == args.stop_at and qs.rank() == args.stop_rank:
                 break
             xb, yb = models.batch(x, y, it, qs.rank(), qs.size(), args.batch)
             optimizer.zero_grad()

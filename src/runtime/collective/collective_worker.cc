@@ -179,7 +179,8 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
           std::move(policy), [this] { loop->post([this] { training->recheck_gates(); }); },
           [this](const PolicyRecord& rec) {
             if (delayed) updates->track(rec);
-          });
+          },
+          [this](const Status& s) { fail_later(s); });
       replica = r.get();
       policy = std::move(r);
     }

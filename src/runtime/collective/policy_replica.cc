@@ -31,10 +31,12 @@ std::uint32_t batch_crc(const RecordBatch& b) {
 }
 void ReplicaPolicy::deliver(const PolicyRecord& r) {
   pending_.push_back(r);
+  worker0_ended_ |= r.kind == kTrainingEnd;
   const bool news =
       (r.kind == kIterationStart && r.iteration > worker0_started_) || r.kind == kEndOfStream;
   if (r.kind == kIterationStart) worker0_started_ = std::max(worker0_started_, r.iteration);
   if (!drain() && news) changed_();  // a held backward pass may go now
+  check_apart();
 }
 bool ReplicaPolicy::drain() {
   bool applied = false;

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -125,12 +126,17 @@ class RecordingPolicy final : public AllReducePolicy {
 };
 
 // Workers 1..N-1: a replica fed worker 0's inputs. `observe` sees each input as it is
-// applied (in worker 0's order, as worker 0's RecordingPolicy emitted it).
+// applied (in worker 0's order, as worker 0's RecordingPolicy emitted it). `apart`: told
+// once when this worker begins an iteration that worker 0, whose stream ended, never did.
 class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
  public:
   ReplicaPolicy(std::unique_ptr<AllReducePolicy> real, std::function<void()> changed,
-                std::function<void(const PolicyRecord&)> observe)
-      : real_(std::move(real)), changed_(std::move(changed)), observe_(std::move(observe)) {}
+                std::function<void(const PolicyRecord&)> observe,
+                std::function<void(const Status&)> apart = {})
+      : real_(std::move(real)),
+        changed_(std::move(changed)),
+        observe_(std::move(observe)),
+        apart_(std::move(apart)) {}
   std::string_view name() const override { return real_->name(); }
   bool communicates() const override { return real_->communicates(); }
   ForwardGate forward_gate() const override { return real_->forward_gate(); }
@@ -141,6 +147,7 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
     iteration_ = it;
     started_ = true;
     reached({kIterationStart, 0, it, 0, 0});
+    check_apart();
   }
   void on_gradient_ready(int layer, TimeNs, CollectiveSink&) override {
     reached({kGradientReady, layer, iteration_, 0, 0});
@@ -191,6 +198,19 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
     sink_->all_reduce(b, delay);
   }
 
+  // Worker 0's training ended before an iteration this worker began: the loops ended
+  // apart, and this worker would wait on worker 0 for ever (its record of the end waits,
+  // pending, for this worker's own end).
+  void check_apart() {
+    if (!worker0_ended_ || !started_ || iteration_ <= worker0_started_ || told_apart_ || !apart_)
+      return;
+    told_apart_ = true;
+    apart_(invalid_argument("this worker trains iteration " + std::to_string(iteration_) +
+                            " but worker 0 ended after iteration " +
+                            std::to_string(worker0_started_) +
+                            ": every worker must train the same number of iterations"));
+  }
+
   void reached(const PolicyRecord& r) {
     reached_.insert(key(r));
     if (r.kind == kTrainingEnd) ended_locally_ = true;
@@ -205,6 +225,9 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
   std::unique_ptr<AllReducePolicy> real_;
   std::function<void()> changed_;
   std::function<void(const PolicyRecord&)> observe_;
+  std::function<void(const Status&)> apart_;
+  bool told_apart_ = false;
+  bool worker0_ended_ = false;      // worker 0's training ended (its kTrainingEnd delivered)
   CollectiveSink* sink_ = nullptr;  // the loop's (set by the first iteration start)
   std::int64_t iteration_ = 0;
   bool started_ = false;               // this worker began its first iteration
