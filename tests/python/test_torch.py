@@ -136,10 +136,10 @@ def test_deft_follows_its_delayed_update_schedule(build_dir, tmp_path, workers, 
     one step, updates a pass or more late), and its parameters equal one process applying
     that schedule to the concatenated batches. Small buckets (each all-reduce costs about
     a quarter of a millisecond on loopback, more than the digits CNN's compute) and
-    knapsacks at 0.3 of the compute make DeFT delay and merge; the Preserver judges
+    knapsacks at a twentieth of the compute make DeFT delay and merge; the Preserver judges
     measured training every 3 iterations."""
     iterations, per_worker = 12, 8
-    knobs = {"deft_partition_size": "4KiB", "deft_horizon": 3, "deft_capacity_scale": 0.3}
+    knobs = {"deft_partition_size": "4KiB", "deft_horizon": 3, "deft_capacity_scale": 0.05}
     p, took = launch(build_dir, launcher, workers,
                      ["--model", "digits", "--policies", "deft", "--iterations", str(iterations),
                       "--batch", str(per_worker), "--out", str(tmp_path), "--knobs", json.dumps(knobs)], 300)
