@@ -27,7 +27,8 @@ Profile small_profile() {
 
 std::vector<Result<WorkerReport>> run_in_world(
     testing::InProcessWorld& world, const std::string& policy, int workers, int iterations,
-    int links, transport::WireDType wire = transport::WireDType::kFloat32) {
+    int links, transport::WireDType wire = transport::WireDType::kFloat32,
+    const std::function<void(CollectiveOptions&)>& adjust = {}) {
   std::vector<std::future<Result<WorkerReport>>> running;
   for (int w = 0; w < workers; ++w) {
     CollectiveOptions o;
@@ -44,6 +45,7 @@ std::vector<Result<WorkerReport>> run_in_world(
     o.communicator = [&world, w]() -> Result<std::unique_ptr<Communicator>> {
       return world.communicator(w);
     };
+    if (adjust) adjust(o);
     running.push_back(std::async(std::launch::async, [o] { return run_collective_worker(o); }));
   }
   std::vector<Result<WorkerReport>> out;
@@ -187,6 +189,27 @@ TEST(ReplicationChannel, AMalformedBatchIsRefusedNamingWorker0) {
     EXPECT_NE(m.find("malformed data from worker 0"), std::string::npos) << m;
     receiver.stop();
   }
+}
+
+// Worker 0 ends its loop after 2 iterations, worker 1 trains on: worker 1 fails (worker
+// 0's decisions end before its loop), and its connections close as it fails, so worker 0,
+// waiting for it in the final barrier, fails at once naming it. Before, worker 0 waited
+// for its peer timeout when worker 1's session outlived its failure (a Python traceback
+// holding it): minutes, with the whole job hung.
+TEST(OnAnotherEngineFailure, AFailedWorkerReleasesThePeersWaitingOnIt) {
+  testing::InProcessWorld world(2, 1, 600 * kNsPerSec);
+  const auto r = run_in_world(world, "mgwfbp", 2, 5, 1, transport::WireDType::kFloat32,
+                              [](CollectiveOptions& o) {
+                                o.job.peer_timeout = 600 * kNsPerSec;
+                                if (o.rank == 0) o.job.iterations = 2;
+                              });
+  ASSERT_FALSE(r[1].is_ok());
+  EXPECT_NE(r[1].status().message().find("every worker must train the same number of iterations"),
+            std::string::npos)
+      << r[1].status().message();
+  ASSERT_FALSE(r[0].is_ok());
+  EXPECT_NE(r[0].status().message().find("worker 1 closed its connections"), std::string::npos)
+      << r[0].status().message();
 }
 
 }  // namespace

@@ -39,6 +39,7 @@ class InProcessWorld {
       throw std::runtime_error("ranks called different all-reduces on link " +
                                std::to_string(link));
     }
+    if (c.closed >= 0) throw closed_error(c.closed);
     c.data[static_cast<std::size_t>(rank)] = data;
     if (++c.arrived == ranks_) {
       reduce_all(c);
@@ -49,10 +50,28 @@ class InProcessWorld {
     }
     const std::uint64_t gen = c.generation;
     if (!c.cv.wait_for(lock, std::chrono::nanoseconds(timeout_),
-                       [&] { return c.generation != gen; })) {
+                       [&] { return c.generation != gen || c.closed >= 0; })) {
       throw std::runtime_error("in-process all-reduce on link " + std::to_string(link) +
                                ": not every rank came");
     }
+    if (c.generation == gen) throw closed_error(c.closed);
+  }
+
+  // Communicator::close: a rank waiting in a collective, or for a control message from
+  // `rank`, fails now naming it (as a reset connection does on gloo).
+  void close(int rank) {
+    for (Channel& c : channels_) {
+      {
+        std::lock_guard lock(c.mu);
+        if (c.closed < 0) c.closed = rank;
+      }
+      c.cv.notify_all();
+    }
+    {
+      std::lock_guard lock(mail_mu_);
+      closed_.push_back(rank);
+    }
+    mail_cv_.notify_all();
   }
 
   // Control messages: copied at send, queued per (receiver, slot), taken in order.
@@ -76,18 +95,24 @@ class InProcessWorld {
     std::unique_lock lock(mail_mu_);
     std::deque<Message>& q = mail_[{to, slot}];
     std::deque<Message>::iterator it;
+    int gone = -1;  // a rank of `from` that closed
     const bool got = mail_cv_.wait_for(lock, std::chrono::nanoseconds(timeout), [&] {
       if (*aborted) return true;
       it = std::find_if(q.begin(), q.end(), [&](const Message& m) {
         return std::find(from.begin(), from.end(), m.from) != from.end();
       });
-      return it != q.end();
+      if (it != q.end()) return true;
+      for (int r : closed_) {
+        if (std::find(from.begin(), from.end(), r) != from.end()) gone = r;
+      }
+      return gone >= 0;
     });
     if (*aborted) {
       *aborted = false;
       return false;
     }
     if (!got) throw std::runtime_error("in-process control message: timed out");
+    if (it == q.end()) throw closed_error(gone);
     std::memcpy(data, it->bytes.data(), std::min(n, it->bytes.size()));
     if (sender != nullptr) *sender = it->from;
     q.erase(it);
@@ -108,7 +133,12 @@ class InProcessWorld {
   TimeNs timeout() const { return timeout_; }
 
  private:
+  static PeerError closed_error(int rank) {
+    return PeerError(rank, "worker " + std::to_string(rank) + " closed its connections");
+  }
+
   struct Channel {
+    int closed = -1;  // the first rank that closed
     std::mutex mu;
     std::condition_variable cv;
     int arrived = 0;
@@ -156,6 +186,7 @@ class InProcessWorld {
   std::condition_variable mail_cv_;
   std::map<std::pair<int, std::uint64_t>, std::deque<Message>> mail_;
   std::vector<std::pair<std::uint64_t, std::size_t>> sent_;
+  std::vector<int> closed_;  // ranks that closed, guarded by mail_mu_
 };
 
 class InProcessControlBuffer final : public ControlBuffer {
@@ -216,6 +247,7 @@ class InProcessCommunicator final : public Communicator {
     return std::make_unique<InProcessControlBuffer>(w_, rank_, data, bytes);
   }
   void barrier() override { w_.all_reduce(rank_, kControl, nullptr, 0, ReduceOp::kSumFloat32); }
+  void close() override { w_.close(rank_); }
 
  private:
   InProcessWorld& w_;

@@ -249,17 +249,19 @@ def test_peer_death_ends_every_process(build_dir, tmp_path):
     assert took < 60, "took {:.1f} s to end after a peer died".format(took)
 
 
-@pytest.mark.parametrize("policy,architecture,stops", [("mercury", "ps", 1), ("mgwfbp", "allreduce", 1),
-                                                        ("bytescheduler", "allreduce", 1), ("mgwfbp", "allreduce", 0)])
+@pytest.mark.parametrize("policy,architecture,stops", [("mercury", "ps", 1), ("mercury", "ps", 0),
+                                                        ("mgwfbp", "allreduce", 1), ("bytescheduler", "allreduce", 1),
+                                                        ("mgwfbp", "allreduce", 0)])
 def test_workers_that_end_apart_fail_clearly(build_dir, tmp_path, policy, architecture, stops):
-    """One worker ends its loop after 2 iterations, the other goes on: no one waits for ever
-    (on the all-reduce path worker 1 or worker 0, whose decisions the others replay). Not yet:
-    worker 0 ending first with check_consistency on still runs past 120 s (not diagnosed);
-    that case runs with the guard off."""
+    """One worker ends its loop after 2 iterations, the other goes on, the consistency guard
+    on: no one waits for ever (on the all-reduce path worker 1 or worker 0, whose decisions
+    the others replay). Worker 0 ending first hung on the all-reduce path: worker 1 failed,
+    but its session (held by the exception's traceback) kept its connections open, and
+    worker 0 waited for it in the final barrier; a failed worker now closes them."""
     p, took = launch(build_dir, "quicksilver", 2,
                      ["--model", "digits", "--policies", policy, "--architecture", architecture, "--iterations", "5",
-                      "--out", str(tmp_path), "--stop-at", "2", "--stop-rank", str(stops),
-                      "--check-consistency", "0" if stops == 0 else "1"], 120)
+                      "--out", str(tmp_path), "--stop-at", "2", "--stop-rank", str(stops), "--check-consistency", "1"],
+                     120)
     assert p.returncode != 0
     assert "every worker must train the same number of iterations" in p.stderr, p.stderr[-4000:]
     assert took < 60, "took {:.1f} s".format(took)

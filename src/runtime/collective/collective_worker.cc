@@ -340,12 +340,20 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
   // A policy's QS_CHECK, the engine, or memory may throw: an error of this worker, never
   // std::terminate in the caller's process (a Python interpreter).
   Result<WorkerReport> run() {
+    Result<WorkerReport> r = internal_error("unset");
     try {
-      return run_inner();
+      r = run_inner();
     } catch (const std::exception& e) {
-      stop_threads();
-      return internal_error(name() + ": " + e.what());
+      r = internal_error(name() + ": " + e.what());
     }
+    if (!r.is_ok()) {
+      stop_threads();
+      // A failed worker's connections close as it fails, not when its owner lets it go
+      // (a Python traceback can hold the session until the interpreter ends): a peer
+      // waiting on it fails at once, naming it.
+      if (comm) comm->close();
+    }
+    return r;
   }
 
   Result<WorkerReport> run_inner() {
@@ -366,7 +374,8 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
       try {
         comm->barrier();
       } catch (const std::exception& e) {
-        s = unavailable(name() + ": final barrier: " + e.what());
+        s = unavailable(name() + ": final barrier: " + e.what() +
+                        " (a worker that failed closes its connections: its own error says why)");
       }
     }
     stop_threads();

@@ -230,6 +230,13 @@ class GlooCommunicator final : public Communicator {
     gloo::barrier(o);
   }
 
+  // Every pair closed with SO_LINGER 0 (gloo/transport/tcp/pair.cc): the peers' reads end
+  // with a reset, and their waits on this rank throw.
+  void close() override {
+    if (control_) control_->closeConnections();
+    for (const auto& l : links_) l->closeConnections();
+  }
+
  private:
   static ReduceFn reduce_fn(ReduceOp op) {
     switch (op) {

@@ -98,6 +98,11 @@ class Communicator {
   virtual std::unique_ptr<ControlBuffer> control_buffer(void* data, std::size_t bytes) = 0;
   // Control channel: returns once every rank called it.
   virtual void barrier() = 0;
+  // Ends this rank's part after it failed: its connections close at once, so that a peer
+  // blocked on this rank (in a collective, the final barrier, a control message) fails
+  // now, naming this rank, instead of at its peer timeout. Called once no call of this
+  // rank is in progress; no call follows it.
+  virtual void close() = 0;
 };
 
 }  // namespace qs::runtime
