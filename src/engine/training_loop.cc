@@ -427,16 +427,21 @@ void TrainingLoop::all_reduce_decision(const CollectiveBucket& bucket, TimeNs de
   });
 }
 
+std::string ended_apart(const std::string& going_on, std::int64_t iteration,
+                        const std::string& ended, std::int64_t last) {
+  return going_on + " iteration " + std::to_string(iteration) + " but " + ended +
+         " ended after iteration " + std::to_string(last) +
+         ": every worker must train the same number of iterations";
+}
+
 Status TrainingLoop::check_bucket(const CollectiveBucket& b) const {
   if (b.chunks.empty()) return internal_error("policy issued an empty collective");
   QS_RETURN_IF_ERROR(ar_exchange_->check(b));
   if (finished() && b.last_iteration >= options_.iterations && b.first_iteration >= 0) {
     // Only a replica's policy (worker 0's decisions, replayed) hears of iterations past this
     // worker's end: worker 0 went on after this worker's loop ended.
-    return invalid_argument("worker 0 all-reduces iteration " + std::to_string(b.last_iteration) +
-                            " but this worker ended after iteration " +
-                            std::to_string(options_.iterations - 1) +
-                            ": every worker must train the same number of iterations");
+    return invalid_argument(ended_apart("worker 0 all-reduces", b.last_iteration, "this worker",
+                                        options_.iterations - 1));
   }
   if (b.first_iteration < 0 || b.first_iteration > b.last_iteration ||
       b.last_iteration >= options_.iterations || b.last_iteration > iteration_) {

@@ -18,6 +18,7 @@
 
 #include "quicksilver/core/mutex.h"
 #include "quicksilver/core/status.h"
+#include "quicksilver/engine/training_loop.h"
 #include "quicksilver/policy/allreduce_policy.h"
 #include "quicksilver/runtime/communicator.h"
 
@@ -205,10 +206,8 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
     if (!worker0_ended_ || !started_ || iteration_ <= worker0_started_ || told_apart_ || !apart_)
       return;
     told_apart_ = true;
-    apart_(invalid_argument("this worker trains iteration " + std::to_string(iteration_) +
-                            " but worker 0 ended after iteration " +
-                            std::to_string(worker0_started_) +
-                            ": every worker must train the same number of iterations"));
+    apart_(invalid_argument(
+        ended_apart("this worker trains", iteration_, "worker 0", worker0_started_)));
   }
 
   void reached(const PolicyRecord& r) {

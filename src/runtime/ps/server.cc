@@ -10,6 +10,7 @@
 #include "../runtime_internal.h"
 #include "aggregator.h"
 #include "quicksilver/core/check.h"
+#include "quicksilver/engine/training_loop.h"
 #include "quicksilver/transport/auth.h"
 #include "quicksilver/transport/connection.h"
 #include "quicksilver/transport/event_loop.h"
@@ -324,11 +325,10 @@ struct Server::Impl final : transport::FrameHandler {
   }
 
   std::string ended_apart(int pusher, std::int64_t iteration, int finished) const {
-    return name() + ": worker " + std::to_string(pusher) + " pushes iteration " +
-           std::to_string(iteration) + " but worker " + std::to_string(finished) +
-           " ended after iteration " +
-           std::to_string(peers[static_cast<std::size_t>(finished)].bye_iteration) +
-           ": every worker must train the same number of iterations";
+    return name() + ": " +
+           qs::ended_apart("worker " + std::to_string(pusher) + " pushes", iteration,
+                           "worker " + std::to_string(finished),
+                           peers[static_cast<std::size_t>(finished)].bye_iteration);
   }
 
   Status on_hello(Connection& c, const Header& h) {

@@ -74,6 +74,12 @@ struct IterationRecord {
   double gbps = 0;  // PS: 8 * traffic.wire_bytes / pushing, in Gbit/s (0: no pushing)
 };
 
+// Workers whose loops ended apart, as every runtime says it: "<going_on> iteration
+// <iteration> but <ended> ended after iteration <last>: every worker must train the same
+// number of iterations" (going_on "worker 1 pushes", ended "worker 0").
+std::string ended_apart(const std::string& going_on, std::int64_t iteration,
+                        const std::string& ended, std::int64_t last);
+
 class TrainingLoop final : public ExchangeListener {
  public:
   // A parameter-server worker. The references must outlive the loop.
