@@ -115,6 +115,9 @@ TEST(Status, CarriesCodeMessageAndContext) {
   EXPECT_EQ(s.message(), "--latency: bad");
   EXPECT_EQ(s.to_string(), "invalid argument: --latency: bad");
   EXPECT_TRUE(Status::ok().is_ok());
+  // A context the message names already is not repeated ("server 1: server 1: ...").
+  EXPECT_EQ(s.with_context("--latency").message(), "--latency: bad");
+  EXPECT_EQ(s.with_context("--lat").message(), "--lat: --latency: bad");
 }
 
 TEST(Result, ValueOfErrorFailsACheck) {

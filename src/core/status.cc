@@ -31,6 +31,8 @@ std::string Status::to_string() const {
 
 Status Status::with_context(const std::string& context) const {
   if (is_ok()) return *this;
+  // A message that already names its context ("server 1: lost worker 2 ...") keeps one.
+  if (message_.compare(0, context.size() + 2, context + ": ") == 0) return *this;
   return {code_, context + ": " + message_};
 }
 

@@ -306,8 +306,8 @@ struct Server::Impl final : transport::FrameHandler {
         // The same, when the others pushed a later iteration before this bye arrived.
         for (std::size_t b = 0; b < peers.size(); ++b) {
           if (peers[b].last_iteration > p.bye_iteration) {
-            loop->fail(
-                invalid_argument(ended_apart(static_cast<int>(b), peers[b].last_iteration, w)));
+            loop->fail(invalid_argument(
+                name() + ": " + ended_apart(static_cast<int>(b), peers[b].last_iteration, w)));
             break;
           }
         }
@@ -325,8 +325,7 @@ struct Server::Impl final : transport::FrameHandler {
   }
 
   std::string ended_apart(int pusher, std::int64_t iteration, int finished) const {
-    return name() + ": " +
-           qs::ended_apart("worker " + std::to_string(pusher) + " pushes", iteration,
+    return qs::ended_apart("worker " + std::to_string(pusher) + " pushes", iteration,
                            "worker " + std::to_string(finished),
                            peers[static_cast<std::size_t>(finished)].bye_iteration);
   }

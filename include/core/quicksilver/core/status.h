@@ -35,6 +35,7 @@ class [[nodiscard]] Status {
   // "code: message", or "OK".
   std::string to_string() const;
   // Returns a copy whose message is "context: message" (no-op on OK).
+  // "context: message", unless the message begins so already.
   Status with_context(const std::string& context) const;
 
  private:
