@@ -133,7 +133,7 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
  public:
   ReplicaPolicy(std::unique_ptr<AllReducePolicy> real, std::function<void()> changed,
                 std::function<void(const PolicyRecord&)> observe,
-                std::function<void(const Status&)> apart = {})
+                std::function<void(const Status&)> apart)
       : real_(std::move(real)),
         changed_(std::move(changed)),
         observe_(std::move(observe)),
@@ -203,8 +203,7 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
   // apart, and this worker would wait on worker 0 for ever (its record of the end waits,
   // pending, for this worker's own end).
   void check_apart() {
-    if (!worker0_ended_ || !started_ || iteration_ <= worker0_started_ || told_apart_ || !apart_)
-      return;
+    if (!worker0_ended_ || !started_ || iteration_ <= worker0_started_ || told_apart_) return;
     told_apart_ = true;
     apart_(invalid_argument(
         ended_apart("this worker trains", iteration_, "worker 0", worker0_started_)));
