@@ -46,10 +46,11 @@ if [ -d build/python/quicksilver ]; then
       if [ $rc = 3 ]; then : > build/torch2-python; else exit $rc; fi'
     if [ -s build/torch2-python ]; then
       # policy="auto"'s multi-process switch tests run on the build's torch only: the switch
-      # is Python and the runtime's, the same on both (its planner tests run on both);
-      # CI's 30 minutes (docs/ci.md).
+      # is Python and the runtime's, the same on both (its planner tests run on both); and
+      # one case of each runtime matrix (tests/python/conftest.py). CI's 30 minutes
+      # (docs/ci.md).
       stage pytest-torch2 pytest_on "$(cat build/torch2-python)" \
-        -k "not auto_switches and not rank_0s_threaded_decisions"
+        -k "not auto_switches and not rank_0s_threaded_decisions" --runtime-matrix-once
     else
       skipped+=("pytest-torch2: too little disk for torch 2.x's wheels (torch2-install above says how much)")
       echo "test: pytest-torch2 SKIPPED: ${skipped[-1]#*: }"

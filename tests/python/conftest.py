@@ -13,7 +13,37 @@ sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--runtime-matrix-once", action="store_true",
+                     help="run one case of each test marked runtime_matrix (the first), deselect the rest")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "runtime_matrix: a parametrized test whose cases vary only what the C++ runtime does (policy, "
+        "architecture, worker count, which worker stops); --runtime-matrix-once runs its first case only")
+
+
+def runtime_matrix_once(config, items):
+    """scripts/test.sh's second PyTorch (torch 2.x): the cases of a runtime matrix run the
+    same Python code under either torch, and the build's torch runs them all; one case each
+    here (CI's 30 minutes, docs/ci.md)."""
+    seen, kept, dropped = set(), [], []
+    for item in items:
+        if item.get_closest_marker("runtime_matrix") is None:
+            kept.append(item)
+            continue
+        key = (item.fspath, getattr(item, "originalname", item.name))
+        (dropped if key in seen else kept).append(item)
+        seen.add(key)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runtime-matrix-once"):
+        runtime_matrix_once(config, items)
     reason = None
     try:
         import torch  # noqa: F401

@@ -108,6 +108,7 @@ def check_equal(out, policies, opt_name, model_name, workers, per_worker, iterat
     return max(worst.values())
 
 
+@pytest.mark.runtime_matrix
 @pytest.mark.parametrize("workers,launcher", [(2, "torchrun"), (4, "quicksilver")])
 def test_digits_every_ps_policy(build_dir, tmp_path, workers, launcher):
     policies = ps_policies()
@@ -130,6 +131,7 @@ def allreduce_policies():
     return [p for p in qsm.allreduce_policies() if p not in ("oracle", "deft")]
 
 
+@pytest.mark.runtime_matrix
 @pytest.mark.parametrize("workers,launcher", [(2, "torchrun"), (3, "quicksilver")])
 def test_deft_follows_its_delayed_update_schedule(build_dir, tmp_path, workers, launcher):
     """DeFT on gloo: every worker applies the same delayed updates (iterations merged into
@@ -201,6 +203,7 @@ def qs_after_training():
     return qsm.AFTER_TRAINING
 
 
+@pytest.mark.runtime_matrix
 @pytest.mark.parametrize("workers,launcher", [(2, "torchrun"), (3, "quicksilver")])
 def test_digits_every_allreduce_policy(build_dir, tmp_path, workers, launcher):
     """The all-reduce policies on gloo, each worker's parameters against one process."""
@@ -249,6 +252,7 @@ def test_peer_death_ends_every_process(build_dir, tmp_path):
     assert took < 60, "took {:.1f} s to end after a peer died".format(took)
 
 
+@pytest.mark.runtime_matrix
 @pytest.mark.parametrize("policy,architecture,stops", [("mercury", "ps", 1), ("mercury", "ps", 0),
                                                         ("mgwfbp", "allreduce", 1), ("bytescheduler", "allreduce", 1),
                                                         ("mgwfbp", "allreduce", 0)])
