@@ -8,7 +8,7 @@
 // are scheduled for never decrease. A lane keeps such events in a FIFO, and a tournament
 // (winner) tree over the lanes' heads picks the earliest: with N workers and M servers
 // about N x M messages may be in flight at once, but the tree has one leaf per lane
-// (about 2 (N + M)), and an event costs one pass from its leaf to the root (log4 of the
+// (about 2 (N + M)), and an event costs one pass from its leaf to the root (log2 of the
 // lanes), whatever the number in flight. Within a lane both time and sequence increase, so its
 // head is its earliest event under the same (time, sequence) order: the firing order is
 // exactly the one of a single heap. Events without a lane (callbacks), and an event
@@ -124,11 +124,11 @@ class EventQueue {
       heap_.front() = std::move(heap_.back());
       heap_.pop_back();
       if (!heap_.empty()) sift_down(0);
-      set_key(0, heap_.empty() ? kEmptyKey : key_of(heap_.front()));
+      set_winner_key(0, heap_.empty() ? kEmptyKey : key_of(heap_.front()));
     } else {
       Lane& l = lanes_[leaf - 1];
       e = l.pop();
-      set_key(leaf, l.empty() ? kEmptyKey : key_of(l.front()));
+      set_winner_key(leaf, l.empty() ? kEmptyKey : key_of(l.front()));
     }
     --size_;
     now_ = e.time;
@@ -145,53 +145,32 @@ class EventQueue {
     return (static_cast<Key>(static_cast<std::uint64_t>(e.time)) << 64) | e.seq;
   }
 
-  // The tournament tree over the leaves (0: the heap; 1 + i: lane i): a 4-ary winner
-  // tree in heap layout (node 0 the root, node i's children 4i + 1 .. 4i + 4, the leaves
-  // the last level, padded to a power of 4 with empty ones). Each node holds the leaf with
-  // the smallest key below it and that key; a node's four children sit in one 64-byte
-  // group, so a pass from a leaf to the root reads one cache line per level, half the
-  // levels of a binary tree. Equal keys happen only between empty leaves (every event's
-  // sequence is unique), which are never popped.
-  struct alignas(64) Group {
-    Key key[4];
-  };
-  struct Winners {
-    std::uint32_t leaf[4];
-  };
+  // The tournament tree over the leaves (0: the heap; 1 + i: lane i): a binary winner
+  // tree in heap layout (node 1 the root, node i's children 2i and 2i + 1, leaf j at node
+  // padded + j, the leaves padded to a power of two with empty ones). Each node holds the
+  // leaf with the smallest key below it and that key. A pass from a leaf compares it with
+  // its sibling at each level: one comparison a level. (A 4-ary tree, each node's four
+  // children in one cache line, has half the levels but three comparisons each: 9-11 %
+  // more instructions in all, docs/benchmarks.md "The simulator's event queue".) Equal
+  // keys happen only between empty leaves (every event's sequence is unique), which are
+  // never popped.
   void rebuild() {
-    std::size_t padded = 4;
-    while (padded < keys_.size()) padded *= 4;
-    first_leaf_ = (padded - 1) / 3;
-    // One group per internal node (nodes 0 .. first_leaf_ - 1): its children.
-    keys_tree_.assign(first_leaf_, Group{{kEmptyKey, kEmptyKey, kEmptyKey, kEmptyKey}});
-    leaves_tree_.assign(first_leaf_, Winners{{0, 0, 0, 0}});
+    std::size_t padded = 1;
+    while (padded < keys_.size()) padded *= 2;
+    padded_ = padded;
+    tree_key_.assign(2 * padded, kEmptyKey);
+    tree_leaf_.assign(2 * padded, 0);
     for (std::size_t j = 0; j < padded; ++j) {
-      const std::size_t i = first_leaf_ + j;
-      keys_tree_[(i - 1) / 4].key[(i - 1) % 4] = j < keys_.size() ? keys_[j] : kEmptyKey;
-      leaves_tree_[(i - 1) / 4].leaf[(i - 1) % 4] =
-          static_cast<std::uint32_t>(std::min(j, keys_.size() - 1));
+      tree_key_[padded + j] = j < keys_.size() ? keys_[j] : kEmptyKey;
+      tree_leaf_[padded + j] = static_cast<std::uint32_t>(std::min(j, keys_.size() - 1));
     }
-    for (std::size_t p = first_leaf_; p-- > 0;) {
-      std::uint32_t w;
-      const Key k = smallest(p, &w);
-      if (p == 0) {
-        root_ = w;
-      } else {
-        keys_tree_[(p - 1) / 4].key[(p - 1) % 4] = k;
-        leaves_tree_[(p - 1) / 4].leaf[(p - 1) % 4] = w;
-      }
+    for (std::size_t p = padded; p-- > 1;) {
+      const std::size_t w = tree_key_[2 * p + 1] < tree_key_[2 * p] ? 2 * p + 1 : 2 * p;
+      tree_key_[p] = tree_key_[w];
+      tree_leaf_[p] = tree_leaf_[w];
     }
+    root_ = tree_leaf_[1];
     tree_stale_ = false;
-  }
-  // The smallest key among node p's children, and its leaf.
-  Key smallest(std::size_t p, std::uint32_t* leaf) const {
-    const Key* k = keys_tree_[p].key;
-    const std::uint32_t* w = leaves_tree_[p].leaf;
-    const int a = k[1] < k[0] ? 1 : 0;
-    const int b = k[3] < k[2] ? 3 : 2;
-    const int c = k[b] < k[a] ? b : a;
-    *leaf = w[c];
-    return k[c];
   }
   // A leaf's new key, and the pass up from it. (Deferring the pass until the tree is
   // read, so that popping a lane and scheduling its next event make one pass, was
@@ -199,23 +178,35 @@ class EventQueue {
   void set_key(std::size_t leaf, Key key) {
     keys_[leaf] = key;
     if (tree_stale_) return;
-    std::size_t i = first_leaf_ + leaf;
-    keys_tree_[(i - 1) / 4].key[(i - 1) % 4] = key;
-    while (true) {
-      const std::size_t p = (i - 1) / 4;
-      std::uint32_t w;
-      const Key k = smallest(p, &w);
-      if (p == 0) {
-        root_ = w;
-        return;
-      }
-      std::uint32_t& slot = leaves_tree_[(p - 1) / 4].leaf[(p - 1) % 4];
+    std::size_t i = padded_ + leaf;
+    tree_key_[i] = key;
+    while (i > 1) {
+      const std::size_t w = tree_key_[i ^ 1] < tree_key_[i] ? i ^ 1 : i;
+      const std::uint32_t winner = tree_leaf_[w];
+      i >>= 1;
       // Above a node whose winner neither changed nor is this leaf, nothing changes.
-      if (slot == w && w != leaf) return;
-      slot = w;
-      keys_tree_[(p - 1) / 4].key[(p - 1) % 4] = k;
-      i = p;
+      if (tree_leaf_[i] == winner && winner != leaf) return;
+      tree_leaf_[i] = winner;
+      tree_key_[i] = tree_key_[w];
     }
+    root_ = tree_leaf_[1];
+  }
+  // The popped leaf's new key: it won every match on its way up, so every node on the
+  // path changes and there is nothing to stop early for (no branch on the keys).
+  void set_winner_key(std::size_t leaf, Key key) {
+    keys_[leaf] = key;
+    if (tree_stale_) return;
+    std::size_t i = padded_ + leaf;
+    tree_key_[i] = key;
+    while (i > 1) {
+      const std::size_t w = i ^ static_cast<std::size_t>(tree_key_[i ^ 1] < tree_key_[i]);
+      const Key k = tree_key_[w];
+      const std::uint32_t winner = tree_leaf_[w];
+      i >>= 1;
+      tree_leaf_[i] = winner;
+      tree_key_[i] = k;
+    }
+    root_ = tree_leaf_[1];
   }
 
   // The binary heap of events without a lane, earliest at the front.
@@ -252,10 +243,10 @@ class EventQueue {
   std::vector<Event> heap_;
   using Lane = Ring<Event>;
   std::vector<Lane> lanes_;
-  std::vector<Key> keys_ = {kEmptyKey};  // per leaf: its earliest event's key
-  std::vector<Group> keys_tree_;         // by parent: its children's keys
-  std::vector<Winners> leaves_tree_;     // by parent: its children's winning leaves
-  std::size_t first_leaf_ = 0;
+  std::vector<Key> keys_ = {kEmptyKey};   // per leaf: its earliest event's key
+  std::vector<Key> tree_key_;             // per node: the smallest key below it
+  std::vector<std::uint32_t> tree_leaf_;  // per node: the leaf that holds it
+  std::size_t padded_ = 0;
   std::uint32_t root_ = 0;
   bool tree_stale_ = true;
   std::size_t size_ = 0;
