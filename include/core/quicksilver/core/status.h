@@ -34,8 +34,8 @@ class [[nodiscard]] Status {
   const std::string& message() const { return message_; }
   // "code: message", or "OK".
   std::string to_string() const;
-  // Returns a copy whose message is "context: message" (no-op on OK).
-  // "context: message", unless the message begins so already.
+  // Returns a copy whose message is "context: message" (no-op on OK, and on a message that
+  // begins so already).
   Status with_context(const std::string& context) const;
 
  private:
