@@ -175,25 +175,12 @@ class EventQueue {
   // A leaf's new key, and the pass up from it. (Deferring the pass until the tree is
   // read, so that popping a lane and scheduling its next event make one pass, was
   // measured slower: the pass then delays the next pop instead of overlapping the handler.)
-  void set_key(std::size_t leaf, Key key) {
-    keys_[leaf] = key;
-    if (tree_stale_) return;
-    std::size_t i = padded_ + leaf;
-    tree_key_[i] = key;
-    while (i > 1) {
-      const std::size_t w = tree_key_[i ^ 1] < tree_key_[i] ? i ^ 1 : i;
-      const std::uint32_t winner = tree_leaf_[w];
-      i >>= 1;
-      // Above a node whose winner neither changed nor is this leaf, nothing changes.
-      if (tree_leaf_[i] == winner && winner != leaf) return;
-      tree_leaf_[i] = winner;
-      tree_key_[i] = tree_key_[w];
-    }
-    root_ = tree_leaf_[1];
-  }
+  void set_key(std::size_t leaf, Key key) { pass<false>(leaf, key); }
   // The popped leaf's new key: it won every match on its way up, so every node on the
   // path changes and there is nothing to stop early for (no branch on the keys).
-  void set_winner_key(std::size_t leaf, Key key) {
+  void set_winner_key(std::size_t leaf, Key key) { pass<true>(leaf, key); }
+  template <bool kToTheRoot>
+  void pass(std::size_t leaf, Key key) {
     keys_[leaf] = key;
     if (tree_stale_) return;
     std::size_t i = padded_ + leaf;
@@ -203,6 +190,10 @@ class EventQueue {
       const Key k = tree_key_[w];
       const std::uint32_t winner = tree_leaf_[w];
       i >>= 1;
+      if constexpr (!kToTheRoot) {
+        // Above a node whose winner neither changed nor is this leaf, nothing changes.
+        if (tree_leaf_[i] == winner && winner != leaf) return;
+      }
       tree_leaf_[i] = winner;
       tree_key_[i] = k;
     }
