@@ -3,9 +3,11 @@
 // Internal to the policy layer.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
-#include <queue>
+#include <deque>
 #include <utility>
+#include <vector>
 
 #include "quicksilver/core/check.h"
 #include "quicksilver/core/units.h"
@@ -16,13 +18,26 @@ namespace qs {
 // then first in, first out). The most urgent is released to the FIFO communication
 // library while the released-but-unfinished bytes fit in the credit; one is always
 // allowed, so a credit of one partition is stop-and-wait. finished() returns credit.
+//
+// The queue is a bucket queue: priorities are tensor indices (small and dense), so each
+// has a FIFO of its own, and the most urgent is the first non-empty one from the lowest
+// that may hold any. The same order as a heap on (priority, arrival), in O(1) a unit
+// amortised (the backward hands tensors over from the last to the first, so the lowest
+// non-empty priority mostly only falls): a heap of VGG-16's 8,000 partitions of 64 KiB
+// was a tenth of bytescheduler's simulation (callgrind).
 template <typename Unit>
 class CreditWindow {
  public:
   explicit CreditWindow(Bytes credit) : credit_(credit) {}
 
+  // Precondition: 0 <= priority < kMaxPriority (a tensor index).
   void add(Unit unit, std::int64_t priority, Bytes bytes) {
-    pending_.push(Pending{std::move(unit), priority, bytes, seq_++});
+    QS_CHECK(priority >= 0 && priority < kMaxPriority);
+    const auto p = static_cast<std::size_t>(priority);
+    if (p >= queues_.size()) queues_.resize(p + 1);
+    queues_[p].push_back(Pending{std::move(unit), bytes});
+    first_ = std::min(first_, p);
+    ++pending_;
   }
 
   void finished(Bytes bytes) {
@@ -33,31 +48,29 @@ class CreditWindow {
   // Calls release(unit) for each unit the window lets go now, most urgent first.
   template <typename Release>
   void release(Release&& release) {
-    while (!pending_.empty() && (in_flight_ == 0 || in_flight_ + pending_.top().bytes <= credit_)) {
-      Pending p = pending_.top();
-      pending_.pop();
+    while (pending_ > 0) {
+      while (queues_[first_].empty()) ++first_;
+      std::deque<Pending>& q = queues_[first_];
+      if (in_flight_ != 0 && in_flight_ + q.front().bytes > credit_) return;
+      Pending p = std::move(q.front());
+      q.pop_front();
+      --pending_;
       in_flight_ += p.bytes;
       release(std::move(p.unit));
     }
   }
 
  private:
+  static constexpr std::int64_t kMaxPriority = std::int64_t{1} << 24;
   struct Pending {
     Unit unit;
-    std::int64_t priority;
     Bytes bytes;
-    std::uint64_t seq;
-    // Max-heap order: the most urgent (lowest priority, then oldest) compares greatest;
-    // seq is unique, so this is a strict weak ordering with no ties.
-    bool operator<(const Pending& o) const {
-      if (priority != o.priority) return priority > o.priority;
-      return seq > o.seq;
-    }
   };
 
   Bytes credit_;
-  std::priority_queue<Pending> pending_;
-  std::uint64_t seq_ = 0;
+  std::vector<std::deque<Pending>> queues_;  // by priority, each in arrival order
+  std::size_t first_ = SIZE_MAX;             // no queue below it holds a unit
+  std::size_t pending_ = 0;
   Bytes in_flight_ = 0;
 };
 
