@@ -132,6 +132,55 @@ TEST(Advise, ProxySearchAndShortRunsKeepSimulatesPredictions) {
   EXPECT_TRUE(tuned);
 }
 
+// Stopping the runs that can no longer win (AdviseOptions::stop_losers) is exact: the same
+// ranking, knobs, predictions and sweep as simulating every run whole, on jobs where it does
+// stop runs (PS on itself and on the search's proxy, all-reduce; sweeps on and off).
+TEST(Advise, StoppingTheLosersChangesNothing) {
+  struct Case {
+    std::string model;
+    Architecture arch;
+    int workers;
+    Rate rate;
+    bool sweep;
+  };
+  for (const Case& c : {Case{"resnet18", Architecture::kPs, 2, Rate::gbps(2), true},
+                        Case{"resnet18", Architecture::kPs, 8, Rate::gbps(10), false},
+                        Case{"vgg16", Architecture::kPs, 4, Rate::gbps(1), true},
+                        Case{"resnet50", Architecture::kAllReduce, 4, Rate::gbps(10), true}}) {
+    const Job j = job(c.model, c.arch, c.workers, c.rate);
+    const std::string where = c.model + " on " + std::to_string(c.workers);
+    std::vector<Advice> advice;
+    for (const bool stop : {true, false}) {
+      AdviseOptions o;
+      o.sensitivity = c.sweep;
+      o.stop_losers = stop;
+      auto a = advise(j, o);
+      ASSERT_TRUE(a.is_ok()) << where << ": " << a.status().to_string();
+      advice.push_back(std::move(*a));
+    }
+    const Advice &a = advice[0], &b = advice[1];
+    EXPECT_GT(a.stopped, 0) << where;
+    EXPECT_EQ(b.stopped, 0) << where;
+    // (The counts of simulations may differ: a finishing step simulates its second
+    // direction ahead only when a thread is idle.)
+    ASSERT_EQ(a.ranking.size(), b.ranking.size()) << where;
+    for (std::size_t i = 0; i < a.ranking.size(); ++i) {
+      const AdvisedPolicy &x = a.ranking[i], &y = b.ranking[i];
+      EXPECT_EQ(x.policy, y.policy) << where;
+      EXPECT_EQ(x.iteration_time, y.iteration_time) << where << ": " << x.policy;
+      EXPECT_EQ(x.default_time, y.default_time) << where << ": " << x.policy;
+      EXPECT_EQ(x.knobs, y.knobs) << where << ": " << x.policy;
+    }
+    ASSERT_EQ(a.sweep.size(), b.sweep.size()) << where;
+    for (std::size_t i = 0; i < a.sweep.size(); ++i) {
+      EXPECT_EQ(a.sweep[i].value, b.sweep[i].value) << where;
+      EXPECT_EQ(a.sweep[i].best, b.sweep[i].best) << where << " at " << a.sweep[i].value;
+      EXPECT_EQ(a.sweep[i].iteration_time, b.sweep[i].iteration_time) << where;
+    }
+    EXPECT_EQ(a.sensitivity, b.sensitivity) << where;
+  }
+}
+
 TEST(Advise, DelayedUpdatesOnlyWhenAllowed) {
   const Job j = job("resnet18", Architecture::kAllReduce, 4, Rate::gbps(10));
   AdviseOptions o;

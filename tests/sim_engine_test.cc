@@ -162,6 +162,53 @@ TEST(Simulator, SameSeedGivesIdenticalResults) {
   }
 }
 
+// SimOptions::stop_at_least: a run stops only when its whole run's statistic reaches the
+// bound (never below it), and a run that stays below runs whole, unchanged. Both engines,
+// random profiles, median and mean.
+TEST(Simulator, StopsOnlyOnceItsStatisticReachesTheBound) {
+  Rng rng(29);
+  for (int trial = 0; trial < 6; ++trial) {
+    const Profile p = testing::random_profile(rng);
+    const bool ps = trial % 2 == 0;
+    ClusterConfig c = cluster(ps ? 3 : 4, 2, Rate::gbps(trial < 2 ? 1 : 10));
+    c.architecture = ps ? Architecture::kPs : Architecture::kAllReduce;
+    SimOptions o;
+    o.iterations = 5;
+    o.statistic = trial < 4 ? Statistic::kMedian : Statistic::kMean;
+    const std::vector<std::string> policies =
+        ps ? std::vector<std::string>{"mercury", "bytescheduler", "p3", "prophet", "wfbp"}
+           : std::vector<std::string>{"wfbp", "mgwfbp", "bytescheduler", "ddp"};
+    for (const std::string& policy : policies) {
+      auto whole = simulate(p, policy, {}, c, o);
+      ASSERT_TRUE(whole.is_ok()) << policy << ": " << whole.status().to_string();
+      const TimeNs t = whole->iteration_time;
+      for (const TimeNs bound : {t / 2, t - 1, t, t + 1, 2 * t}) {
+        SimOptions b = o;
+        b.stop_at_least = bound;
+        auto r = simulate(p, policy, {}, c, b);
+        ASSERT_TRUE(r.is_ok()) << policy;
+        if (r->at_least) {
+          EXPECT_LE(bound, t) << policy << " stopped at " << bound << " but takes " << t;
+          EXPECT_EQ(r->iteration_time, bound) << policy;
+          EXPECT_LT(r->iteration_times.size(), 5U) << policy;
+          EXPECT_LE(r->events, whole->events) << policy;
+        } else {
+          EXPECT_EQ(r->iteration_times, whole->iteration_times) << policy;
+          EXPECT_EQ(r->events, whole->events) << policy;
+        }
+        if (bound > t) EXPECT_FALSE(r->at_least) << policy;
+        // Half the run's time is known long before its end: the bound does stop runs.
+        if (bound == t / 2) EXPECT_TRUE(r->at_least) << policy;
+      }
+    }
+  }
+  SimOptions o;
+  o.stop_at_least = -1;
+  EXPECT_FALSE(
+      simulate(testing::random_profile(rng), "mercury", {}, cluster(2, 2, Rate::gbps(1)), o)
+          .is_ok());
+}
+
 // The push of S bytes over N = M servers with balanced load takes S / B (Mercury eq. 1):
 // a single layer with compute times of 0 takes exactly push + pull pipeline time.
 TEST(Simulator, BalancedPushTakesSizeOverBandwidth) {

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "quicksilver/engine/result.h"
 #include "test_profiles.h"
 
 namespace qs {
@@ -274,6 +275,33 @@ TEST(TrainingLoop, AfterAllGateWaitsForEveryCollectiveOfTheIteration) {
   EXPECT_EQ(ended, 1);
   EXPECT_EQ(finished, 1);
   EXPECT_TRUE(loop.check_complete().is_ok()) << loop.check_complete().to_string();
+}
+
+// SimOptions::stop_at_least's arithmetic (result.h): when the statistic over the whole run
+// is known to reach the bound, from the iterations that ended, the one going (begun at
+// `start`) and the least any iteration takes.
+TEST(KnownAtLeast, TheStatisticFromWhatEndedAndTheLeastTheRestTake) {
+  SimOptions o;
+  o.iterations = 3;  // a warm-up and two measured: the median is their mean
+  o.warmup = 1;
+  o.stop_at_least = 100;
+  EXPECT_EQ(known_at_least_from({}, 0, 0, o), kTimeNever);                // the warm-up is going
+  EXPECT_EQ(known_at_least_from({50}, 50, 0, o), 250);                    // (x + 0) / 2 >= 100
+  EXPECT_EQ(known_at_least_from({50}, 50, 40, o), 210);                   // (x + 40) / 2 >= 100
+  EXPECT_EQ(known_at_least_from({50, 120}, 170, 40, o), 250);             // (120 + x) / 2 >= 100
+  EXPECT_EQ(known_at_least_from({50, 300}, 350, 40, o), 350);             // reached already
+  EXPECT_EQ(known_at_least_from({50, 120, 90}, 260, 40, o), kTimeNever);  // all ended
+  o.statistic = Statistic::kMean;  // rounded to the ns: 99.5 is 100
+  EXPECT_EQ(known_at_least_from({50, 120}, 170, 40, o), 249);
+  o.iterations = 4;  // three measured: the median is the middle one
+  o.statistic = Statistic::kMedian;
+  EXPECT_EQ(known_at_least_from({50}, 50, 0, o), kTimeNever);  // [x, 0, 0]: never
+  EXPECT_EQ(known_at_least_from({50}, 50, 100, o), 50);        // [x, 100, 100]: now
+  EXPECT_EQ(known_at_least_from({50, 150}, 200, 0, o), 300);   // [150, x, 0]
+  o.statistic = Statistic::kMean;
+  EXPECT_EQ(known_at_least_from({50, 150}, 200, 0, o), 349);  // (150 + x + 0) / 3 >= 99.5
+  o.stop_at_least = 0;
+  EXPECT_EQ(known_at_least_from({50, 150}, 200, 0, o), kTimeNever);  // no bound
 }
 
 }  // namespace

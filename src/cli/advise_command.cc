@@ -64,6 +64,7 @@ int run_advise(const AdviseFlags& f) {
     out["sensitivity"] = advice->sensitivity;
     out["notes"] = advice->notes;
     out["simulations"] = advice->simulations;
+    out["stopped"] = advice->stopped;
     out["seconds"] = seconds;
     std::cout << out.dump() << "\n";
     return 0;
@@ -73,8 +74,9 @@ int run_advise(const AdviseFlags& f) {
     std::printf(", %d servers (ps)", job->cluster.servers);
   else
     std::printf(" (allreduce)");
-  std::printf(", %s; %d simulations in %.1f s\n", format_rate(job->cluster.bandwidth).c_str(),
-              advice->simulations, seconds);
+  std::printf(", %s; %d simulations (%d stopped once they lost) in %.1f s\n",
+              format_rate(job->cluster.bandwidth).c_str(), advice->simulations, advice->stopped,
+              seconds);
   std::printf("%-4s %-18s %11s %11s %9s  %s\n", "rank", "policy", "iteration", "defaults", "margin",
               "tuned knobs");
   for (std::size_t i = 0; i < r.size(); ++i) {

@@ -72,6 +72,13 @@ void TrainingLoop::fail(Status s) {
   if (options_.failed) options_.failed(error_);
 }
 
+std::vector<TimeNs> TrainingLoop::durations() const {
+  std::vector<TimeNs> out;
+  out.reserve(records_.size());
+  for (const IterationRecord& r : records_) out.push_back(r.time);
+  return out;
+}
+
 void TrainingLoop::start() {
   first_backward_at_ = timer_.now();
   last_end_ = first_backward_at_;
@@ -495,6 +502,14 @@ TimeNs EmulatedCompute::duration(const ComputeStep& step) const {
   const LayerSpec& spec = profile_.layers[static_cast<std::size_t>(step.layer)];
   const TimeNs t = step.pass == Pass::kBackward ? spec.backward : spec.update + spec.forward;
   return scale_time(t, factor_);
+}
+
+TimeNs EmulatedCompute::iteration_compute() const {
+  TimeNs t = 0;
+  for (int l = 0; l < static_cast<int>(profile_.layers.size()); ++l) {
+    t += duration(ComputeStep{Pass::kBackward, l, 0}) + duration(ComputeStep{Pass::kForward, l, 0});
+  }
+  return t;
 }
 
 void EmulatedCompute::run(const ComputeStep& step, TimeNs earliest, Done done) {

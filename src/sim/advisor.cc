@@ -91,6 +91,16 @@ SimOptions search_options(const SimOptions& job) {
   return s;
 }
 
+// `o` for a simulation whose only question is whether it beats `best`: it stops once its
+// statistic is known to be at least that (SimOptions::stop_at_least; kTimeNever, or `stop`
+// false: no bound), and then reports `best`, which a strict comparison with the best so far
+// (never larger than `best`) rejects as it would the whole run's time. Exact: the search
+// takes the same path, and every point it keeps was simulated whole.
+SimOptions beating(SimOptions o, TimeNs best, bool stop) {
+  o.stop_at_least = best == kTimeNever || !stop ? 0 : best;
+  return o;
+}
+
 // Whether `r`, a simulation of the job's cluster for `short_run.iterations` iterations,
 // gives the job's own prediction: it ran the job's iterations, or it ran the warm-up and two
 // more and those two are equal to the nanosecond. A deterministic simulation that repeats an
@@ -104,7 +114,8 @@ bool is_jobs_prediction(const Job& job, const PolicySpec& spec, const SimOptions
   if (short_run.iterations >= job.sim.iterations) return true;
   const bool constant = !job.cluster.schedule || job.cluster.schedule->is_constant();
   const auto& t = r.iteration_times;
-  return constant && !spec.delays_updates && short_run.iterations == job.sim.warmup + 2 &&
+  return !r.at_least && constant && !spec.delays_updates &&
+         short_run.iterations == job.sim.warmup + 2 &&
          t.size() == static_cast<std::size_t>(short_run.iterations) &&
          t[t.size() - 1] == t[t.size() - 2];
 }
@@ -174,10 +185,11 @@ class IdleThreads {
 // the default.
 class PolicySearch {
  public:
-  PolicySearch(const Job& job, const PolicySpec& spec, IdleThreads* idle)
+  PolicySearch(const Job& job, const PolicySpec& spec, IdleThreads* idle, bool stop_losers)
       : job_(job),
         spec_(spec),
         idle_(idle),
+        stop_losers_(stop_losers),
         knobs_(tuned_knobs(spec)),
         search_(search_options(job.sim)),
         proxy_(
@@ -202,7 +214,7 @@ class PolicySearch {
     best_time_ = default_time_;
     if (knobs_.empty()) return;  // nothing to search: the defaults are the pick
     const PolicyOptions defaults = best_options_;
-    best_time_ = eval(best_options_);
+    best_time_ = eval(best_options_, kTimeNever);
     // A coarse scan of each knob alone over the whole range first (the landscape is not
     // convex: bytescheduler's best partition may sit far below its default with a credit
     // far below its own), then the pattern search from the best point found.
@@ -245,23 +257,31 @@ class PolicySearch {
     a.iteration_time = best_time_;
     a.default_time = default_time_;
     a.simulations = simulations_;
+    a.stopped = stopped_;
     return a;
   }
   TimeNs compute_time() const { return compute_time_; }
 
  private:
+  SimOptions bounded(TimeNs best) const { return beating(search_, best, stop_losers_); }
+  void count(const Result<SimResult>& r) {
+    ++simulations_;
+    if (r && r->at_least) ++stopped_;
+  }
+
   std::vector<Bytes> key(const PolicyOptions& o) const {
     std::vector<Bytes> k;
     for (const Knob* knob : knobs_) k.push_back(knob->get_int(o));
     return k;
   }
 
-  // The time of `o` (kTimeNever where the policy or the simulator refuses it).
-  TimeNs eval(const PolicyOptions& o) {
+  // The time of `o` (kTimeNever where the policy or the simulator refuses it), or `best`
+  // when it is known not to beat it (beating()).
+  TimeNs eval(const PolicyOptions& o, TimeNs best) {
     const auto k = key(o);
     if (auto it = memo_.find(k); it != memo_.end()) return it->second;
-    auto r = simulate(job_.profile, spec_.name, o, proxy_, search_);
-    ++simulations_;
+    auto r = simulate(job_.profile, spec_.name, o, proxy_, bounded(best));
+    count(r);
     const TimeNs t = r ? r->iteration_time : kTimeNever;
     memo_.emplace(k, t);
     return t;
@@ -269,11 +289,12 @@ class PolicySearch {
 
   // Simulates the points of `points` not simulated yet, together on idle threads (see
   // IdleThreads::run; `speculative`: points the caller may not need, only when a thread
-  // is idle), into `memo`, simulated on `cluster`. The caller then reads them in its own
-  // order, so the search's path is the sequential one.
+  // is idle), into `memo`, simulated on `cluster`, each only as far as it takes to know
+  // whether it beats `best`. The caller then reads them in its own order, so the search's
+  // path is the sequential one.
   template <typename Value, typename Make>
   void prefetch(const std::vector<PolicyOptions>& points, std::map<std::vector<Bytes>, Value>* memo,
-                const ClusterConfig& cluster, bool speculative, Make make) {
+                const ClusterConfig& cluster, TimeNs best, bool speculative, Make make) {
     if (idle_ == nullptr) return;
     std::vector<const PolicyOptions*> todo;
     std::vector<std::vector<Bytes>> keys;
@@ -290,17 +311,17 @@ class PolicySearch {
         static_cast<int>(todo.size()),
         [&](int i) {
           const auto u = static_cast<std::size_t>(i);
-          out[u] = simulate(job_.profile, spec_.name, *todo[u], cluster, search_);
+          out[u] = simulate(job_.profile, spec_.name, *todo[u], cluster, bounded(best));
         },
         speculative);
     if (!ran) return;
     for (std::size_t i = 0; i < todo.size(); ++i) {
-      ++simulations_;
+      count(*out[i]);
       memo->emplace(keys[i], make(*out[i]));
     }
   }
   void prefetch_proxy(const std::vector<PolicyOptions>& points) {
-    prefetch(points, &memo_, proxy_, false,
+    prefetch(points, &memo_, proxy_, best_time_, false,
              [](const Result<SimResult>& r) { return r ? r->iteration_time : kTimeNever; });
   }
 
@@ -325,16 +346,16 @@ class PolicySearch {
       return JobPoint{r ? r->iteration_time : kTimeNever,
                       r && is_jobs_prediction(job_, spec_, search_, *r)};
     };
-    auto on_job = [&](const PolicyOptions& o) {
+    auto on_job = [&](const PolicyOptions& o, TimeNs beat) {
       const auto k = key(o);
       if (auto it = seen.find(k); it != seen.end()) return it->second.time;
-      auto r = simulate(job_.profile, spec_.name, o, job_.cluster, search_);
-      ++simulations_;
+      auto r = simulate(job_.profile, spec_.name, o, job_.cluster, bounded(beat));
+      count(r);
       const JobPoint p = job_point(r);
       seen.emplace(k, p);
       return p.time;
     };
-    TimeNs best = on_job(best_options_);
+    TimeNs best = on_job(best_options_, kTimeNever);
     for (bool moved = true; moved && static_cast<int>(seen.size()) < kFinishSimulations;) {
       moved = false;
       for (const Knob* k : windows) {
@@ -347,7 +368,7 @@ class PolicySearch {
             k->set_int(&o, clamp_size(static_cast<double>(k->get_int(best_options_)) * f));
             both.push_back(o);
           }
-          prefetch(both, &seen, job_.cluster, true, job_point);
+          prefetch(both, &seen, job_.cluster, best, true, job_point);
         }
         for (const double f : {2.0, 0.5}) {
           if (static_cast<int>(seen.size()) >= kFinishSimulations) break;
@@ -355,7 +376,7 @@ class PolicySearch {
           const Bytes v = clamp_size(static_cast<double>(k->get_int(best_options_)) * f);
           if (v == k->get_int(best_options_)) continue;
           k->set_int(&o, v);
-          const TimeNs t = on_job(o);
+          const TimeNs t = on_job(o, best);
           if (t < best) {
             best = t;
             best_options_ = o;
@@ -385,7 +406,7 @@ class PolicySearch {
       if (v == k.get_int(best_options_)) continue;
       PolicyOptions o = best_options_;
       k.set_int(&o, v);
-      const TimeNs t = eval(o);
+      const TimeNs t = eval(o, best_time_);
       if (t < best_time_) {
         best_time_ = t;
         best_options_ = o;
@@ -410,7 +431,7 @@ class PolicySearch {
             k->set_int(&o, v);
           }
           if (!changed) continue;
-          const TimeNs t = eval(o);
+          const TimeNs t = eval(o, best_time_);
           if (t < best_time_) {
             best_time_ = t;
             best_options_ = o;
@@ -427,6 +448,7 @@ class PolicySearch {
   const Job& job_;
   const PolicySpec& spec_;
   IdleThreads* idle_;
+  const bool stop_losers_;
   const std::vector<const Knob*> knobs_;
   const SimOptions search_;    // the search's (search_options)
   const ClusterConfig proxy_;  // the search's cluster (proxy_cluster)
@@ -438,7 +460,7 @@ class PolicySearch {
     bool jobs;  // the job's own prediction (is_jobs_prediction)
   };
   std::map<std::vector<Bytes>, JobPoint> finish_memo_;  // the job's points (finish)
-  int simulations_ = 0;
+  int simulations_ = 0, stopped_ = 0;
 };
 
 Rate scaled(Rate r, double f) {
@@ -499,14 +521,27 @@ void sweep(const Job& job, const AdviseOptions& o, Advice* advice) {
   // The warm-up and one measured iteration: a sweep point tells who leads, roughly.
   SimOptions sweep_options = job.sim;
   sweep_options.iterations = std::min(job.sim.iterations, job.sim.warmup + 1);
+  // The pick first at every point, then the others only as far as it takes to know whether
+  // they beat it there (beating(): a run that cannot reports the pick's time, which the
+  // strict comparison below rejects).
   std::vector<TimeNs> times(points.size() * top, kTimeNever);
-  parallel_for(static_cast<int>(times.size()), o.threads, [&](int i) {
-    const Point& p = points[static_cast<std::size_t>(i) / top];
-    const AdvisedPolicy& a = advice->ranking[static_cast<std::size_t>(i) % top];
-    auto r = simulate(job.profile, a.policy, a.options, p.cluster, sweep_options);
-    if (r) times[static_cast<std::size_t>(i)] = r->iteration_time;
+  std::atomic<int> stopped{0};
+  auto simulate_candidate = [&](std::size_t p, std::size_t c, TimeNs beat) {
+    const AdvisedPolicy& a = advice->ranking[c];
+    auto r = simulate(job.profile, a.policy, a.options, points[p].cluster,
+                      beating(sweep_options, beat, o.stop_losers));
+    if (r) times[p * top + c] = r->iteration_time;
+    if (r && r->at_least) ++stopped;
+  };
+  parallel_for(static_cast<int>(points.size()), o.threads,
+               [&](int p) { simulate_candidate(static_cast<std::size_t>(p), 0, kTimeNever); });
+  const int others = static_cast<int>(points.size() * (top - 1));
+  parallel_for(others, o.threads, [&](int i) {
+    const auto p = static_cast<std::size_t>(i) / (top - 1);
+    simulate_candidate(p, 1 + static_cast<std::size_t>(i) % (top - 1), times[p * top]);
   });
   advice->simulations += static_cast<int>(times.size());
+  advice->stopped += stopped;
   const std::string pick = advice->ranking.front().policy;
   for (std::size_t p = 0; p < points.size(); ++p) {
     std::size_t best = 0;
@@ -577,7 +612,7 @@ Result<Advice> advise(const Job& job, const AdviseOptions& o) {
   IdleThreads idle(std::max(0, o.threads - static_cast<int>(specs.size())));
   std::vector<std::unique_ptr<PolicySearch>> searches;
   for (const PolicySpec* s : specs)
-    searches.push_back(std::make_unique<PolicySearch>(job, *s, &idle));
+    searches.push_back(std::make_unique<PolicySearch>(job, *s, &idle, o.stop_losers));
   // The searches with knobs to tune first (the longest first: each is sequential), then
   // the defaults-only policies fill the other threads.
   std::vector<std::size_t> order(searches.size());
@@ -604,6 +639,7 @@ Result<Advice> advise(const Job& job, const AdviseOptions& o) {
   for (std::size_t i = 0; i < searches.size(); ++i) {
     AdvisedPolicy r = searches[i]->result();
     advice.simulations += r.simulations;
+    advice.stopped += r.stopped;
     if (!started[i].is_ok()) {
       advice.notes.push_back(r.policy + ": left out, this job refuses its knobs (" +
                              started[i].message() + ")");

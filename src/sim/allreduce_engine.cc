@@ -261,11 +261,31 @@ Result<SimResult> simulate_allreduce(const Profile& profile, const std::string& 
   LoopOptions lo;
   lo.iterations = opts.iterations;
   lo.verify_bytes = opts.verify_bytes;
+  // SimOptions::stop_at_least, as the PS engine (ps_engine.cc): the one loop is worker 0's.
+  TimeNs stop_at = kTimeNever;
+  const TimeNs least = gpu.iteration_compute();
+  const TrainingLoop* running = nullptr;
+  if (opts.stop_at_least > 0) {
+    lo.iteration_ended = [&](std::int64_t) {
+      stop_at = known_at_least_from(running->durations(), clock.now(), least, opts);
+    };
+  }
   TrainingLoop loop(profile, layout, *policy, clock, gpu, links, std::move(lo));
+  running = &loop;
   links.set_listener(&loop);
   loop.start();
+  if (opts.stop_at_least > 0) {
+    stop_at = known_at_least_from({}, loop.first_backward_at(), least, opts);
+  }
   while (!clock.empty()) {
     const auto e = clock.pop();
+    if (e.time >= stop_at) {
+      result.at_least = true;
+      result.iteration_time = opts.stop_at_least;
+      result.iteration_times = loop.durations();
+      result.events = result.queue_events = clock.fired();
+      return result;
+    }
     if (e.time >= kSimHorizon) return horizon_error().with_context(name);
     if (!clock.run_callback(e)) links.dispatch(e.payload);
     if (!loop.error().is_ok()) return loop.error().with_context(name);

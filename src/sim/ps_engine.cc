@@ -1221,6 +1221,13 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
           *gpu_timers.emplace_back(std::make_unique<LaneTimer>(clock))));
     }
   }
+  // SimOptions::stop_at_least: when the statistic is known to reach it (kTimeNever: not
+  // yet), and the least an iteration of worker 0 takes (its compute).
+  TimeNs stop_at = kTimeNever;
+  const TimeNs least =
+      opts.stop_at_least > 0 && !shared
+          ? EmulatedCompute(*inputs[0].profile, factor_of(0), clock).iteration_compute()
+          : 0;
   bool any_failed = false;    // some loop failed: look for the first error (not O(N) per event)
   std::size_t jobs_done = 0;  // shared runs: jobs whose every worker completed opts.iterations
   // A shared run keeps every job training until all have completed opts.iterations (a job
@@ -1253,6 +1260,11 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
         lo.iteration_ended = [&run, &jobs_done, &opts, &cluster](std::int64_t it) {
           if (it + 1 == opts.iterations && ++run.workers_done == cluster.workers) ++jobs_done;
         };
+      } else if (w == 0 && opts.stop_at_least > 0) {
+        // Worker 0's next iteration begins as this one ends (now).
+        lo.iteration_ended = [&run, &stop_at, &clock, &opts, least](std::int64_t) {
+          stop_at = known_at_least_from(run.loops[0]->durations(), clock.now(), least, opts);
+        };
       }
       run.loops.push_back(std::make_unique<TrainingLoop>(profile, *run.layout, policy, timer,
                                                          *run.gpus.back(), port, std::move(lo)));
@@ -1275,8 +1287,24 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
   for (auto& run : runs) {
     for (auto& l : run.loops) l->start();
   }
+  if (!shared && opts.stop_at_least > 0) {
+    stop_at = known_at_least_from({}, runs[0].loops[0]->first_backward_at(), least, opts);
+  }
   while (!clock.empty() && !(shared && jobs_done == runs.size())) {
     const auto e = clock.pop();
+    if (e.time >= stop_at) {
+      // Worker 0's iteration is still going (its end would be an event at or after this
+      // one: events are never scheduled in the past), so it takes at least stop_at minus
+      // its start (and its compute), and the run's statistic reaches the bound.
+      SimResult r;
+      r.policy = runs[0].result.policy;
+      r.at_least = true;
+      r.iteration_time = opts.stop_at_least;
+      r.iteration_times = runs[0].loops[0]->durations();
+      r.events = clock.fired() + net.silent_events();
+      r.queue_events = clock.fired();
+      return std::vector<SimResult>{std::move(r)};
+    }
     if (e.time >= kSimHorizon) return horizon_error();
     if (!clock.run_callback(e)) net.dispatch(e.payload);
     if (!any_failed && net.error().is_ok()) continue;

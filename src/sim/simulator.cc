@@ -23,6 +23,7 @@ Result<SimResult> simulate(const Profile& profile, const std::string& policy,
     return invalid_argument("--iterations must be in 1..1000000");
   }
   if (options.warmup < 0) return invalid_argument("warm-up must be >= 0");
+  if (options.stop_at_least < 0) return invalid_argument("stop_at_least must be >= 0");
   if (!is_known_policy(policy)) {
     std::string known;
     for (const auto& n : all_policy_names()) known += (known.empty() ? "" : ", ") + n;
@@ -78,6 +79,9 @@ Result<std::vector<SimResult>> simulate_shared(const std::vector<SharedJob>& job
     return invalid_argument("--iterations must be in 1..1000000");
   }
   if (options.warmup < 0) return invalid_argument("warm-up must be >= 0");
+  if (options.stop_at_least != 0) {
+    return invalid_argument("jobs sharing a cluster run whole (stop_at_least is simulate()'s)");
+  }
   std::vector<PsJobInput> inputs;
   for (std::size_t j = 0; j < jobs.size(); ++j) {
     const SharedJob& job = jobs[j];

@@ -48,6 +48,8 @@ class EmulatedCompute final : public Compute {
   void run(const ComputeStep& step, TimeNs earliest, Done done) override;
   // The profiled duration of `step` at this device's speed.
   TimeNs duration(const ComputeStep& step) const;
+  // The least an iteration takes on it: every layer's backward, update and forward.
+  TimeNs iteration_compute() const;
 
  private:
   const Profile& profile_;

@@ -151,6 +151,11 @@ struct SimOptions {
   // Checks, at every iteration's end and for every worker, that each gradient byte was
   // pushed exactly once and pulled exactly once. Costs time; tests turn it on.
   bool verify_bytes = false;
+  // > 0: the simulator stops as soon as `statistic` over the whole run is known to be at
+  // least this (SimResult::at_least), from the iterations worker 0 has ended and the one it
+  // is in. For a caller that only needs to know whether a run beats a time (advise's
+  // search). simulate() only: simulate_shared refuses it, and no flag sets it for a run.
+  TimeNs stop_at_least = 0;
 };
 
 // Everything a simulate or run invocation needs, validated (the CLI builds it from flags).

@@ -38,6 +38,10 @@ struct SimResult {
   std::uint64_t queue_events = 0;
   std::vector<TraceSpan> trace;
   std::vector<std::string> notes;  // policy-specific reports (e.g. DeFT's update frequency)
+  // The run stopped at SimOptions::stop_at_least: its statistic would have been at least
+  // that, which iteration_time holds; iteration_times has worker 0's iterations that ended,
+  // and the fields after it are not filled but the event counts.
+  bool at_least = false;
   // Measured runs: the fraction of the machine's CPU time that was idle while the run ran
   // (every core, /proc/stat), so that a reader sees whether the emulation had headroom.
   // -1: not measured (the simulator).
@@ -68,6 +72,16 @@ struct ResultRow {
 TimeNs steady_median(const std::vector<TimeNs>& v, int skip);
 // The same for doubles; 0 for an empty v.
 double steady_median(const std::vector<double>& v, int skip);
+
+// SimOptions::stop_at_least, for a simulation whose worker 0 has ended the iterations
+// `ended` (durations, warm-up included) and began the next at `start`: the time from which,
+// if that iteration is still going, options.statistic over options.iterations is at least
+// options.stop_at_least, each other iteration counted at what it is known to take at least
+// (its duration when it ended, else `least`: worker 0's compute, which every iteration
+// runs; the median and the mean only grow with each value). kTimeNever when there is none:
+// no bound, every iteration ended, or the iteration is a warm-up one.
+TimeNs known_at_least_from(const std::vector<TimeNs>& ended, TimeNs start, TimeNs least,
+                           const SimOptions& options);
 
 // Fills iteration_time (SimOptions::statistic of the iterations after the warm-up), compute_time,
 // gpu_idle, samples_per_second and scaling_efficiency from r->iteration_times. Shared by the

@@ -116,6 +116,8 @@ class TrainingLoop final : public ExchangeListener {
   bool blocked() const { return blocked_; }
   const Status& error() const { return error_; }
   const std::vector<IterationRecord>& records() const { return records_; }
+  // records()'s times: how long each completed iteration took.
+  std::vector<TimeNs> durations() const;
   // When the first backward pass began (time 0 of a measured timeline).
   TimeNs first_backward_at() const { return first_backward_at_; }
 

@@ -35,6 +35,10 @@ struct AdviseOptions {
   bool allow_stale = false;  // rank the policies that delay updates (DeFT) too
   bool sensitivity = true;   // sweep the pick against bandwidth and worker count
   int threads = 2;           // simulations run at once (>= 1)
+  // A search point or a sweep candidate whose only question is whether it beats the best
+  // so far is simulated only until it is known not to (SimOptions::stop_at_least). Exact:
+  // the same advice either way (tested); false simulates every run whole.
+  bool stop_losers = true;
   // Called as the search goes: "bytescheduler: 7 simulations". May be empty.
   std::function<void(std::string_view)> progress;
 };
@@ -48,6 +52,7 @@ struct AdvisedPolicy {
   TimeNs iteration_time = 0;  // predicted, job.sim's statistic, with the tuned knobs
   TimeNs default_time = 0;    // the same with the job's knobs
   int simulations = 0;        // distinct points simulated for it
+  int stopped = 0;            // of those, stopped once they could no longer win
 };
 
 // One line of the sensitivity sweep: at `value` of what was varied, which candidate is
@@ -68,6 +73,7 @@ struct Advice {
   // (partition_size 4MiB, credit_size 16MiB)".
   std::vector<std::string> sensitivity;
   int simulations = 0;  // in all
+  int stopped = 0;      // of those, stopped once they could no longer win (stop_losers)
   // Policies left out, with why ("deft: delays updates (give --allow-stale)", a policy
   // whose default knobs this job refuses).
   std::vector<std::string> notes;
