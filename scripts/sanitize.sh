@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite under sanitizers (issue 15, point 5):
 #   asan: AddressSanitizer + UndefinedBehaviorSanitizer (-fno-sanitize-recover=all: any
-#         finding fails), every test of CTest, built into ./build-asan (tests only);
+#         finding fails), every test of CTest (the random-case properties with a quarter
+#         of their cases), built into ./build-asan (tests only);
 #   tsan: ThreadSanitizer, the threaded transport and runtime tests (transport_test,
 #         runtime_test, collective_test: event loops, posts across threads, clusters of
 #         nodes on threads, gloo's link and control threads),
@@ -34,8 +35,9 @@ if [ "$what" = asan ] || [ "$what" = all ]; then
   echo "sanitize: AddressSanitizer + UndefinedBehaviorSanitizer, the whole suite"
   # A line per test as it ends (the run takes minutes: it shows progress), the failures'
   # output and the summary.
+  # The random-case properties run a quarter of their cases (tests/ps_property_test.cc).
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-     ctest --output-on-failure --timeout 900 -j 2)
+     QS_PROPERTY_CASES_DIVISOR=4 ctest --output-on-failure --timeout 900 -j 2)
 fi
 
 if [ "$what" = tsan ] || [ "$what" = all ]; then

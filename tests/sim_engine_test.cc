@@ -196,9 +196,13 @@ TEST(Simulator, StopsOnlyOnceItsStatisticReachesTheBound) {
           EXPECT_EQ(r->iteration_times, whole->iteration_times) << policy;
           EXPECT_EQ(r->events, whole->events) << policy;
         }
-        if (bound > t) EXPECT_FALSE(r->at_least) << policy;
+        if (bound > t) {
+          EXPECT_FALSE(r->at_least) << policy;
+        }
         // Half the run's time is known long before its end: the bound does stop runs.
-        if (bound == t / 2) EXPECT_TRUE(r->at_least) << policy;
+        if (bound == t / 2) {
+          EXPECT_TRUE(r->at_least) << policy;
+        }
       }
     }
   }
