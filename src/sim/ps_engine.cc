@@ -1167,6 +1167,26 @@ std::vector<TimeNs> slacks(const Profile& profile, const TensorLayout& layout) {
   return out;
 }
 
+// The least any iteration of worker 0 takes (SimOptions::stop_at_least's bound for the
+// iterations not ended): its compute, and, for a policy that communicates, the time its
+// uplink takes to carry its push. An iteration's window, from the end of the previous
+// forward to the end of its own, holds every push of its gradients: none is ready before
+// its backward, and every byte's sum must be pulled before the forward that needs it. On a
+// link of rate R with a token bucket of depth D, X bytes take at least (X - D) / R. Only
+// at a constant rate (a time-varying one may run faster later).
+TimeNs least_iteration(const Profile& profile, const PsPolicy& policy,
+                       const ClusterConfig& cluster, double factor) {
+  SimClock unused;
+  const TimeNs compute = EmulatedCompute(profile, factor, unused).iteration_compute();
+  if (!policy.communicates() || (cluster.schedule && !cluster.schedule->is_constant()))
+    return compute;
+  const Bytes bytes = cluster.wire_payload(profile.total_bytes()) - cluster.link_burst;
+  const std::int64_t bps = cluster.worker_rate(0).bits_per_second;
+  if (bytes <= 0 || bps <= 0) return compute;
+  const auto push = static_cast<TimeNs>(static_cast<__int128>(bytes) * 8 * kNsPerSec / bps);
+  return std::max(compute, push);
+}
+
 }  // namespace
 
 Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& inputs,
@@ -1222,11 +1242,11 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
     }
   }
   // SimOptions::stop_at_least: when the statistic is known to reach it (kTimeNever: not
-  // yet), and the least an iteration of worker 0 takes (its compute).
+  // yet), and the least an iteration of worker 0 takes (least_iteration).
   TimeNs stop_at = kTimeNever;
   const TimeNs least =
       opts.stop_at_least > 0 && !shared
-          ? EmulatedCompute(*inputs[0].profile, factor_of(0), clock).iteration_compute()
+          ? least_iteration(*inputs[0].profile, *runs[0].policies[0], cluster, factor_of(0))
           : 0;
   bool any_failed = false;    // some loop failed: look for the first error (not O(N) per event)
   std::size_t jobs_done = 0;  // shared runs: jobs whose every worker completed opts.iterations
