@@ -1174,8 +1174,8 @@ std::vector<TimeNs> slacks(const Profile& profile, const TensorLayout& layout) {
 // its backward, and every byte's sum must be pulled before the forward that needs it. On a
 // link of rate R with a token bucket of depth D, X bytes take at least (X - D) / R. Only
 // at a constant rate (a time-varying one may run faster later).
-TimeNs least_iteration(const Profile& profile, const PsPolicy& policy,
-                       const ClusterConfig& cluster, double factor) {
+TimeNs least_iteration(const Profile& profile, const PsPolicy& policy, const ClusterConfig& cluster,
+                       double factor) {
   SimClock unused;
   const TimeNs compute = EmulatedCompute(profile, factor, unused).iteration_compute();
   if (!policy.communicates() || (cluster.schedule && !cluster.schedule->is_constant()))

@@ -78,8 +78,8 @@ double steady_median(const std::vector<double>& v, int skip);
 // if that iteration is still going, options.statistic over options.iterations is at least
 // options.stop_at_least, each other iteration counted at what it is known to take at least
 // (its duration when it ended, else `least`: what every iteration of worker 0 runs at
-// least, such as its compute; the median and the mean only grow with each value). kTimeNever when there is none:
-// no bound, every iteration ended, or the iteration is a warm-up one.
+// least, such as its compute; the median and the mean only grow with each value). kTimeNever when
+// there is none: no bound, every iteration ended, or the iteration is a warm-up one.
 TimeNs known_at_least_from(const std::vector<TimeNs>& ended, TimeNs start, TimeNs least,
                            const SimOptions& options);
 
