@@ -263,7 +263,7 @@ Result<SimResult> simulate_allreduce(const Profile& profile, const std::string& 
   lo.verify_bytes = opts.verify_bytes;
   // SimOptions::stop_at_least, as the PS engine (ps_engine.cc): the one loop is worker 0's.
   TimeNs stop_at = kTimeNever;
-  const TimeNs least = gpu.iteration_compute();
+  const TimeNs least = opts.stop_at_least > 0 ? gpu.iteration_compute() : 0;
   const TrainingLoop* running = nullptr;
   if (opts.stop_at_least > 0) {
     lo.iteration_ended = [&](std::int64_t) {
