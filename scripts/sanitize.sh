@@ -16,21 +16,24 @@ jobs=$(nproc)
 features=()  # as scripts/build.sh: the all-reduce runtime when gloo is installed
 [ -f /usr/share/cmake/Gloo/GlooConfig.cmake ] && features+=(-DQS_WITH_GLOO=ON)
 
-# -O2 -g1 (line tables: file:line in every report) instead of RelWithDebInfo's -O2 -g, and
-# no header checks (compile-only: the main build has them): 0.68x the build time. -O1
-# builds in 0.45x, but the slower binaries made link_fault_test's one-second outage of an
-# all-reduce link fail once in six runs. docs/ci.md has the measurements.
+# clang (scripts/setup.sh installs it for fuzzing): GCC 12's UBSan instrumentation of the
+# template-heavy files is slow to compile (src/cli/output.cc: 99 s under ASan+UBSan against
+# 27 s with clang 14; the whole ASan tree 1,200 CPU s against about 1,950). -O2 -g1 (line
+# tables: file:line in every report) instead of RelWithDebInfo's -O2 -g, and no header
+# checks (compile-only: the main build has them). -O1 builds faster still, but (with GCC)
+# its slower binaries made link_fault_test's one-second outage of an all-reduce link fail
+# once in six runs. docs/ci.md has the measurements.
 configure() {  # configure DIR FLAGS...
   local dir=$1 flags=$2
   mkdir -p "$dir"
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=None -DQS_BUILD_BENCH=OFF -DQS_HEADER_CHECK=OFF "${features[@]}" \
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_COMPILER=clang++ -DQS_BUILD_BENCH=OFF -DQS_HEADER_CHECK=OFF "${features[@]}" \
     -DCMAKE_CXX_FLAGS="-O2 -g1 $flags -fno-omit-frame-pointer" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
     > "$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }
 }
 
 if [ "$what" = asan ] || [ "$what" = all ]; then
   configure build-asan "-fsanitize=address,undefined -fno-sanitize-recover=all"
-  echo "sanitize: building the AddressSanitizer tree (build-asan; about 4.5 minutes on 2 cores)"
+  echo "sanitize: building the AddressSanitizer tree (build-asan; about 10 minutes on 2 slow cores)"
   cmake --build build-asan -j "$jobs" > build-asan/build.log 2>&1 || { tail -50 build-asan/build.log; exit 1; }
   echo "sanitize: AddressSanitizer + UndefinedBehaviorSanitizer, the whole suite"
   # A line per test as it ends (the run takes minutes: it shows progress), the failures'
