@@ -5,7 +5,8 @@
 #                    function sizes (tools/spans.py)
 #   ctest            CTest (GoogleTest, the command-line and multi-process tests)
 #   pytest-system    the PyTorch tests (pytest) on the build's interpreter (Debian's torch)
-#   torch2-install   a venv with PyPI's current torch 2.x (scripts/torch2.sh; reused)
+#   torch2-install   a venv with PyPI's current torch 2.x (scripts/torch2.sh; reused), started
+#                    beside style: its time here is the wait for it after style
 #   pytest-torch2    the same PyTorch tests on it; reported as skipped, never silently, when
 #                    the disk is too full for torch 2.x's wheels (scripts/torch2.sh exits 3)
 #   contract         ../shared/tools/contract-check, when ../shared is beside the checkout
@@ -36,14 +37,29 @@ pytest_on() {  # pytest_on PYTHON [PYTEST ARGS]: the PyTorch tests, the summary 
   echo "test: pytest on torch $version passed"
 }
 total=$SECONDS
+torch2=  # torch 2.x's venv install (mostly pip on one core): beside the style stage, which has
+         # no timing-sensitive test, and waited for before CTest's (about a minute less)
+if [ -d build/python/quicksilver ] && [ "${QS_TEST_TORCH2:-1}" != 0 ]; then
+  echo "test: torch2-install started beside style (its log: build/torch2-install.log)"
+  bash scripts/torch2.sh > build/torch2-python 2> build/torch2-install.log &
+  torch2=$!
+  # A stage that fails ends the run: the install (pip, its child) goes with it.
+  trap '[ -z "$torch2" ] || { pkill -P "$torch2"; kill "$torch2"; } 2> /dev/null || true' EXIT
+fi
+torch2_wait() {  # the install's log and status; exit 3 (too little disk): skipped below
+  local rc=0
+  wait "$torch2" || rc=$?
+  torch2=
+  cat build/torch2-install.log
+  if [ $rc = 3 ]; then : > build/torch2-python; else return $rc; fi
+}
 stage style bash scripts/style.sh
+[ -n "$torch2" ] && stage torch2-install torch2_wait
 stage ctest bash -c 'cd build && ctest --output-on-failure --timeout 600 -j 2 -E "^pytorch_test$"'
 if [ -d build/python/quicksilver ]; then
   # The build's interpreter unless QS_PYTHON names another (scripts/python.sh).
   stage pytest-system pytest_on "$(bash scripts/python.sh)"
   if [ "${QS_TEST_TORCH2:-1}" != 0 ]; then
-    stage torch2-install bash -c 'rc=0; bash scripts/torch2.sh > build/torch2-python || rc=$?
-      if [ $rc = 3 ]; then : > build/torch2-python; else exit $rc; fi'
     if [ -s build/torch2-python ]; then
       # policy="auto"'s multi-process switch tests run on the build's torch only: the switch
       # is Python and the runtime's, the same on both (its planner tests run on both); and
