@@ -37,8 +37,9 @@ pytest_on() {  # pytest_on PYTHON [PYTEST ARGS]: the PyTorch tests, the summary 
   echo "test: pytest on torch $version passed"
 }
 total=$SECONDS
-torch2=  # torch 2.x's venv install (mostly pip on one core): beside the style stage, which has
-         # no timing-sensitive test, and waited for before CTest's (about a minute less)
+torch2=  # torch 2.x's venv install (pip on one core): beside the style stage, which has no
+         # timing-sensitive test, and waited for before CTest's (13 s less on the slow
+         # machine kind, where pip is mostly CPU; more where the download is slow)
 if [ -d build/python/quicksilver ] && [ "${QS_TEST_TORCH2:-1}" != 0 ]; then
   echo "test: torch2-install started beside style (its log: build/torch2-install.log)"
   bash scripts/torch2.sh > build/torch2-python 2> build/torch2-install.log &
