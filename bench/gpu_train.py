@@ -34,11 +34,20 @@ import models  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--policies", default="mercury,bytescheduler,wfbp,mgwfbp,deft,auto")
+# POLICY+VARIANT: wire-bf16/wire-fp16 (compression= on the wire), amp (torch.autocast fp16
+# + GradScaler with synchronize()/skip_synchronize()), params-bf16 (a bfloat16 model).
+ap.add_argument("--variants", default="mercury+wire-bf16,mgwfbp+wire-fp16,mercury+amp,mgwfbp+amp,wfbp+params-bf16",
+                help="(a): variants checked after the policies, each against its own reference")
+ap.add_argument("--speed-variants", default="mercury+wire-bf16,mgwfbp+wire-bf16", help="(b): variants timed too")
 ap.add_argument("--stages", default="exact,speed")
 ap.add_argument("--steps", type=int, default=4, help="(a): steps trained per policy")
 ap.add_argument("--batch", type=int, default=16, help="samples per rank")
 ap.add_argument("--size", type=int, default=64, help="image side")
 ap.add_argument("--tolerance", type=float, default=5e-4, help="(a): rank 0 against one process, max |difference|")
+ap.add_argument("--amp-tolerance", type=float, default=5e-3,
+                help="(a) amp: float16 activations of a batch of B against one of N*B: another rounding")
+ap.add_argument("--bf16-tolerance", type=float, default=2e-3,
+                help="(a) params-bf16: about one bfloat16 step of a parameter near 0.3")
 ap.add_argument("--iterations", type=int, default=10, help="(b): measured iterations, after --warmup")
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--device", default="cuda", help="cuda (every rank on GPU 0), or cpu: the same script without a GPU")
@@ -79,46 +88,119 @@ def data(step, r):
     return x.to(device), y.to(device)
 
 
-def fresh():
+def fresh(dtype=torch.float32):
     torch.manual_seed(0)
-    model = models.resnet18().to(device)
+    model = models.resnet18().to(device=device, dtype=dtype)
     return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
-def exact(policy):
-    model, opt = fresh()
+WIRE = {"wire-bf16": torch.bfloat16, "wire-fp16": torch.float16}
+
+
+def split(name):
+    """'mercury+amp' -> ('mercury', 'amp'); 'wfbp' -> ('wfbp', '')."""
+    policy, _, variant = name.partition("+")
+    if variant not in ("", "amp", "params-bf16") and variant not in WIRE:
+        raise SystemExit("gpu_train: unknown variant {!r} in {!r}: give wire-bf16, wire-fp16, amp or params-bf16"
+                         .format(variant, name))
+    if variant == "amp" and not hasattr(getattr(torch, "amp", None), "GradScaler"):
+        raise SystemExit("gpu_train: {!r} needs torch.amp.GradScaler (torch >= 2.3); this is torch {}".format(
+            name, torch.__version__))
+    return policy, variant
+
+
+def amp_step(model, opt, scaler, x, y, loss_fn, wrapped):
+    """The mixed-precision loop's step: autocast forward, scaled backward, every sum in
+    (synchronize) before unscale_ and the clip, step inside skip_synchronize, update."""
+    with torch.autocast(device_type=device.type, dtype=torch.float16 if CUDA else torch.bfloat16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    if wrapped:
+        opt.synchronize()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+    if wrapped:
+        with opt.skip_synchronize():
+            scaler.step(opt)
+    else:
+        scaler.step(opt)
+    scaler.update()
+
+
+def scaler_for():
+    return torch.amp.GradScaler(device.type, init_scale=2.0 ** 12)
+
+
+def exact(name):
+    policy, variant = split(name)
+    model, opt = fresh(torch.bfloat16 if variant == "params-bf16" else torch.float32)
     # auto: a decision every step (QS_AUTO_SCHEDULE, set by bench/gpu_check.sh, makes it
     # switch at step 3: the CUDA staging carried across a session's close and open).
     extra = {"replan_every": 1} if policy == "auto" else {}
+    if variant in WIRE:
+        extra["compression"] = variant[len("wire-"):]
     opt = qs.DistributedOptimizer(opt, model, policy=policy, check_consistency=1, **extra)
     qs.broadcast_parameters(model.state_dict(), root_rank=0)
     loss_fn = nn.CrossEntropyLoss()
+    scaler = scaler_for() if variant == "amp" else None
     for step in range(args.steps):
         opt.zero_grad()
         x, y = data(step, rank)
-        loss_fn(model(x), y).backward()
+        if scaler is not None:
+            amp_step(model, opt, scaler, x, y, loss_fn, True)
+            continue
+        if variant == "params-bf16":
+            x = x.to(torch.bfloat16)
+        loss_fn(model(x).float(), y).backward()
         opt.step()
     if policy == "deft":  # its last updates are held back until shutdown
         opt.shutdown()
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     opt.shutdown()
-    digests = torch.tensor([zlib.crc32(v.cpu().numpy().tobytes()) for v in state.values()], dtype=torch.int64)
+    def raw(v):  # numpy has no bfloat16: its bits, as int16
+        v = v.detach().cpu().contiguous()
+        return (v.view(torch.int16) if v.dtype in (torch.bfloat16, torch.float16) else v).numpy().tobytes()
+    digests = torch.tensor([zlib.crc32(raw(v)) for v in state.values()], dtype=torch.int64)
     gathered = [torch.empty_like(digests) for _ in range(size)]
     torch.distributed.all_gather(gathered, digests)
     differ = [r for r in range(1, size) if not torch.equal(gathered[r], gathered[0])]
     return state, differ
 
 
-def reference():
-    """One process on the concatenated batches (each step: every rank's batch, in order)."""
-    model, opt = fresh()
+def reference(variant=""):
+    """One process on the concatenated batches (each step: every rank's batch, in order);
+    amp: the same loop under autocast with its own GradScaler. A variant that rounds
+    (wire-*, params-bf16) rounds the same way instead: each rank's gradient apart, rounded
+    to the wire's type (params-bf16: computed in bfloat16), summed in float32, the sum
+    rounded to the wire's type again, averaged in float32 and narrowed to the parameter's
+    type (tests/python/idioms.py's low_precision reference)."""
+    dtype = torch.bfloat16 if variant == "params-bf16" else torch.float32
+    model, opt = fresh(dtype)
     loss_fn = nn.CrossEntropyLoss()
+    scaler = scaler_for() if variant == "amp" else None
+    narrow = WIRE.get(variant)
+
+    def rounded(t):
+        return t.to(narrow).float() if narrow is not None else t
     for step in range(args.steps):
         opt.zero_grad()
         parts = [data(step, r) for r in range(size)]
-        x = torch.cat([p[0] for p in parts])
-        y = torch.cat([p[1] for p in parts])
-        loss_fn(model(x), y).backward()
+        if variant in ("", "amp"):
+            x = torch.cat([p[0] for p in parts])
+            y = torch.cat([p[1] for p in parts])
+            if scaler is not None:
+                amp_step(model, opt, scaler, x, y, loss_fn, False)
+                continue
+            loss_fn(model(x), y).backward()
+        else:
+            sums = [torch.zeros_like(p, dtype=torch.float32) for p in model.parameters()]
+            for x, y in parts:
+                model.zero_grad()
+                loss_fn(model(x.to(dtype)).float(), y).backward()
+                for total, p in zip(sums, model.parameters()):
+                    total += rounded(p.grad.float())
+            for total, p in zip(sums, model.parameters()):
+                p.grad = (rounded(total) / size).to(dtype)
         opt.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -144,14 +226,16 @@ class Utilisation:
         return 1 - sum(samples) / len(samples) / 100 if samples else None
 
 
-def speed(mode):
+def speed(name):
+    mode, variant = split(name)
     model, opt = fresh()
     torch.use_deterministic_algorithms(False)
     torch.backends.cudnn.benchmark = True
     if mode == "ddp":
         model = nn.parallel.DistributedDataParallel(model, device_ids=[0] if CUDA else None)
     elif mode != "alone":
-        opt = qs.DistributedOptimizer(opt, model, policy=mode)
+        wire = {"compression": variant[len("wire-"):]} if variant in WIRE else {}
+        opt = qs.DistributedOptimizer(opt, model, policy=mode, **wire)
         qs.broadcast_parameters(model.state_dict(), root_rank=0)
     x, y = data(0, rank)
     loss_fn = nn.CrossEntropyLoss()
@@ -184,46 +268,69 @@ stages = args.stages.split(",")
 say("gpu_train: {} ranks on {} ({}), torch {}, ResNet-18 with GroupNorm, batch {} per rank, {}x{} images".format(
     size, torch.cuda.get_device_name(device) if CUDA else "the CPU", device, torch.__version__, args.batch, args.size, args.size))
 failed = 0
+ALLREDUCE = ("mgwfbp", "deft", "synceasgd", "ddp-buckets", "us-byte")
+
+
+def tolerance(policy, variant):
+    if variant == "amp":
+        return args.amp_tolerance
+    if variant == "params-bf16":
+        return args.bf16_tolerance
+    if variant in WIRE and policy in ALLREDUCE and size > 2:
+        return args.amp_tolerance  # the ring rounds each hop's partial sum: not the reference's rounding
+    return args.tolerance
+
+
 if "exact" in stages:
-    ref = reference() if rank == 0 else None
+    checks = policies + [v for v in args.variants.split(",") if v]
+    refs = {}
+    if rank == 0:
+        for name in checks:
+            variant = split(name)[1]
+            if variant not in refs:
+                refs[variant] = reference(variant)
     start_state = fresh()[0].state_dict() if rank == 0 else None
-    for policy in policies:
+    for name in checks:
+        policy, variant = split(name)
         try:
-            state, differ = exact(policy)
-            line = "  (a) {:<14}".format(policy)
+            state, differ = exact(name)
+            line = "  (a) {:<18}".format(name)
             if differ:
                 failed += 1
                 line += " FAIL: rank(s) {} differ from rank 0".format(differ)
             else:
                 line += " ranks bit-identical"
-            if ref is not None:
+            if rank == 0:
+                ref = refs[variant]
                 diff = max((state[k].float() - ref[k].float()).abs().max().item() for k in ref)
                 moved = max((ref[k].float() - start_state[k].float()).abs().max().item() for k in ref)
                 if policy == "deft":
                     line += "; rank 0 vs one process {:.1e} (delayed updates: another optimisation, not compared)"\
                         .format(diff)
                 else:
-                    ok = diff <= args.tolerance
+                    tol = tolerance(policy, variant)
+                    ok = diff <= tol
                     failed += 0 if ok else 1
-                    line += "; rank 0 vs one process {:.1e} ({} tolerance {:.0e}; parameters moved {:.1e})".format(
-                        diff, "within" if ok else "FAIL: above", args.tolerance, moved)
+                    line += "; rank 0 vs one process{} {:.1e} ({} tolerance {:.0e}; parameters moved {:.1e})".format(
+                        " (same rounding)" if variant in WIRE or variant == "params-bf16" else "",
+                        diff, "within" if ok else "FAIL: above", tol, moved)
             say(line)
         except Exception as e:  # report and go on: the other policies still say something
             failed += 1
-            say("  (a) {:<14} FAIL: {}: {}".format(policy, type(e).__name__, str(e)[:300]))
+            say("  (a) {:<18} FAIL: {}: {}".format(name, type(e).__name__, str(e)[:300]))
 if "speed" in stages:
     results = {}
-    for mode in ["alone", "ddp"] + policies + ["ddp again"]:
+    for mode in ["alone", "ddp"] + policies + [v for v in args.speed_variants.split(",") if v] + ["ddp again"]:
         try:
             results[mode] = speed(mode.split()[0])
         except Exception as e:
             failed += 1
-            say("  (b) {:<14} FAIL: {}: {}".format(mode, type(e).__name__, str(e)[:300]))
+            say("  (b) {:<18} FAIL: {}: {}".format(mode, type(e).__name__, str(e)[:300]))
     ddp = [results[m][0] for m in ("ddp", "ddp again") if m in results]
     ddp = sum(ddp) / len(ddp) if ddp else None
     for mode, (sps, idle) in results.items():
         ratio = "" if mode.startswith("ddp") or mode == "alone" or not ddp else "  {:.2f}x DDP-gloo".format(sps / ddp)
-        say("  (b) {:<14} {:8.1f} samples/s  GPU idle {}{}".format(
+        say("  (b) {:<18} {:8.1f} samples/s  GPU idle {}{}".format(
             mode, sps, "n/a" if idle is None else "{:.0%}".format(idle), ratio))
 say("gpu_train: {} ranks: {}".format(size, "all passed" if not failed else "{} FAILED".format(failed)))
 sys.exit(1 if failed else 0)

@@ -514,14 +514,21 @@ def test_gpu_check_training_stage(build_dir, tmp_path, device):
     ResNet-18 with GroupNorm, a PS, an all-reduce and a delayed-update policy; exact
     against one process, ranks bit-identical, then samples/s against DDP. On CUDA the
     gradients go through the pinned staging; on the CPU through the in-place path."""
+    # Its variants: compression on the wire (against a reference that rounds the same way),
+    # and mixed precision (autocast + GradScaler, synchronize() / skip_synchronize()) where
+    # this torch has a CPU GradScaler.
+    variants = ["mercury+wire-bf16"] + (["mgwfbp+amp"] if hasattr(getattr(torch, "amp", None), "GradScaler") else [])
     p, took = harness.launch(build_dir, "quicksilver", 2, os.path.join(BENCH, "gpu_train.py"),
                              ["--device", device, "--size", "32", "--batch", "4", "--steps", "2", "--iterations", "2",
-                              "--warmup", "1", "--policies", "mercury,mgwfbp,deft"], 600)
+                              "--warmup", "1", "--policies", "mercury,mgwfbp,deft", "--variants", ",".join(variants),
+                              "--speed-variants", "mercury+wire-bf16"], 600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = p.stdout
     assert "gpu_train: 2 ranks: all passed" in out, out
-    assert out.count("ranks bit-identical") == 3 and out.count("within tolerance") == 2, out
-    assert "x DDP-gloo" in out, out
+    assert out.count("ranks bit-identical") == 3 + len(variants), out
+    assert out.count("within tolerance") == 2 + len(variants), out
+    assert "(a) mercury+wire-bf16  ranks bit-identical; rank 0 vs one process (same rounding)" in out, out
+    assert out.count("x DDP-gloo") == 4, out
 
 
 @pytest.mark.skipif(not CUDA, reason="no CUDA device here: the copy rates and the urgent gradient's delay need one")
