@@ -30,7 +30,7 @@ def main():
         retr = r.get("retransmits_per_iteration") or []
         urgent = ""
         for note in r.get("notes", []):
-            m = re.search(r"urgent-packet delay p50/p99 ([0-9.]+m?s)/([0-9.]+m?s)", note)
+            m = re.search(r"urgent-packet delay p50/p99 ([0-9.]+[mun]?s)/([0-9.]+[mun]?s)", note)
             if m:
                 urgent = "{}/{}".format(m.group(1), m.group(2))
                 break

@@ -161,13 +161,13 @@ profiles() {
   return $rc
 }
 
-# Stage (e)'s ip, tc and iperf3: the machine's own, or Debian 12's carried in $DEBS/net,
+# Stage (e)'s ip, tc, ss and iperf3: the machine's own, or Debian 12's carried in $DEBS/net,
 # unpacked into build/gpu-net and started through the system's loader with their libraries
 # first (--library-path), so that those libraries reach nothing else. The emulated cluster
-# finds them on PATH (it runs `ip`, `tc`, and `ip netns exec NS iperf3`).
+# finds them on PATH (it runs `ip`, `tc`, and `ip netns exec NS iperf3` / `ss` to calibrate).
 bench_tools() {
   local missing=() b
-  for b in ip tc iperf3; do  # QS_GPU_CARRIED_TOOLS=1: the carried ones even where the machine has its own
+  for b in ip tc ss iperf3; do  # QS_GPU_CARRIED_TOOLS=1: the carried ones even where the machine has its own
     [ -z "${QS_GPU_CARRIED_TOOLS:-}" ] && command -v "$b" > /dev/null || missing+=("$b")
   done
   [ ${#missing[@]} = 0 ] && { echo "tools: the machine's own ip, tc, iperf3"; return 0; }
