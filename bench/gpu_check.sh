@@ -44,7 +44,8 @@ case "${1:-}" in
     # run there through the system's loader with these libraries first (bench_tools below).
     mkdir -p net && cd net
     exec apt-get download iproute2 iperf3 libiperf0 libbpf1 libbsd0 libelf1 libmd0 libmnl0 libsctp1 libssl3 \
-      libxtables12 libcap2 ;;
+      libxtables12 libcap2 libtirpc3 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libcom-err2 \
+      libkeyutils1 ;;
   --cpu) mode=cpu ;;
   "") ;;
   *) echo "usage: bash bench/gpu_check.sh [--fetch | --cpu]" >&2; exit 2 ;;
