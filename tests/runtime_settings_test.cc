@@ -1,12 +1,14 @@
 // The runtime's settings table (quicksilver/runtime/settings.h): every field of the struct
 // has one row, each row reads back what it formats, errors name the flag, and the front
-// ends carry the struct whole (the job message's codec, the node's JobOptions).
+// ends carry the struct whole (the job message's codec, the node's JobOptions). And the
+// launcher's automatic scale: its calibration's first candidate.
 #include <gtest/gtest.h>
 
 #include <set>
 #include <string>
 
 #include "quicksilver/launch/job_message.h"
+#include "quicksilver/launch/launcher.h"
 #include "quicksilver/runtime/netns.h"
 #include "quicksilver/runtime/settings.h"
 
@@ -122,3 +124,14 @@ TEST(LinkShaping, WithoutNetnsOnlyTheDefaults) {
 
 }  // namespace
 }  // namespace qs::runtime
+
+// `run --netns`'s automatic scale starts at 1 Gbit/s of all the links per core, never below
+// the 4 Gbit/s that this project's 2-core machine was calibrated from: a 16-core machine
+// emulates 8 + 8 hosts at 1 Gbit/s each, not 250 Mbit/s (docs/benchmarks.md, stage e).
+TEST(Calibration, FirstCandidateGrowsWithTheCores) {
+  EXPECT_DOUBLE_EQ(qs::calibration_start_rate(1), 4e9);
+  EXPECT_DOUBLE_EQ(qs::calibration_start_rate(2), 4e9);
+  EXPECT_DOUBLE_EQ(qs::calibration_start_rate(4), 4e9);
+  EXPECT_DOUBLE_EQ(qs::calibration_start_rate(16), 16e9);
+  EXPECT_DOUBLE_EQ(qs::calibration_start_rate(0), 4e9);  // affinity unreadable
+}

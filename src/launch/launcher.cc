@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -264,16 +265,39 @@ class Logger {
 
 // The start-up calibration of the emulated cluster (issue 16, point 3). Two cores emulate
 // every link, so what one link alone carries says little: all links are loaded at once
-// (measure_cluster_goodput) at a candidate rate per host, from kCalibrationStart over all
+// (measure_cluster_goodput) at a candidate rate per host, from calibration_start() over all
 // hosts down by kCalibrationStep, until every flow reaches kCalibrationMinGoodput of the
 // rate (one link alone: ~95.5 %, the payload share of an Ethernet frame) with the machine
 // at least kCalibrationMinIdle idle, headroom for the runtime's own processes, whose
 // framing and summing iperf3 does not do.
-constexpr double kCalibrationStart = 4e9;  // bit/s, all hosts' links together
+//
+// The first candidate grows with the cores this process may run on: 1 Gbit/s of all the
+// links together per core, and at least 4 Gbit/s (this project's 2-core machine: as
+// before). Measured on a 16-core machine (docs/benchmarks.md, "GPU training", stage e):
+// - with a fixed 4 Gbit/s, 8 + 8 hosts ran at 250 Mbit/s each, and at that low per-host
+//   rate Mercury lost ResNet-50 to wfbp (144-147 ms against 135-139) and was predicted
+//   19-21 % too fast, with 85-96 % of the CPU idle;
+// - at 1 Gbit/s per host (what 1 Gbit/s per core gives there) Mercury led (117 ms against
+//   130) and was predicted within 6.4 %, wfbp within 0.8 %, with 78-88 % idle;
+// - at 2 Gbit/s per core (4 + 4 hosts at 4 Gbit/s each, 8 + 8 at 2) the calibration
+//   passed with 80 % idle, but Mercury (its 32 KiB packets: 837-1433 a worker each
+//   iteration) was predicted 15-18 % too fast, wfbp and ByteScheduler within 3 %.
+constexpr double kCalibrationPerCore = 1e9;  // bit/s, all hosts' links together, per core
+constexpr double kCalibrationLeast = 4e9;    // the first candidate at least
 constexpr double kCalibrationStep = 0.7;
 constexpr int kCalibrationProbes = 5;
 constexpr double kCalibrationMinGoodput = 0.92;
 constexpr double kCalibrationMinIdle = 0.6;
+
+// The calibration's first candidate here, bit/s over all the hosts' links: by the cores
+// this process may run on (its affinity mask, as taskset or a container sets it).
+double calibration_start() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (cores < 1) cores = static_cast<int>(std::thread::hardware_concurrency());
+  return calibration_start_rate(cores);
+}
 
 struct Calibration {
   double scale = 1;
@@ -1119,7 +1143,7 @@ Status build_network(const Job& job, const LaunchOptions& f, Logger& log, Emulat
   no.hosts = job.cluster.workers + (allreduce ? 1 : job.cluster.servers);
   // Automatic: the calibration's first candidate (below).
   if (f.scale == 0)
-    net->scale = std::min(1.0, kCalibrationStart / (no.hosts - (allreduce ? 1 : 0)) / nominal);
+    net->scale = std::min(1.0, calibration_start() / (no.hosts - (allreduce ? 1 : 0)) / nominal);
   no.rate = Rate{std::llround(nominal * net->scale)};
   no.congestion = f.settings.congestion;
   static_cast<runtime::LinkShaping&>(no) = f.shaping;
@@ -1416,6 +1440,10 @@ void run_policies(const Job& job, const LaunchOptions& f, const Emulation& net,
   }
 }
 }  // namespace
+
+double calibration_start_rate(int cores) {
+  return std::max(kCalibrationLeast, kCalibrationPerCore * std::max(1, cores));
+}
 
 Profile scale_profile(const Profile& p, double scale) {
   Profile q = p;

@@ -154,4 +154,9 @@ Profile scale_profile(const Profile& p, double scale);
 // at least 4).
 void scale_policy_options(PolicyOptions* o, double scale);
 
+// `run --netns`'s automatic scale: the start-up calibration's first candidate, in bit/s over
+// all the hosts' links, on a machine whose launcher may run on `cores` cores (1 Gbit/s per
+// core, at least 4 Gbit/s; docs/runtime.md, "The start-up calibration").
+double calibration_start_rate(int cores);
+
 }  // namespace qs
