@@ -19,7 +19,7 @@
 #           (bench/gpu_copy.py)
 #   e       the emulated cluster on the machine's cores: ResNet-50 at 4+4 and 8+8 hosts,
 #           wfbp, bytescheduler and mercury beside the simulator, with the CPU idle share,
-#           retransmissions and drops (bench/cluster_table.py). ip, tc and iperf3 are the
+#           retransmissions and drops (bench/cluster_table.py). ip, tc, ss and iperf3 are the
 #           machine's or Debian 12's from $QS_DEBS/net, run through the system's loader.
 #   a+b/4   as a+b/2, with 4 ranks
 #   d       GPU profiles of ResNet-50 and a BERT-Base-shaped transformer (quicksilver profile
@@ -171,7 +171,7 @@ bench_tools() {
   for b in ip tc ss iperf3; do  # QS_GPU_CARRIED_TOOLS=1: the carried ones even where the machine has its own
     [ -z "${QS_GPU_CARRIED_TOOLS:-}" ] && command -v "$b" > /dev/null || missing+=("$b")
   done
-  [ ${#missing[@]} = 0 ] && { echo "tools: the machine's own ip, tc, iperf3"; return 0; }
+  [ ${#missing[@]} = 0 ] && { echo "tools: the machine's own ip, tc, ss, iperf3"; return 0; }
   ls "$DEBS"/net/*.deb > /dev/null 2>&1 || { echo "no ${missing[*]} here, and none carried in $DEBS/net (bash bench/gpu_check.sh --fetch)"; return 1; }
   local root=$PWD/build/gpu-net loader=/lib64/ld-linux-x86-64.so.2 real
   rm -rf "$root" && mkdir -p "$root/wrap"

@@ -7,7 +7,11 @@ through pinned host buffers (quicksilver/staging.py).
     --steps steps on its own batch; rank 0's parameters (read with model.state_dict()
     right after the loop, as a user does) against one process trained on the
     concatenated batches (synchronous policies; the tolerance is --tolerance), and every
-    rank's parameters against rank 0's, bit for bit (a CRC32C of each, all-gathered).
+    rank's parameters against rank 0's, bit for bit (a CRC-32 of each, all-gathered).
+    Then the variants (--variants POLICY+VARIANT): compression on the wire (wire-bf16,
+    wire-fp16) and a bfloat16 model (params-bf16), each against a reference that rounds
+    the same way; mixed precision (amp: autocast + GradScaler with synchronize() and
+    skip_synchronize()) against one process under the same autocast and scaler.
 (b) speed: samples/s over all ranks of each policy against DistributedDataParallel with
     the gloo backend on the same GPU and ranks (NCCL refuses two ranks on one GPU), and
     "alone" (no communication: the compute the ranks share), with the GPU's idle share
@@ -157,6 +161,7 @@ def exact(name):
         opt.shutdown()
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     opt.shutdown()
+
     def raw(v):  # numpy has no bfloat16: its bits, as int16
         v = v.detach().cpu().contiguous()
         return (v.view(torch.int16) if v.dtype in (torch.bfloat16, torch.float16) else v).numpy().tobytes()
