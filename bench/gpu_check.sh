@@ -132,9 +132,13 @@ env_for_run() {
 }
 
 ranks() {  # ranks N ARGS...: bench/gpu_train.py on N ranks
-  local n=$1
+  local n=$1 fix=()
   shift
-  "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" bench/gpu_train.py "$@" 2>&1 \
+  # Debian's torch 1.13 torchrun fails without --redirects/--tee on Python 3.11
+  # (../shared/MACHINE-NOTES.md); pip's torch 2.x needs nothing.
+  [ "$("$PY" -c 'import torch; print(torch.__version__.split(".")[0])' 2> /dev/null)" = 1 ] \
+    && fix=(--redirects 2 --tee 2)
+  "$PY" -m torch.distributed.run --standalone "${fix[@]}" --nproc_per_node "$n" bench/gpu_train.py "$@" 2>&1 \
     | grep -v '^\[W\|^W1\|warnings.warn\|UserWarning\|^  *warnings\|OMP_NUM_THREADS\|^\*\*\*\*'
   return "${PIPESTATUS[0]}"
 }

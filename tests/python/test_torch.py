@@ -538,6 +538,20 @@ def test_gpu_copy_bench(build_dir):
     assert p.returncode == 0 and "urgent" in p.stdout, p.stdout + p.stderr
 
 
+def test_gpu_check_script_cpu_mode(build_dir):
+    """`bash bench/gpu_check.sh --cpu` as a user runs it without a GPU (its build stage
+    skipped: this build), on this interpreter's torch: its stage a+b/2 and its summary."""
+    e = env(build_dir)
+    e.update(QS_GPU_SKIP_BUILD="1", QS_GPU_BUILD=build_dir,
+             PATH=os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", ""))
+    p = subprocess.run(["bash", os.path.join(BENCH, "gpu_check.sh"), "--cpu"], env=e, capture_output=True,
+                       text=True, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert "gpu_train: 2 ranks: all passed" in out and "a+b/2    ok" in out, out[-3000:]
+    assert "build    skipped (QS_GPU_SKIP_BUILD" in out, out[-3000:]
+
+
 def test_gpu_check_script_refuses_what_it_does_not_know():
     p = subprocess.run(["bash", os.path.join(BENCH, "gpu_check.sh"), "--bogus"], capture_output=True, text=True,
                        timeout=30)
