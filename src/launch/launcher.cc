@@ -275,10 +275,10 @@ class Logger {
 // links together per core, and at least 4 Gbit/s (this project's 2-core machine: as
 // before). Measured on a 16-core machine (docs/benchmarks.md, "GPU training", stage e):
 // - with a fixed 4 Gbit/s, 8 + 8 hosts ran at 250 Mbit/s each, and at that low per-host
-//   rate Mercury lost ResNet-50 to wfbp (144-147 ms against 135-139) and was predicted
-//   19-21 % too fast, with 85-96 % of the CPU idle;
+//   rate Mercury lost ResNet-50 to wfbp (139-147 ms against 135-139) and was predicted
+//   16-21 % too fast, with 85-91 % of the CPU idle;
 // - at 1 Gbit/s per host (what 1 Gbit/s per core gives there) Mercury led (117 ms against
-//   130) and was predicted within 6.4 %, wfbp within 0.8 %, with 78-88 % idle;
+//   130) and was predicted within 6.4 %, wfbp within 0.8 %, with 78-82 % idle;
 // - at 2 Gbit/s per core (4 + 4 hosts at 4 Gbit/s each, 8 + 8 at 2) the calibration
 //   passed with 80 % idle, but Mercury (its 32 KiB packets: 837-1433 a worker each
 //   iteration) was predicted 15-18 % too fast, wfbp and ByteScheduler within 3 %.
