@@ -3,10 +3,9 @@
 # on an H200 machine's 16 cores (CPU 85-93 % idle) it ran 146 ms against wfbp's 138 and
 # ByteScheduler's 141, predicted 117 (-19.9 %), with 23 drops in the hosts' own queues,
 # where 4+4 hosts ran as predicted (-2.7 %). Each round, interleaved: the hosts' count
-# (4, 6, 8) under wfbp, bytescheduler, mercury-nopreempt and mercury; then at 8+8,
-# Mercury's packet size (8 and 128 KiB against 32), its servers' completion order
-# (--mercury-server-fifo), a host queue of 40 ms against 20, and the hosts at twice the
-# rate (scale 0.05 against 0.025). Needs root, ip, tc, iperf3 and ss on PATH
+# (4, 6, 8) under wfbp, bytescheduler, mercury-nopreempt and mercury; the hosts at higher
+# rates; then at 8+8, Mercury's packet size (8 and 128 KiB against 32), its servers'
+# completion order (--mercury-server-fifo), and a host queue of 40 ms against 20. Needs root, ip, tc, iperf3 and ss on PATH
 # (bench/gpu_check.sh's stage e puts them there); prints one bench/cluster_table.py
 # table per run, and keeps every run's JSON in DIR.
 #

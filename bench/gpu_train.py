@@ -34,6 +34,7 @@ import quicksilver.torch as qs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+import idioms  # noqa: E402
 import models  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -178,15 +179,11 @@ def reference(variant=""):
     (wire-*, params-bf16) rounds the same way instead: each rank's gradient apart, rounded
     to the wire's type (params-bf16: computed in bfloat16), summed in float32, the sum
     rounded to the wire's type again, averaged in float32 and narrowed to the parameter's
-    type (tests/python/idioms.py's low_precision reference)."""
+    type (tests/python/idioms.py's rounded_average, the idioms' reference)."""
     dtype = torch.bfloat16 if variant == "params-bf16" else torch.float32
     model, opt = fresh(dtype)
     loss_fn = nn.CrossEntropyLoss()
     scaler = scaler_for() if variant == "amp" else None
-    narrow = WIRE.get(variant)
-
-    def rounded(t):
-        return t.to(narrow).float() if narrow is not None else t
     for step in range(args.steps):
         opt.zero_grad()
         parts = [data(step, r) for r in range(size)]
@@ -198,14 +195,8 @@ def reference(variant=""):
                 continue
             loss_fn(model(x), y).backward()
         else:
-            sums = [torch.zeros_like(p, dtype=torch.float32) for p in model.parameters()]
-            for x, y in parts:
-                model.zero_grad()
-                loss_fn(model(x.to(dtype)).float(), y).backward()
-                for total, p in zip(sums, model.parameters()):
-                    total += rounded(p.grad.float())
-            for total, p in zip(sums, model.parameters()):
-                p.grad = (rounded(total) / size).to(dtype)
+            idioms.rounded_average(model, [lambda x=x, y=y: loss_fn(model(x.to(dtype)).float(), y).backward()
+                                           for x, y in parts], WIRE.get(variant))
         opt.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 

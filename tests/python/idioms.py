@@ -461,36 +461,46 @@ def compiled(world):
     return train(world, model, opt, sched, forward=fast)
 
 
+def rounded_average(model, backward_passes, narrow=None):
+    """The reference of a run whose sums round: each worker's backward pass apart (each of
+    `backward_passes`, a callable, on fresh gradients), its gradient rounded to `narrow`
+    (the wire's type; None: kept), summed in float32, the sum rounded to `narrow` again,
+    averaged in float32 and narrowed to the parameter's type, into .grad."""
+    def rounded(t):
+        return t.to(narrow).float() if narrow is not None else t
+    sums = [torch.zeros_like(p, dtype=torch.float32) for p in model.parameters()]
+    for backward in backward_passes:
+        model.zero_grad()
+        backward()
+        for s, p in zip(sums, model.parameters()):
+            s += rounded(p.grad.float())
+    for s, p in zip(sums, model.parameters()):
+        p.grad = (rounded(s) / len(backward_passes)).to(p.dtype)
+
+
 def low_precision(world, dtype, wire=None):
     """A model whose parameters are `dtype` (bfloat16 or float16): staged through host
     float32 buffers, summed and averaged in float32, then rounded to `dtype` (an fp16 sum
     that would overflow averages to what fits). The reference rounds the same way: each
     worker's gradient apart in `dtype`, summed in float32, divided by the workers, rounded. With `wire` (bf16 or fp16 compression of a float32
     model): each worker's gradient rounded to `wire`, summed in float32, the sum rounded
-    to `wire` again, then averaged in float32."""
+    to `wire` again, then averaged in float32 (rounded_average)."""
     model = seeded_model("digits").to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     opt = world.wrap(opt, model, compression=wire) if wire else world.wrap(opt, model)
     narrow = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(wire)
-
-    def rounded(t):
-        return t.to(narrow).float() if narrow is not None else t
     loss_fn = nn.CrossEntropyLoss()
     for it in range(ITERATIONS):
         opt.zero_grad()
         ranks = [world.rank] if world.worker else range(world.size)
-        sums = [torch.zeros_like(p, dtype=torch.float32) for p in model.parameters()]
-        for r in ranks:
+
+        def backward(r):
             x, y = models.batch(world.x, world.y, it, r, world.size, PER_WORKER)
-            if not world.worker:
-                model.zero_grad()
             loss_fn(model(x.to(dtype)).float(), y).backward()
-            if not world.worker:
-                for s, p in zip(sums, model.parameters()):
-                    s += rounded(p.grad.float())
-        if not world.worker:
-            for s, p in zip(sums, model.parameters()):
-                p.grad = (rounded(s) / world.size).to(dtype)  # averaged in float32, then narrowed
+        if world.worker:
+            backward(world.rank)
+        else:
+            rounded_average(model, [lambda r=r: backward(r) for r in ranks], narrow)
         opt.step()
     return {"model": world.done(opt, model)}
 
