@@ -14,7 +14,7 @@
 namespace qs::runtime {
 namespace {
 
-Profile small_profile() {
+Profile engine_profile() {
   Profile p;
   p.name = "small";
   p.batch_size = 8;
@@ -32,7 +32,7 @@ std::vector<Result<WorkerReport>> run_in_world(
   std::vector<std::future<Result<WorkerReport>>> running;
   for (int w = 0; w < workers; ++w) {
     CollectiveOptions o;
-    o.job.profile = small_profile();
+    o.job.profile = engine_profile();
     o.job.policy = policy;
     o.job.workers = workers;
     o.job.iterations = iterations;
@@ -93,7 +93,7 @@ TEST(OnAnotherEngineCompression, Bf16SumsAreTheRoundedSums) {
 TEST(OnAnotherEngineShape, AnEngineWithOtherLinksIsRefused) {
   testing::InProcessWorld world(1, 2);
   CollectiveOptions o;
-  o.job.profile = small_profile();
+  o.job.profile = engine_profile();
   o.job.policy = "wfbp";
   o.job.workers = 1;
   o.job.iterations = 1;

@@ -100,7 +100,7 @@ transport::Fd raw_connect(int port) {
   return std::move(*fd);
 }
 
-std::string read_to_end(int fd) {
+std::string read_all(int fd) {
   std::string got;
   char buf[256];
   for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
@@ -108,7 +108,7 @@ std::string read_to_end(int fd) {
   return got;
 }
 
-bool eventually(const std::function<bool()>& pred) {
+bool eventually_true(const std::function<bool()>& pred) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!pred()) {
     if (std::chrono::steady_clock::now() > until) return false;
@@ -134,7 +134,7 @@ TEST(Rendezvous, AnUnauthenticatedPeerCannotHijackAServerSlot) {
   std::thread coordinator([&] { run = (*c)->run(); });
   transport::Fd attacker = raw_connect(at.port);
   ASSERT_EQ(::send(attacker.get(), "server 0 4444\n", 14, MSG_NOSIGNAL), 14);
-  EXPECT_EQ(read_to_end(attacker.get()).size(),
+  EXPECT_EQ(read_all(attacker.get()).size(),
             36u);  // our nonce, then the end: no "ok", no "error"
   // A client with another secret is refused too, and a coordinator without ours is refused
   // by the client.
@@ -161,7 +161,7 @@ TEST(Rendezvous, ClientsRefuseACoordinatorWithoutTheSecret) {
   const int port = *transport::local_port(l->get());
   std::thread impostor([&] {
     transport::Fd c;
-    ASSERT_TRUE(eventually([&] {
+    ASSERT_TRUE(eventually_true([&] {
       auto a = transport::accept_tcp(l->get());
       if (a.is_ok() && a->valid()) c = std::move(*a);
       return c.valid();
@@ -172,7 +172,7 @@ TEST(Rendezvous, ClientsRefuseACoordinatorWithoutTheSecret) {
     ASSERT_EQ(::recv(c.get(), proof, sizeof proof, MSG_WAITALL), 68);
     const std::string reply = std::string(32, '\0') + "servers evil:1\n";
     (void)::send(c.get(), reply.data(), reply.size(), MSG_NOSIGNAL);
-    (void)read_to_end(c.get());
+    (void)read_all(c.get());
   });
   auto list = lookup_servers(Endpoint{"127.0.0.1", port}, 0, 2 * kNsPerSec,
                              secret_of("the cluster's own secret").get());
@@ -197,10 +197,10 @@ TEST(Rendezvous, CoordinatorBoundsStrangersAndDoesNotSpinWithoutDescriptors) {
   std::thread coordinator([&] { run = (*c)->run(); });
   std::vector<transport::Fd> silent;
   for (int i = 0; i < 10; ++i) silent.push_back(raw_connect(port));
-  ASSERT_TRUE(eventually([&] { return (*c)->counters().accepted == 10; }));
+  ASSERT_TRUE(eventually_true([&] { return (*c)->counters().accepted == 10; }));
   EXPECT_LE((*c)->counters().pending, 4);
-  ASSERT_TRUE(
-      eventually([&] { return (*c)->counters().refused == 10 && (*c)->counters().pending == 0; }));
+  ASSERT_TRUE(eventually_true(
+      [&] { return (*c)->counters().refused == 10 && (*c)->counters().pending == 0; }));
   silent.clear();
   // Every descriptor taken (sockets to connect made first): accept fails with EMFILE.
   std::vector<transport::Fd> clients, fillers;
@@ -218,7 +218,7 @@ TEST(Rendezvous, CoordinatorBoundsStrangersAndDoesNotSpinWithoutDescriptors) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   for (auto& s : clients)
     EXPECT_EQ(::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  const bool failed = eventually([&] { return (*c)->counters().accept_failures >= 1; });
+  const bool failed = eventually_true([&] { return (*c)->counters().accept_failures >= 1; });
   const std::int64_t polls_before = (*c)->counters().polls;
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const std::int64_t polls = (*c)->counters().polls - polls_before;

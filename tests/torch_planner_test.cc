@@ -10,14 +10,14 @@
 namespace qs::pytorch {
 namespace {
 
-const char* kProfile = R"({"name": "m", "layers": [
+const char* kPlannerProfile = R"({"name": "m", "layers": [
   {"name": "a", "forward_ms": 1, "backward_ms": 2, "tensors": [{"name": "w", "elements": 400000}]},
   {"name": "b", "forward_ms": 1, "backward_ms": 2, "tensors": [{"name": "w", "elements": 1000000}]},
   {"name": "c", "forward_ms": 2, "backward_ms": 4, "tensors": [{"name": "w", "elements": 3000000}]}]})";
 
 PlanSpec spec(Architecture a, double gbps) {
   PlanSpec s;
-  s.profile_json = kProfile;
+  s.profile_json = kPlannerProfile;
   s.architecture = a;
   s.workers = 4;
   s.servers = 4;

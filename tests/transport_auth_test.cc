@@ -29,17 +29,17 @@ Secret secret_of(const std::string& s) {
   return std::move(*r);
 }
 
-struct Pair {
+struct AuthPair {
   Fd a, b;
 };
-Pair socket_pair() {
+AuthPair socket_pair() {
   int fds[2];
   EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
   return {Fd(fds[0]), Fd(fds[1])};
 }
 
 // Runs a connector on p.a and an acceptor on p.b, concurrently.
-std::pair<Status, Status> run_both(Pair& p, const Secret& connector, const Secret& acceptor,
+std::pair<Status, Status> run_both(AuthPair& p, const Secret& connector, const Secret& acceptor,
                                    std::string_view cctx = "ps", std::string_view actx = "ps") {
   auto acc = std::async(std::launch::async, [&] {
     Status s = authenticate(p.b.get(), acceptor, AuthRole::kAcceptor, actx, kTimeout);
@@ -52,7 +52,7 @@ std::pair<Status, Status> run_both(Pair& p, const Secret& connector, const Secre
 
 TEST(Auth, SameSecretAuthenticatesBothSidesAndLeavesTheStreamToTheCaller) {
   const Secret s = secret_of("sixteen byte key!");
-  Pair p = socket_pair();
+  AuthPair p = socket_pair();
   auto [c, a] = run_both(p, s, s);
   ASSERT_TRUE(c.is_ok()) << c.to_string();
   ASSERT_TRUE(a.is_ok()) << a.to_string();
@@ -64,7 +64,7 @@ TEST(Auth, SameSecretAuthenticatesBothSidesAndLeavesTheStreamToTheCaller) {
 }
 
 TEST(Auth, WrongSecretIsRefusedOnBothSides) {
-  Pair p = socket_pair();
+  AuthPair p = socket_pair();
   auto [c, a] = run_both(p, secret_of("the attacker's guess"), secret_of("the cluster's secret"));
   EXPECT_EQ(a.code(), StatusCode::kProtocolError);
   EXPECT_THAT(a.message(), HasSubstr("authentication failed"));
@@ -75,7 +75,7 @@ TEST(Auth, WrongSecretIsRefusedOnBothSides) {
 
 TEST(Auth, AnotherContextIsRefused) {
   const Secret s = secret_of("sixteen byte key!");
-  Pair p = socket_pair();
+  AuthPair p = socket_pair();
   auto [c, a] = run_both(p, s, s, "rendezvous", "ps");
   EXPECT_THAT(a.message(), HasSubstr("authentication failed"));
   EXPECT_FALSE(c.is_ok());
@@ -84,7 +84,7 @@ TEST(Auth, AnotherContextIsRefused) {
 TEST(Auth, ARecordedExchangeCannotBeReplayed) {
   const Secret s = secret_of("sixteen byte key!");
   // Record what a real connector sends to a real acceptor.
-  Pair p = socket_pair();
+  AuthPair p = socket_pair();
   Handshake acceptor(s, AuthRole::kAcceptor, "ps");
   ASSERT_EQ(*acceptor.step(p.b.get()), Handshake::Want::kRead);  // its nonce went out
   auto conn = std::async(std::launch::async, [&] {
@@ -92,7 +92,7 @@ TEST(Auth, ARecordedExchangeCannotBeReplayed) {
   });
   // Read the connector's message (68 bytes) off the wire as an eavesdropper would, then
   // hand the same bytes on so the real exchange completes.
-  Pair tap = socket_pair();
+  AuthPair tap = socket_pair();
   std::string recorded;
   while (recorded.size() < 68) {
     char buf[128];
@@ -111,7 +111,7 @@ TEST(Auth, ARecordedExchangeCannotBeReplayed) {
   ASSERT_TRUE(conn.get().is_ok());
 
   // Later, the recording is replayed to a new acceptor: its nonce is fresh, so it fails.
-  Pair q = socket_pair();
+  AuthPair q = socket_pair();
   auto replayed = std::async(std::launch::async, [&] {
     return authenticate(q.b.get(), s, AuthRole::kAcceptor, "ps", kTimeout);
   });
@@ -125,7 +125,7 @@ TEST(Auth, ARecordedExchangeCannotBeReplayed) {
 
 TEST(Auth, APeerWithoutAuthenticationIsNotAQuicksilverPeer) {
   const Secret s = secret_of("sixteen byte key!");
-  Pair p = socket_pair();
+  AuthPair p = socket_pair();
   auto acc = std::async(std::launch::async, [&] {
     return authenticate(p.b.get(), s, AuthRole::kAcceptor, "ps", kTimeout);
   });
@@ -137,7 +137,7 @@ TEST(Auth, APeerWithoutAuthenticationIsNotAQuicksilverPeer) {
 
 TEST(Auth, ASilentPeerTimesOutAndAStepNeverBlocks) {
   const Secret s = secret_of("sixteen byte key!");
-  Pair p = socket_pair();
+  AuthPair p = socket_pair();
   Handshake h(s, AuthRole::kConnector, "ps");
   EXPECT_EQ(*h.step(p.a.get()), Handshake::Want::kRead);  // nothing to read: returns at once
   EXPECT_FALSE(h.done());
@@ -173,7 +173,7 @@ TEST(Auth, SecretFilesAreBoundedAndWrittenPrivately) {
   EXPECT_FALSE(g.write_file(written).is_ok());  // never over an existing file
   auto back = Secret::from_file(written);
   ASSERT_TRUE(back.is_ok());
-  Pair p = socket_pair();
+  AuthPair p = socket_pair();
   auto [c, a] = run_both(p, g, *back);
   EXPECT_TRUE(c.is_ok() && a.is_ok()) << c.to_string() << " / " << a.to_string();
   std::filesystem::remove_all(dir);

@@ -35,7 +35,7 @@ std::vector<Chunk> layer_chunks(const TensorLayout& layout, int layer) {
 }
 
 // oracle: compute only; the engine never waits for communication.
-class Oracle final : public AllReducePolicy {
+class AllReduceOracle final : public AllReducePolicy {
  public:
   std::string_view name() const override { return "oracle"; }
   bool communicates() const override { return false; }
@@ -352,7 +352,7 @@ Status register_allreduce_policies(PolicyRegistry& r) {
        .rank = 0,
        .communicates = false,
        .make_allreduce = [](const PolicyOptions&, const AllReduceContext&) -> Result<Ptr> {
-         return Ptr(new Oracle());
+         return Ptr(new AllReduceOracle());
        }},
       {.name = "wfbp",
        .architecture = kAr,

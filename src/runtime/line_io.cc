@@ -10,9 +10,6 @@
 #include "quicksilver/transport/socket.h"
 
 namespace qs::runtime {
-namespace {
-TimeNs steady_now() { return transport::SteadyClock::instance().now(); }
-}  // namespace
 
 Status send_all(int fd, std::string_view data, TimeNs deadline, std::string_view what) {
   std::size_t done = 0;
@@ -20,7 +17,7 @@ Status send_all(int fd, std::string_view data, TimeNs deadline, std::string_view
     const ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (steady_now() > deadline) return unavailable(std::string(what) + " timed out");
+      if (transport::steady_now() > deadline) return unavailable(std::string(what) + " timed out");
       pollfd p{fd, POLLOUT, 0};
       ::poll(&p, 1, 100);
       continue;
@@ -43,7 +40,7 @@ Result<std::string> read_line(int fd, TimeNs deadline, std::string* buffer, std:
       return protocol_error("a line from " + std::string(peer) + " longer than " +
                             std::to_string(max_line) + " bytes");
     }
-    const TimeNs left = deadline - steady_now();
+    const TimeNs left = deadline - transport::steady_now();
     if (left <= 0)
       return unavailable("no answer from " + std::string(peer) + " before the deadline");
     pollfd p{fd, POLLIN, 0};

@@ -22,11 +22,10 @@ namespace {
 
 constexpr std::size_t kMaxLine = 256;
 
-TimeNs steady_now() { return transport::SteadyClock::instance().now(); }
-
 // One line to a peer; the coordinator gives its own peers kReplyTime to take it.
 constexpr TimeNs kReplyTime = 5 * kNsPerSec;
-Status send_line(int fd, const std::string& line, TimeNs deadline = steady_now() + kReplyTime) {
+Status send_line(int fd, const std::string& line,
+                 TimeNs deadline = transport::steady_now() + kReplyTime) {
   return send_all(fd, line + "\n", deadline, "send to the coordinator's peer");
 }
 
@@ -34,16 +33,17 @@ Status send_line(int fd, const std::string& line, TimeNs deadline = steady_now()
 // a secret.
 Result<std::string> ask(const Endpoint& coordinator, const std::string& request, TimeNs timeout,
                         const transport::Secret* secret) {
-  const TimeNs deadline = steady_now() + timeout;
+  const TimeNs deadline = transport::steady_now() + timeout;
   const std::string who =
       "coordinator " + coordinator.host + ":" + std::to_string(coordinator.port);
   auto fd = transport::connect_tcp(coordinator.host, coordinator.port, deadline);
   if (!fd) return fd.status().with_context(who);
   if (secret != nullptr) {
-    QS_RETURN_IF_ERROR(transport::authenticate(fd->get(), *secret, transport::AuthRole::kConnector,
-                                               kRendezvousAuthContext,
-                                               std::max<TimeNs>(deadline - steady_now(), kNsPerMs))
-                           .with_context(who));
+    QS_RETURN_IF_ERROR(
+        transport::authenticate(fd->get(), *secret, transport::AuthRole::kConnector,
+                                kRendezvousAuthContext,
+                                std::max<TimeNs>(deadline - transport::steady_now(), kNsPerMs))
+            .with_context(who));
   }
   QS_RETURN_IF_ERROR(send_line(fd->get(), request, deadline));
   std::string buffer;
@@ -84,7 +84,7 @@ Coordinator::Counters Coordinator::counters() const {
 }
 
 Status Coordinator::run() {
-  const TimeNs deadline = steady_now() + options_.timeout;
+  const TimeNs deadline = transport::steady_now() + options_.timeout;
   const transport::AcceptLimits& limits = options_.limits;
   const auto log = [this](const std::string& line) {
     if (options_.log) options_.log(line);
@@ -107,7 +107,7 @@ Status Coordinator::run() {
     c.fd.reset();
   };
   while (true) {
-    const TimeNs now = steady_now();
+    const TimeNs now = transport::steady_now();
     if (now > deadline) {
       return unavailable("coordinator: timed out with " + std::to_string(registered_count) +
                          " of " + std::to_string(options_.servers) + " servers registered and " +
@@ -161,7 +161,7 @@ Status Coordinator::run() {
         if (!a.is_ok()) {
           ++accept_failures_;
           if (a.status().code() == StatusCode::kUnavailable) {
-            paused_until = steady_now() + limits.backoff;
+            paused_until = transport::steady_now() + limits.backoff;
             if (accept_failures_ == 1 || accept_failures_ % 100 == 0) {
               log("coordinator: " + a.status().message() + "; accepting paused for " +
                   format_time(limits.backoff) + " (" + std::to_string(accept_failures_.load()) +
@@ -190,7 +190,7 @@ Status Coordinator::run() {
         c.fd = std::move(*a);
         c.from = from;
         c.peer_host = from.substr(0, from.rfind(':'));
-        c.deadline = steady_now() + limits.handshake_timeout;
+        c.deadline = transport::steady_now() + limits.handshake_timeout;
         if (options_.secret) {
           c.auth = std::make_unique<transport::Handshake>(
               *options_.secret, transport::AuthRole::kAcceptor, kRendezvousAuthContext);

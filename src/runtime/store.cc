@@ -19,9 +19,7 @@ namespace {
 
 constexpr std::size_t kMaxKey = 128;
 // "set " + key + " " + hex value.
-constexpr std::size_t kMaxLine = 4 + kMaxKey + 1 + 2 * kMaxStoreValue;
-
-TimeNs steady_now() { return transport::SteadyClock::instance().now(); }
+constexpr std::size_t kMaxStoreLine = 4 + kMaxKey + 1 + 2 * kMaxStoreValue;
 
 bool key_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
@@ -41,7 +39,7 @@ Status write_all(int fd, const std::string& s, TimeNs deadline) {
   return send_all(fd, s, deadline, "store send");
 }
 
-struct Client {
+struct StoreConnection {
   transport::Fd fd;
   std::string from;
   std::unique_ptr<transport::Handshake> auth;  // while authenticating
@@ -150,25 +148,27 @@ void StoreServer::request_stop() {
 }
 
 Status StoreServer::run() {
-  const TimeNs deadline = steady_now() + timeout_;
+  const TimeNs deadline = transport::steady_now() + timeout_;
   std::map<std::string, std::string, std::less<>> values;
   std::size_t value_bytes = 0;
   std::vector<bool> done(static_cast<std::size_t>(ranks_), false);
   int done_count = 0;
-  std::vector<Client> clients;
+  std::vector<StoreConnection> clients;
   // A client that has not authenticated is closed without a word.
-  auto refuse = [&](Client& c, const std::string& why) {
-    if (!c.auth) (void)write_all(c.fd.get(), "error " + why + "\n", steady_now() + kNsPerSec);
+  auto refuse = [&](StoreConnection& c, const std::string& why) {
+    if (!c.auth)
+      (void)write_all(c.fd.get(), "error " + why + "\n", transport::steady_now() + kNsPerSec);
     std::fprintf(stderr, "coordinator: refused %s: %s\n", c.from.c_str(), why.c_str());
     c.fd.reset();
   };
   TimeNs paused_until = 0;  // accepting paused (out of descriptors) until then
-  auto answer = [&](Client& c, const std::string& line) {
-    if (!write_all(c.fd.get(), line + "\n", steady_now() + 5 * kNsPerSec).is_ok()) c.fd.reset();
+  auto answer = [&](StoreConnection& c, const std::string& line) {
+    if (!write_all(c.fd.get(), line + "\n", transport::steady_now() + 5 * kNsPerSec).is_ok())
+      c.fd.reset();
   };
   bool stopped = false;
   while (done_count < ranks_ && !stopped) {
-    if (steady_now() > deadline) {
+    if (transport::steady_now() > deadline) {
       std::string missing;
       for (int r = 0; r < ranks_; ++r) {
         if (!done[static_cast<std::size_t>(r)])
@@ -178,25 +178,25 @@ Status StoreServer::run() {
                          " finished the rendezvous");
     }
     // Answer the gets whose key is there by now.
-    for (Client& c : clients) {
+    for (StoreConnection& c : clients) {
       if (!c.fd.valid() || c.waiting_for.empty()) continue;
       if (auto it = values.find(c.waiting_for); it != values.end()) {
         c.waiting_for.clear();
         answer(c, "value " + hex_encode(it->second));
       }
     }
-    const TimeNs now = steady_now();
-    for (Client& c : clients) {
+    const TimeNs now = transport::steady_now();
+    for (StoreConnection& c : clients) {
       if (c.fd.valid() && c.auth && now > c.deadline) {
         refuse(c, "did not authenticate within " + format_time(limits_.handshake_timeout));
       }
     }
-    std::erase_if(clients, [](const Client& c) { return !c.fd.valid(); });
+    std::erase_if(clients, [](const StoreConnection& c) { return !c.fd.valid(); });
     // The listener is left out while accepting is paused (a full descriptor table would
     // make poll return at once, again and again).
     const bool listening = now >= paused_until;
     std::vector<pollfd> fds{{listening ? fd_ : -1, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    for (const Client& c : clients) fds.push_back({c.fd.get(), c.events, 0});
+    for (const StoreConnection& c : clients) fds.push_back({c.fd.get(), c.events, 0});
     const int r = ::poll(
         fds.data(), fds.size(),
         listening ? 200 : static_cast<int>(std::max<TimeNs>(1, (paused_until - now) / kNsPerMs)));
@@ -209,7 +209,7 @@ Status StoreServer::run() {
         auto a = transport::accept_tcp(fd_, &from);
         if (!a.is_ok()) {
           if (a.status().code() == StatusCode::kUnavailable)
-            paused_until = steady_now() + limits_.backoff;
+            paused_until = transport::steady_now() + limits_.backoff;
           break;
         }
         if (!a->valid()) break;
@@ -217,24 +217,24 @@ Status StoreServer::run() {
         if (::fcntl(afd, F_SETFL, ::fcntl(afd, F_GETFL, 0) | O_NONBLOCK) != 0) continue;
         // At the cap of unauthenticated clients, the oldest goes.
         int pending = 0;
-        for (const Client& c : clients) pending += c.fd.valid() && c.auth ? 1 : 0;
-        for (Client& c : clients) {
+        for (const StoreConnection& c : clients) pending += c.fd.valid() && c.auth ? 1 : 0;
+        for (StoreConnection& c : clients) {
           if (pending < limits_.max_pending) break;
           if (!c.fd.valid() || !c.auth) continue;
           refuse(c, "too many connections waiting to authenticate (the oldest goes)");
           --pending;
         }
         if (clients.size() >= kMaxStoreClients) {
-          Client extra;
+          StoreConnection extra;
           extra.fd = std::move(*a);
           extra.from = from;
           refuse(extra, "too many connections");
           continue;
         }
-        Client c;
+        StoreConnection c;
         c.fd = std::move(*a);
         c.from = from;
-        c.deadline = steady_now() + limits_.handshake_timeout;
+        c.deadline = transport::steady_now() + limits_.handshake_timeout;
         if (secret_) {
           c.auth = std::make_unique<transport::Handshake>(*secret_, transport::AuthRole::kAcceptor,
                                                           kStoreAuthContext);
@@ -245,7 +245,7 @@ Status StoreServer::run() {
     }
     for (std::size_t i = 2; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLOUT | POLLHUP | POLLERR))) continue;
-      Client& c = clients[i - 2];
+      StoreConnection& c = clients[i - 2];
       if (!c.fd.valid()) continue;
       if (c.auth) {
         Status s = transport::step_for_poll(&c.auth, c.fd.get(), &c.events);
@@ -262,14 +262,14 @@ Status StoreServer::run() {
       c.in.append(buf, static_cast<std::size_t>(n));
       // Bounded whatever the client does, a get pending or not: a client asks one thing at
       // a time, so one request line is all it may have buffered.
-      if (c.in.size() > kMaxLine + 1) {
+      if (c.in.size() > kMaxStoreLine + 1) {
         refuse(c, "more than one request line buffered");
         continue;
       }
       while (c.fd.valid() && c.waiting_for.empty()) {
         const std::size_t nl = c.in.find('\n');
         if (nl == std::string::npos) {
-          if (c.in.size() > kMaxLine) refuse(c, "line too long");
+          if (c.in.size() > kMaxStoreLine) refuse(c, "line too long");
           break;
         }
         auto req = parse_store_request(std::string_view(c.in).substr(0, nl));
@@ -324,7 +324,7 @@ Status StoreServer::run() {
 Result<std::unique_ptr<StoreClient>> StoreClient::connect(const Endpoint& server, TimeNs timeout,
                                                           const transport::Secret* secret) {
   const std::string where = "coordinator " + server.host + ":" + std::to_string(server.port);
-  auto fd = transport::connect_tcp(server.host, server.port, steady_now() + timeout);
+  auto fd = transport::connect_tcp(server.host, server.port, transport::steady_now() + timeout);
   if (!fd) return fd.status().with_context(where);
   if (secret != nullptr) {
     QS_RETURN_IF_ERROR(transport::authenticate(fd->get(), *secret, transport::AuthRole::kConnector,
@@ -339,10 +339,10 @@ StoreClient::~StoreClient() {
 }
 
 Result<std::string> StoreClient::request(const std::string& line, TimeNs timeout) {
-  const TimeNs deadline = steady_now() + timeout;
+  const TimeNs deadline = transport::steady_now() + timeout;
   QS_RETURN_IF_ERROR(write_all(fd_, line + "\n", deadline));
   QS_ASSIGN_OR_RETURN(std::string reply,
-                      read_line(fd_, deadline, &buffer_, kMaxLine, "the coordinator"));
+                      read_line(fd_, deadline, &buffer_, kMaxStoreLine, "the coordinator"));
   if (reply.rfind("error ", 0) == 0) return unavailable("coordinator: " + reply.substr(6));
   return reply;
 }

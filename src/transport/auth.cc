@@ -18,7 +18,7 @@
 namespace qs::transport {
 namespace {
 
-constexpr unsigned char kMagic[Handshake::kMagicBytes] = {'Q', 'S', 'A', '1'};
+constexpr unsigned char kAuthMagic[Handshake::kMagicBytes] = {'Q', 'S', 'A', '1'};
 constexpr std::size_t kMaxContext = 255;
 
 // libsodium must be initialised once before its random generator is used (sodium_init is
@@ -121,7 +121,7 @@ Handshake::Handshake(const Secret& secret, AuthRole role, std::string_view conte
   std::memset(theirs_, 0, sizeof theirs_);
   if (role_ == AuthRole::kAcceptor) {
     stage_ = Stage::kSendNonce;
-    out_.assign(kMagic, kMagic + kMagicBytes);
+    out_.assign(kAuthMagic, kAuthMagic + kMagicBytes);
     out_.insert(out_.end(), mine_, mine_ + kNonceBytes);
   } else {
     stage_ = Stage::kReadNonce;
@@ -214,7 +214,7 @@ Result<Handshake::Want> Handshake::step(int fd) {
           stage_ = Stage::kDone;
           break;
         }
-        if (std::memcmp(in_.data(), kMagic, kMagicBytes) != 0) {
+        if (std::memcmp(in_.data(), kAuthMagic, kMagicBytes) != 0) {
           return protocol_error(
               "authentication failed: the peer did not start a Quicksilver authentication "
               "(no secret configured there, or not a Quicksilver peer)");
@@ -233,7 +233,7 @@ Result<Handshake::Want> Handshake::step(int fd) {
           out_.assign(kProofBytes, 0);
           proof(AuthRole::kAcceptor, out_.data());
         } else {
-          out_.assign(kMagic, kMagic + kMagicBytes);
+          out_.assign(kAuthMagic, kAuthMagic + kMagicBytes);
           out_.insert(out_.end(), mine_, mine_ + kNonceBytes);
           unsigned char p[kProofBytes];
           proof(AuthRole::kConnector, p);

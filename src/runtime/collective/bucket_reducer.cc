@@ -9,10 +9,6 @@
 
 namespace qs::runtime {
 
-namespace {
-TimeNs mono_now() { return transport::SteadyClock::instance().now(); }
-}  // namespace
-
 std::string describe(const CollectiveBucket& b) {
   return "bucket #" + std::to_string(b.id) + " (iteration " + std::to_string(b.first_iteration) +
          (b.last_iteration != b.first_iteration ? ".." + std::to_string(b.last_iteration) : "") +
@@ -40,9 +36,9 @@ bool BucketReducer::run(int li, const CollectiveBucket& b, TimeNs* t0, TimeNs* t
                       count = static_cast<std::size_t>(c.length / 4);
     const TensorBuffer& t = buffers_[static_cast<std::size_t>(c.tensor)];
     if (t.sum != t.gradient) std::memcpy(t.sum + first, t.gradient + first, count * sizeof(float));
-    *t0 = mono_now();
+    *t0 = transport::steady_now();
     reduce(li, b, t.sum + first, count);
-    *t1 = mono_now();
+    *t1 = transport::steady_now();
     return check(b, nullptr);
   }
   Scratch& s = scratch_[static_cast<std::size_t>(li)];
@@ -61,9 +57,9 @@ bool BucketReducer::run(int li, const CollectiveBucket& b, TimeNs* t0, TimeNs* t
     out += c.length / 4;
   }
   if (staging_ != nullptr) staging_->consumed(b);  // every byte of a range read: its buffer is free
-  *t0 = mono_now();
+  *t0 = transport::steady_now();
   reduce(li, b, s.data.data(), s.data.size());
-  *t1 = mono_now();
+  *t1 = transport::steady_now();
   // Scatter into the sums (the caller posts the completion after: posting first would let
   // the loop reuse them): with delayed updates, into the source's buffer for the bucket's
   // iterations.

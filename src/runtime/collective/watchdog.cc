@@ -7,22 +7,18 @@
 
 namespace qs::runtime {
 
-namespace {
-TimeNs mono_now() { return transport::SteadyClock::instance().now(); }
-}  // namespace
-
 void PeerWatchdog::start() {
   heard();
   schedule();
 }
 
-void PeerWatchdog::heard() { last_heard_ = mono_now(); }
+void PeerWatchdog::heard() { last_heard_ = transport::steady_now(); }
 
 void PeerWatchdog::schedule() {
   loop_.schedule_after(std::max<TimeNs>(peer_timeout_ / 4, kNsPerMs), [this] {
     const State s = state_();
     if (s.done) return;
-    if (s.on_peers && mono_now() - last_heard_ > peer_timeout_) {
+    if (s.on_peers && transport::steady_now() - last_heard_ > peer_timeout_) {
       // With two workers the silent one is known.
       const std::string who = workers_ == 2
                                   ? "lost worker " + std::to_string(1 - rank_) + ": nothing from it"

@@ -31,4 +31,8 @@ class SteadyClock final : public Clock {
   }
 };
 
+// SteadyClock's time, for the runtime's own deadlines and timeouts (the code that reads the
+// real clock directly, not through a Clock it was given).
+inline TimeNs steady_now() { return SteadyClock::instance().now(); }
+
 }  // namespace qs::transport
