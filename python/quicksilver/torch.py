@@ -87,6 +87,7 @@ _live = weakref.WeakSet()  # integrations not yet shut down (finished at exit)
 # torch.optim optimizer imports, holds the group). So the references stay here until gloo
 # has let go (_hold), and _at_exit waits for that (_settle) before the interpreter goes.
 _held = []
+_GLOO_LET_GO_S = 0.1  # _at_exit's wait for gloo's threads to drop the script's own collectives
 _USE_COUNT = hasattr(torch.Tensor, "_use_count")  # torch >= 2.0; 1.13 frees in the caller
 
 
@@ -1871,6 +1872,13 @@ def _at_exit():
         except Exception as e:  # the process is ending: say why, do not hang
             print("quicksilver.torch: at exit: {}".format(e), file=sys.stderr)
     _settle()  # see _held
+    # The script's own collectives (an all_gather of its accuracy at the end) are not in
+    # _held: gloo's thread lets go of a finished one just after the script's wait returned,
+    # and a script that ends right then reached the teardown inside that window (torch 2.15,
+    # 2 ranks, an all_gather as the script's last call: 1 exit in 12 aborted). A moment with
+    # the GIL released lets the thread free them while the interpreter is whole.
+    if _USE_COUNT and dist.is_initialized() and "gloo" in str(dist.get_backend()):
+        time.sleep(_GLOO_LET_GO_S)
     # The process group init() started goes while the interpreter is whole: left to the
     # interpreter's teardown, gloo's threads can abort the process after training ended
     # (pytorch/pytorch PR 179291). With torch._dynamo imported the group outlives this call
