@@ -1875,8 +1875,9 @@ def _at_exit():
     # The script's own collectives (an all_gather of its accuracy at the end) are not in
     # _held: gloo's thread lets go of a finished one just after the script's wait returned,
     # and a script that ends right then reached the teardown inside that window (torch 2.15,
-    # 2 ranks, an all_gather as the script's last call: 1 exit in 12 aborted). A moment with
-    # the GIL released lets the thread free them while the interpreter is whole.
+    # 2 ranks, an all_gather as the script's last call: 3 runs in 52 aborted; with this wait
+    # none in 100). A moment with the GIL released lets the thread free them while the
+    # interpreter is whole.
     if _USE_COUNT and dist.is_initialized() and "gloo" in str(dist.get_backend()):
         time.sleep(_GLOO_LET_GO_S)
     # The process group init() started goes while the interpreter is whole: left to the
