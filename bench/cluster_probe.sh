@@ -5,9 +5,9 @@
 # where 4+4 hosts ran as predicted (-2.7 %). Each round, interleaved: the hosts' count
 # (4, 6, 8) under wfbp, bytescheduler, mercury-nopreempt and mercury; the hosts at higher
 # rates; then at 8+8, Mercury's packet size (8 and 128 KiB against 32), its servers'
-# completion order (--mercury-server-fifo), and a host queue of 40 ms against 20. Needs root, ip, tc, iperf3 and ss on PATH
-# (bench/gpu_check.sh's stage e puts them there); prints one bench/cluster_table.py
-# table per run, and keeps every run's JSON in DIR.
+# completion order (--mercury-server-fifo), and a host queue of 40 ms against 20. Needs
+# root, ip, tc, iperf3 and ss on PATH (bench/gpu_check.sh's stage e puts them there);
+# prints one bench/cluster_table.py table per run, and keeps every run's JSON in DIR.
 #
 # PARTS (default hosts,knobs,rate): hosts = the hosts' count at scale 0.025; knobs = the
 # 8+8 variations above; rate = 4+4 and 8+8 with the hosts at 500 Mbit/s and 1 Gbit/s
