@@ -223,8 +223,11 @@ else
 fi
 env_for_run
 if [ "$mode" = cpu ]; then
+  # Mixed precision (autocast + GradScaler) too where this torch has a CPU GradScaler (2.x).
+  variants=mercury+wire-bf16
+  "$PY" -c 'import torch; torch.amp.GradScaler' 2> /dev/null && variants+=,mgwfbp+amp
   stage a+b/2 300 ranks 2 --device cpu --size 32 --batch 4 --steps 2 --iterations 2 --warmup 1 \
-    --policies mercury,mgwfbp,deft --variants mercury+wire-bf16 --speed-variants mercury+wire-bf16
+    --policies mercury,mgwfbp,deft --variants "$variants" --speed-variants mercury+wire-bf16
 else
   # QS_GPU_STAGES: the stages to run (default all, in this order); QS_GPU_POLICIES: theirs.
   want() { [ -z "${QS_GPU_STAGES:-}" ] || [[ ",$QS_GPU_STAGES," == *",$1,"* ]]; }
