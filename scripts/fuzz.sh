@@ -5,10 +5,17 @@
 # executions of each target and "N passed, N failed"; fails when any target crashed,
 # leaked, timed out or ran out of memory (the input is kept in build-fuzz/artifacts/).
 # Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
+#        scripts/fuzz.sh build   (builds only: scripts/test.sh's background lane)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-30}
 shift || true
+build_only=0
+if [ "$seconds" = build ]; then build_only=1; fi
+if ! [[ $seconds =~ ^([1-9][0-9]*|build)$ ]]; then
+  echo "fuzz: SECONDS must be a positive whole number or 'build', not '$seconds'" >&2
+  exit 2
+fi
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(wire_fuzz connection_fuzz rendezvous_fuzz profile_fuzz bandwidth_trace_fuzz)
 mkdir -p build-fuzz
@@ -19,6 +26,7 @@ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O2
   || { cat build-fuzz/configure.log; exit 1; }
 cmake --build build-fuzz -j "$(nproc)" --target qs_fuzzers > build-fuzz/build.log 2>&1 \
   || { tail -50 build-fuzz/build.log; exit 1; }
+if [ $build_only = 1 ]; then exit 0; fi
 mkdir -p build-fuzz/artifacts
 # Each target is one process on one core: as many at once as there are cores (the report
 # below keeps the targets' order).

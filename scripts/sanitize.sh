@@ -7,10 +7,21 @@
 #         runtime_test, collective_test: event loops, posts across threads, clusters of
 #         nodes on threads, gloo's link and control threads),
 #         built into ./build-tsan.
-# Usage: scripts/sanitize.sh [asan|tsan|all]   (default all). Prints each runner's summary.
+# Usage: scripts/sanitize.sh [asan|tsan|all] [build|test]   (default: all, both phases).
+# "build" only builds the trees (CPU only: scripts/test.sh runs it in its background lane,
+# beside the timing-sensitive stages); "test" only runs the tests, in trees already built.
+# Prints each runner's summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
+phase=${2:-both}
+case "$what" in asan | tsan | all) ;; *) echo "sanitize: no sanitizer '$what' (asan, tsan or all)" >&2; exit 2 ;; esac
+case "$phase" in build | test | both) ;; *) echo "sanitize: no phase '$phase' (build, test, or none for both)" >&2; exit 2 ;; esac
+building() { [ "$phase" != test ]; }
+built() {  # built DIR: the test phase needs the tree its build phase made
+  [ -f "$1/build.ninja" ] || { echo "sanitize: $1 is not built: scripts/sanitize.sh ${1#build-} build" >&2; exit 2; }
+}
+testing() { [ "$phase" != build ]; }
 jobs=$(nproc)
 
 features=()  # as scripts/build.sh: the all-reduce runtime when gloo is installed
@@ -34,10 +45,13 @@ configure() {  # configure DIR FLAGS...
     > "$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }
 }
 
-if [ "$what" = asan ] || [ "$what" = all ]; then
+if { [ "$what" = asan ] || [ "$what" = all ]; } && building; then
   configure build-asan "-fsanitize=address,undefined -fno-sanitize-recover=all"
   echo "sanitize: building the AddressSanitizer tree (build-asan; about 5 minutes on 2 slow cores)"
   cmake --build build-asan -j "$jobs" > build-asan/build.log 2>&1 || { tail -50 build-asan/build.log; exit 1; }
+fi
+if { [ "$what" = asan ] || [ "$what" = all ]; } && testing; then
+  built build-asan
   echo "sanitize: AddressSanitizer + UndefinedBehaviorSanitizer, the whole suite"
   # A line per test as it ends (the run takes minutes: it shows progress), the failures'
   # output and the summary.
@@ -46,17 +60,44 @@ if [ "$what" = asan ] || [ "$what" = all ]; then
      QS_PROPERTY_CASES_DIVISOR=4 ctest --output-on-failure --timeout 900 -j 2)
 fi
 
-if [ "$what" = tsan ] || [ "$what" = all ]; then
+tsan_tests=(transport_test runtime_test collective_test)
+if { [ "$what" = tsan ] || [ "$what" = all ]; } && building; then
   configure build-tsan "-fsanitize=thread"
   echo "sanitize: building the ThreadSanitizer tests (build-tsan)"
-  cmake --build build-tsan -j "$jobs" --target transport_test runtime_test collective_test > build-tsan/build.log 2>&1 \
+  cmake --build build-tsan -j "$jobs" --target "${tsan_tests[@]}" > build-tsan/build.log 2>&1 \
     || { tail -50 build-tsan/build.log; exit 1; }
-  echo "sanitize: ThreadSanitizer, transport_test, runtime_test and collective_test"
-  for t in transport_test runtime_test collective_test; do
+fi
+if { [ "$what" = tsan ] || [ "$what" = all ]; } && testing; then
+  built build-tsan
+  echo "sanitize: ThreadSanitizer, ${tsan_tests[*]} ($jobs at a time)"
+  tsan_one() {  # tsan_one TEST: runs it, its exit status into build-tsan/TEST.rc
+    local rc=0
     # halt_on_error: a race fails the run; setarch -R: TSan's shadow memory needs the
     # classic address layout on kernels with high mmap randomisation.
-    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 setarch "$(uname -m)" -R "build-tsan/tests/$t" --gtest_brief=1 \
-      > "build-tsan/$t.log" 2>&1 || { tail -60 "build-tsan/$t.log"; echo "sanitize: tsan: $t FAILED"; exit 1; }
-    echo "sanitize: tsan: $t: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "build-tsan/$t.log" | tr '\n' ' ')"
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 setarch "$(uname -m)" -R "build-tsan/tests/$1" --gtest_brief=1 \
+      > "build-tsan/$1.log" 2>&1 || rc=$?
+    echo $rc > "build-tsan/$1.rc"
+  }
+  running=0
+  for t in "${tsan_tests[@]}"; do
+    rm -f "build-tsan/$t.rc"
+    if [ $running -ge "$jobs" ]; then
+      wait -n || true
+      running=$((running - 1))
+    fi
+    tsan_one "$t" &
+    running=$((running + 1))
   done
+  wait
+  failed=0
+  for t in "${tsan_tests[@]}"; do
+    if [ "$(cat "build-tsan/$t.rc" 2> /dev/null || echo '?')" = 0 ]; then
+      echo "sanitize: tsan: $t: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "build-tsan/$t.log" | tr '\n' ' ')"
+    else
+      tail -60 "build-tsan/$t.log"
+      echo "sanitize: tsan: $t FAILED"
+      failed=1
+    fi
+  done
+  [ $failed = 0 ]
 fi
