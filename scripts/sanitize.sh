@@ -7,14 +7,18 @@
 #         runtime_test, collective_test: event loops, posts across threads, clusters of
 #         nodes on threads, gloo's link and control threads),
 #         built into ./build-tsan.
-# Usage: scripts/sanitize.sh [asan|tsan|all] [build|test]   (default: all, both phases).
-# "build" only builds the trees (CPU only: scripts/test.sh runs it in its background lane,
-# beside the timing-sensitive stages); "test" only runs the tests, in trees already built.
-# Prints each runner's summary.
+# Usage: scripts/sanitize.sh [asan|tsan|all] [build|test [CTEST ARGS...]]   (default: all,
+# both phases). "build" only builds the trees (CPU only: scripts/test.sh runs it in its
+# background lane, beside the timing-sensitive stages); "test" only runs the tests, in trees
+# already built, with CTEST ARGS given to the ASan run's ctest (scripts/test.sh: -LE quiet,
+# then -L quiet with its background builds paused). Prints each runner's summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
 phase=${2:-both}
+shift 2 2> /dev/null || shift $#
+ctest_args=("$@")
+[ ${#ctest_args[@]} = 0 ] || [ "$phase" = test ] || { echo "sanitize: ctest's arguments go with the test phase only" >&2; exit 2; }
 case "$what" in asan | tsan | all) ;; *) echo "sanitize: no sanitizer '$what' (asan, tsan or all)" >&2; exit 2 ;; esac
 case "$phase" in build | test | both) ;; *) echo "sanitize: no phase '$phase' (build, test, or none for both)" >&2; exit 2 ;; esac
 building() { [ "$phase" != test ]; }
@@ -57,7 +61,7 @@ if { [ "$what" = asan ] || [ "$what" = all ]; } && testing; then
   # output and the summary.
   # The random-case properties run a quarter of their cases (tests/ps_property_test.cc).
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-     QS_PROPERTY_CASES_DIVISOR=4 ctest --output-on-failure --timeout 900 -j 2)
+     QS_PROPERTY_CASES_DIVISOR=4 ctest --output-on-failure --timeout 900 -j 2 "${ctest_args[@]}")
 fi
 
 tsan_tests=(transport_test runtime_test collective_test)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, stage by stage, each printing its runner's summary and a line
 # with its elapsed time ("test: STAGE took Ns"), then a table of the stages' times:
-#   ctest            CTest (GoogleTest, the command-line and multi-process tests)
+#   ctest            CTest (GoogleTest, the command-line and multi-process tests), but for
+#                    the emulated clusters' tests (label "quiet")
 #   pytest-system    the PyTorch tests (pytest) on the build's interpreter (Debian's torch)
 #   torch2-install   a venv with PyPI's current torch 2.x (scripts/torch2.sh; reused), started
 #                    in the background at the start: its time here is the wait for it
+#   ctest-quiet      the emulated clusters' tests, with the background lane below paused
 #   pytest-torch2    the same PyTorch tests on it; reported as skipped, never silently, when
 #                    the disk is too full for torch 2.x's wheels (scripts/torch2.sh exits 3)
 #   contract         ../shared/tools/contract-check, when ../shared is beside the checkout
@@ -59,12 +61,13 @@ spawn() {  # spawn OUT ERR COMMAND...: in the background, idle class, its own pr
   set +m
   background+=("$!")
 }
-trap 'for p in "${background[@]}"; do kill -- "-$p" 2> /dev/null || true; done' EXIT
-torch2=
+# (CONT: a paused group, below, takes its TERM only once it runs again.)
+trap 'for p in "${background[@]}"; do kill -- "-$p" 2> /dev/null; kill -CONT -- "-$p" 2> /dev/null || true; done' EXIT
+torch2= with_torch2=0
 if [ -d build/python/quicksilver ] && [ "${QS_TEST_TORCH2:-1}" != 0 ]; then
   echo "test: torch2-install started in the background (its log: build/torch2-install.log)"
   spawn build/torch2-python build/torch2-install.log bash scripts/torch2.sh
-  torch2=$!
+  torch2=$! with_torch2=1
 fi
 torch2_wait() {  # the install's log and status; exit 3 (too little disk): skipped below
   local rc=0
@@ -117,23 +120,40 @@ lane_wait() {  # lane_wait NAME: waits for the step, printing its progress every
   return "$(cat "build/lane/$name.rc")"
 }
 
-stage ctest bash -c 'cd build && ctest --output-on-failure --timeout 600 -j 2 -E "^pytorch_test$"'
+# The emulated clusters' tests (CTest label "quiet") time their runs against the simulator
+# and check that the machine has idle CPU: the lane is paused (SIGSTOP to its process group)
+# while they run, and they run after torch 2.x's install (which is not paused: a download
+# stopped for minutes could fail).
+lane_pause() { kill -STOP -- "-$lane" 2> /dev/null || true; }
+lane_resume() { kill -CONT -- "-$lane" 2> /dev/null || true; }
+quiet() {  # quiet COMMAND...: runs it with the background lane paused
+  local rc=0
+  lane_pause
+  echo "test: background lane paused"
+  "$@" || rc=$?
+  lane_resume
+  echo "test: background lane resumed"
+  return $rc
+}
+ctest_run() { (cd build && ctest --output-on-failure --timeout 600 -j 2 -E "^pytorch_test$" "$@"); }
+stage ctest ctest_run -LE quiet
 if [ -d build/python/quicksilver ]; then
   # The build's interpreter unless QS_PYTHON names another (scripts/python.sh).
   stage pytest-system pytest_on "$(bash scripts/python.sh)"
-  if [ -n "$torch2" ]; then
-    stage torch2-install torch2_wait
-    if [ -s build/torch2-python ]; then
-      # policy="auto"'s multi-process switch tests run on the build's torch only: the switch
-      # is Python and the runtime's, the same on both (its planner tests run on both); and
-      # one case of each runtime matrix (tests/python/conftest.py). CI's 30 minutes
-      # (docs/ci.md).
-      stage pytest-torch2 pytest_on "$(cat build/torch2-python)" \
-        -k "not auto_switches and not rank_0s_threaded_decisions" --runtime-matrix-once
-    else
-      skipped+=("pytest-torch2: too little disk for torch 2.x's wheels (torch2-install above says how much)")
-      echo "test: pytest-torch2 SKIPPED: ${skipped[-1]#*: }"
-    fi
+fi
+if [ $with_torch2 = 1 ]; then stage torch2-install torch2_wait; fi
+stage ctest-quiet quiet ctest_run -L quiet
+if [ $with_torch2 = 1 ]; then
+  if [ -s build/torch2-python ]; then
+    # policy="auto"'s multi-process switch tests run on the build's torch only: the switch
+    # is Python and the runtime's, the same on both (its planner tests run on both); and
+    # one case of each runtime matrix (tests/python/conftest.py). CI's 30 minutes
+    # (docs/ci.md).
+    stage pytest-torch2 pytest_on "$(cat build/torch2-python)" \
+      -k "not auto_switches and not rank_0s_threaded_decisions" --runtime-matrix-once
+  else
+    skipped+=("pytest-torch2: too little disk for torch 2.x's wheels (torch2-install above says how much)")
+    echo "test: pytest-torch2 SKIPPED: ${skipped[-1]#*: }"
   fi
 fi
 if [ -x ../shared/tools/contract-check ]; then
@@ -141,7 +161,8 @@ if [ -x ../shared/tools/contract-check ]; then
 fi
 sanitizers() {  # the ASan tests while the lane builds the TSan tree, then the TSan tests
   lane_wait asan-build
-  bash scripts/sanitize.sh asan test
+  bash scripts/sanitize.sh asan test -LE quiet
+  quiet bash scripts/sanitize.sh asan test -L quiet
   lane_wait tsan-build
   bash scripts/sanitize.sh tsan test
 }
