@@ -62,7 +62,8 @@ spawn() {  # spawn OUT ERR COMMAND...: in the background, idle class, its own pr
   background+=("$!")
 }
 # (CONT: a paused group, below, takes its TERM only once it runs again.)
-trap 'for p in "${background[@]}"; do kill -- "-$p" 2> /dev/null; kill -CONT -- "-$p" 2> /dev/null || true; done' EXIT
+# (|| true: set -e holds in the trap too, and a group that has ended is not an error.)
+trap 'for p in "${background[@]}"; do { kill -- "-$p"; kill -CONT -- "-$p"; } 2> /dev/null || true; done' EXIT
 torch2= with_torch2=0
 if [ -d build/python/quicksilver ] && [ "${QS_TEST_TORCH2:-1}" != 0 ]; then
   echo "test: torch2-install started in the background (its log: build/torch2-install.log)"

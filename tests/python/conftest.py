@@ -20,8 +20,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "runtime_matrix: a parametrized test whose cases vary only what the C++ runtime does (policy, "
-        "architecture, worker count, which worker stops); --runtime-matrix-once runs its first case only")
+        "markers", "runtime_matrix: a parametrized test whose cases vary only what the C++ runtime and launcher do "
+        "(policy, architecture, worker count, launcher, compression on the wire, which worker stops); "
+        "--runtime-matrix-once runs its first case only")
 
 
 def runtime_matrix_once(config, items):

@@ -64,6 +64,7 @@ def compare(out, name, policy, workers, reference):
     return worst
 
 
+@pytest.mark.runtime_matrix
 @pytest.mark.parametrize("workers,launcher,policy", [(2, "torchrun", "mercury"), (2, "quicksilver", "mgwfbp"),
                                                      (3, "quicksilver", "mercury"), (3, "torchrun", "mgwfbp")])
 def test_idioms_match_one_process(build_dir, tmp_path, workers, launcher, policy):
@@ -107,6 +108,7 @@ def test_low_precision_parameters(build_dir, tmp_path, dtype, policy):
     print("{} parameters, {}: worst difference {:.1e}".format(dtype, policy, worst))
 
 
+@pytest.mark.runtime_matrix
 @pytest.mark.parametrize("wire,policy,workers", [("wire_bf16", "mercury", 2), ("wire_fp16", "bytescheduler", 2),
                                                  ("wire_bf16", "wfbp", 3), ("wire_fp16", "mgwfbp", 2)])
 def test_compressed_gradients_match_the_same_rounding(build_dir, tmp_path, wire, policy, workers):
@@ -154,6 +156,7 @@ def deft_reference(out, name, workers, policy="deft"):
     return idioms.IDIOMS[name](world), logs[0]["updates"]
 
 
+@pytest.mark.runtime_matrix
 @pytest.mark.parametrize("workers,launcher", [(2, "torchrun"), (3, "quicksilver")])
 def test_deft_idioms_follow_their_schedule(build_dir, tmp_path, workers, launcher):
     """DeFT's delayed, merged updates under the same idioms: each update (first..last) uses
