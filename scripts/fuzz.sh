@@ -40,17 +40,9 @@ fuzz_one() {  # fuzz_one TARGET: runs it, its exit status into build-fuzz/TARGET
   echo $rc > "build-fuzz/$t.rc"
 }
 echo "fuzz: ${#targets[@]} targets, ${seconds}s each, $(nproc) at a time"
-running=0
-for t in "${targets[@]}"; do
-  rm -f "build-fuzz/$t.rc"
-  if [ $running -ge "$(nproc)" ]; then
-    wait -n || true
-    running=$((running - 1))
-  fi
-  fuzz_one "$t" &
-  running=$((running + 1))
-done
-wait
+for t in "${targets[@]}"; do rm -f "build-fuzz/$t.rc"; done
+source scripts/parallel.sh
+run_at_most "$(nproc)" fuzz_one "${targets[@]}"
 pass=0; fail=0
 for t in "${targets[@]}"; do
   log=build-fuzz/$t.log

@@ -82,17 +82,9 @@ if { [ "$what" = tsan ] || [ "$what" = all ]; } && testing; then
       > "build-tsan/$1.log" 2>&1 || rc=$?
     echo $rc > "build-tsan/$1.rc"
   }
-  running=0
-  for t in "${tsan_tests[@]}"; do
-    rm -f "build-tsan/$t.rc"
-    if [ $running -ge "$jobs" ]; then
-      wait -n || true
-      running=$((running - 1))
-    fi
-    tsan_one "$t" &
-    running=$((running + 1))
-  done
-  wait
+  for t in "${tsan_tests[@]}"; do rm -f "build-tsan/$t.rc"; done
+  source scripts/parallel.sh
+  run_at_most "$jobs" tsan_one "${tsan_tests[@]}"
   failed=0
   for t in "${tsan_tests[@]}"; do
     if [ "$(cat "build-tsan/$t.rc" 2> /dev/null || echo '?')" = 0 ]; then
