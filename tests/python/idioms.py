@@ -7,6 +7,7 @@ what the three added lines do."""
 import contextlib
 import copy
 import io
+import time
 import types
 
 import torch
@@ -70,9 +71,23 @@ class DigitsTransformer(nn.Module):
         return self.head(h.mean(1))
 
 
+class DigitsWide(nn.Module):
+    """A first layer of 16 MB of gradient: backward() returns while the transport still
+    sends it (its layer is the last the backward reaches), so a write right after
+    backward() lands while the bytes are on the wire."""
+
+    def __init__(self):
+        super().__init__()
+        self.wide = nn.Linear(64, 65536)
+        self.head = nn.Linear(65536, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.wide(x.flatten(1))))
+
+
 def make_model(kind):
     return {"digits": models.DigitsCNN, "bn": DigitsBN, "branchy": DigitsBranchy,
-            "transformer": DigitsTransformer}[kind]()
+            "transformer": DigitsTransformer, "wide": DigitsWide}[kind]()
 
 
 class World:
@@ -538,6 +553,26 @@ def clip_without_synchronize(world):
         opt.step()
 
 
+def clip_during_the_send(world):
+    """clip_without_synchronize on rank 0 alone, the write meeting the send: the
+    transport reads .grad in place, so the receiver's payload checksum sees the bytes
+    change (nothing of them is used) and the session fails while rank 0 still writes;
+    rank 0 is told the write's remedy all the same (step() checks the versions before it
+    waits on the transport), rank 1 that the writer was lost. Clipped ten times over (a
+    16 MB layer written for tens of milliseconds) so that the writes overlap the send, and
+    step() half a second later, once the failure has surely reached rank 0."""
+    model = seeded_model("wide")
+    opt = world.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    for it in range(3):
+        opt.zero_grad()
+        world.forward_backward(model, it)
+        if world.rank == 0:
+            for _ in range(10):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-6)
+            time.sleep(0.5)  # its frames are judged by now: the session's error is waiting
+        opt.step()
+
+
 def accumulate_undeclared(world):
     model = seeded_model("digits")
     opt = world.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model)
@@ -586,10 +621,11 @@ def diverge(world):
 
 MUST_RAISE = {
     "clip_without_synchronize": "synchronize()",
+    "clip_during_the_send": "synchronize()",
     "accumulate_undeclared": "backward_passes_per_step",
     "two_forwards_undeclared": "backward_passes_per_step",
     "unused_undeclared": "find_unused_parameters=True",
     "diverge": "parameter 'fc1.bias' differs between rank 0 and rank(s) 1",
 }
-RAISERS = {f.__name__: f for f in (clip_without_synchronize, accumulate_undeclared, two_forwards_undeclared,
-                                    unused_undeclared, diverge)}
+RAISERS = {f.__name__: f for f in (clip_without_synchronize, clip_during_the_send, accumulate_undeclared,
+                                    two_forwards_undeclared, unused_undeclared, diverge)}

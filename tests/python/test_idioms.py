@@ -192,8 +192,9 @@ def test_every_policy_with_a_per_iteration_schedule(build_dir, tmp_path):
     assert len(policies) == 13, policies
 
 
-RAISE_CASES = [(name, policy) for name in idioms.RAISERS for policy in ("mercury", "deft")] + [
-    ("clip_without_synchronize", "mgwfbp"), ("two_forwards_undeclared", "mgwfbp")]
+RAISE_CASES = [(name, policy) for name in idioms.RAISERS if name != "clip_during_the_send"
+               for policy in ("mercury", "deft")] + [
+    ("clip_without_synchronize", "mgwfbp"), ("two_forwards_undeclared", "mgwfbp"), ("clip_during_the_send", "mercury")]
 
 
 @pytest.mark.parametrize("name,policy", RAISE_CASES)
@@ -208,12 +209,20 @@ def test_what_cannot_be_right_raises(build_dir, tmp_path, name, policy):
         expected = "use a synchronous policy"
     # Every rank runs the same loop, so each raises the same error, unless a peer raised
     # first: the session stops at once and a rank still waiting on it is told its peer is
-    # gone. Never a protocol error (the transport never read memory being written).
+    # gone. Never a protocol error, but for one account: the transport sends .grad in
+    # place, so a clip during the send changes bytes on the wire, which the receiver's
+    # checksum catches (nothing of them is used). The writer is told the remedy (its
+    # transport error explained by its write); a peer whose session failed before its own
+    # write (or that wrote nothing: clip_during_the_send's rank 1) may be told that the
+    # writer's frame arrived changed.
     texts = [open(os.path.join(str(tmp_path), "raise-{}-{}-{}.txt".format(name, policy, r))).read() for r in range(2)]
     assert any(expected in t for t in texts), texts
+    if name == "clip_during_the_send":
+        assert expected in texts[0] and "protocol error" not in texts[0], texts[0]
     for r, text in enumerate(texts):
         assert expected in text or "lost" in text or "stopped" in text, "rank {}: {!r}".format(r, text)
-        assert "protocol error" not in text and "CRC32C" not in text, text
+        peers_write = name.startswith("clip_") and "lost worker" in text and "corrupted payload" in text
+        assert peers_write or ("protocol error" not in text and "CRC32C" not in text), text
     assert took < 60, "took {:.1f} s".format(took)
 
 
