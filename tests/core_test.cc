@@ -2,6 +2,7 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <set>
 
@@ -187,6 +188,42 @@ TEST(PriorityFifo, MatchesAReferenceOrderOnRandomOperations) {
       ref.erase(ref.begin());
     }
     ASSERT_EQ(q.size(), ref.size());
+  }
+}
+
+// Few priorities, each ring growing, wrapping around and draining again many times; top()
+// updated in place as the PS simulator does (a pull's next worker). The reference: a
+// std::deque per priority.
+TEST(PriorityFifo, RingsWrapGrowAndDrainInOrder) {
+  Rng r(7);
+  PriorityFifo<std::uint64_t> q(3);
+  std::vector<std::deque<std::uint64_t>> ref(3);
+  std::size_t size = 0;
+  std::uint64_t next = 0;
+  auto top = [&]() -> std::deque<std::uint64_t>& {
+    for (auto& d : ref) {
+      if (!d.empty()) return d;
+    }
+    return ref.back();
+  };
+  for (int i = 0; i < 50000; ++i) {
+    const double u = r.uniform();
+    if (size == 0 || u < (i % 5000 < 2500 ? 0.6 : 0.4)) {
+      const int p = static_cast<int>(r.uniform_int(0, 2));
+      q.push(p, next);
+      ref[static_cast<std::size_t>(p)].push_back(next++);
+      ++size;
+    } else if (u < 0.45) {
+      q.top() += 1000000;
+      top().front() += 1000000;
+    } else {
+      ASSERT_EQ(q.top_priority(), &top() - ref.data());
+      ASSERT_EQ(q.pop(), top().front());
+      top().pop_front();
+      --size;
+    }
+    ASSERT_EQ(q.size(), size);
+    ASSERT_EQ(q.empty(), size == 0);
   }
 }
 

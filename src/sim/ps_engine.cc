@@ -44,7 +44,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <variant>
 
 #include "engines.h"
 #include "quicksilver/core/check.h"
@@ -56,41 +55,22 @@
 namespace qs {
 namespace {
 
-// A transport queue under a discipline: PriorityFifo or plain FIFO.
+// A transport queue under a discipline: PriorityFifo, or plain FIFO as its one priority
+// (no variant to dispatch on in the hot path).
 template <typename T>
 class TxQueue {
  public:
-  TxQueue(QueueDiscipline d, int priorities) {
-    if (d == QueueDiscipline::kPriority) {
-      q_.template emplace<PriorityFifo<T>>(priorities);
-    }
-  }
-  bool empty() const {
-    return std::visit([](const auto& q) { return q.empty(); }, q_);
-  }
-  void push(int priority, T v) {
-    if (auto* f = std::get_if<std::deque<T>>(&q_)) {
-      f->push_back(std::move(v));
-    } else {
-      std::get<PriorityFifo<T>>(q_).push(priority, std::move(v));
-    }
-  }
+  TxQueue(QueueDiscipline d, int priorities)
+      : fifo_(d != QueueDiscipline::kPriority), q_(fifo_ ? 1 : priorities) {}
+  bool empty() const { return q_.empty(); }
+  void push(int priority, T v) { q_.push(fifo_ ? 0 : priority, std::move(v)); }
   // The element pop() would return, to update in place.
-  T& front() {
-    if (auto* f = std::get_if<std::deque<T>>(&q_)) return f->front();
-    return std::get<PriorityFifo<T>>(q_).top();
-  }
-  T pop() {
-    if (auto* f = std::get_if<std::deque<T>>(&q_)) {
-      T v = std::move(f->front());
-      f->pop_front();
-      return v;
-    }
-    return std::get<PriorityFifo<T>>(q_).pop();
-  }
+  T& front() { return q_.top(); }
+  T pop() { return q_.pop(); }
 
  private:
-  std::variant<std::deque<T>, PriorityFifo<T>> q_;
+  bool fifo_;
+  PriorityFifo<T> q_;
 };
 
 struct Link {
