@@ -736,6 +736,7 @@ class PsNetwork {
     // A link delivers in order, and its arrivals are a lane of the clock: the same order.
     QS_CHECK(!s.arriving.empty() && s.arriving.front().worker == worker);
     const Arrival arrival = s.arriving.pop();
+    s.arriving.prefetch_second();
     // Without acknowledgements try_send counted the copies, and this one completes the sum.
     summed(static_cast<int>(server), arrival.job, worker, arrival.unit, arrival.deadline,
            jobs_[static_cast<std::size_t>(arrival.job)].acks);

@@ -1,7 +1,10 @@
 // PriorityFifo: one FIFO per priority plus a hierarchical bitmap of the non-empty ones,
 // so that push, pop and "most urgent" are O(levels) = O(1) for a fixed priority range
 // (DESIGN.md "Transport and runtime"; Mercury IV-C's sending buffer). Priority 0 is the
-// most urgent; among equal priorities, first in, first out.
+// most urgent; among equal priorities, first in, first out. Each priority's FIFO is a
+// FifoRing, and the most urgent priority is kept as a member (the bitmap is read only when
+// a priority empties): in the PS simulator the bitmap word, a std::deque's 80-byte header
+// and the element were three cache misses in a row (docs/benchmarks.md).
 //
 // The ordering it implements is the strict order (priority, insertion sequence): no two
 // elements compare equal, so the pop order is fully determined.
@@ -14,45 +17,9 @@
 #include <vector>
 
 #include "quicksilver/core/check.h"
+#include "quicksilver/core/fifo_ring.h"
 
 namespace qs {
-
-// One priority's FIFO: a ring buffer (power-of-two capacity) that keeps its memory, 40
-// bytes beside its elements. A std::deque was 80 bytes and a block allocation every 512
-// bytes of elements; the PS simulator keeps one of these per worker and priority and
-// touches each again only after every other worker's events, so the smaller header and
-// the reused memory are fewer cache misses and no allocation in steady state.
-template <typename T>
-class FifoRing {
- public:
-  bool empty() const { return size_ == 0; }
-  std::size_t size() const { return size_; }
-  T& front() { return buf_[head_]; }
-  const T& front() const { return buf_[head_]; }
-  void push_back(T v) {
-    if (size_ == buf_.size()) grow();
-    buf_[(head_ + size_) & (buf_.size() - 1)] = std::move(v);
-    ++size_;
-  }
-  // Precondition: !empty().
-  T pop_front() {
-    T v = std::move(buf_[head_]);
-    head_ = (head_ + 1) & (buf_.size() - 1);
-    if (--size_ == 0) head_ = 0;
-    return v;
-  }
-
- private:
-  void grow() {
-    std::vector<T> bigger(std::max<std::size_t>(4, buf_.size() * 2));
-    for (std::size_t i = 0; i < size_; ++i)
-      bigger[i] = std::move(buf_[(head_ + i) & (buf_.size() - 1)]);
-    buf_.swap(bigger);
-    head_ = 0;
-  }
-  std::vector<T> buf_;
-  std::size_t head_ = 0, size_ = 0;
-};
 
 template <typename T>
 class PriorityFifo {
@@ -77,7 +44,7 @@ class PriorityFifo {
     const auto p = static_cast<std::size_t>(priority);
     auto& q = queues_[p];
     if (q.empty()) mark(p);
-    q.push_back(std::move(value));
+    q.push(std::move(value));
     ++size_;
     top_ = std::min(top_, p);
   }
@@ -93,7 +60,7 @@ class PriorityFifo {
   T pop() {
     const auto p = static_cast<std::size_t>(top_priority());
     auto& q = queues_[p];
-    T v = q.pop_front();
+    T v = q.pop();
     --size_;
     if (q.empty()) {
       unmark(p);

@@ -23,49 +23,14 @@
 #include <vector>
 
 #include "quicksilver/core/check.h"
+#include "quicksilver/core/fifo_ring.h"
 #include "quicksilver/core/units.h"
 
 namespace qs {
 
-// A FIFO in a ring buffer (power-of-two capacity) that keeps its memory. pop() prefetches
-// the element that will be the front after the next pop: a simulation keeps thousands of
-// these (one per link), each touched again only thousands of events later, so the line it
-// reads next is fetched while other work goes on.
+// A lane's FIFO (and the PS model's arrivals): core's FifoRing.
 template <typename T>
-class Ring {
- public:
-  bool empty() const { return size_ == 0; }
-  std::size_t size() const { return size_; }
-  const T& front() const { return buf_[head_]; }
-  const T& back() const { return buf_[(head_ + size_ - 1) & (buf_.size() - 1)]; }
-  void push(T v) {
-    if (size_ == buf_.size()) grow();
-    buf_[(head_ + size_) & (buf_.size() - 1)] = std::move(v);
-    ++size_;
-  }
-  // Precondition: !empty().
-  T pop() {
-    T v = std::move(buf_[head_]);
-    head_ = (head_ + 1) & (buf_.size() - 1);
-    --size_;
-    if (size_ > 1) __builtin_prefetch(&buf_[(head_ + 1) & (buf_.size() - 1)]);
-    // An emptied ring starts again at its first slot: a ring that holds one element at a
-    // time (a link's next "free") keeps using one cache line.
-    if (size_ == 0) head_ = 0;
-    return v;
-  }
-
- private:
-  void grow() {
-    std::vector<T> bigger(std::max<std::size_t>(8, buf_.size() * 2));
-    for (std::size_t i = 0; i < size_; ++i)
-      bigger[i] = std::move(buf_[(head_ + i) & (buf_.size() - 1)]);
-    buf_.swap(bigger);
-    head_ = 0;
-  }
-  std::vector<T> buf_;
-  std::size_t head_ = 0, size_ = 0;
-};
+using Ring = FifoRing<T>;
 
 template <typename Payload>
 class EventQueue {
@@ -128,6 +93,7 @@ class EventQueue {
     } else {
       Lane& l = lanes_[leaf - 1];
       e = l.pop();
+      l.prefetch_second();  // a link's lane is popped again only after the others' events
       set_winner_key(leaf, l.empty() ? kEmptyKey : key_of(l.front()));
     }
     --size_;
