@@ -2,11 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "quicksilver/core/rng.h"
 #include "quicksilver/policy/layout.h"
 #include "quicksilver/sim/event_queue.h"
 #include "quicksilver/sim/simulator.h"
+#include "sim/sim_clock.h"
 #include "test_profiles.h"
 
 namespace qs {
@@ -72,6 +74,57 @@ TEST(EventQueue, LanesFireInTimeThenSchedulingOrder) {
     for (const auto& r : reference) expected.push_back(r.second);
     ASSERT_EQ(order, expected) << "round " << round;
     EXPECT_EQ(q.fired(), expected.size());
+  }
+}
+
+// The simulator's clock keeps a lane's callbacks in a FIFO of the lane's own (its events
+// fire in the order they were scheduled) and the others, those scheduled earlier than
+// their lane's last and those without a lane, by slot: every callback must still run as
+// itself, in (time, scheduling order), with callbacks scheduling more as they run.
+TEST(SimClock, CallbacksOnLanesRunInTimeThenSchedulingOrder) {
+  Rng rng(11);
+  for (int round = 0; round < 100; ++round) {
+    SimClock clock;
+    const int lanes = 1 + static_cast<int>(rng.uniform_int(0, 5));
+    for (int l = 0; l < lanes; ++l) clock.add_lane();
+    std::vector<TimeNs> last(static_cast<std::size_t>(lanes), 0);
+    std::vector<std::pair<TimeNs, int>> reference;  // (time, id): ids are scheduling order
+    std::vector<int> order;
+    int next_id = 0;
+    std::function<void()> schedule_some = [&] {
+      const TimeNs now = clock.now();
+      const int n = order.size() < 300 ? static_cast<int>(rng.uniform_int(0, 3)) : 0;
+      for (int i = 0; i < n; ++i) {
+        const int lane = static_cast<int>(rng.uniform_int(-1, lanes - 1));
+        TimeNs at = now + static_cast<TimeNs>(rng.uniform_int(0, 20));
+        if (lane >= 0 && rng.uniform_int(0, 4) > 0) {
+          at = std::max(at, last[static_cast<std::size_t>(lane)]);  // mostly monotone
+        }
+        if (lane >= 0) {
+          auto& l = last[static_cast<std::size_t>(lane)];
+          l = std::max(l, at);
+        }
+        const int id = next_id++;
+        reference.emplace_back(at, id);
+        clock.schedule_callback(
+            at,
+            [&order, &schedule_some, id] {
+              order.push_back(id);
+              schedule_some();
+            },
+            lane);
+      }
+    };
+    schedule_some();
+    while (!clock.empty()) {
+      const auto e = clock.pop();
+      ASSERT_TRUE(clock.run_callback(e));
+    }
+    std::stable_sort(reference.begin(), reference.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<int> expected;
+    for (const auto& r : reference) expected.push_back(r.second);
+    ASSERT_EQ(order, expected) << "round " << round;
   }
 }
 

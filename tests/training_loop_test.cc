@@ -51,10 +51,20 @@ class WholeTensors final : public PsPolicy {
  public:
   explicit WholeTensors(const TensorLayout& l) : layout_(l) {}
   TimeNs startup = 0;  // layer 0's user-level startup delay
+  // If given, layer 0's tensor goes in as many equal pieces instead, each with its delay.
+  std::vector<TimeNs> piece_delays;
   std::string_view name() const override { return "whole-tensors"; }
   QueueDiscipline discipline() const override { return QueueDiscipline::kPriority; }
   void on_gradient_ready(int l, TimeNs, PushSink& out) override {
     const TensorInfo& t = layout_.tensor(layout_.first_tensor(l));
+    if (l == 0 && !piece_delays.empty()) {
+      const Bytes piece = t.bytes / static_cast<Bytes>(piece_delays.size());
+      for (std::size_t i = 0; i < piece_delays.size(); ++i) {
+        out.push(PushUnit{Chunk{t.id, static_cast<Bytes>(i) * piece, piece}, 0, t.id},
+                 piece_delays[i]);
+      }
+      return;
+    }
     out.push(PushUnit{Chunk{t.id, 0, t.bytes}, 0, t.id}, l == 0 ? startup : 0);
   }
   std::vector<std::int64_t> estimates;  // bandwidth estimates received, bit/s
@@ -164,6 +174,43 @@ TEST(TrainingLoop, StartupDelayHandsTheUnitOverLaterAndFlushesOnItsOwn) {
   ASSERT_EQ(r.exchange.queued.size(), 2u);
   EXPECT_EQ(r.exchange.flushes, flushes + 1);
   EXPECT_TRUE(loop.all_ready_handed());
+}
+
+// Delayed pushes due in the order they were made wait in a FIFO, the others by slot
+// (TrainingLoop::push_decision): either way each unit is handed over at its own time.
+TEST(TrainingLoop, DelayedPushesAreHandedOverInTheOrderTheyAreDue) {
+  Rig r;
+  // Layer a's gradient is ready at 6 us, in four pieces: due at +300 (queued first), +100
+  // and +200 (earlier than the first: by slot), +400 (after it: queued).
+  r.policy.piece_delays = {300, 100, 200, 400};
+  TrainingLoop& loop = r.start(2);
+  r.timer.run_until(6000);
+  ASSERT_EQ(r.exchange.queued.size(), 1u);  // layer b's, undelayed
+  auto offsets_after = [&](TimeNs t) {
+    r.timer.run_until(t);
+    std::vector<Bytes> o;
+    for (std::size_t i = 1; i < r.exchange.queued.size(); ++i)
+      o.push_back(r.exchange.queued[i].chunk.offset);
+    return o;
+  };
+  EXPECT_EQ(offsets_after(6099), (std::vector<Bytes>{}));
+  EXPECT_EQ(offsets_after(6100), (std::vector<Bytes>{100}));
+  EXPECT_EQ(offsets_after(6250), (std::vector<Bytes>{100, 200}));
+  EXPECT_EQ(offsets_after(6300), (std::vector<Bytes>{100, 200, 0}));
+  EXPECT_EQ(offsets_after(6399), (std::vector<Bytes>{100, 200, 0}));
+  EXPECT_EQ(offsets_after(6400), (std::vector<Bytes>{100, 200, 0, 300}));
+  EXPECT_TRUE(loop.all_ready_handed());
+  // Again in the next iteration, the FIFO and the slots reused.
+  for (std::size_t i = 0; i < 5; ++i) loop.on_pulled(r.exchange.queued[i], 6500);
+  r.timer.run_until(20000);  // forward to 10.5 us, backward to 16.5 us, the pieces after
+  ASSERT_EQ(r.exchange.queued.size(), 10u);
+  std::vector<Bytes> second;
+  for (std::size_t i = 6; i < 10; ++i) second.push_back(r.exchange.queued[i].chunk.offset);
+  EXPECT_EQ(second, (std::vector<Bytes>{100, 200, 0, 300}));
+  for (std::size_t i = 5; i < 10; ++i) loop.on_pulled(r.exchange.queued[i], 20000);
+  r.timer.run_all();
+  ASSERT_TRUE(loop.finished());
+  ASSERT_TRUE(loop.error().is_ok()) << loop.error().to_string();
 }
 
 TEST(TrainingLoop, WhilePushingUtilisationAndTheBandwidthMonitor) {

@@ -396,6 +396,18 @@ void TrainingLoop::push_decision(const PushUnit& unit, TimeNs delay) {
     hand_over(unit);  // flushed once the policy callback returns (units compete by priority)
     return;
   }
+  const TimeNs due = timer_.now() + delay;
+  if (delayed_fifo_.empty() || due >= delayed_fifo_last_) {
+    delayed_fifo_.push(unit);
+    delayed_fifo_last_ = due;
+    timer_.schedule_at(due, [this] {
+      const PushUnit front = delayed_fifo_.pop();
+      if (!error_.is_ok()) return;
+      hand_over(front);
+      exchange_.flush();
+    });
+    return;
+  }
   std::uint32_t slot;
   if (delayed_free_.empty()) {
     slot = static_cast<std::uint32_t>(delayed_.size());
@@ -405,11 +417,11 @@ void TrainingLoop::push_decision(const PushUnit& unit, TimeNs delay) {
     delayed_free_.pop_back();
     delayed_[slot] = unit;
   }
-  timer_.schedule_at(timer_.now() + delay, [this, slot] {
-    const PushUnit due = delayed_[slot];
+  timer_.schedule_at(due, [this, slot] {
+    const PushUnit unit = delayed_[slot];
     delayed_free_.push_back(slot);
     if (!error_.is_ok()) return;
-    hand_over(due);
+    hand_over(unit);
     exchange_.flush();
   });
 }

@@ -4,10 +4,12 @@
 // event fires in (time, scheduling order), and runs repeat exactly.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
 
+#include "quicksilver/core/fifo_ring.h"
 #include "quicksilver/engine/timer.h"
 #include "quicksilver/sim/event_queue.h"
 
@@ -18,9 +20,10 @@ namespace qs {
 // and its event carries the slot; a network model's event carries a reference of its own
 // (the PS model's units in flight, the all-reduce model's buckets).
 struct SimEvent {
-  static constexpr std::uint8_t kCallback = 255;
-  std::uint8_t kind = 0;  // the network model's event type, or kCallback
-  int index = 0;          // its host, or the callback's slot
+  static constexpr std::uint8_t kCallback = 255;      // index: the callback's slot
+  static constexpr std::uint8_t kLaneCallback = 254;  // index: its lane (the lane's next)
+  std::uint8_t kind = 0;  // the network model's event type, or a callback
+  int index = 0;          // its host, or the callback's slot or lane
   std::uint32_t ref = 0;  // the network model's: what the event is about
 };
 
@@ -30,8 +33,18 @@ class SimClock final : public Timer {
   void schedule_at(TimeNs when, Callback fn) override {
     schedule_callback(when, std::move(fn), -1);
   }
-  // A callback on `lane` (-1: none): LaneTimer.
+  // A callback on `lane` (-1: none): LaneTimer. A lane's events fire in the order they
+  // were scheduled, so a callback that goes on the lane waits in the lane's own FIFO, read
+  // in sequence (a large simulation has tens of thousands of startup delays pending, and
+  // a slot of the side table, reused in whatever order they fire, was a cache miss a
+  // callback); one scheduled earlier than the lane's last goes to the heap with a slot.
   void schedule_callback(TimeNs when, Callback fn, int lane) {
+    const TimeNs at = std::max(when, q_.now());
+    if (lane >= 0 && q_.fits_lane(at, lane)) {
+      lane_callbacks_[static_cast<std::size_t>(lane)].push(std::move(fn));
+      q_.schedule(at, SimEvent{SimEvent::kLaneCallback, lane, 0}, lane);
+      return;
+    }
     int slot;
     if (free_.empty()) {
       slot = static_cast<int>(callbacks_.size());
@@ -41,20 +54,19 @@ class SimClock final : public Timer {
       free_.pop_back();
       callbacks_[static_cast<std::size_t>(slot)] = std::move(fn);
     }
-    const SimEvent e{SimEvent::kCallback, slot, 0};
-    if (lane < 0) {
-      q_.schedule(std::max(when, q_.now()), e);
-    } else {
-      q_.schedule(std::max(when, q_.now()), e, lane);
-    }
+    q_.schedule(at, SimEvent{SimEvent::kCallback, slot, 0});
   }
   // A network model's event.
   void schedule_event(TimeNs when, std::uint8_t kind, int index, std::uint32_t ref = 0) {
     q_.schedule(when, SimEvent{kind, index, ref});
   }
   // A lane for a network model's events that come in time order (one link's arrivals;
-  // EventQueue "Lanes"), and an event on it: the same firing order, a smaller heap.
-  int add_lane() { return q_.add_lane(); }
+  // EventQueue "Lanes"), and an event on it: the same firing order, a smaller heap. A lane
+  // carries a network model's events or callbacks, never both.
+  int add_lane() {
+    lane_callbacks_.emplace_back();
+    return q_.add_lane();
+  }
   // lane -1: none (schedule_event).
   void schedule_event_on(int lane, TimeNs when, std::uint8_t kind, int index, std::uint32_t ref) {
     if (lane < 0) return schedule_event(when, kind, index, ref);
@@ -68,6 +80,13 @@ class SimClock final : public Timer {
   EventQueue<SimEvent>::Event pop() { return q_.pop(); }
   // Runs `e` if it is a callback (true); a network event is the caller's (false).
   bool run_callback(const EventQueue<SimEvent>::Event& e) {
+    if (e.payload.kind == SimEvent::kLaneCallback) {
+      FifoRing<Callback>& ring = lane_callbacks_[static_cast<std::size_t>(e.payload.index)];
+      Callback fn = ring.pop();
+      ring.prefetch_second();  // this lane's next, popped after other lanes' events
+      fn();
+      return true;
+    }
     if (e.payload.kind != SimEvent::kCallback) return false;
     Callback fn = std::move(callbacks_[static_cast<std::size_t>(e.payload.index)]);
     free_.push_back(e.payload.index);
@@ -77,8 +96,9 @@ class SimClock final : public Timer {
 
  private:
   EventQueue<SimEvent> q_;
-  std::vector<Callback> callbacks_;  // by slot
-  std::vector<int> free_;            // unused slots
+  std::vector<Callback> callbacks_;                 // by slot: the heap's callbacks
+  std::vector<int> free_;                           // unused slots
+  std::vector<FifoRing<Callback>> lane_callbacks_;  // by lane: its callbacks, in order
 };
 
 // One worker's view of the clock: its callbacks (its GPU's steps, its policy's startup

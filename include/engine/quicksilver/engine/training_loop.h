@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "quicksilver/core/fifo_ring.h"
 #include "quicksilver/core/status.h"
 #include "quicksilver/engine/compute.h"
 #include "quicksilver/engine/exchange.h"
@@ -199,9 +200,16 @@ class TrainingLoop final : public ExchangeListener {
   Bytes ready_bytes_ = 0, handed_bytes_ = 0;
   TimeNs pending_since_ = -1, pending_total_ = 0;
   Rate monitor_{0};  // the bandwidth monitor's last estimate (0: none yet)
-  // A policy's delayed pushes (its startup time) until they are due, by slot: the timer's
-  // callback carries the slot, small enough for std::function to keep without allocating
-  // (Prophet at 64 KiB partitions delays thousands of units an iteration).
+  // A policy's delayed pushes (its startup time) until they are due (Prophet at 64 KiB
+  // partitions delays thousands of units an iteration). Those due no earlier than the last
+  // one queued wait in a FIFO, and each of their callbacks hands over its front: the timer
+  // fires no callback before its time, so the front, due no later than the callback's own
+  // unit, is due too, and a timer that fires in (time, scheduling) order, as the
+  // simulator's does, hands each unit over at its own callback. Read in sequence: no cache
+  // miss a unit where thousands are pending. The others wait by slot, the callback
+  // carrying the slot (small enough for std::function to keep without allocating).
+  FifoRing<PushUnit> delayed_fifo_;
+  TimeNs delayed_fifo_last_ = 0;  // the due time of the last unit queued in the FIFO
   std::vector<PushUnit> delayed_;
   std::vector<std::uint32_t> delayed_free_;
 

@@ -60,8 +60,14 @@ class EventQueue {
     tree_stale_ = true;
     return static_cast<int>(lanes_.size()) - 1;
   }
+  // Whether schedule(at, p, lane) puts the event on the lane (not the heap): the lane is
+  // empty or its last event is not later than `at`.
+  bool fits_lane(TimeNs at, int lane) const {
+    const Lane& l = lanes_[static_cast<std::size_t>(lane)];
+    return l.empty() || at >= l.back().time;
+  }
   // Schedules on `lane`: the same order as schedule(), cheaper when `at` is not earlier
-  // than the lane's last event. Precondition: at >= now(), lane from add_lane().
+  // than the lane's last event (fits_lane). Precondition: at >= now(), lane from add_lane().
   void schedule(TimeNs at, Payload p, int lane) {
     QS_CHECK_MSG(at >= now_, "event scheduled in the past");
     Lane& l = lanes_[static_cast<std::size_t>(lane)];
