@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <utility>
 #include <vector>
 
 #include "quicksilver/core/check.h"
+#include "quicksilver/core/fifo_ring.h"
 #include "quicksilver/core/units.h"
 
 namespace qs {
@@ -35,7 +35,7 @@ class CreditWindow {
     QS_CHECK(priority >= 0 && priority < kMaxPriority);
     const auto p = static_cast<std::size_t>(priority);
     if (p >= queues_.size()) queues_.resize(p + 1);
-    queues_[p].push_back(Pending{std::move(unit), bytes});
+    queues_[p].push(Pending{std::move(unit), bytes});
     first_ = std::min(first_, p);
     ++pending_;
   }
@@ -50,10 +50,12 @@ class CreditWindow {
   void release(Release&& release) {
     while (pending_ > 0) {
       while (queues_[first_].empty()) ++first_;
-      std::deque<Pending>& q = queues_[first_];
+      FifoRing<Pending>& q = queues_[first_];
       if (in_flight_ != 0 && in_flight_ + q.front().bytes > credit_) return;
-      Pending p = std::move(q.front());
-      q.pop_front();
+      // The next front is read at the next acknowledgement, after every other worker's
+      // events in a simulation: fetched now.
+      q.prefetch_second();
+      Pending p = q.pop();
       --pending_;
       in_flight_ += p.bytes;
       release(std::move(p.unit));
@@ -68,7 +70,7 @@ class CreditWindow {
   };
 
   Bytes credit_;
-  std::vector<std::deque<Pending>> queues_;  // by priority, each in arrival order
+  std::vector<FifoRing<Pending>> queues_;  // by priority, each in arrival order
   std::size_t first_ = SIZE_MAX;             // no queue below it holds a unit
   std::size_t pending_ = 0;
   Bytes in_flight_ = 0;
