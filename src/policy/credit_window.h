@@ -71,7 +71,7 @@ class CreditWindow {
 
   Bytes credit_;
   std::vector<FifoRing<Pending>> queues_;  // by priority, each in arrival order
-  std::size_t first_ = SIZE_MAX;             // no queue below it holds a unit
+  std::size_t first_ = SIZE_MAX;           // no queue below it holds a unit
   std::size_t pending_ = 0;
   Bytes in_flight_ = 0;
 };
