@@ -29,51 +29,78 @@ TEST(EventQueue, FiresInTimeThenSchedulingOrder) {
   EXPECT_EQ(q.fired(), 4u);
 }
 
+// Random schedules of events over `lanes` lanes (-1: none), each lane's mostly in time
+// order (sometimes not, which must fall back to the heap), and the order a single queue
+// fires them in: (time, scheduling order).
+class RandomSchedule {
+ public:
+  RandomSchedule(Rng& rng, int lanes) : rng_(rng), last_(static_cast<std::size_t>(lanes), 0) {}
+  struct Draw {
+    int lane;
+    TimeNs at;
+    int id;  // the scheduling order
+  };
+  // The next event, scheduled at `now` or later.
+  Draw next(TimeNs now) {
+    const int lane = static_cast<int>(rng_.uniform_int(-1, static_cast<int>(last_.size()) - 1));
+    TimeNs at = now + static_cast<TimeNs>(rng_.uniform_int(0, 20));
+    if (lane >= 0) {
+      TimeNs& last = last_[static_cast<std::size_t>(lane)];
+      if (rng_.uniform_int(0, 9) > 0) at = std::max(at, last);  // mostly monotone
+      last = std::max(last, at);
+    }
+    reference_.emplace_back(at, next_id_);
+    return Draw{lane, at, next_id_++};
+  }
+  std::size_t drawn() const { return reference_.size(); }
+  std::vector<int> expected_order() const {
+    auto r = reference_;
+    std::stable_sort(r.begin(), r.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<int> ids;
+    for (const auto& e : r) ids.push_back(e.second);
+    return ids;
+  }
+
+ private:
+  Rng& rng_;
+  std::vector<TimeNs> last_;                       // per lane: its latest time
+  std::vector<std::pair<TimeNs, int>> reference_;  // (time, id)
+  int next_id_ = 0;
+};
+
 // Issue 14 (simulator scale): lanes hold events scheduled in time order, a tournament tree
 // picks the earliest lane head, and the rest go to the heap; the order must be exactly the
 // (time, scheduling order) of one queue. Random schedules against that reference: events
-// on lanes (mostly monotone, sometimes not, which must fall back to the heap), without a
-// lane, and scheduled while popping.
+// on lanes, without a lane, and scheduled while popping.
 TEST(EventQueue, LanesFireInTimeThenSchedulingOrder) {
   Rng rng(7);
   for (int round = 0; round < 200; ++round) {
     EventQueue<int> q;
     const int lanes = 1 + static_cast<int>(rng.uniform_int(0, 9));
     for (int l = 0; l < lanes; ++l) EXPECT_EQ(q.add_lane(), l);
-    std::vector<TimeNs> last(static_cast<std::size_t>(lanes), 0);
-    std::vector<std::pair<TimeNs, int>> reference;  // (time, id): ids are scheduling order
-    int next_id = 0;
+    RandomSchedule schedule(rng, lanes);
     auto schedule_some = [&](TimeNs now) {
       const int n = static_cast<int>(rng.uniform_int(0, 4));
       for (int i = 0; i < n; ++i) {
-        const int lane = static_cast<int>(rng.uniform_int(-1, lanes - 1));
-        TimeNs at = now + static_cast<TimeNs>(rng.uniform_int(0, 20));
-        if (lane >= 0 && rng.uniform_int(0, 9) > 0) {
-          at = std::max(at, last[static_cast<std::size_t>(lane)]);  // mostly monotone
-        }
-        if (lane >= 0) {
-          last[static_cast<std::size_t>(lane)] = std::max(last[static_cast<std::size_t>(lane)], at);
-          q.schedule(at, next_id, lane);
+        const auto d = schedule.next(now);
+        if (d.lane >= 0) {
+          q.schedule(d.at, d.id, d.lane);
         } else {
-          q.schedule(at, next_id);
+          q.schedule(d.at, d.id);
         }
-        reference.emplace_back(at, next_id++);
       }
     };
     schedule_some(0);
     std::vector<int> order;
     while (!q.empty()) {
-      EXPECT_EQ(q.size(), reference.size() - order.size());
+      EXPECT_EQ(q.size(), schedule.drawn() - order.size());
       const auto e = q.pop();
       order.push_back(e.payload);
       if (order.size() < 300) schedule_some(e.time);
     }
-    std::stable_sort(reference.begin(), reference.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<int> expected;
-    for (const auto& r : reference) expected.push_back(r.second);
-    ASSERT_EQ(order, expected) << "round " << round;
-    EXPECT_EQ(q.fired(), expected.size());
+    ASSERT_EQ(order, schedule.expected_order()) << "round " << round;
+    EXPECT_EQ(q.fired(), order.size());
   }
 }
 
@@ -87,32 +114,19 @@ TEST(SimClock, CallbacksOnLanesRunInTimeThenSchedulingOrder) {
     SimClock clock;
     const int lanes = 1 + static_cast<int>(rng.uniform_int(0, 5));
     for (int l = 0; l < lanes; ++l) clock.add_lane();
-    std::vector<TimeNs> last(static_cast<std::size_t>(lanes), 0);
-    std::vector<std::pair<TimeNs, int>> reference;  // (time, id): ids are scheduling order
+    RandomSchedule schedule(rng, lanes);
     std::vector<int> order;
-    int next_id = 0;
     std::function<void()> schedule_some = [&] {
-      const TimeNs now = clock.now();
       const int n = order.size() < 300 ? static_cast<int>(rng.uniform_int(0, 3)) : 0;
       for (int i = 0; i < n; ++i) {
-        const int lane = static_cast<int>(rng.uniform_int(-1, lanes - 1));
-        TimeNs at = now + static_cast<TimeNs>(rng.uniform_int(0, 20));
-        if (lane >= 0 && rng.uniform_int(0, 4) > 0) {
-          at = std::max(at, last[static_cast<std::size_t>(lane)]);  // mostly monotone
-        }
-        if (lane >= 0) {
-          auto& l = last[static_cast<std::size_t>(lane)];
-          l = std::max(l, at);
-        }
-        const int id = next_id++;
-        reference.emplace_back(at, id);
+        const auto d = schedule.next(clock.now());
         clock.schedule_callback(
-            at,
-            [&order, &schedule_some, id] {
+            d.at,
+            [&order, &schedule_some, id = d.id] {
               order.push_back(id);
               schedule_some();
             },
-            lane);
+            d.lane);
       }
     };
     schedule_some();
@@ -120,11 +134,7 @@ TEST(SimClock, CallbacksOnLanesRunInTimeThenSchedulingOrder) {
       const auto e = clock.pop();
       ASSERT_TRUE(clock.run_callback(e));
     }
-    std::stable_sort(reference.begin(), reference.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<int> expected;
-    for (const auto& r : reference) expected.push_back(r.second);
-    ASSERT_EQ(order, expected) << "round " << round;
+    ASSERT_EQ(order, schedule.expected_order()) << "round " << round;
   }
 }
 
