@@ -16,9 +16,10 @@
 namespace qs {
 
 // Trivially copyable and small (12 bytes), so that the event queue moves and keeps little
-// (a large simulation has millions of events pending): a callback waits in a side table,
-// and its event carries the slot; a network model's event carries a reference of its own
-// (the PS model's units in flight, the all-reduce model's buckets).
+// (a large simulation has millions of events pending): a callback waits in its lane's FIFO
+// or in a side table, and its event carries the lane or the slot; a network model's event
+// carries a reference of its own (the PS model's units in flight, the all-reduce model's
+// buckets).
 struct SimEvent {
   static constexpr std::uint8_t kCallback = 255;      // index: the callback's slot
   static constexpr std::uint8_t kLaneCallback = 254;  // index: its lane (the lane's next)
@@ -82,8 +83,8 @@ class SimClock final : public Timer {
   bool run_callback(const EventQueue<SimEvent>::Event& e) {
     if (e.payload.kind == SimEvent::kLaneCallback) {
       FifoRing<Callback>& ring = lane_callbacks_[static_cast<std::size_t>(e.payload.index)];
+      ring.prefetch_second();  // the next front, popped after other lanes' events
       Callback fn = ring.pop();
-      ring.prefetch_second();  // this lane's next, popped after other lanes' events
       fn();
       return true;
     }
