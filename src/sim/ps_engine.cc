@@ -605,7 +605,7 @@ class PsNetwork {
     Link in, out;
     int in_lane;   // the pushes arriving over `in`, in the order it delivers them (-1: the heap)
     int out_lane;  // out's end of serialisation (one at a time)
-    Ring<Arrival> arriving;  // in the order they arrive
+    FifoRing<Arrival> arriving;  // in the order they arrive
     std::vector<ServerJob> jobs;
     FairShare fair;  // the uplink's
   };

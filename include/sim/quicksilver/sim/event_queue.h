@@ -28,10 +28,6 @@
 
 namespace qs {
 
-// A lane's FIFO (and the PS model's arrivals): core's FifoRing.
-template <typename T>
-using Ring = FifoRing<T>;
-
 template <typename Payload>
 class EventQueue {
  public:
@@ -204,7 +200,7 @@ class EventQueue {
   }
 
   std::vector<Event> heap_;
-  using Lane = Ring<Event>;
+  using Lane = FifoRing<Event>;
   std::vector<Lane> lanes_;
   std::vector<Key> keys_ = {kEmptyKey};   // per leaf: its earliest event's key
   std::vector<Key> tree_key_;             // per node: the smallest key below it
