@@ -8,6 +8,7 @@
 
 #include "inprocess_communicator.h"
 #include "quicksilver/runtime/collective.h"
+#include "runtime/collective/agreement.h"
 #include "runtime/collective/policy_replica.h"
 #include "test_profiles.h"
 
@@ -210,6 +211,67 @@ TEST(OnAnotherEngineFailure, AFailedWorkerReleasesThePeersWaitingOnIt) {
   ASSERT_FALSE(r[0].is_ok());
   EXPECT_NE(r[0].status().message().find("worker 1 closed its connections"), std::string::npos)
       << r[0].status().message();
+}
+
+CollectiveBucket bucket_of(std::int64_t iteration, TensorId tensor) {
+  CollectiveBucket b;
+  b.chunks = {Chunk{tensor, 0, 4096}};
+  b.first_iteration = b.last_iteration = iteration;
+  return b;
+}
+
+// A policy whose buckets the job fixes (mgwfbp here) runs in each worker's own order:
+// worker 0 runs its bucket without a report from worker 1, and worker 1 runs its own
+// without a decision from worker 0, once worker 0 began that iteration (its stream).
+TEST(AgreementInOwnOrder, EachWorkerRunsItsOwnBucketsOnceWorker0BeganTheIteration) {
+  testing::InProcessWorld world(2, 1);
+  auto c0 = world.communicator(0);
+  auto c1 = world.communicator(1);
+  auto no_failure = [](const Status& s) { ADD_FAILURE() << s.message(); };
+  BucketAgreement a0(*c0, false, 20 * kNsPerSec, no_failure, true);
+  BucketAgreement a1(*c1, false, 20 * kNsPerSec, no_failure, true);
+  a0.start();
+  a1.start();
+  a0.issued(bucket_of(0, 0));
+  auto led = std::async(std::launch::async, [&] { return a0.next(0); });
+  ASSERT_EQ(led.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_EQ(bucket_key(*led.get()), bucket_key(bucket_of(0, 0)));
+
+  a1.issued(bucket_of(0, 0));
+  auto followed = std::async(std::launch::async, [&] { return a1.next(0); });
+  EXPECT_EQ(followed.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "worker 1 ran a bucket of an iteration worker 0 had not begun";
+  a1.leader_started(0);
+  ASSERT_EQ(followed.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_EQ(bucket_key(*followed.get()), bucket_key(bucket_of(0, 0)));
+  a1.stop();
+  a0.stop();
+}
+
+// Worker 1's second bucket is not worker 0's second: worker 0 fails, naming worker 1.
+TEST(AgreementInOwnOrder, Worker0FailsWhenAWorkerIssuedAnotherBucket) {
+  testing::InProcessWorld world(2, 1);
+  auto c0 = world.communicator(0);
+  auto c1 = world.communicator(1);
+  std::promise<std::string> failed;
+  BucketAgreement a0(
+      *c0, false, 20 * kNsPerSec, [&](const Status& s) { failed.set_value(s.message()); }, true);
+  BucketAgreement a1(
+      *c1, false, 20 * kNsPerSec, [](const Status& s) { ADD_FAILURE() << s.message(); }, true);
+  a0.start();
+  a1.start();
+  auto f = failed.get_future();
+  a0.issued(bucket_of(0, 0));
+  a1.issued(bucket_of(0, 0));
+  EXPECT_EQ(f.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "the same bucket was taken for another";
+  a1.issued(bucket_of(0, 1));  // worker 1 ahead: matched when worker 0 issues its second
+  a0.issued(bucket_of(0, 2));
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const std::string m = f.get();
+  EXPECT_NE(m.find("worker 1's bucket 2 on link 0 is not worker 0's"), std::string::npos) << m;
+  a1.stop();
+  a0.stop();
 }
 
 }  // namespace

@@ -55,6 +55,7 @@ class StaticBuckets final : public AllReducePolicy {
       : name_(std::move(name)), buckets_at_(std::move(buckets_at)), notes_(std::move(notes)) {}
   std::string_view name() const override { return name_; }
   ForwardGate forward_gate() const override { return ForwardGate::kAfterAll; }
+  bool fixed_order() const override { return true; }
   void on_iteration_start(std::int64_t iteration, TimeNs, CollectiveSink&) override {
     iteration_ = iteration;
   }

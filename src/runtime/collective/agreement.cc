@@ -48,18 +48,21 @@ std::uint64_t bucket_key(const CollectiveBucket& b) {
 }
 
 BucketAgreement::BucketAgreement(Communicator& comm, bool checksums, TimeNs peer_timeout,
-                                 std::function<void(const Status&)> fail)
+                                 std::function<void(const Status&)> fail, bool own_order)
     : comm_(comm),
       checksums_(checksums),
       peer_timeout_(peer_timeout),
       fail_(std::move(fail)),
+      own_order_(own_order),
       links_(static_cast<std::size_t>(comm.links())),
-      queues_(links_.size()) {}
+      queues_(links_.size()),
+      lags_(links_.size(), std::vector<Lag>(static_cast<std::size_t>(comm.size()))) {}
 
 void BucketAgreement::start() {
   // The receive buffers exist before their threads start, so that stop can abort them.
   const bool leader = comm_.rank() == 0;
   for (Link& l : links_) {
+    if (own_order_) break;  // no decisions
     if (!leader) l.decision_rx = comm_.control_buffer(&l.decision, sizeof l.decision);
     if (leader && comm_.size() > 1) l.decision_tx = comm_.control_buffer(&l.out, sizeof l.out);
   }
@@ -80,17 +83,58 @@ void BucketAgreement::start() {
 
 void BucketAgreement::issued(const CollectiveBucket& b) {
   const std::uint64_t key = bucket_key(b);
+  Status mismatch;
   {
     MutexLock lock(mu_);
     queues_[static_cast<std::size_t>(b.link)].push_back(Entry{b, key});
+    if (own_order_ && comm_.rank() == 0) mismatch = match_locked(b.link, 0, key);
     // Queued for the report thread: a send completes only once worker 0 posted its
     // receive, a round trip the loop (and the emulated GPU's timers) should not wait for.
     if (comm_.rank() != 0) reports_out_.push_back(ControlMessage{key, b.link, 1});
   }
   cv_.notify_all();
+  if (!mismatch.is_ok()) failed(mismatch);
+}
+
+Status BucketAgreement::match_locked(int link, int from, std::uint64_t key) {
+  // Worker 0's own bucket is matched against every follower's; a report against worker 0's.
+  const int first = from == 0 ? 1 : from, last = from == 0 ? comm_.size() - 1 : from;
+  for (int r = first; r <= last; ++r) {
+    Lag& lag = lags_[static_cast<std::size_t>(link)][static_cast<std::size_t>(r)];
+    const bool leader_side = from == 0;
+    if (lag.keys.empty() || lag.ahead_is_leader == leader_side) {
+      lag.keys.push_back(key);
+      lag.ahead_is_leader = leader_side;
+      continue;
+    }
+    const bool same = lag.keys.front() == key;
+    lag.keys.pop_front();
+    ++lag.matched;
+    if (!same && !mismatched_) {
+      mismatched_ = true;
+      return internal_error(
+          "worker " + std::to_string(r) + "'s bucket " + std::to_string(lag.matched) + " on link " +
+          std::to_string(link) +
+          " is not worker 0's: the workers' policies cut different buckets or issued them in "
+          "another order, so those all-reduces summed different gradients; the job stops");
+    }
+  }
+  return Status::ok();
 }
 
 std::optional<CollectiveBucket> BucketAgreement::next(int link) {
+  if (own_order_) {
+    MutexLock lock(mu_);
+    std::deque<Entry>& queue = queues_[static_cast<std::size_t>(link)];
+    const bool leader = comm_.rank() == 0;
+    while (!stopping_ &&
+           (queue.empty() || (!leader && queue.front().bucket.first_iteration > leader_started_)))
+      cv_.wait(mu_);
+    if (stopping_) return std::nullopt;
+    Entry e = std::move(queue.front());
+    queue.pop_front();
+    return std::move(e.bucket);
+  }
   std::optional<Entry> e = comm_.rank() == 0 ? lead(link) : follow(link);
   if (!e) return std::nullopt;
   return std::move(e->bucket);
@@ -204,6 +248,21 @@ void BucketAgreement::collect_loop() {
       int from = -1;
       if (!report_buf_->wait_recv(&from, kForever)) return;  // aborted: stopping
       check_control(rx_msg_, checksums_, from, "a report of an issued bucket");
+      if (own_order_) {
+        if (rx_msg_.link < 0 || rx_msg_.link >= static_cast<std::int32_t>(links_.size())) {
+          throw PeerError(from, "malformed data from worker " + std::to_string(from) +
+                                    ": a report of a bucket on link " +
+                                    std::to_string(rx_msg_.link) + " of " +
+                                    std::to_string(links_.size()));
+        }
+        Status mismatch;
+        {
+          MutexLock lock(mu_);
+          mismatch = match_locked(rx_msg_.link, from, rx_msg_.key);
+        }
+        if (!mismatch.is_ok()) failed(mismatch);
+        continue;
+      }
       {
         MutexLock lock(mu_);
         ++reports_[rx_msg_.key];
@@ -225,6 +284,14 @@ void BucketAgreement::collect_loop() {
 
 void BucketAgreement::failed(const Status& s) {
   if (!stopping_) fail_(s);
+}
+
+void BucketAgreement::leader_started(std::int64_t it) {
+  {
+    MutexLock lock(mu_);
+    leader_started_ = std::max(leader_started_, it);
+  }
+  cv_.notify_all();
 }
 
 void BucketAgreement::request_stop() {

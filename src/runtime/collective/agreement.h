@@ -3,6 +3,14 @@
 // each bucket it issued to worker 0 on the control channel; worker 0 runs, on each link,
 // the earliest bucket every worker has issued, and tells the others which one before it
 // starts it. Buckets are matched across workers by their content (bucket_key).
+//
+// In its own order (a policy whose buckets the job fixes, AllReducePolicy::fixed_order):
+// every worker runs its own buckets on each link in the order it issued them, with no
+// round trip through worker 0 before each (on 2 cores that round trip and the replica's
+// stream cost as much CPU as the digits CNN's compute: docs/benchmarks.md, "Where a
+// pass's CPU goes on gloo"). The reports still go to worker 0, which checks, as they come,
+// that each worker's n-th bucket on a link is its own n-th: a difference fails the job.
+// A follower starts a bucket only once worker 0 began its iteration (leader_started).
 #pragma once
 
 #include <atomic>
@@ -44,7 +52,7 @@ class BucketAgreement {
   // `fail`: a failure of the agreement's own threads (a lost or corrupting peer), called
   // on that thread; none once stop() began.
   BucketAgreement(Communicator& comm, bool checksums, TimeNs peer_timeout,
-                  std::function<void(const Status&)> fail);
+                  std::function<void(const Status&)> fail, bool own_order = false);
   ~BucketAgreement() { stop(); }
   // Its buffers and threads (the links' buffers too): before the first next().
   void start();
@@ -53,6 +61,11 @@ class BucketAgreement {
   // Link thread: the next bucket to run on `link`, as every worker runs it; nullopt once
   // stopping. Throws when a peer is lost or breaks the protocol.
   std::optional<CollectiveBucket> next(int link);
+  // Own order, workers 1..N-1: worker 0 began iteration `it` (its stream, the loop
+  // thread). A follower runs a bucket of an iteration only once worker 0 began it: a bucket
+  // worker 0 never joins (its loop ended first) is never started, so the link thread waits
+  // here, where stop() reaches it, and not in an all-reduce.
+  void leader_started(std::int64_t it);
   // Makes every next() return nullopt (and keeps it so).
   void request_stop();
   // Ends a blocked wait of `link`'s thread (call until that thread has left).
@@ -80,11 +93,23 @@ class BucketAgreement {
   void report_loop();   // followers: reports_out_ to worker 0
   void collect_loop();  // worker 0: the others' reports
   void failed(const Status& s);
+  // Own order, worker 0: one more bucket of `link`, its own (worker 0) or reported by
+  // `from`, matched against the other side's; the error when they differ.
+  Status match_locked(int link, int from, std::uint64_t key) QS_REQUIRES(mu_);
+
+  // Own order, worker 0: per link and follower, the keys one side issued that the other
+  // has not yet (the side ahead: ahead_is_leader), and how many were matched.
+  struct Lag {
+    std::deque<std::uint64_t> keys;
+    bool ahead_is_leader = false;
+    std::int64_t matched = 0;
+  };
 
   Communicator& comm_;
   const bool checksums_;
   const TimeNs peer_timeout_;
   std::function<void(const Status&)> fail_;
+  const bool own_order_;
   std::vector<Link> links_;
   Mutex mu_;
   CondVar cv_;
@@ -92,6 +117,9 @@ class BucketAgreement {
   std::vector<std::deque<Entry>> queues_ QS_GUARDED_BY(mu_);           // per link
   std::unordered_map<std::uint64_t, int> reports_ QS_GUARDED_BY(mu_);  // worker 0
   std::deque<ControlMessage> reports_out_ QS_GUARDED_BY(mu_);          // followers
+  std::vector<std::vector<Lag>> lags_ QS_GUARDED_BY(mu_);  // own order, worker 0: [link][rank]
+  bool mismatched_ QS_GUARDED_BY(mu_) = false;             // told once
+  std::int64_t leader_started_ QS_GUARDED_BY(mu_) = -1;    // own order, followers
   ControlMessage report_msg_{}, rx_msg_{};
   std::unique_ptr<ControlBuffer> report_buf_;
   std::thread report_thread_;

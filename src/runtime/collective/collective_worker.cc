@@ -138,6 +138,7 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
           layout, *source->delayed_updates(),
           [this](const Status& s) { loop->fail(s.with_context(name())); });
     }
+    own_order = job.workers > 1 && !delayed && policy->communicates() && policy->fixed_order();
     replicate_policy();
     if (staged) {
       staging = std::make_unique<GradientStaging>(
@@ -154,21 +155,28 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
     reducer = std::make_unique<BucketReducer>(std::move(rs), *comm, buffers, staging.get(),
                                               delayed ? source->delayed_updates() : nullptr,
                                               [this](const Status& s) { fail_later(s); });
-    agreement = std::make_unique<BucketAgreement>(*comm, job.payload_checksums, job.peer_timeout,
-                                                  [this](const Status& s) { fail_later(s); });
+    agreement = std::make_unique<BucketAgreement>(
+        *comm, job.payload_checksums, job.peer_timeout, [this](const Status& s) { fail_later(s); },
+        own_order);
     return build_loop();
   }
 
-  // Worker 0 decides for all (policy_replica.h): DeFT's knapsacks and ByteScheduler's
-  // fusion both depend on when each input arrived. Delayed updates are handed over at
-  // points of worker 0's input stream (DelayedUpdates::track), one worker or many. Every
-  // policy is replicated, those whose buckets the job fixes too (wfbp, mgwfbp, ddp): worker
-  // 0's stream is also what makes a worker that ended its loop early fail at once when
-  // worker 0 goes on (TrainingLoop::check_bucket), instead of both waiting on the other.
+  // Worker 0 decides for all (policy_replica.h): DeFT's knapsacks and ByteScheduler's fusion
+  // depend on when each input arrived; delayed updates are handed over at points of its
+  // stream (DelayedUpdates::track). A policy whose buckets the job fixes (fixed_order)
+  // decides on every worker, and worker 0's stream carries only its iteration starts and
+  // end (own_order_policy): a worker whose loop ended apart fails at once (EndWatch).
   void replicate_policy() {
     const JobOptions& job = opts.job;
     if (!((job.workers > 1 && policy->communicates()) || delayed)) return;
-    if (opts.rank == 0) {
+    if (own_order) {
+      if (opts.rank != 0)
+        end_watch = std::make_unique<EndWatch>([this](const Status& s) { fail_later(s); });
+      policy = own_order_policy(
+          std::move(policy), [this](const PolicyRecord& r) { replication->record(r); },
+          end_watch.get());
+      recording = opts.rank == 0;
+    } else if (opts.rank == 0) {
       policy = std::make_unique<RecordingPolicy>(std::move(policy), [this](const PolicyRecord& r) {
         if (opts.job.workers > 1) replication->record(r);
         if (delayed) updates->track(r);
@@ -184,13 +192,18 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
       replica = r.get();
       policy = std::move(r);
     }
-    if (recording || replica != nullptr) {
+    if (recording || replica != nullptr || end_watch != nullptr) {
       replication = std::make_unique<ReplicationChannel>(
           *comm, job.payload_checksums, job.peer_timeout,
           [this](std::vector<PolicyRecord> got) {
             loop->post([this, got = std::move(got)] {
               watchdog->heard();  // worker 0 is alive
-              for (const PolicyRecord& r : got) replica->deliver(r);
+              for (const PolicyRecord& r : got) {
+                if (replica != nullptr) replica->deliver(r);
+                if (end_watch == nullptr) continue;
+                if (r.kind == kIterationStart) agreement->leader_started(r.iteration);
+                end_watch->deliver(r);
+              }
             });
           },
           [this](const Status& s) { fail_later(s); });
@@ -323,7 +336,9 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
   }
 
   bool done() const {
-    return training->finished() && outstanding == 0 && (replica == nullptr || replica->complete());
+    return training->finished() && outstanding == 0 &&
+           (replica == nullptr || replica->complete()) &&
+           (end_watch == nullptr || end_watch->complete());
   }
 
   PeerWatchdog::State watch() const {
@@ -408,7 +423,9 @@ struct CollectiveWorker::Impl final : CollectiveExchange {
   std::unique_ptr<BucketAgreement> agreement;
   std::unique_ptr<ReplicationChannel> replication;
   ReplicaPolicy* replica = nullptr;  // workers 1..N-1
-  bool recording = false;            // worker 0 with others to replicate to
+  bool own_order = false;  // the agreement runs each worker's own order (EndWatch: 1..N-1)
+  std::unique_ptr<EndWatch> end_watch;
+  bool recording = false;  // worker 0 with others to replicate to
   std::vector<std::thread> link_threads;
   std::unique_ptr<BucketReducer> reducer;
   bool reducer_checks = false;  // known content: every sum checked (iterations_verified)

@@ -102,6 +102,52 @@ void ReplicaPolicy::apply(const PolicyRecord& r) {
   }
 }
 
+void EndWatch::started(std::int64_t it) {
+  iteration_ = it;
+  check();
+}
+
+void EndWatch::ended() {
+  ended_ = true;
+  check();
+}
+
+void EndWatch::deliver(const PolicyRecord& r) {
+  if (r.kind == kIterationStart) worker0_started_ = std::max(worker0_started_, r.iteration);
+  worker0_ended_ |= r.kind == kTrainingEnd;
+  stream_ended_ |= r.kind == kEndOfStream;
+  check();
+}
+
+void EndWatch::check() {
+  if (told_) return;
+  if (worker0_ended_ && iteration_ > worker0_started_) {
+    told_ = true;
+    apart_(invalid_argument(
+        ended_apart("this worker trains", iteration_, "worker 0", worker0_started_)));
+  } else if (ended_ && worker0_started_ > iteration_) {
+    told_ = true;
+    apart_(invalid_argument(
+        ended_apart("worker 0 trains", worker0_started_, "this worker", iteration_)));
+  }
+}
+
+std::unique_ptr<AllReducePolicy> own_order_policy(std::unique_ptr<AllReducePolicy> real,
+                                                  std::function<void(const PolicyRecord&)> record,
+                                                  EndWatch* watch) {
+  return std::make_unique<RecordingPolicy>(
+      std::move(real), [record = std::move(record), watch](const PolicyRecord& r) {
+        if (r.kind != kIterationStart && r.kind != kTrainingEnd) return;
+        if (watch == nullptr) {
+          record(r);
+        } else if (r.kind == kIterationStart) {
+          watch->started(r.iteration);
+        } else {
+          watch->ended();
+        }
+      });
+}
+
 ReplicationChannel::ReplicationChannel(Communicator& comm, bool checksums, TimeNs peer_timeout,
                                        std::function<void(std::vector<PolicyRecord>)> deliver,
                                        std::function<void(const Status&)> fail)

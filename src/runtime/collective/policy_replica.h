@@ -88,6 +88,7 @@ class RecordingPolicy final : public AllReducePolicy {
   bool communicates() const override { return real_->communicates(); }
   ForwardGate forward_gate() const override { return real_->forward_gate(); }
   LinkDiscipline discipline() const override { return real_->discipline(); }
+  bool fixed_order() const override { return real_->fixed_order(); }
   void on_iteration_start(std::int64_t it, TimeNs now, CollectiveSink& out) override {
     iteration_ = it;
     emit_({kIterationStart, 0, it, now, 0});
@@ -238,6 +239,41 @@ class ReplicaPolicy final : public AllReducePolicy, CollectiveSink {
   bool ended_ = false;          // worker 0's stream ended
   bool ended_locally_ = false;  // this worker's training ended
 };
+
+// Workers 1..N-1 of a policy whose buckets the job fixes (AllReducePolicy::fixed_order):
+// each worker's own policy decides, and worker 0's stream carries only its iteration starts
+// and its end (a record a pass, not every input), so that loops that end apart fail at once
+// instead of waiting on each other: this worker going on after worker 0 ended, or worker 0
+// going on after this worker ended. Loop thread only.
+class EndWatch {
+ public:
+  explicit EndWatch(std::function<void(const Status&)> apart) : apart_(std::move(apart)) {}
+  // This worker's own loop: it began iteration `it`; its training ended.
+  void started(std::int64_t it);
+  void ended();
+  // Worker 0's records, in its order.
+  void deliver(const PolicyRecord& r);
+  // Worker 0's stream ended.
+  bool complete() const { return stream_ended_; }
+
+ private:
+  void check();
+
+  std::function<void(const Status&)> apart_;
+  bool told_ = false;
+  std::int64_t iteration_ = -1;        // the latest iteration this worker began
+  bool ended_ = false;                 // this worker's training ended
+  std::int64_t worker0_started_ = -1;  // the latest iteration worker 0 began
+  bool worker0_ended_ = false;         // worker 0's training ended
+  bool stream_ended_ = false;
+};
+
+// Own order (AllReducePolicy::fixed_order): `real`, deciding for this worker, with only its
+// iteration starts and its end told: worker 0's to `record` (its stream to the others), a
+// follower's to `watch` (non-null there).
+std::unique_ptr<AllReducePolicy> own_order_policy(std::unique_ptr<AllReducePolicy> real,
+                                                  std::function<void(const PolicyRecord&)> record,
+                                                  EndWatch* watch);
 
 // Carries worker 0's records to the other workers, in batches of up to 64, on the control
 // channel, in order. Worker 0 sends (record, then end_stream), the others receive

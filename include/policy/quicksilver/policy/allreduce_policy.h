@@ -110,6 +110,12 @@ class AllReducePolicy {
   virtual bool communicates() const { return true; }
   virtual ForwardGate forward_gate() const = 0;
   virtual LinkDiscipline discipline() const { return LinkDiscipline::kFifo; }
+  // Whether every worker's copy issues the same buckets, in the same order on each link,
+  // whatever the timing: the buckets are a function of the job alone, issued only from
+  // on_gradient_ready (which every worker calls for the same layers in the same order).
+  // A runtime then runs each worker's own buckets in its own order, with no round trip
+  // through worker 0 (runtime/collective/agreement.h). False: worker 0 decides for all.
+  virtual bool fixed_order() const { return false; }
 
   // The backward pass of iteration `iteration` starts (its gradients follow).
   virtual void on_iteration_start(std::int64_t iteration, TimeNs now, CollectiveSink& out) {
