@@ -4,7 +4,8 @@
 // the horizon is not made; the same measurements give the same decision; a near-tie is
 // measured once at about its rate, or while the trial's pick measures as it did, and the
 // pick is taken back when a prediction left it, or kept when the prediction names a
-// candidate the trial measured slower.
+// candidate the trial measured slower (than its pick, or than the running one measures now
+// while that measures no faster than then).
 #include "quicksilver/sim/auto_planner.h"
 
 #include <gtest/gtest.h>
@@ -119,6 +120,24 @@ TEST(AutoPlanner, ANearTieIsMeasuredOnceAtAboutItsRate) {
       decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, trialled);
   ASSERT_TRUE(moved.is_ok());
   EXPECT_FALSE(moved->trial.empty()) << moved->reason;
+  // ... unless every other candidate measured slower then than mercury measures now (it
+  // measures no faster than then: they are slower still).
+  for (const std::string& n : trialled.candidates) {
+    trialled.measured.push_back(n == "mercury" ? measured / 2 : measured + measured / 10);
+  }
+  auto slower =
+      decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, trialled);
+  ASSERT_TRUE(slower.is_ok());
+  EXPECT_TRUE(slower->trial.empty()) << slower->reason;
+  EXPECT_FALSE(slower->change) << slower->reason;
+  EXPECT_NE(slower->reason.find("measured fastest"), std::string::npos) << slower->reason;
+  trialled.measured.back() = measured - measured / 10;  // one measured faster: measured again
+  if (trialled.candidates.back() == "mercury") trialled.measured.front() = measured - measured / 10;
+  auto one_faster =
+      decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, trialled);
+  ASSERT_TRUE(one_faster.is_ok());
+  EXPECT_FALSE(one_faster->trial.empty()) << one_faster->reason;
+  trialled.measured.clear();
   // A near candidate the trial did not measure, its pick running: only that one is measured
   // (a band of 50 %: three near candidates).
   AutoOptions wide;
@@ -139,6 +158,20 @@ TEST(AutoPlanner, ANearTieIsMeasuredOnceAtAboutItsRate) {
   ASSERT_EQ(rest->trial.size(), 1u) << rest->reason;
   EXPECT_EQ(auto_candidate(rest->trial[0].policy, rest->trial[0].options, Architecture::kPs),
             missing);
+  // The same at a third of the trial's rate, mercury measuring as it did then: only the
+  // rate's estimate moved, so the candidate near only there is neither measured nor taken.
+  partial.network = Rate{three->network.bits_per_second / 3};
+  auto moved_estimate =
+      decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, partial, wide);
+  ASSERT_TRUE(moved_estimate.is_ok());
+  EXPECT_TRUE(moved_estimate->trial.empty()) << moved_estimate->reason;
+  EXPECT_FALSE(moved_estimate->change) << moved_estimate->reason;
+  // ... and with mercury measuring twice as long as then, the job moved: measured in full.
+  partial.pick_measured = measured / 2;
+  auto moved_job =
+      decide_auto(j, "mercury", j.policy_options, measured, kNsPerMs, 200, false, partial, wide);
+  ASSERT_TRUE(moved_job.is_ok());
+  EXPECT_GE(moved_job->trial.size(), 2u) << moved_job->reason;
   // At the trial's rate, with another candidate its pick (measured faster than mercury runs
   // now): the job goes back to the pick, whatever the prediction says.
   std::string other;
@@ -186,6 +219,15 @@ TEST(AutoPlanner, WhatTheTrialMeasuredSlowerIsNotTakenOnAPrediction) {
         decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, other, no_trial);
     ASSERT_TRUE(moved.is_ok());
     EXPECT_TRUE(moved->change) << moved->reason;
+    // That trial at a third of this rate, wfbp measuring as it did then: only the rate's
+    // estimate moved, and a gain inside the near-tie's band is not taken.
+    other.network = Rate{plain->network.bits_per_second / 3};
+    auto estimate =
+        decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, other, no_trial);
+    ASSERT_TRUE(estimate.is_ok());
+    EXPECT_FALSE(estimate->change) << estimate->reason;
+    EXPECT_NE(estimate->reason.find("only the rate's estimate moved"), std::string::npos)
+        << estimate->reason;
   }
   // The trial at a third of this rate, its pick measuring twice as fast then: it no longer
   // holds.
@@ -195,6 +237,42 @@ TEST(AutoPlanner, WhatTheTrialMeasuredSlowerIsNotTakenOnAPrediction) {
       decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, trialled, no_trial);
   ASSERT_TRUE(far.is_ok());
   EXPECT_TRUE(far->change) << far->reason;
+}
+
+// When the trial no longer holds (its rate far from today's, its pick measuring otherwise),
+// what it measured still counts where conditions are no better than then: a candidate the
+// trial measured slower than the running one measures now, while the running one measures
+// no faster than it did in the trial, is not taken on a prediction. Measured faster than
+// now, or with the running one faster than then, the prediction decides.
+TEST(AutoPlanner, WhatATrialMeasuredSlowerThanTheRunningOneNowIsNotTaken) {
+  const Job j = job(Rate::gbps(1));
+  const TimeNs measured = predict(j, "wfbp");
+  AutoOptions no_trial;
+  no_trial.trial_band = 10;
+  no_trial.trial_budget = 0;
+  auto plain =
+      decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, {}, no_trial);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
+  ASSERT_TRUE(plain->change) << plain->reason;
+  const std::string best =
+      auto_candidate(plain->next.policy, plain->next.options, Architecture::kPs);
+  // The trial at a third of this rate; wfbp (its pick) measured half as long then.
+  const Rate far{plain->network.bits_per_second / 3};
+  auto decide = [&](TimeNs wfbp_then, TimeNs best_then) {
+    AutoTrialled t{{"wfbp", best}, far, "wfbp", wfbp_then, {wfbp_then, best_then}};
+    auto d = decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, t, no_trial);
+    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    return *d;
+  };
+  const AutoDecision kept = decide(measured / 2, measured + measured / 10);
+  EXPECT_FALSE(kept.change) << kept.reason;
+  EXPECT_NE(kept.reason.find("slower than wfbp measures now"), std::string::npos) << kept.reason;
+  // The candidate measured faster then than wfbp measures now: the prediction decides.
+  const AutoDecision faster = decide(measured / 2, measured - measured / 10);
+  EXPECT_TRUE(faster.change) << faster.reason;
+  // wfbp measures faster now than in the trial (conditions are better): so might the best.
+  const AutoDecision better = decide(2 * measured, 3 * measured);
+  EXPECT_TRUE(better.change) << better.reason;
 }
 
 TEST(AutoPlanner, RefusesNoMeasurement) {

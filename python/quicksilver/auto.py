@@ -190,7 +190,7 @@ class Planner:
         self.outcome = None
         self.window = []       # the passes the decision begun last measured
         self.trial = None      # a trial in progress (decide()'s "trial")
-        self.trialled = None   # the last trial's candidates, rate, pick and its measurement
+        self.trialled = None   # the last trial's candidates, rate, pick, its time and each one's
 
     def record(self, n, span_ms, wait_ms):
         if n >= self.measure_from:
@@ -259,7 +259,7 @@ class Planner:
             return self._trial_step(d, policy, knobs, (iteration_ms, passes, spread), trial, start)
         r = self.qs.decide_auto(json.dumps(scaled_profile(profile, compute_ms)), self.architecture, self.workers,
                                 self.servers, LATENCY_US, self.compression, policy, knobs, iteration_ms, cost,
-                                self.replan_every, self.allow_stale, *(trialled or ([], 0.0, "", 0.0)),
+                                self.replan_every, self.allow_stale, *(trialled or ([], 0.0, "", 0.0, [])),
                                 MIN_GAIN, TRIAL_BAND, TRIAL_MAX, TRIAL_BUDGET)
         d.update(measured={"compute_ms": compute_ms, "iteration_ms": iteration_ms, "passes": passes},
                  network_gbps=r["network_gbps"], predicted_ms=r["predicted_ms"],
@@ -311,7 +311,10 @@ class Planner:
             best = min(results, key=results.get)
             # Every candidate measured (the running one too, near or not): its pick stays
             # "measured" at the next decisions while the near set stays within them.
-            d["trialled"] = [sorted(trial["candidates"]), trial["gbps"], best, results[best]]
+            # (what each measured too: one measured slower than the pick runs now, while the
+            # pick runs no faster than then, is not taken on a prediction: auto_planner.h)
+            names = sorted(trial["candidates"])
+            d["trialled"] = [names, trial["gbps"], best, results[best], [results.get(c, 0.0) for c in names]]
             if best != candidate_key(policy, knobs, self.architecture):
                 # Not measured again sooner than the next decision, although a fresh session
                 # of the same policy can run slower than the trial's did (the digits CNN on

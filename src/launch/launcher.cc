@@ -1356,6 +1356,7 @@ class AutoPhases {
     for (auto it = trial_results_.begin(); it != trial_results_.end(); ++it) {
       if (it->second.time < best->second.time) best = it;
       trialled_.candidates.push_back(it->first);
+      trialled_.measured.push_back(it->second.time);
     }
     trialled_.pick = best->first;
     trialled_.pick_measured = best->second.time;

@@ -85,6 +85,59 @@ Result<Rate> effective_rate(const std::function<Result<TimeNs>(Rate)>& predict, 
 
 namespace {
 
+// Whether a and b are within kAutoTrialRateBand of each other (b > 0).
+bool within_band(double a, double b) {
+  return b > 0 && a / b > 1 / kAutoTrialRateBand && a / b < kAutoTrialRateBand;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+// What the last trial measured, against the running candidate's measurement now.
+struct TrialMemory {
+  const AutoTrialled& trialled;
+  const std::string& current;  // the running candidate (auto_candidate)
+  TimeNs measured;             // what it measures now
+
+  bool has(const std::string& name) const {
+    return std::find(trialled.candidates.begin(), trialled.candidates.end(), name) !=
+           trialled.candidates.end();
+  }
+  // The trial's pick runs and measures as it did then (kAutoTrialRateBand).
+  bool pick_as_measured() const {
+    return current == trialled.pick &&
+           within_band(static_cast<double>(measured), static_cast<double>(trialled.pick_measured));
+  }
+  // What the trial measured a candidate at (0: not measured, or not known).
+  TimeNs time(const std::string& name) const {
+    for (std::size_t i = 0; i < trialled.candidates.size() && i < trialled.measured.size(); ++i) {
+      if (trialled.candidates[i] == name) return trialled.measured[i];
+    }
+    return 0;
+  }
+  // The trial measured the candidate slower than the running one measures now, and the
+  // running one measures no faster than it did in that trial. A policy's iteration does not
+  // get faster as the network slows or the hosts load, so the candidate is slower still (the
+  // digits CNN on gloo at 2 hosts: a trial measured mgwfbp at 10.58 ms and ddp at 2.73 ms;
+  // ddp later measured 4.58 ms, the trial no longer held at that rate, and a prediction
+  // switched to mgwfbp for the window's last passes: 0.75 of the best fixed policy).
+  bool measured_slower(const std::string& name) const {
+    const TimeNs then = time(current);
+    return then > 0 && measured >= then && name != current && time(name) > measured;
+  }
+  // The trial's pick runs and every other candidate it measured is measured slower.
+  bool all_slower() const {
+    if (current != trialled.pick || trialled.candidates.size() < 2) return false;
+    for (const std::string& n : trialled.candidates) {
+      if (n != current && !measured_slower(n)) return false;
+    }
+    return true;
+  }
+};
+
 // decide_auto's rules (its comment), on `d` with its rate, prediction and ranking in.
 void choose(const std::string& running, const PolicyOptions& options, Architecture arch,
             TimeNs measured, TimeNs switch_cost, int horizon, const AutoTrialled& trialled,
@@ -99,10 +152,8 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
     return auto_candidate(a.policy, a.options, arch);
   };
   const std::string current = auto_candidate(running, options, arch);
-  auto in_trialled = [&](const std::string& name) {
-    return std::find(trialled.candidates.begin(), trialled.candidates.end(), name) !=
-           trialled.candidates.end();
-  };
+  const TrialMemory memory{trialled, current, measured};
+  auto in_trialled = [&](const std::string& name) { return memory.has(name); };
   // Near-ties: measured in turn, unless every one of them was in the last trial, at about
   // this rate or with the trial's pick measuring as it did (kAutoTrialRateBand).
   std::vector<const AdvisedPolicy*> near;
@@ -113,16 +164,13 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
       d.near.push_back(candidate(d.ranking[i]));
     }
   }
-  auto within_band = [](double a, double b) {
-    return b > 0 && a / b > 1 / kAutoTrialRateBand && a / b < kAutoTrialRateBand;
-  };
   const bool same_rate = within_band(static_cast<double>(d.network.bits_per_second),
                                      static_cast<double>(trialled.network.bits_per_second));
-  const bool pick_as_measured =
-      current == trialled.pick &&
-      within_band(static_cast<double>(measured), static_cast<double>(trialled.pick_measured));
-  // The last trial still holds: at about this rate, or its pick measuring as it did.
-  const bool trial_holds = !trialled.candidates.empty() && (same_rate || pick_as_measured);
+  const bool pick_as_measured = memory.pick_as_measured();
+  // The last trial still holds: at about this rate, or its pick measuring as it did, or its
+  // pick running with every other candidate measured slower.
+  const bool trial_holds =
+      !trialled.candidates.empty() && (same_rate || pick_as_measured || memory.all_slower());
   bool measured_before = trial_holds;
   for (const std::string& n : d.near) measured_before &= in_trialled(n);
   const TimeNs gain = d.predicted - best.iteration_time;
@@ -136,6 +184,14 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
   for (const AdvisedPolicy* a : near) {
     if (!is_running(*a) && !(pick_runs && in_trialled(candidate(*a)))) others.push_back(*a);
   }
+  // The pick runs and measures as it did, and only the estimate of the rate moved: the job
+  // did not, and the trial's near-tie was decided at its rate. A candidate that is near only
+  // at the estimate's new rate is not measured, nor taken for a gain inside the near-tie's
+  // band (the digits CNN on gloo at 2 hosts: ddp measured 4.03 ms against its trial's
+  // 4.21, the estimate went from 0.154 to 0.265 Gbit/s, and a trial of a candidate near
+  // only there ran inside the measured window at 1.6 times ddp's time).
+  const bool estimate_moved = pick_runs && pick_as_measured && !same_rate;
+  if (estimate_moved) others.clear();
   // A trial is run when its switches cost at most rules.trial_budget of the iterations
   // until the next decision: one to each other candidate, and one to the pick after them
   // (the digits CNN on gloo, 4 ms an iteration and 35 ms a switch, re-ran a trial inside
@@ -144,14 +200,9 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
       static_cast<double>(others.size() + 1) * static_cast<double>(std::max(switch_cost, kNsPerMs));
   const bool affordable =
       trial_cost <= rules.trial_budget * horizon * static_cast<double>(d.predicted);
-  auto list = [](const std::vector<std::string>& names) {
-    std::string s;
-    for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
-    return s;
-  };
   if (near.size() >= 2 && !others.empty() && !measured_before && affordable) {
     d.trial = std::move(others);
-    d.reason = list(d.near) + " predicted within " + percent(rules.trial_band) +
+    d.reason = joined(d.near) + " predicted within " + percent(rules.trial_band) +
                " of each other at about " + rate + ": measuring each (" + current + " measured " +
                ms(measured) + ")";
     return;
@@ -164,15 +215,20 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
     if (candidate(a) == trialled.pick) pick = &a;
   }
   if (measured_before && pick_runs) {  // measured_before implies the trial holds
-    d.reason = current + " measured fastest of " + list(trialled.candidates) +
+    d.reason = current + " measured fastest of " + joined(trialled.candidates) +
                " at about this rate (a trial): kept";
   } else if (measured_before && pick != nullptr && measured > trialled.pick_measured) {
     d.change = true;
     d.next = *pick;
-    d.reason = trialled.pick + " measured fastest of " + list(trialled.candidates) +
+    d.reason = trialled.pick + " measured fastest of " + joined(trialled.candidates) +
                " at about this rate (a trial): switched back from " + current;
   } else if (is_running(best)) {
     d.reason = running + " is still predicted fastest (" + ms(d.predicted) + ")";
+  } else if (memory.measured_slower(candidate(best))) {
+    d.reason = best.policy + " is predicted " + ms(gain) +
+               " faster, but the last trial measured it at " + ms(memory.time(candidate(best))) +
+               ", slower than " + current + " measures now (" + ms(measured) +
+               ", no faster than its " + ms(memory.time(current)) + " then): kept " + running;
   } else if (pick_runs && in_trialled(candidate(best))) {
     // The trial measured the best slower than its pick, which runs: measured beats
     // predicted (the digits CNN on gloo at 200 Mbit/s: a trial measured mgwfbp at 12.8 ms
@@ -180,6 +236,12 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
     d.reason = best.policy + " is predicted " + ms(gain) +
                " faster, but the last trial (which still holds) measured it slower than " +
                current + ": kept " + running;
+  } else if (estimate_moved &&
+             static_cast<double>(gain) <= rules.trial_band * static_cast<double>(d.predicted)) {
+    d.reason = best.policy + " is predicted " + ms(gain) + " faster at about " + rate +
+               ", inside the near-tie's band; " + current + " measures as in the last trial (" +
+               ms(measured) + " against " + ms(trialled.pick_measured) +
+               "), only the rate's estimate moved: kept " + running;
   } else if (static_cast<double>(gain) <= rules.min_gain * static_cast<double>(d.predicted)) {
     d.reason = best.policy + " is predicted " + ms(gain) + " faster, under " +
                percent(rules.min_gain) + " of an iteration: kept " + running;

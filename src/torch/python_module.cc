@@ -281,8 +281,9 @@ void def_auto(py::module_& m) {
          const std::map<std::string, std::string>& knobs, double iteration_ms,
          double switch_cost_ms, int horizon, bool allow_stale,
          const std::vector<std::string>& trialled, double trialled_gbps,
-         const std::string& trialled_pick, double trialled_pick_ms, double min_gain,
-         double trial_band, int trial_max, double trial_budget) {
+         const std::string& trialled_pick, double trialled_pick_ms,
+         const std::vector<double>& trialled_ms, double min_gain, double trial_band, int trial_max,
+         double trial_budget) {
         const qs::pytorch::PlanSpec spec =
             plan_spec(profile_json, architecture, workers, servers, 10.0, latency_us, compression);
         const qs::TimeNs measured = ms_arg("decide_auto: iteration_ms", iteration_ms, false);
@@ -291,6 +292,14 @@ void def_auto(py::module_& m) {
         qs::AutoTrialled t{trialled, qs::Rate{0}, trialled_pick,
                            ms_arg("decide_auto: trialled_pick_ms", trialled_pick_ms, true)};
         if (trialled_gbps > 0) t.network = qs::Rate::gbps(trialled_gbps);
+        if (!trialled_ms.empty() && trialled_ms.size() != trialled.size()) {
+          throw py::value_error(
+              "decide_auto: trialled_ms must give one time per trialled candidate (" +
+              std::to_string(trialled.size()) + "), not " + std::to_string(trialled_ms.size()));
+        }
+        for (const double ms : trialled_ms) {
+          t.measured.push_back(ms_arg("decide_auto: trialled_ms", ms, true));
+        }
         qs::AutoOptions rules;
         rules.min_gain = min_gain;
         rules.trial_band = trial_band;
@@ -320,7 +329,8 @@ void def_auto(py::module_& m) {
       py::arg("latency_us"), py::arg("compression"), py::arg("policy"), py::arg("knobs"),
       py::arg("iteration_ms"), py::arg("switch_cost_ms"), py::arg("horizon"),
       py::arg("allow_stale"), py::arg("trialled"), py::arg("trialled_gbps"),
-      py::arg("trialled_pick"), py::arg("trialled_pick_ms"), py::arg("min_gain") = qs::kAutoMinGain,
+      py::arg("trialled_pick"), py::arg("trialled_pick_ms"),
+      py::arg("trialled_ms") = std::vector<double>{}, py::arg("min_gain") = qs::kAutoMinGain,
       py::arg("trial_band") = qs::kAutoTrialBand, py::arg("trial_max") = qs::kAutoTrialMax,
       py::arg("trial_budget") = qs::kAutoTrialBudget,
       "policy=\"auto\"'s decision (qs::decide_auto): {network_gbps, predicted_ms, ranking, "

@@ -274,6 +274,15 @@ def test_near_ties_are_measured_in_turn_and_the_fastest_measured_is_kept(later_f
     assert auto.candidate_key(d["policy"], d["knobs"], "ps") == fastest, (d, times)
     assert sorted(times) == sorted(k for k in names if k != auto.candidate_key("mercury", {}, "ps")), (times, names)
     assert p.trialled is not None and "trial: measured" in d["reason"]
+    # What each candidate measured goes with the trial's record, in its candidates' order
+    # (the running one, measured before the trial's switches, among them).
+    names, _, pick, pick_ms, each_ms = p.trialled
+    assert len(each_ms) == len(names) and each_ms[names.index(pick)] == pick_ms, p.trialled
+    assert all(each_ms[names.index(k)] == v for k, v in times.items()), (p.trialled, times)
+    assert all(v > 0 for v in each_ms), p.trialled
+    with pytest.raises(ValueError, match="one time per trialled candidate"):
+        qs_module().decide_auto(json.dumps(HUGE), "ps", 4, 4, 50.0, "none", "mercury", {}, 100.0, 1.0, 200,
+                                False, names, 10.0, pick, pick_ms, each_ms[:-1])
     assert d["switch"] != later_faster and "next_in" not in d, d  # back to the pick when not last
     # The same near-tie at about the same rate: not measured again, the trial's pick kept.
     q = planner("ps", replan_every=200)

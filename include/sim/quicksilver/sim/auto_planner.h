@@ -63,13 +63,14 @@ inline constexpr Rate kAutoFastest{400'000'000'000};
 Result<Rate> effective_rate(const std::function<Result<TimeNs>(Rate)>& predict, TimeNs measured);
 
 // The last trial: every candidate it measured (auto_candidate names, the running one
-// too), the effective rate of the decision that began it, and the candidate it kept with
-// what that measured.
+// too), the effective rate of the decision that began it, the candidate it kept with what
+// that measured, and what each candidate measured (as `candidates`; empty or 0: not known).
 struct AutoTrialled {
   std::vector<std::string> candidates;
   Rate network{0};
   std::string pick;
   TimeNs pick_measured = 0;
+  std::vector<TimeNs> measured;
 };
 
 struct AutoDecision {
@@ -89,11 +90,16 @@ struct AutoDecision {
 // `job` (its cluster's rate is replaced by the effective one), where a switch costs
 // `switch_cost` and the next decision comes `horizon` iterations later. The rules, in
 // order: a near-tie of at least two candidates not measured already (`trialled`, at about
-// this rate) is a trial, when affordable (while the trial holds and its pick runs, of the
+// this rate, or with every other candidate measured slower than the running pick measures
+// now) is a trial, when affordable (while the trial holds and its pick runs, of the
 // candidates it did not measure only); the last trial's pick of this near-tie is kept
 // when it runs, or taken back when it does not and the running one measures slower than
-// the pick did; the best running already is kept; so is the trial's pick, running, when
-// the best is a candidate the trial measured slower; a gain under
+// the pick did; the best running already is kept; so is the running one when the best is a
+// candidate the trial measured slower than the running one measures now, which measures
+// no faster than in that trial (or slower than the trial's pick, which runs); while the
+// trial's pick runs and measures as it did, with only the rate's estimate moved, candidates
+// near only at the new estimate are not measured, and a gain inside the near-tie's band
+// keeps the running policy; a gain under
 // min_gain of an iteration, or under a switch's cost over the horizon, keeps the running
 // policy; else the job switches to the best. The one rule set of `run --policy auto` and of
 // DistributedOptimizer(policy="auto") (through the module's decide_auto).
