@@ -192,51 +192,57 @@ TEST(AutoPlanner, ANearTieIsMeasuredOnceAtAboutItsRate) {
 // A candidate the last trial measured slower than its pick is not switched to on a
 // prediction while the pick runs at about the trial's rate; at a rate far from it, and
 // measuring otherwise than then, it is.
+// wfbp running at 1 Gbit/s with every candidate a near-tie and no trial affordable (none
+// is measured in turn): with no trial behind it, the prediction switches to `best`.
+struct PredictionDecides {
+  Job j = job(Rate::gbps(1));
+  TimeNs measured = predict(j, "wfbp");
+  AutoOptions no_trial{.trial_band = 10, .trial_budget = 0};
+  AutoDecision plain;
+  std::string best;
+
+  PredictionDecides() {
+    auto d = decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, {}, no_trial);
+    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    if (d) plain = *d;
+    EXPECT_TRUE(plain.change) << plain.reason;
+    best = auto_candidate(plain.next.policy, plain.next.options, Architecture::kPs);
+  }
+  AutoDecision after(const AutoTrialled& t) const {
+    auto d = decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, t, no_trial);
+    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    return d ? *d : AutoDecision{};
+  }
+};
+
 TEST(AutoPlanner, WhatTheTrialMeasuredSlowerIsNotTakenOnAPrediction) {
-  const Job j = job(Rate::gbps(1));
-  const TimeNs measured = predict(j, "wfbp");
-  // Every candidate a near-tie, none of them measured in turn (no trial is affordable): the
-  // prediction decides, and the last trial did not measure all of them.
-  AutoOptions no_trial;
-  no_trial.trial_band = 10;
-  no_trial.trial_budget = 0;
-  auto plain =
-      decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, {}, no_trial);
-  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
-  ASSERT_TRUE(plain->change) << plain->reason;
-  const std::string best =
-      auto_candidate(plain->next.policy, plain->next.options, Architecture::kPs);
-  AutoTrialled trialled{{"wfbp", best}, plain->network, "wfbp", measured};
-  auto kept =
-      decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, trialled, no_trial);
-  ASSERT_TRUE(kept.is_ok());
-  EXPECT_FALSE(kept->change) << kept->reason;
-  EXPECT_NE(kept->reason.find("measured it slower than wfbp"), std::string::npos) << kept->reason;
+  const PredictionDecides p;
+  ASSERT_TRUE(p.plain.change);
+  const TimeNs measured = p.measured;
+  const std::string& best = p.best;
+  AutoTrialled trialled{{"wfbp", best}, p.plain.network, "wfbp", measured};
+  const AutoDecision kept = p.after(trialled);
+  EXPECT_FALSE(kept.change) << kept.reason;
+  EXPECT_NE(kept.reason.find("measured it slower than wfbp"), std::string::npos) << kept.reason;
   // A trial that did not measure the best: the prediction decides.
-  AutoTrialled other{{"wfbp", "tictac"}, plain->network, "wfbp", measured};
+  AutoTrialled other{{"wfbp", "tictac"}, p.plain.network, "wfbp", measured};
   if (best != "tictac") {
-    auto moved =
-        decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, other, no_trial);
-    ASSERT_TRUE(moved.is_ok());
-    EXPECT_TRUE(moved->change) << moved->reason;
+    const AutoDecision moved = p.after(other);
+    EXPECT_TRUE(moved.change) << moved.reason;
     // That trial at a third of this rate, wfbp measuring as it did then: only the rate's
     // estimate moved, and a gain inside the near-tie's band is not taken.
-    other.network = Rate{plain->network.bits_per_second / 3};
-    auto estimate =
-        decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, other, no_trial);
-    ASSERT_TRUE(estimate.is_ok());
-    EXPECT_FALSE(estimate->change) << estimate->reason;
-    EXPECT_NE(estimate->reason.find("only the rate's estimate moved"), std::string::npos)
-        << estimate->reason;
+    other.network = Rate{p.plain.network.bits_per_second / 3};
+    const AutoDecision estimate = p.after(other);
+    EXPECT_FALSE(estimate.change) << estimate.reason;
+    EXPECT_NE(estimate.reason.find("only the rate's estimate moved"), std::string::npos)
+        << estimate.reason;
   }
   // The trial at a third of this rate, its pick measuring twice as fast then: it no longer
   // holds.
-  trialled.network = Rate{plain->network.bits_per_second / 3};
+  trialled.network = Rate{p.plain.network.bits_per_second / 3};
   trialled.pick_measured = measured / 2;
-  auto far =
-      decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, trialled, no_trial);
-  ASSERT_TRUE(far.is_ok());
-  EXPECT_TRUE(far->change) << far->reason;
+  const AutoDecision far = p.after(trialled);
+  EXPECT_TRUE(far.change) << far.reason;
 }
 
 // When the trial no longer holds (its rate far from today's, its pick measuring otherwise),
@@ -245,24 +251,13 @@ TEST(AutoPlanner, WhatTheTrialMeasuredSlowerIsNotTakenOnAPrediction) {
 // no faster than it did in the trial, is not taken on a prediction. Measured faster than
 // now, or with the running one faster than then, the prediction decides.
 TEST(AutoPlanner, WhatATrialMeasuredSlowerThanTheRunningOneNowIsNotTaken) {
-  const Job j = job(Rate::gbps(1));
-  const TimeNs measured = predict(j, "wfbp");
-  AutoOptions no_trial;
-  no_trial.trial_band = 10;
-  no_trial.trial_budget = 0;
-  auto plain =
-      decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, {}, no_trial);
-  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
-  ASSERT_TRUE(plain->change) << plain->reason;
-  const std::string best =
-      auto_candidate(plain->next.policy, plain->next.options, Architecture::kPs);
+  const PredictionDecides p;
+  ASSERT_TRUE(p.plain.change);
+  const TimeNs measured = p.measured;
   // The trial at a third of this rate; wfbp (its pick) measured half as long then.
-  const Rate far{plain->network.bits_per_second / 3};
+  const Rate far{p.plain.network.bits_per_second / 3};
   auto decide = [&](TimeNs wfbp_then, TimeNs best_then) {
-    AutoTrialled t{{"wfbp", best}, far, "wfbp", wfbp_then, {wfbp_then, best_then}};
-    auto d = decide_auto(j, "wfbp", j.policy_options, measured, kNsPerMs, 200, false, t, no_trial);
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    return *d;
+    return p.after({{"wfbp", p.best}, far, "wfbp", wfbp_then, {wfbp_then, best_then}});
   };
   const AutoDecision kept = decide(measured / 2, measured + measured / 10);
   EXPECT_FALSE(kept.change) << kept.reason;
