@@ -560,7 +560,12 @@ def clip_during_the_send(world):
     rank 0 is told the write's remedy all the same (step() checks the versions before it
     waits on the transport), rank 1 that the writer was lost. Clipped ten times over (a
     16 MB layer written for tens of milliseconds) so that the writes overlap the send, and
-    step() half a second later, once the failure has surely reached rank 0."""
+    step() half a second later, once the failure has surely reached rank 0.
+    The loop ends as a script's does, with a read of the model (a checkpoint, an
+    evaluation). step() does not wait for its pass's sums; the read does. The first pass's
+    clip comes before the session takes any gradient, so rank 0 may raise only at the
+    second pass, after rank 1 had that pass's sums. Without the read, rank 1 could then end
+    its loop with nothing waiting on the lost writer (CI saw rank 1 end with no error)."""
     model = seeded_model("wide")
     opt = world.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model)
     for it in range(3):
@@ -571,6 +576,7 @@ def clip_during_the_send(world):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-6)
             time.sleep(0.5)  # its frames are judged by now: the session's error is waiting
         opt.step()
+    return state(model)
 
 
 def accumulate_undeclared(world):
