@@ -153,7 +153,6 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
   };
   const std::string current = auto_candidate(running, options, arch);
   const TrialMemory memory{trialled, current, measured};
-  auto in_trialled = [&](const std::string& name) { return memory.has(name); };
   // Near-ties: measured in turn, unless every one of them was in the last trial, at about
   // this rate or with the trial's pick measuring as it did (kAutoTrialRateBand).
   std::vector<const AdvisedPolicy*> near;
@@ -172,7 +171,7 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
   const bool trial_holds =
       !trialled.candidates.empty() && (same_rate || pick_as_measured || memory.all_slower());
   bool measured_before = trial_holds;
-  for (const std::string& n : d.near) measured_before &= in_trialled(n);
+  for (const std::string& n : d.near) measured_before &= memory.has(n);
   const TimeNs gain = d.predicted - best.iteration_time;
   // A candidate is the running one when it is its policy with its knobs.
   auto is_running = [&](const AdvisedPolicy& a) { return candidate(a) == current; };
@@ -182,7 +181,7 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
   const bool pick_runs = trial_holds && current == trialled.pick;
   std::vector<AdvisedPolicy> others;
   for (const AdvisedPolicy* a : near) {
-    if (!is_running(*a) && !(pick_runs && in_trialled(candidate(*a)))) others.push_back(*a);
+    if (!is_running(*a) && !(pick_runs && memory.has(candidate(*a)))) others.push_back(*a);
   }
   // The pick runs and measures as it did, and only the estimate of the rate moved: the job
   // did not, and the trial's near-tie was decided at its rate. A candidate that is near only
@@ -229,7 +228,7 @@ void choose(const std::string& running, const PolicyOptions& options, Architectu
                " faster, but the last trial measured it at " + ms(memory.time(candidate(best))) +
                ", slower than " + current + " measures now (" + ms(measured) +
                ", no faster than its " + ms(memory.time(current)) + " then): kept " + running;
-  } else if (pick_runs && in_trialled(candidate(best))) {
+  } else if (pick_runs && memory.has(candidate(best))) {
     // The trial measured the best slower than its pick, which runs: measured beats
     // predicted (the digits CNN on gloo at 200 Mbit/s: a trial measured mgwfbp at 12.8 ms
     // and ddp at 4.3 ms; the next decision, under ddp, predicted mgwfbp 5.5 % faster).

@@ -98,10 +98,10 @@ void BucketAgreement::issued(const CollectiveBucket& b) {
 
 Status BucketAgreement::match_locked(int link, int from, std::uint64_t key) {
   // Worker 0's own bucket is matched against every follower's; a report against worker 0's.
-  const int first = from == 0 ? 1 : from, last = from == 0 ? comm_.size() - 1 : from;
+  const bool leader_side = from == 0;
+  const int first = leader_side ? 1 : from, last = leader_side ? comm_.size() - 1 : from;
   for (int r = first; r <= last; ++r) {
     Lag& lag = lags_[static_cast<std::size_t>(link)][static_cast<std::size_t>(r)];
-    const bool leader_side = from == 0;
     if (lag.keys.empty() || lag.ahead_is_leader == leader_side) {
       lag.keys.push_back(key);
       lag.ahead_is_leader = leader_side;
