@@ -101,34 +101,38 @@ SimOptions beating(SimOptions o, TimeNs best, bool stop) {
   return o;
 }
 
+// Whether a run on the job's cluster may stop once it repeats an iteration exactly
+// (SimOptions::stop_when_steady): a deterministic simulation that does is taken to have
+// reached its steady state (every zoo profile's policy does by its second measured
+// iteration but a few on ResNet-50 at 256 workers, which then run whole:
+// docs/benchmarks.md "advise"), and the job's statistic of its remaining iterations is that
+// same value. Policies that delay updates (their merged iterations alternate) and
+// time-varying rates (no two iterations alike) need the whole run.
+bool steady_applies(const Job& job, const PolicySpec& spec) {
+  return (!job.cluster.schedule || job.cluster.schedule->is_constant()) && !spec.delays_updates;
+}
+
 // Whether `r`, a simulation of the job's cluster for `short_run.iterations` iterations,
 // gives the job's own prediction: it ran the job's iterations, or it ran the warm-up and two
-// more and those two are equal to the nanosecond. A deterministic simulation that repeats an
-// iteration exactly is taken to have reached its steady state (every zoo profile's policy
-// does by its second iteration but a few on ResNet-50 at 256 workers, which then run
-// whole: docs/benchmarks.md "advise"), and the job's statistic of its remaining iterations
-// is that same value. Policies that delay updates (their merged iterations alternate) and
-// time-varying rates (no two iterations alike) need the whole run.
+// more and those two are equal to the nanosecond (steady_applies).
 bool is_jobs_prediction(const Job& job, const PolicySpec& spec, const SimOptions& short_run,
                         const SimResult& r) {
-  if (short_run.iterations >= job.sim.iterations) return true;
-  const bool constant = !job.cluster.schedule || job.cluster.schedule->is_constant();
+  if (short_run.iterations >= job.sim.iterations) return !r.at_least;
   const auto& t = r.iteration_times;
-  return !r.at_least && constant && !spec.delays_updates &&
-         short_run.iterations == job.sim.warmup + 2 &&
+  return !r.at_least && steady_applies(job, spec) && short_run.iterations == job.sim.warmup + 2 &&
          t.size() == static_cast<std::size_t>(short_run.iterations) &&
          t[t.size() - 1] == t[t.size() - 2];
 }
 
 // A point simulated on the job itself, as `simulate` would predict it, at less cost: the
-// warm-up and two measured iterations first, the whole run when is_jobs_prediction() says
-// those do not suffice.
-Result<SimResult> simulate_job(const Job& job, const PolicySpec& spec, const PolicyOptions& o) {
-  SimOptions first = job.sim;
-  first.iterations = std::min(job.sim.iterations, job.sim.warmup + 2);
-  auto r = simulate(job.profile, spec.name, o, job.cluster, first);
-  if (!r || is_jobs_prediction(job, spec, first, *r)) return r;
-  return simulate(job.profile, spec.name, o, job.cluster, job.sim);
+// run stops once it repeats an iteration (steady_applies; the same prediction as a run of
+// the warm-up and two more iterations whose last two are equal, without simulating those
+// again when they are not), or once it is known not to beat `beat` (beating(); `stop`).
+Result<SimResult> simulate_job(const Job& job, const PolicySpec& spec, const PolicyOptions& o,
+                               TimeNs beat = kTimeNever, bool stop = false) {
+  SimOptions s = beating(job.sim, beat, stop);
+  s.stop_when_steady = steady_applies(job, spec);
+  return simulate(job.profile, spec.name, o, job.cluster, s);
 }
 
 Bytes clamp_size(double v) {
@@ -237,8 +241,9 @@ class PolicySearch {
     if (key(best_options_) != key(defaults) && full_known) {
       full = *full_known;
     } else if (key(best_options_) != key(defaults)) {
-      auto r = simulate_job(job_, spec_, best_options_);
-      ++simulations_;
+      // Kept only when faster than the defaults: the run stops once it cannot be.
+      auto r = simulate_job(job_, spec_, best_options_, default_time_, stop_losers_);
+      count(r);
       if (r) full = r->iteration_time;
     }
     if (full < default_time_) {

@@ -270,6 +270,17 @@ Result<SimResult> simulate_allreduce(const Profile& profile, const std::string& 
       stop_at = known_at_least_from(running->durations(), clock.now(), least, opts);
     };
   }
+  // SimOptions::stop_when_steady, as the PS engine: the one loop is the cluster.
+  const auto steady_index = static_cast<std::size_t>(opts.warmup) + 1;
+  bool steady = false;
+  if (opts.stop_when_steady && static_cast<int>(steady_index) + 1 < opts.iterations) {
+    lo.iteration_ended = [&, bounded = std::move(lo.iteration_ended)](std::int64_t it) {
+      if (bounded) bounded(it);
+      const auto& r = running->records();
+      steady = static_cast<std::size_t>(it) == steady_index &&
+               r[steady_index].time == r[steady_index - 1].time;
+    };
+  }
   TrainingLoop loop(profile, layout, *policy, clock, gpu, links, std::move(lo));
   running = &loop;
   links.set_listener(&loop);
@@ -289,8 +300,9 @@ Result<SimResult> simulate_allreduce(const Profile& profile, const std::string& 
     if (e.time >= kSimHorizon) return horizon_error().with_context(name);
     if (!clock.run_callback(e)) links.dispatch(e.payload);
     if (!loop.error().is_ok()) return loop.error().with_context(name);
+    if (steady) break;
   }
-  if (!loop.finished()) {
+  if (!steady && !loop.finished()) {
     return internal_error(name + ": simulation stalled in iteration " +
                           std::to_string(loop.iterations_done()) + " of " +
                           std::to_string(opts.iterations) +
@@ -302,6 +314,7 @@ Result<SimResult> simulate_allreduce(const Profile& profile, const std::string& 
     result.iteration_times.push_back(r.time);
     utilisation.push_back(r.utilisation);
   }
+  result.steady = steady;
   result.link_utilisation = steady_median(utilisation, opts.warmup);
   result.bytes_pushed_per_iteration = loop.records().back().traffic.bytes;
   result.messages_per_iteration = loop.records().back().traffic.messages;

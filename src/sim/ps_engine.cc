@@ -1168,6 +1168,27 @@ TimeNs least_iteration(const Profile& profile, const PsPolicy& policy, const Clu
   return std::max(compute, push);
 }
 
+// Iteration k of the cluster ends when its slowest worker's does (with an oracle or
+// unequal compute speeds, workers differ).
+TimeNs cluster_iteration(const std::vector<std::unique_ptr<TrainingLoop>>& loops, std::size_t k) {
+  TimeNs t = 0;
+  for (const auto& l : loops) t = std::max(t, l->records()[k].time);
+  return t;
+}
+
+// Whether every loop has ended iteration k.
+bool run_ended_at(const std::vector<std::unique_ptr<TrainingLoop>>& loops, std::int64_t k) {
+  return std::all_of(loops.begin(), loops.end(),
+                     [k](const auto& l) { return l->iterations_done() > k; });
+}
+
+// SimOptions::stop_when_steady: every loop has ended iteration k (>= 1), and the cluster's
+// iterations k - 1 and k took the same time.
+bool steady_now(const std::vector<std::unique_ptr<TrainingLoop>>& loops, std::int64_t k) {
+  const auto u = static_cast<std::size_t>(k);
+  return run_ended_at(loops, k) && cluster_iteration(loops, u) == cluster_iteration(loops, u - 1);
+}
+
 }  // namespace
 
 Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& inputs,
@@ -1229,6 +1250,12 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
       opts.stop_at_least > 0 && !shared
           ? least_iteration(*inputs[0].profile, *runs[0].policies[0], cluster, factor_of(0))
           : 0;
+  // SimOptions::stop_when_steady: the workers that ended iteration warmup + 1 (the run
+  // stops once all have and that iteration repeated the one before: steady_now()).
+  const auto steady_index = static_cast<std::int64_t>(opts.warmup) + 1;
+  const bool watch_steady =
+      opts.stop_when_steady && !shared && steady_index + 1 < opts.iterations;
+  int steady_ended = 0;
   bool any_failed = false;    // some loop failed: look for the first error (not O(N) per event)
   std::size_t jobs_done = 0;  // shared runs: jobs whose every worker completed opts.iterations
   // A shared run keeps every job training until all have completed opts.iterations (a job
@@ -1261,10 +1288,15 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
         lo.iteration_ended = [&run, &jobs_done, &opts, &cluster](std::int64_t it) {
           if (it + 1 == opts.iterations && ++run.workers_done == cluster.workers) ++jobs_done;
         };
-      } else if (w == 0 && opts.stop_at_least > 0) {
-        // Worker 0's next iteration begins as this one ends (now).
-        lo.iteration_ended = [&run, &stop_at, &clock, &opts, least](std::int64_t) {
-          stop_at = known_at_least_from(run.loops[0]->durations(), clock.now(), least, opts);
+      } else if ((w == 0 && opts.stop_at_least > 0) || watch_steady) {
+        const bool bound = w == 0 && opts.stop_at_least > 0;
+        lo.iteration_ended = [&run, &stop_at, &clock, &opts, least, bound, watch_steady,
+                              steady_index, &steady_ended](std::int64_t it) {
+          if (watch_steady && it == steady_index) ++steady_ended;
+          // Worker 0's next iteration begins as this one ends (now).
+          if (bound) {
+            stop_at = known_at_least_from(run.loops[0]->durations(), clock.now(), least, opts);
+          }
         };
       }
       run.loops.push_back(std::make_unique<TrainingLoop>(profile, *run.layout, policy, timer,
@@ -1308,14 +1340,23 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
     }
     if (e.time >= kSimHorizon) return horizon_error();
     if (!clock.run_callback(e)) net.dispatch(e.payload);
+    if (steady_ended == cluster.workers) {
+      steady_ended = 0;  // checked once
+      if (steady_now(runs[0].loops, steady_index)) break;
+    }
     if (!any_failed && net.error().is_ok()) continue;
     if (Status s = first_error(); !s.is_ok()) return s;
   }
+  if (Status s = first_error(); !s.is_ok()) return s;
+  // The iterations the result has: all, or up to warmup + 1 (SimResult::steady).
+  const bool steady = watch_steady && run_ended_at(runs[0].loops, steady_index) &&
+                      runs[0].loops[0]->iterations_done() < opts.iterations;
+  const int ended = steady ? static_cast<int>(steady_index) + 1 : opts.iterations;
   std::vector<SimResult> results;
   for (std::size_t j = 0; j < runs.size(); ++j) {
     JobRun& run = runs[j];
     for (std::size_t w = 0; w < run.loops.size(); ++w) {
-      if (run.loops[w]->iterations_done() < opts.iterations) {
+      if (run.loops[w]->iterations_done() < ended) {
         return internal_error(
             "simulation stalled: " + (shared ? "job " + std::to_string(j) + " " : std::string()) +
             "worker " + std::to_string(w) + " finished " +
@@ -1323,18 +1364,15 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
             std::to_string(opts.iterations) + " iterations (a policy never pushed some gradient?)");
       }
     }
-    // Iteration k of the cluster ends when its slowest worker's does (with an oracle or
-    // unequal compute speeds, workers differ).
     SimResult& result = run.result;
     const auto& r0 = run.loops[0]->records();
     std::vector<double> utilisation;
-    for (std::size_t k = 0; k < static_cast<std::size_t>(opts.iterations); ++k) {
-      TimeNs t = 0;
-      for (const auto& l : run.loops) t = std::max(t, l->records()[k].time);
-      result.iteration_times.push_back(t);
+    for (std::size_t k = 0; k < static_cast<std::size_t>(ended); ++k) {
+      result.iteration_times.push_back(cluster_iteration(run.loops, k));
       utilisation.push_back(r0[k].utilisation);
     }
-    const IterationRecord& last = r0[static_cast<std::size_t>(opts.iterations) - 1];
+    result.steady = steady;
+    const IterationRecord& last = r0[static_cast<std::size_t>(ended) - 1];
     result.link_utilisation = steady_median(utilisation, opts.warmup);
     result.bytes_pushed_per_iteration = last.traffic.bytes;
     result.messages_per_iteration = last.traffic.messages;

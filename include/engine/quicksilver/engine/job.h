@@ -156,6 +156,14 @@ struct SimOptions {
   // is in. For a caller that only needs to know whether a run beats a time (advise's
   // search). simulate() only: simulate_shared refuses it, and no flag sets it for a run.
   TimeNs stop_at_least = 0;
+  // The run stops once every worker has ended iteration warmup + 1 and the cluster's
+  // iterations warmup and warmup + 1 took the same time to the nanosecond
+  // (SimResult::steady): a deterministic simulation that repeats an iteration exactly is
+  // taken to have reached its steady state, and `statistic` over the remaining iterations
+  // is that same time. For a caller that wants a run's prediction at less cost (advise);
+  // only at a constant rate and for a policy that does not delay updates (whose merged
+  // iterations alternate), which the caller checks. simulate() only, as stop_at_least.
+  bool stop_when_steady = false;
 };
 
 // Everything a simulate or run invocation needs, validated (the CLI builds it from flags).

@@ -42,6 +42,10 @@ struct SimResult {
   // that, which iteration_time holds; iteration_times has worker 0's iterations that ended,
   // and the fields after it are not filled but the event counts.
   bool at_least = false;
+  // The run stopped at SimOptions::stop_when_steady: iteration_times has the iterations up
+  // to warmup + 1, the last two equal, and the fields are those of a whole run whose later
+  // iterations repeat the last.
+  bool steady = false;
   // Measured runs: the fraction of the machine's CPU time that was idle while the run ran
   // (every core, /proc/stat), so that a reader sees whether the emulation had headroom.
   // -1: not measured (the simulator).
