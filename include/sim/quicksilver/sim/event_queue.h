@@ -52,6 +52,7 @@ class EventQueue {
   // A new lane (ids 0, 1, ...): a FIFO for events scheduled in non-decreasing time order.
   int add_lane() {
     lanes_.emplace_back();
+    lane_last_.push_back(0);
     keys_.push_back(kEmptyKey);
     tree_stale_ = true;
     return static_cast<int>(lanes_.size()) - 1;
@@ -59,19 +60,23 @@ class EventQueue {
   // Whether schedule(at, p, lane) puts the event on the lane (not the heap): the lane is
   // empty or its last event is not later than `at`.
   bool fits_lane(TimeNs at, int lane) const {
-    const Lane& l = lanes_[static_cast<std::size_t>(lane)];
-    return l.empty() || at >= l.back().time;
+    const auto i = static_cast<std::size_t>(lane);
+    return lanes_[i].empty() || at >= lane_last_[i];
   }
   // Schedules on `lane`: the same order as schedule(), cheaper when `at` is not earlier
   // than the lane's last event (fits_lane). Precondition: at >= now(), lane from add_lane().
   void schedule(TimeNs at, Payload p, int lane) {
     QS_CHECK_MSG(at >= now_, "event scheduled in the past");
-    Lane& l = lanes_[static_cast<std::size_t>(lane)];
+    const auto i = static_cast<std::size_t>(lane);
+    Lane& l = lanes_[i];
     if (l.empty()) {
-      l.push(Event{at, next_seq_++, std::move(p)});
+      const Event e{at, next_seq_++, std::move(p)};
+      lane_last_[i] = at;
+      l.push(e);
       ++size_;
-      set_key(static_cast<std::size_t>(lane) + 1, key_of(l.front()));
-    } else if (at >= l.back().time) {
+      set_key(i + 1, key_of(e));
+    } else if (at >= lane_last_[i]) {
+      lane_last_[i] = at;
       l.push(Event{at, next_seq_++, std::move(p)});
       ++size_;
     } else {
@@ -202,6 +207,7 @@ class EventQueue {
   std::vector<Event> heap_;
   using Lane = FifoRing<Event>;
   std::vector<Lane> lanes_;
+  std::vector<TimeNs> lane_last_;  // per lane: its last event's time (when not empty)
   std::vector<Key> keys_ = {kEmptyKey};   // per leaf: its earliest event's key
   std::vector<Key> tree_key_;             // per node: the smallest key below it
   std::vector<std::uint32_t> tree_leaf_;  // per node: the leaf that holds it
