@@ -1256,6 +1256,7 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
   const bool watch_steady =
       opts.stop_when_steady && !shared && steady_index + 1 < opts.iterations;
   int steady_ended = 0;
+  bool stopped_steady = false;
   bool any_failed = false;    // some loop failed: look for the first error (not O(N) per event)
   std::size_t jobs_done = 0;  // shared runs: jobs whose every worker completed opts.iterations
   // A shared run keeps every job training until all have completed opts.iterations (a job
@@ -1342,15 +1343,14 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
     if (!clock.run_callback(e)) net.dispatch(e.payload);
     if (steady_ended == cluster.workers) {
       steady_ended = 0;  // checked once
-      if (steady_now(runs[0].loops, steady_index)) break;
+      if ((stopped_steady = steady_now(runs[0].loops, steady_index))) break;
     }
     if (!any_failed && net.error().is_ok()) continue;
     if (Status s = first_error(); !s.is_ok()) return s;
   }
   if (Status s = first_error(); !s.is_ok()) return s;
   // The iterations the result has: all, or up to warmup + 1 (SimResult::steady).
-  const bool steady = watch_steady && run_ended_at(runs[0].loops, steady_index) &&
-                      runs[0].loops[0]->iterations_done() < opts.iterations;
+  const bool steady = stopped_steady;
   const int ended = steady ? static_cast<int>(steady_index) + 1 : opts.iterations;
   std::vector<SimResult> results;
   for (std::size_t j = 0; j < runs.size(); ++j) {
