@@ -334,17 +334,17 @@ TEST(Simulator, StopsWhenSteadyOnlyOnARepeatedIteration) {
     for (const std::string& policy : policies) check(p, c, policy, trial % 3);
   }
   const Profile resnet = *load_model("resnet50");
-  for (const std::string& policy : {"wfbp", "bytescheduler", "tictac", "mercury"}) {
+  for (const char* policy : {"wfbp", "bytescheduler", "tictac", "mercury"}) {
     check(resnet, cluster(8, 8, Rate::gbps(10)), policy, 1);
   }
   ClusterConfig ar = cluster(8, 1, Rate::gbps(10));
   ar.architecture = Architecture::kAllReduce;
-  for (const std::string& policy : {"wfbp", "mgwfbp", "ddp"}) check(resnet, ar, policy, 1);
+  for (const char* policy : {"wfbp", "mgwfbp", "ddp"}) check(resnet, ar, policy, 1);
   // Workers of unequal speeds: the cluster's iteration is the slowest's, and worker 0 may
   // end every iteration before the slowest ends the one the stop waits for.
   ClusterConfig slow = cluster(3, 3, Rate::gbps(10));
   slow.compute_factor = {1.0, 4.0, 1.0};
-  for (const std::string& policy : {"oracle", "wfbp"}) check(resnet, slow, policy, 1);
+  for (const char* policy : {"oracle", "wfbp"}) check(resnet, slow, policy, 1);
   // Rates that change every few milliseconds: no two iterations alike (the engines check
   // the times themselves; advise asks for the stop only at a constant rate).
   for (ClusterConfig c : {cluster(8, 8, Rate::gbps(10)), ar}) {
@@ -463,6 +463,13 @@ TEST(SharedJobs, TwoJobsShareTheLinks) {
   for (const SimResult& r : *fair) {
     EXPECT_GE(r.iteration_time, 2 * alone - 4 * 4096);
     EXPECT_LE(r.iteration_time, 2 * alone + 4 * 4096);
+  }
+  // Shared runs run whole: the early stops are simulate()'s, refused here.
+  for (const bool steady : {false, true}) {
+    SimOptions early;
+    early.stop_when_steady = steady;
+    early.stop_at_least = steady ? 0 : alone;
+    EXPECT_FALSE(simulate_shared(two, c, early, SharingOptions{JobSharing::kFair, false}).is_ok());
   }
   auto strict = simulate_shared(two, c, {}, SharingOptions{JobSharing::kStrict, false});
   ASSERT_TRUE(strict.is_ok()) << strict.status().to_string();

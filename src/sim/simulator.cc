@@ -79,8 +79,9 @@ Result<std::vector<SimResult>> simulate_shared(const std::vector<SharedJob>& job
     return invalid_argument("--iterations must be in 1..1000000");
   }
   if (options.warmup < 0) return invalid_argument("warm-up must be >= 0");
-  if (options.stop_at_least != 0) {
-    return invalid_argument("jobs sharing a cluster run whole (stop_at_least is simulate()'s)");
+  if (options.stop_at_least != 0 || options.stop_when_steady) {
+    return invalid_argument(
+        "jobs sharing a cluster run whole (stop_at_least and stop_when_steady are simulate()'s)");
   }
   std::vector<PsJobInput> inputs;
   for (std::size_t j = 0; j < jobs.size(); ++j) {
