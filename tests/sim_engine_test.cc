@@ -287,7 +287,6 @@ TEST(Simulator, StopsOnlyOnceItsStatisticReachesTheBound) {
           .is_ok());
 }
 
-
 // SimOptions::stop_when_steady: a run stops exactly when the cluster's iterations warmup and
 // warmup + 1 are equal, and then holds the whole run's first iterations, the same events
 // up to there, and the statistic those repeated would give; a run that never repeats runs
@@ -349,7 +348,8 @@ TEST(Simulator, StopsWhenSteadyOnlyOnARepeatedIteration) {
   // the times themselves; advise asks for the stop only at a constant rate).
   for (ClusterConfig c : {cluster(8, 8, Rate::gbps(10)), ar}) {
     std::vector<BandwidthSchedule::Segment> steps;
-    for (int i = 0; i < 400; ++i) steps.push_back({i * 3 * kNsPerMs, Rate::gbps(i % 3 == 0 ? 2 : 9)});
+    for (int i = 0; i < 400; ++i)
+      steps.push_back({i * 3 * kNsPerMs, Rate::gbps(i % 3 == 0 ? 2 : 9)});
     c.schedule = BandwidthSchedule(steps);
     check(resnet, c, "wfbp", 1);
   }

@@ -1253,8 +1253,7 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
   // SimOptions::stop_when_steady: the workers that ended iteration warmup + 1 (the run
   // stops once all have and that iteration repeated the one before: steady_now()).
   const auto steady_index = static_cast<std::int64_t>(opts.warmup) + 1;
-  const bool watch_steady =
-      opts.stop_when_steady && !shared && steady_index + 1 < opts.iterations;
+  const bool watch_steady = opts.stop_when_steady && !shared && steady_index + 1 < opts.iterations;
   int steady_ended = 0;
   bool stopped_steady = false;
   bool any_failed = false;    // some loop failed: look for the first error (not O(N) per event)

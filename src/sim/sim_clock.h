@@ -15,7 +15,7 @@
 
 namespace qs {
 
-// Trivially copyable and small (12 bytes), so that the event queue moves and keeps little
+// Trivially copyable and small (16 bytes), so that the event queue moves and keeps little
 // (a large simulation has millions of events pending): a callback waits in its lane's FIFO
 // or in a side table, and its event carries the lane or the slot; a network model's event
 // carries a reference of its own (the PS model's units in flight, the all-reduce model's
@@ -26,7 +26,14 @@ struct SimEvent {
   std::uint8_t kind = 0;  // the network model's event type, or a callback
   int index = 0;          // its host, or the callback's slot or lane
   std::uint32_t ref = 0;  // the network model's: what the event is about
+  // Unused. It fills what was the queue's Event's tail padding, so that an Event is 32
+  // bytes of fields, copied as two 16-byte halves. With 28 bytes of fields the compiler
+  // copied bytes 0-15 and 12-27, and reading the second half back from a copy just stored
+  // as 0-15 and 16-31 defeated store-to-load forwarding in every pop (docs/benchmarks.md
+  // "advise").
+  std::uint32_t unused = 0;
 };
+static_assert(sizeof(EventQueue<SimEvent>::Event) == 32);
 
 class SimClock final : public Timer {
  public:

@@ -23,10 +23,15 @@ class FifoRing {
   T& front() { return buf_[head_]; }
   const T& front() const { return buf_[head_]; }
   const T& back() const { return buf_[(head_ + size_ - 1) & (buf_.size() - 1)]; }
-  void push(T v) {
+  void push(T v) { push_slot() = std::move(v); }
+  // A new last element, to be assigned in place: a caller that sets its fields one by one
+  // does not build it elsewhere first (a temporary of narrow stores read back whole is a
+  // failed store-to-load forwarding, docs/benchmarks.md "advise").
+  T& push_slot() {
     if (size_ == buf_.size()) grow();
-    buf_[(head_ + size_) & (buf_.size() - 1)] = std::move(v);
+    T& slot = buf_[(head_ + size_) & (buf_.size() - 1)];
     ++size_;
+    return slot;
   }
   // Precondition: !empty().
   T pop() {

@@ -53,7 +53,7 @@ class EventQueue {
   int add_lane() {
     lanes_.emplace_back();
     lane_last_.push_back(0);
-    keys_.push_back(kEmptyKey);
+    if (++leaves_ > keys_.size()) keys_.push_back(kEmptyKey);
     tree_stale_ = true;
     return static_cast<int>(lanes_.size()) - 1;
   }
@@ -69,19 +69,16 @@ class EventQueue {
     QS_CHECK_MSG(at >= now_, "event scheduled in the past");
     const auto i = static_cast<std::size_t>(lane);
     Lane& l = lanes_[i];
-    if (l.empty()) {
-      const Event e{at, next_seq_++, std::move(p)};
-      lane_last_[i] = at;
-      l.push(e);
-      ++size_;
-      set_key(i + 1, key_of(e));
-    } else if (at >= lane_last_[i]) {
-      lane_last_[i] = at;
-      l.push(Event{at, next_seq_++, std::move(p)});
-      ++size_;
-    } else {
-      heap_push(Event{at, next_seq_++, std::move(p)});
-    }
+    const bool first = l.empty();
+    if (!first && at < lane_last_[i]) return heap_push(Event{at, next_seq_++, std::move(p)});
+    // Set in place (FifoRing::push_slot).
+    Event& e = l.push_slot();
+    e.time = at;
+    e.seq = next_seq_++;
+    e.payload = std::move(p);
+    lane_last_[i] = at;
+    ++size_;
+    if (first) set_key(i + 1, key_of(e));
   }
 
   // Removes and returns the earliest event (moved out, not copied) and advances now() to
@@ -121,26 +118,26 @@ class EventQueue {
   // The tournament tree over the leaves (0: the heap; 1 + i: lane i): a binary winner
   // tree in heap layout (node 1 the root, node i's children 2i and 2i + 1, leaf j at node
   // padded + j, the leaves padded to a power of two with empty ones). Each node holds the
-  // leaf with the smallest key below it and that key. A pass from a leaf compares it with
-  // its sibling at each level: one comparison a level. (A 4-ary tree, each node's four
-  // children in one cache line, has half the levels but three comparisons each: 9-11 %
-  // more instructions in all, docs/benchmarks.md "The simulator's event queue".) Equal
-  // keys happen only between empty leaves (every event's sequence is unique), which are
-  // never popped.
+  // leaf with the smallest key below it, 4 bytes; the keys stay in keys_, one per leaf. A
+  // pass from a leaf carries its winner and the winner's key up and compares them with the
+  // sibling's winner's key at each level: one comparison a level. (Nodes that also held
+  // their winner's 16-byte key took 2.5 times the memory, 80 KiB at 256 workers and 256
+  // servers, more than a core's first-level cache: 4 to 10 % more time,
+  // docs/benchmarks.md "advise". A 4-ary tree, each node's four children in one cache
+  // line, has half the levels but three comparisons each: 9-11 % more instructions in
+  // all, docs/benchmarks.md "The simulator's event queue".) Equal keys happen only
+  // between empty leaves (every event's sequence is unique), which are never popped.
   void rebuild() {
     std::size_t padded = 1;
-    while (padded < keys_.size()) padded *= 2;
+    while (padded < leaves_) padded *= 2;
     padded_ = padded;
-    tree_key_.assign(2 * padded, kEmptyKey);
+    // Padding leaves are empty (kEmptyKey) leaves of their own, never popped.
+    keys_.resize(padded, kEmptyKey);
     tree_leaf_.assign(2 * padded, 0);
-    for (std::size_t j = 0; j < padded; ++j) {
-      tree_key_[padded + j] = j < keys_.size() ? keys_[j] : kEmptyKey;
-      tree_leaf_[padded + j] = static_cast<std::uint32_t>(std::min(j, keys_.size() - 1));
-    }
+    for (std::size_t j = 0; j < padded; ++j) tree_leaf_[padded + j] = static_cast<std::uint32_t>(j);
     for (std::size_t p = padded; p-- > 1;) {
-      const std::size_t w = tree_key_[2 * p + 1] < tree_key_[2 * p] ? 2 * p + 1 : 2 * p;
-      tree_key_[p] = tree_key_[w];
-      tree_leaf_[p] = tree_leaf_[w];
+      const std::uint32_t l = tree_leaf_[2 * p], r = tree_leaf_[2 * p + 1];
+      tree_leaf_[p] = keys_[r] < keys_[l] ? r : l;
     }
     root_ = tree_leaf_[1];
     tree_stale_ = false;
@@ -157,22 +154,24 @@ class EventQueue {
     keys_[leaf] = key;
     if (tree_stale_) return;
     std::size_t i = padded_ + leaf;
-    tree_key_[i] = key;
+    auto winner = static_cast<std::uint32_t>(leaf);
+    Key k = key;
     while (i > 1) {
-      const std::size_t w = i ^ static_cast<std::size_t>(tree_key_[i ^ 1] < tree_key_[i]);
-      const Key k = tree_key_[w];
-      const std::uint32_t winner = tree_leaf_[w];
+      const std::uint32_t other = tree_leaf_[i ^ 1];
+      const Key ok = keys_[other];
+      if (ok < k) {
+        winner = other;
+        k = ok;
+      }
       i >>= 1;
       if constexpr (!kToTheRoot) {
         // Above a node whose winner neither changed nor is this leaf, nothing changes.
         if (tree_leaf_[i] == winner && winner != leaf) return;
       }
       tree_leaf_[i] = winner;
-      tree_key_[i] = k;
     }
     root_ = tree_leaf_[1];
   }
-
   // The binary heap of events without a lane, earliest at the front.
   void heap_push(Event e) {
     ++size_;
@@ -208,9 +207,11 @@ class EventQueue {
   using Lane = FifoRing<Event>;
   std::vector<Lane> lanes_;
   std::vector<TimeNs> lane_last_;  // per lane: its last event's time (when not empty)
-  std::vector<Key> keys_ = {kEmptyKey};   // per leaf: its earliest event's key
-  std::vector<Key> tree_key_;             // per node: the smallest key below it
-  std::vector<std::uint32_t> tree_leaf_;  // per node: the leaf that holds it
+  // Per leaf: its earliest event's key; past the leaves_ real ones, the tree's padding
+  // (empty leaves, never popped).
+  std::vector<Key> keys_ = {kEmptyKey};
+  std::size_t leaves_ = 1;                // the heap and the lanes
+  std::vector<std::uint32_t> tree_leaf_;  // per node: the leaf with the smallest key below it
   std::size_t padded_ = 0;
   std::uint32_t root_ = 0;
   bool tree_stale_ = true;
