@@ -56,7 +56,6 @@
 //    layout and the partition size, so every worker cuts the same units whatever its
 //    timing or bandwidth estimate; blocks only decide when units leave.
 #include <algorithm>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -123,9 +122,9 @@ class Prophet final : public PsPolicy {
 
   void on_gradient_ready(int layer, TimeNs now, PushSink& out) override {
     const TensorLayout& layout = *ctx_.layout;
-    for (TensorId t = layout.first_tensor(layer); t < layout.end_tensor(layer); ++t) {
-      const auto n = static_cast<int>(partitions_[static_cast<std::size_t>(t)].size());
-      for (int k = 0; k < n; ++k) ready_.insert(Key{t, k});
+    for (TensorId t = layout.end_tensor(layer); t-- > layout.first_tensor(layer);) {
+      for (auto k = static_cast<int>(partitions_[static_cast<std::size_t>(t)].size()); k-- > 0;)
+        make_ready(Key{t, k});
     }
     if (layer == 0) {
       send_forward_phase(now, out);
@@ -151,6 +150,19 @@ class Prophet final : public PsPolicy {
     friend auto operator<=>(const Key&, const Key&) = default;
   };
 
+  // Adds `k` to ready_ in its place. The backward pass generates the layers from the last
+  // to the first, and a layer's partitions are more urgent than every one ready before
+  // them, so they go on at the back, the most urgent end; another order is placed too.
+  void make_ready(const Key& k) {
+    if (ready_.empty() || k < ready_.back()) {
+      ready_.push_back(k);
+      return;
+    }
+    ready_.insert(std::upper_bound(ready_.begin(), ready_.end(), k,
+                                   [](const Key& a, const Key& b) { return b < a; }),
+                  k);
+  }
+
   const PushUnit& unit(const Key& k) const {
     return partitions_[static_cast<std::size_t>(k.tensor)][static_cast<std::size_t>(k.index)];
   }
@@ -167,14 +179,14 @@ class Prophet final : public PsPolicy {
     // transferred completely within the window (Constraint 11), or, with
     // prophet_allow_overrun, iff some of the window is left.
     while (!ready_.empty()) {
-      const Key q = *ready_.begin();
+      const Key q = ready_.back();
       const TimeNs e = estimate(q);
       if (overrun_ ? used >= a : used + e > a) break;
       // Line 8: t^(q) = c^(p) + T_used; the whole block is handed over now and its
       // partitions go back-to-back from now + startup.
       out.push(unit(q), startup_);
-      used += e;                     // line 9
-      ready_.erase(ready_.begin());  // line 10: next most urgent ready partition
+      used += e;          // line 9
+      ready_.pop_back();  // line 10: next most urgent ready partition
     }
     link_free_ = std::max(link_free_, now + used);
   }
@@ -185,9 +197,9 @@ class Prophet final : public PsPolicy {
     TimeNs t_next = std::max(now + startup_, link_free_);
     // The most urgent ready partitions are gradient 0's (line 17-18); the rest follow one
     // by one in priority order (lines 13-14). Same arithmetic for both.
-    for (const Key& k : ready_) {
-      out.push(unit(k), t_next - now);  // line 13: t^(p) = t_next
-      t_next += estimate(k);            // line 14 (line 18 for gradient 0)
+    for (auto k = ready_.rbegin(); k != ready_.rend(); ++k) {
+      out.push(unit(*k), t_next - now);  // line 13: t^(p) = t_next
+      t_next += estimate(*k);            // line 14 (line 18 for gradient 0)
     }
     ready_.clear();
     link_free_ = t_next;
@@ -200,8 +212,10 @@ class Prophet final : public PsPolicy {
   Rate rate_;                  // the estimate this iteration's plan uses
   Reservoir estimates_{1024};  // the estimates received (bit/s; bounded sample), for report()
   std::vector<std::vector<PushUnit>> partitions_;  // per tensor, in sending order
-  std::set<Key> ready_;                            // generated, not yet handed over
-  TimeNs link_free_ = 0;                           // when the planned transfers end
+  // Generated, not yet handed over: most urgent last (a std::set was 4 % of a large
+  // simulation's time in its nodes, docs/benchmarks.md "advise").
+  std::vector<Key> ready_;
+  TimeNs link_free_ = 0;  // when the planned transfers end
 };
 
 }  // namespace
