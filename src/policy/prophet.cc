@@ -152,7 +152,8 @@ class Prophet final : public PsPolicy {
 
   // Adds `k` to ready_ in its place. The backward pass generates the layers from the last
   // to the first, and a layer's partitions are more urgent than every one ready before
-  // them, so they go on at the back, the most urgent end; another order is placed too.
+  // them, so they go on at the back, the most urgent end; a key that is not (a layer out
+  // of that order) is inserted where it belongs.
   void make_ready(const Key& k) {
     if (ready_.empty() || k < ready_.back()) {
       ready_.push_back(k);
