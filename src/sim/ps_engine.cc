@@ -1176,17 +1176,10 @@ TimeNs cluster_iteration(const std::vector<std::unique_ptr<TrainingLoop>>& loops
   return t;
 }
 
-// Whether every loop has ended iteration k.
-bool run_ended_at(const std::vector<std::unique_ptr<TrainingLoop>>& loops, std::int64_t k) {
-  return std::all_of(loops.begin(), loops.end(),
-                     [k](const auto& l) { return l->iterations_done() > k; });
-}
-
-// SimOptions::stop_when_steady: every loop has ended iteration k (>= 1), and the cluster's
-// iterations k - 1 and k took the same time.
-bool steady_now(const std::vector<std::unique_ptr<TrainingLoop>>& loops, std::int64_t k) {
-  const auto u = static_cast<std::size_t>(k);
-  return run_ended_at(loops, k) && cluster_iteration(loops, u) == cluster_iteration(loops, u - 1);
+// SimOptions::stop_when_steady: the cluster's iterations k - 1 and k took the same time.
+// Precondition: every loop has ended iteration k (>= 1).
+bool steady_now(const std::vector<std::unique_ptr<TrainingLoop>>& loops, std::size_t k) {
+  return cluster_iteration(loops, k) == cluster_iteration(loops, k - 1);
 }
 
 }  // namespace
@@ -1255,7 +1248,7 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
   const auto steady_index = static_cast<std::int64_t>(opts.warmup) + 1;
   const bool watch_steady = opts.stop_when_steady && !shared && steady_index + 1 < opts.iterations;
   int steady_ended = 0;
-  bool stopped_steady = false;
+  bool steady = false;        // it did stop there
   bool any_failed = false;    // some loop failed: look for the first error (not O(N) per event)
   std::size_t jobs_done = 0;  // shared runs: jobs whose every worker completed opts.iterations
   // A shared run keeps every job training until all have completed opts.iterations (a job
@@ -1342,14 +1335,13 @@ Result<std::vector<SimResult>> simulate_ps_jobs(const std::vector<PsJobInput>& i
     if (!clock.run_callback(e)) net.dispatch(e.payload);
     if (steady_ended == cluster.workers) {
       steady_ended = 0;  // checked once
-      if ((stopped_steady = steady_now(runs[0].loops, steady_index))) break;
+      if ((steady = steady_now(runs[0].loops, static_cast<std::size_t>(steady_index)))) break;
     }
     if (!any_failed && net.error().is_ok()) continue;
     if (Status s = first_error(); !s.is_ok()) return s;
   }
   if (Status s = first_error(); !s.is_ok()) return s;
   // The iterations the result has: all, or up to warmup + 1 (SimResult::steady).
-  const bool steady = stopped_steady;
   const int ended = steady ? static_cast<int>(steady_index) + 1 : opts.iterations;
   std::vector<SimResult> results;
   for (std::size_t j = 0; j < runs.size(); ++j) {

@@ -172,6 +172,7 @@ class EventQueue {
     }
     root_ = tree_leaf_[1];
   }
+
   // The binary heap of events without a lane, earliest at the front.
   void heap_push(Event e) {
     ++size_;
